@@ -1,0 +1,54 @@
+// Reverse-mode autodiff: a tape recorded only inside gradient()/withgradient().
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "flux/tensor.hpp"
+
+namespace flux::autodiff {
+
+/// Gradients of one op's inputs given the gradient of its output; undefined entries mean zero.
+using Backward = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+
+class Tape {
+ public:
+  Tape();
+  ~Tape();
+  Tape(const Tape&) = delete;
+  Tape& operator=(const Tape&) = delete;
+  /// A handle to x's storage that is recorded as an input of the differentiation.
+  Tensor leaf(const Tensor& x);
+  /// Runs the tape backwards from the scalar `output`; gradients are then looked up with grad().
+  void backward(const Tensor& output);
+  /// The gradient of a tracked tensor (zeros of its shape when it did not influence the output).
+  Tensor grad(const Tensor& tracked) const;
+
+  struct Node {
+    std::vector<int64_t> inputs;  // tape ids, -1 for inputs that are not recorded
+    Backward backward;
+  };
+  uint64_t generation() const { return generation_; }
+  std::vector<Node>& nodes() { return nodes_; }
+
+ private:
+  uint64_t generation_;
+  Tape* previous_;
+  std::vector<Node> nodes_;
+  std::vector<Tensor> grads_;
+};
+
+/// True when an op's result should be recorded (a tape is active and t is on it).
+bool tracked(const Tensor& t);
+/// Records `out` as the result of an op on `inputs` if any input is tracked.
+void record(Tensor& out, std::initializer_list<const Tensor*> inputs, Backward backward);
+void record(Tensor& out, const std::vector<const Tensor*>& inputs, Backward backward);
+/// Suspends recording in its scope (used while running backward closures).
+class NoGrad {
+ public:
+  NoGrad();
+  ~NoGrad();
+ private:
+  Tape* saved_;
+};
+
+}  // namespace flux::autodiff

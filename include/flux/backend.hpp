@@ -1,0 +1,125 @@
+// The plugin contract between libflux and a backend (CPU built in; OpenCL, CUDA, AMDGPU as plugins).
+// Internal: users never include this. Bump kBackendAbiVersion whenever anything here changes.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "flux/dtype.hpp"
+
+namespace flux::backend {
+
+inline constexpr int kBackendAbiVersion = 1;
+inline constexpr int kMaxDims = 8;
+
+/// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
+struct Buffer {
+  void* handle = nullptr;
+  size_t offset = 0;
+};
+
+struct MemoryInfo {
+  size_t used = 0;      // bytes held by live tensors
+  size_t reserved = 0;  // bytes held by the caching pool (used + cached)
+  size_t free = 0;      // device free memory as the driver reports it
+  size_t total = 0;     // device total memory
+};
+
+enum class UnaryOp : uint8_t {
+  neg, exp, log, sqrt, abs, tanh, sigmoid, relu, leakyrelu, elu, gelu, softplus, swish,
+  sign, square, reciprocal, sin, cos, log1p, step  // step(x) = x > 0 ? 1 : 0
+};
+enum class BinaryOp : uint8_t { add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge };
+enum class ReduceOp : uint8_t { sum, max, min, argmax, argmin };
+
+/// Element strides (0 on broadcast axes) of up to three operands over one output shape.
+struct Broadcast {
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t stride[3][kMaxDims] = {};  // operand 0, 1, 2 (a, b, c / cond, a, b)
+  bool contiguous = false;           // all operands have the output's shape: a flat loop suffices
+};
+
+/// Batched row-major C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b]; strides in elements (0 broadcasts).
+struct Gemm {
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  double alpha = 1.0, beta = 0.0;
+};
+
+/// A general strided copy: dst[i...] = src[i...] over `shape`, strides in elements.
+struct StridedCopy {
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t src_stride[kMaxDims] = {};
+  int64_t dst_stride[kMaxDims] = {};
+};
+
+/// One fused Adam/AdamW step on n elements: m, v, x updated in place.
+struct AdamStep {
+  double lr, beta1, beta2, eps, weight_decay;  // weight_decay: decoupled (AdamW), 0 for Adam
+  double bias1, bias2;                         // 1 - beta1^t, 1 - beta2^t
+};
+
+/// Every backend implements this. Arithmetic kernels must support f32, f64, i32, i64, u8 and boolean
+/// where meaningful; f16/bf16 only need fill/cast/copy (ops compute them through f32).
+/// All calls are asynchronous with respect to the host except copy_to_host and synchronize.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;       // "CPU", "OpenCL", "CUDA", "AMDGPU"
+  virtual int device_count() = 0;             // 0 when not functional
+  virtual std::string device_name(int device) = 0;
+  virtual bool device_is_cpu(int device) = 0; // e.g. PoCL: skipped by automatic selection
+  virtual std::string version_info() = 0;     // driver/runtime/library versions, one or more lines
+  virtual MemoryInfo memory(int device) = 0;
+  virtual std::string not_functional_reason() { return {}; }
+
+  virtual Buffer allocate(int device, size_t bytes) = 0;
+  virtual void deallocate(int device, Buffer buffer, size_t bytes) = 0;
+  virtual void release_cache(int device) = 0;
+  virtual void copy_from_host(int device, Buffer dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(int device, void* dst, Buffer src, size_t bytes) = 0;  // blocking
+  virtual void copy(int device, Buffer dst, Buffer src, size_t bytes) = 0;
+  /// Device-to-device between two devices of this backend; false = not possible, core stages via host.
+  virtual bool copy_peer(int dst_device, Buffer dst, int src_device, Buffer src, size_t bytes) = 0;
+  virtual void synchronize(int device) = 0;
+
+  virtual void fill(int device, DType t, Buffer dst, int64_t n, double value) = 0;
+  virtual void cast(int device, DType from, Buffer src, DType to, Buffer dst, int64_t n) = 0;
+  virtual void strided_copy(int device, DType t, Buffer src, Buffer dst, const StridedCopy& plan) = 0;
+  virtual void unary(int device, UnaryOp op, DType t, Buffer src, Buffer dst, int64_t n, double alpha) = 0;
+  /// out dtype is `t` for arithmetic ops and boolean for comparisons.
+  virtual void binary(int device, BinaryOp op, DType t, Buffer a, Buffer b, Buffer out,
+                      const Broadcast& plan) = 0;
+  /// out = cond ? a : b; cond boolean, a/b/out of dtype t.
+  virtual void where(int device, DType t, Buffer cond, Buffer a, Buffer b, Buffer out,
+                     const Broadcast& plan) = 0;
+  /// Reduce the middle axis of a [outer, len, inner] view; argmax/argmin write int64.
+  virtual void reduce(int device, ReduceOp op, DType t, Buffer src, Buffer dst, int64_t outer,
+                      int64_t len, int64_t inner) = 0;
+  virtual void matmul(int device, DType t, Buffer a, Buffer b, Buffer c, const Gemm& g) = 0;
+  /// (log)softmax over the middle axis of [outer, len, inner].
+  virtual void softmax(int device, DType t, Buffer src, Buffer dst, int64_t outer, int64_t len,
+                       int64_t inner, bool log) = 0;
+  /// dst[o, j, i] = src[o, idx[j], i] for [outer, len, inner] src and nidx int64 indices.
+  virtual void gather(int device, DType t, Buffer src, Buffer idx, Buffer dst, int64_t outer,
+                      int64_t len, int64_t inner, int64_t nidx) = 0;
+  /// dst[o, idx[j], i] += src[o, j, i] (dst pre-filled by the caller).
+  virtual void scatter_add(int device, DType t, Buffer src, Buffer idx, Buffer dst, int64_t outer,
+                           int64_t len, int64_t inner, int64_t nidx) = 0;
+  virtual void adam_step(int device, DType t, Buffer x, Buffer grad, Buffer m, Buffer v, int64_t n,
+                         const AdamStep& step) = 0;
+};
+
+/// What a plugin's one exported symbol returns.
+struct PluginInfo {
+  int abi_version;
+  Backend* (*create)();  // called once; the backend lives until exit
+};
+
+}  // namespace flux::backend
+
+/// Every plugin exports exactly this symbol:  extern "C" flux::backend::PluginInfo flux_backend_plugin();
+#define FLUX_BACKEND_PLUGIN_SYMBOL "flux_backend_plugin"

@@ -1,0 +1,50 @@
+// gradient(f, args...) and withgradient(f, args...): reverse mode over any mix of tensors and models.
+// With one argument the gradient has that argument's type (a Chain of gradient tensors; zeros for
+// parameters that did not influence the result); with several, a std::tuple of them.
+#pragma once
+#include <tuple>
+#include <utility>
+
+#include "flux/autodiff.hpp"
+#include "flux/functor.hpp"
+
+namespace flux {
+
+template <class G> struct WithGradient {
+  Tensor value;
+  G grad;
+};
+
+namespace detail {
+template <class F, class... Args> auto run_with_gradient(F&& f, const Args&... args) {
+  autodiff::Tape tape;
+  std::tuple<Args...> tracked{fmap([&](const Tensor& t) { return tape.leaf(t); }, args)...};
+  Tensor value = std::apply([&](auto&... a) -> Tensor { return f(a...); }, tracked);
+  if (!value.defined()) fail("[gradient] the function returned an undefined tensor");
+  tape.backward(value);
+  auto grads = std::apply(
+      [&](auto&... a) { return std::make_tuple(fmap([&](const Tensor& t) { return tape.grad(t); }, a)...); }, tracked);
+  // The value leaves the tape untracked.
+  Tensor plain(std::make_shared<TensorImpl>(*value.impl()));
+  plain.impl()->tape_id = -1;
+  return std::make_pair(plain, std::move(grads));
+}
+}  // namespace detail
+
+/// The value of f(args...) and its gradient with respect to every argument.
+template <class F, class... Args> auto withgradient(F&& f, const Args&... args) {
+  static_assert(sizeof...(Args) > 0, "withgradient needs at least one argument to differentiate");
+  auto [value, grads] = detail::run_with_gradient(std::forward<F>(f), args...);
+  if constexpr (sizeof...(Args) == 1) {
+    return WithGradient<std::tuple_element_t<0, decltype(grads)>>{value, std::move(std::get<0>(grads))};
+  } else {
+    return WithGradient<decltype(grads)>{value, std::move(grads)};
+  }
+}
+
+/// The gradient of f(args...) (one argument: that argument's type; several: a tuple).
+template <class F, class... Args> auto gradient(F&& f, const Args&... args) {
+  return withgradient(std::forward<F>(f), args...).grad;
+}
+
+}  // namespace flux

@@ -1,0 +1,108 @@
+// Activation functions as values: call them on tensors (relu(x)), pass them to layers
+// (Dense(10, 5, relu)), or put them in a Chain (Chain(Dense(...), softmax)).
+#pragma once
+#include <ostream>
+#include <string>
+
+#include "flux/ops.hpp"
+
+namespace flux {
+
+namespace detail {
+Tensor sigmoid_op(const Tensor& x);
+Tensor relu_op(const Tensor& x);
+Tensor leakyrelu_op(const Tensor& x, double a);
+Tensor elu_op(const Tensor& x, double a);
+Tensor gelu_op(const Tensor& x);
+Tensor softplus_op(const Tensor& x);
+Tensor swish_op(const Tensor& x);
+}  // namespace detail
+
+#define FLUX_ACTIVATION_(Type, value, name_str, expr)                            \
+  struct Type {                                                                 \
+    static constexpr const char* name = name_str;                               \
+    Tensor operator()(const Tensor& x) const { return expr; }                   \
+  };                                                                            \
+  inline std::ostream& operator<<(std::ostream& os, const Type&) { return os << name_str; } \
+  inline constexpr Type value{};
+
+FLUX_ACTIVATION_(Identity, identity, "identity", x)
+FLUX_ACTIVATION_(Relu, relu, "relu", detail::relu_op(x))
+FLUX_ACTIVATION_(Sigmoid, sigmoid, "sigmoid", detail::sigmoid_op(x))
+FLUX_ACTIVATION_(Tanh, tanh_act, "tanh", tanh_(x))
+FLUX_ACTIVATION_(Gelu, gelu, "gelu", detail::gelu_op(x))
+FLUX_ACTIVATION_(Softplus, softplus, "softplus", detail::softplus_op(x))
+FLUX_ACTIVATION_(Swish, swish, "swish", detail::swish_op(x))
+#undef FLUX_ACTIVATION_
+
+/// tanh(x) elementwise (a function so that `using namespace flux` does not clash with ::tanh).
+inline Tensor tanh(const Tensor& x) { return tanh_(x); }
+
+/// leakyrelu(x, a = 0.01); `leakyrelu` itself is a layer value with the default slope.
+struct LeakyRelu {
+  static constexpr const char* name = "leakyrelu";
+  double a = 0.01;
+  Tensor operator()(const Tensor& x) const { return detail::leakyrelu_op(x, a); }
+  Tensor operator()(const Tensor& x, double slope) const { return detail::leakyrelu_op(x, slope); }
+};
+inline constexpr LeakyRelu leakyrelu{};
+/// elu(x, a = 1).
+struct Elu {
+  static constexpr const char* name = "elu";
+  double a = 1.0;
+  Tensor operator()(const Tensor& x) const { return detail::elu_op(x, a); }
+  Tensor operator()(const Tensor& x, double alpha) const { return detail::elu_op(x, alpha); }
+};
+inline constexpr Elu elu{};
+
+/// softmax / logsoftmax along an axis (default: the last, where classes live).
+struct Softmax {
+  static constexpr const char* name = "softmax";
+  Tensor operator()(const Tensor& x, int axis = -1) const { return softmax_(x, axis); }
+};
+inline constexpr Softmax softmax{};
+struct LogSoftmax {
+  static constexpr const char* name = "logsoftmax";
+  Tensor operator()(const Tensor& x, int axis = -1) const { return logsoftmax_(x, axis); }
+};
+inline constexpr LogSoftmax logsoftmax{};
+inline std::ostream& operator<<(std::ostream& os, const Softmax&) { return os << "softmax"; }
+inline std::ostream& operator<<(std::ostream& os, const LogSoftmax&) { return os << "logsoftmax"; }
+
+/// A type-erased activation, as held by Dense: a name for printing and a function.
+class Activation {
+ public:
+  Activation() : name_("identity"), fn_(nullptr) {}
+  template <class A>
+    requires requires { A::name; }
+  Activation(const A& a) : name_(A::name), fn_(nullptr), object_(std::make_shared<Holder<A>>(a)) {
+    if (std::string(A::name) == "identity") object_.reset();
+  }
+  /// A plain function, e.g. flux::tanh or a user's own; printed by `name`.
+  Activation(Tensor (*fn)(const Tensor&), std::string name = "") : name_(std::move(name)), fn_(fn) {
+    if (name_.empty()) name_ = fn == &flux::tanh ? "tanh" : "#activation";
+  }
+  Tensor operator()(const Tensor& x) const {
+    if (object_) return object_->call(x);
+    if (fn_) return fn_(x);
+    return x;
+  }
+  const std::string& name() const { return name_; }
+  bool is_identity() const { return !object_ && !fn_; }
+
+ private:
+  struct Base {
+    virtual ~Base() = default;
+    virtual Tensor call(const Tensor& x) const = 0;
+  };
+  template <class A> struct Holder : Base {
+    explicit Holder(const A& a) : a(a) {}
+    Tensor call(const Tensor& x) const override { return a(x); }
+    A a;
+  };
+  std::string name_;
+  Tensor (*fn_)(const Tensor&);
+  std::shared_ptr<const Base> object_;
+};
+
+}  // namespace flux

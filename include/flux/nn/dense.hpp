@@ -1,0 +1,43 @@
+// Dense(in, out, act = identity; bias = true): y = act(x Wᵀ + b) with x (N, in), W (out, in), b (out,).
+// Weights are Glorot-uniform as in Flux; the layout matches PyTorch's nn.Linear.
+#pragma once
+#include <ostream>
+#include <string>
+
+#include "flux/functor.hpp"
+#include "flux/nn/activations.hpp"
+
+namespace flux {
+
+struct DenseOptions {
+  bool bias = true;
+  DType dtype = DType::f32;
+};
+
+struct Dense {
+  Tensor weight;  // (out, in)
+  Tensor bias;    // (out,), undefined when bias = false
+  Activation activation;
+
+  Dense() = default;
+  Dense(int64_t in, int64_t out, Activation act = Activation(), DenseOptions options = {});
+  Dense(int64_t in, int64_t out, DenseOptions options) : Dense(in, out, Activation(), options) {}
+  /// From existing arrays (weight (out, in), optional bias (out,)).
+  Dense(Tensor weight, Tensor bias, Activation act = Activation());
+
+  /// x: (N, in) or (in,) -> (N, out) or (out,).
+  Tensor operator()(const Tensor& x) const;
+  int64_t in_features() const { return weight.size(1); }
+  int64_t out_features() const { return weight.size(0); }
+};
+FLUX_LAYER(Dense, weight, bias)
+
+/// "Dense(10 => 5, sigmoid)" (no parameter comment).
+std::string layer_string(const Dense& d);
+/// Flux's display: "Dense(10 => 5, sigmoid)  # 55 parameters".
+std::ostream& operator<<(std::ostream& os, const Dense& d);
+
+/// Glorot (Xavier) uniform init of shape (out, in), as Flux.glorot_uniform.
+Tensor glorot_uniform(int64_t out, int64_t in, DType t = DType::f32);
+
+}  // namespace flux

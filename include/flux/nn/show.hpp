@@ -1,0 +1,91 @@
+// Printing models in Flux's style (multi-line Chain with parameter counts and a total).
+#pragma once
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+#include "flux/functor.hpp"
+#include "flux/nn/activations.hpp"
+#include "flux/nn/chain.hpp"
+#include "flux/nn/dense.hpp"
+
+namespace flux {
+
+namespace show {
+/// 1628170 -> "1_628_170".
+std::string underscorise(int64_t n);
+/// Julia's Base.format_bytes: "6.211 MiB", "3 bytes".
+std::string format_bytes(size_t bytes);
+
+template <class T>
+concept Streamable = requires(std::ostream& os, const T& t) { os << t; };
+template <class T>
+concept Named = requires(const T* t) { flux_layer_name(t); };
+
+template <class L> size_t param_bytes(const L& l) {
+  size_t b = 0;
+  for (const Tensor& t : params(l)) b += t.nbytes();
+  return b;
+}
+
+template <class L> std::string one_line(const L& layer) {
+  if constexpr (std::is_same_v<L, Dense>) {
+    return layer_string(layer);
+  } else if constexpr (is_chain<L>::value) {
+    std::string s = "Chain(";
+    bool first = true;
+    std::apply([&](const auto&... ls) { ((s += (first ? "" : ", ") + one_line(ls), first = false), ...); }, layer.layers);
+    return s + ")";
+  } else if constexpr (requires { L::name; }) {
+    return L::name;
+  } else if constexpr (Named<L>) {
+    return std::string(flux_layer_name(&layer)) + "(...)";
+  } else if constexpr (Streamable<L>) {
+    std::ostringstream os;
+    os << layer;
+    return os.str();
+  } else {
+    return "#layer";
+  }
+}
+
+template <class L> void big_show(std::ostream& os, const L& layer, int indent) {
+  if constexpr (is_chain<L>::value) {
+    os << std::string(indent, ' ') << "Chain(\n";
+    std::apply([&](const auto&... ls) { (big_show(os, ls, indent + 2), ...); }, layer.layers);
+    os << std::string(indent, ' ') << ")";
+    if (indent > 0) os << ",\n";
+  } else {
+    std::string str = one_line(layer);
+    os << std::string(indent, ' ') << str << ",";
+    int64_t n = parameter_count(layer);
+    if (n > 0) {
+      int pad = std::max(2, 39 - indent - int(str.size()));
+      os << std::string(pad, ' ') << "# " << underscorise(n) << " parameters";
+    }
+    os << "\n";
+  }
+}
+}  // namespace show
+
+/// Flux's REPL display of a Chain: one line per layer with its parameter count, then the total.
+template <class... L> std::ostream& operator<<(std::ostream& os, const Chain<L...>& c) {
+  show::big_show(os, c, 0);
+  auto ps = params(c);
+  if (ps.size() > 2) {
+    os << std::string(19, ' ') << "# Total: " << ps.size() << " arrays, " << show::underscorise(parameter_count(c))
+       << " parameters, " << show::format_bytes(show::param_bytes(c)) << ".";
+  }
+  return os;
+}
+
+/// One line: "Chain(Dense(10 => 64, relu), Dense(64 => 1))  # 769 parameters".
+template <class M> std::string repr(const M& m) {
+  std::string s = show::one_line(m);
+  int64_t n = parameter_count(m);
+  if (n > 0) s += "  # " + show::underscorise(n) + " parameters";
+  return s;
+}
+
+}  // namespace flux

@@ -1,0 +1,5 @@
+#pragma once
+#define FLUX_VERSION_MAJOR 0
+#define FLUX_VERSION_MINOR 1
+#define FLUX_VERSION_PATCH 0
+#define FLUX_VERSION_STRING "0.1.0"

@@ -1,0 +1,100 @@
+#include "flux/autodiff.hpp"
+
+#include <atomic>
+
+#include "flux/ops.hpp"
+
+namespace flux::autodiff {
+
+namespace {
+thread_local Tape* g_active = nullptr;
+std::atomic<uint64_t> g_generation{0};
+}  // namespace
+
+Tape::Tape() : generation_(++g_generation), previous_(g_active) { g_active = this; }
+Tape::~Tape() { g_active = previous_; }
+
+Tensor Tape::leaf(const Tensor& x) {
+  if (!x.defined()) return x;
+  auto impl = std::make_shared<TensorImpl>(*x.impl());
+  impl->tape_id = int64_t(nodes_.size());
+  impl->tape_generation = generation_;
+  nodes_.push_back(Node{});
+  return Tensor(impl);
+}
+
+bool tracked(const Tensor& t) {
+  return g_active && t.defined() && t.impl()->tape_id >= 0 &&
+         t.impl()->tape_generation == g_active->generation();
+}
+
+template <class List> void record_list(Tensor& out, const List& inputs, Backward& backward) {
+  if (!g_active) return;
+  Tape::Node node;
+  bool any = false;
+  node.inputs.reserve(inputs.size());
+  for (const Tensor* in : inputs) {
+    bool t = tracked(*in);
+    node.inputs.push_back(t ? in->impl()->tape_id : -1);
+    any = any || t;
+  }
+  if (!any) return;
+  node.backward = std::move(backward);
+  auto& nodes = g_active->nodes();
+  out.impl()->tape_id = int64_t(nodes.size());
+  out.impl()->tape_generation = g_active->generation();
+  nodes.push_back(std::move(node));
+}
+
+void record(Tensor& out, std::initializer_list<const Tensor*> inputs, Backward backward) {
+  record_list(out, inputs, backward);
+}
+void record(Tensor& out, const std::vector<const Tensor*>& inputs, Backward backward) {
+  record_list(out, inputs, backward);
+}
+
+NoGrad::NoGrad() : saved_(g_active) { g_active = nullptr; }
+NoGrad::~NoGrad() { g_active = saved_; }
+
+void Tape::backward(const Tensor& output) {
+  if (output.numel() != 1)
+    detail::fail("[gradient] the function must return a scalar (one-element) tensor; got shape ",
+                 to_string(output.shape()));
+  if (!is_floating(output.dtype()))
+    detail::fail("[gradient] the function returned a ", dtype_name(output.dtype()),
+                 " tensor; a floating-point loss is needed");
+  grads_.assign(nodes_.size(), Tensor());
+  if (!tracked(output)) return;  // output does not depend on the inputs: all gradients are zero
+  NoGrad no_grad;
+  grads_[output.impl()->tape_id] = ones(output.shape(), output.dtype(), output.device());
+  for (int64_t i = int64_t(nodes_.size()) - 1; i >= 0; --i) {
+    Node& node = nodes_[i];
+    if (!node.backward || !grads_[i].defined()) continue;
+    std::vector<Tensor> input_grads = node.backward(grads_[i]);
+    for (size_t k = 0; k < node.inputs.size() && k < input_grads.size(); ++k) {
+      int64_t id = node.inputs[k];
+      if (id < 0 || !input_grads[k].defined()) continue;
+      Tensor& slot = grads_[id];
+      slot = slot.defined() ? add(slot, input_grads[k]) : input_grads[k];
+    }
+    node.backward = nullptr;  // free captured tensors early
+    grads_[i] = Tensor();
+  }
+}
+
+Tensor Tape::grad(const Tensor& t) const {
+  if (!t.defined()) return t;
+  int64_t id = t.impl()->tape_id;
+  if (t.impl()->tape_generation == generation_ && id >= 0 && id < int64_t(grads_.size()) &&
+      grads_[id].defined()) {
+    Tensor g = grads_[id];
+    if (g.dtype() != t.dtype()) g = g.cast(t.dtype());
+    // A fresh handle per parameter: two parameters may have received the very same gradient tensor.
+    auto impl = std::make_shared<TensorImpl>(*g.impl());
+    impl->tape_id = -1;
+    return Tensor(impl);
+  }
+  return zeros(t.shape(), t.dtype(), t.device());
+}
+
+}  // namespace flux::autodiff

@@ -1,0 +1,171 @@
+// The CPU backend object: memory (a caching pool), copies, and dispatch to the kernel files.
+#include <sys/sysinfo.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "flux/error.hpp"
+#include "src/backends/cpu/cpu_backend.hpp"
+
+#ifndef FLUX_BLAS_NAME
+#define FLUX_BLAS_NAME "unknown BLAS"
+#endif
+
+namespace flux::cpu {
+
+namespace {
+
+// Size-bucketed cache of freed blocks: training loops allocate the same sizes every step.
+class CachingPool {
+ public:
+  static size_t round(size_t bytes) {
+    if (bytes <= 64) return 64;
+    if (bytes <= (size_t(1) << 20)) {  // powers of two up to 1 MiB
+      size_t r = 64;
+      while (r < bytes) r <<= 1;
+      return r;
+    }
+    return (bytes + 65535) & ~size_t(65535);  // 64 KiB steps above
+  }
+  void* allocate(size_t bytes) {
+    size_t r = round(bytes);
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      auto it = free_.find(r);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        cached_ -= r;
+        used_ += r;
+        return p;
+      }
+    }
+    void* p = std::aligned_alloc(64, r);
+    if (!p) {
+      release();
+      p = std::aligned_alloc(64, r);
+      if (!p) detail::fail("[CPU] out of memory allocating ", bytes, " bytes");
+    }
+    std::lock_guard<std::mutex> lock(m_);
+    used_ += r;
+    return p;
+  }
+  void deallocate(void* p, size_t bytes) {
+    size_t r = round(bytes);
+    std::lock_guard<std::mutex> lock(m_);
+    used_ -= r;
+    if (cached_ + r > kMaxCached) {
+      std::free(p);
+      return;
+    }
+    free_[r].push_back(p);
+    cached_ += r;
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(m_);
+    for (auto& [size, blocks] : free_)
+      for (void* p : blocks) std::free(p);
+    free_.clear();
+    cached_ = 0;
+  }
+  size_t used() const { return used_; }
+  size_t cached() const { return cached_; }
+
+ private:
+  static constexpr size_t kMaxCached = size_t(1) << 30;
+  std::mutex m_;
+  std::map<size_t, std::vector<void*>> free_;
+  size_t used_ = 0, cached_ = 0;
+};
+
+class CpuBackend final : public backend::Backend {
+ public:
+  const char* name() const override { return "CPU"; }
+  int device_count() override { return 1; }
+  std::string device_name(int) override { return "CPU (" + std::to_string(num_threads()) + " threads, " FLUX_BLAS_NAME ")"; }
+  bool device_is_cpu(int) override { return true; }
+  std::string version_info() override {
+    return "  BLAS: " FLUX_BLAS_NAME "; threads: " + std::to_string(num_threads()) + " (FLUX_NUM_THREADS)\n";
+  }
+  backend::MemoryInfo memory(int) override {
+    struct sysinfo si {};
+    sysinfo(&si);
+    return {pool_.used(), pool_.used() + pool_.cached(), size_t(si.freeram) * si.mem_unit,
+            size_t(si.totalram) * si.mem_unit};
+  }
+  backend::Buffer allocate(int, size_t bytes) override { return {bytes ? pool_.allocate(bytes) : nullptr, 0}; }
+  void deallocate(int, backend::Buffer b, size_t bytes) override {
+    if (b.handle) pool_.deallocate(b.handle, bytes);
+  }
+  void release_cache(int) override { pool_.release(); }
+  void copy_from_host(int, backend::Buffer dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(ptr(dst), src, bytes);
+  }
+  void copy_to_host(int, void* dst, backend::Buffer src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, ptr(src), bytes);
+  }
+  void copy(int, backend::Buffer dst, backend::Buffer src, size_t bytes) override {
+    if (bytes) std::memmove(ptr(dst), ptr(src), bytes);
+  }
+  bool copy_peer(int, backend::Buffer dst, int, backend::Buffer src, size_t bytes) override {
+    copy(0, dst, src, bytes);
+    return true;
+  }
+  void synchronize(int) override {}
+  void fill(int, DType t, backend::Buffer dst, int64_t n, double v) override { cpu::fill(t, ptr(dst), n, v); }
+  void cast(int, DType from, backend::Buffer src, DType to, backend::Buffer dst, int64_t n) override {
+    cpu::cast(from, ptr(src), to, ptr(dst), n);
+  }
+  void strided_copy(int, DType t, backend::Buffer src, backend::Buffer dst, const backend::StridedCopy& p) override {
+    cpu::strided_copy(t, ptr(src), ptr(dst), p);
+  }
+  void unary(int, backend::UnaryOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t n, double alpha) override {
+    cpu::unary(op, t, ptr(src), ptr(dst), n, alpha);
+  }
+  void binary(int, backend::BinaryOp op, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer out,
+              const backend::Broadcast& p) override {
+    cpu::binary(op, t, ptr(a), ptr(b), ptr(out), p);
+  }
+  void where(int, DType t, backend::Buffer c, backend::Buffer a, backend::Buffer b, backend::Buffer out,
+             const backend::Broadcast& p) override {
+    cpu::where(t, ptr(c), ptr(a), ptr(b), ptr(out), p);
+  }
+  void reduce(int, backend::ReduceOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer,
+              int64_t len, int64_t inner) override {
+    cpu::reduce(op, t, ptr(src), ptr(dst), outer, len, inner);
+  }
+  void matmul(int, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer c, const backend::Gemm& g) override {
+    cpu::matmul(t, ptr(a), ptr(b), ptr(c), g);
+  }
+  void softmax(int, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer, int64_t len, int64_t inner,
+               bool log) override {
+    cpu::softmax(t, ptr(src), ptr(dst), outer, len, inner, log);
+  }
+  void gather(int, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer, int64_t len,
+              int64_t inner, int64_t nidx) override {
+    cpu::gather(t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len, inner, nidx);
+  }
+  void scatter_add(int, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer,
+                   int64_t len, int64_t inner, int64_t nidx) override {
+    cpu::scatter_add(t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len, inner, nidx);
+  }
+  void adam_step(int, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer m, backend::Buffer v, int64_t n,
+                 const backend::AdamStep& s) override {
+    cpu::adam_step(t, ptr(x), ptr(g), ptr(m), ptr(v), n, s);
+  }
+
+ private:
+  CachingPool pool_;
+};
+
+}  // namespace
+
+backend::Backend& cpu_backend() {
+  static CpuBackend* b = new CpuBackend();  // never destroyed: tensors may outlive static destruction
+  return *b;
+}
+
+}  // namespace flux::cpu

@@ -1,0 +1,152 @@
+// Elementwise functions of two (or three, for where) tensors with broadcasting, on the CPU.
+#include <cmath>
+
+#include "flux/error.hpp"
+#include "src/backends/cpu/cpu_backend.hpp"
+
+namespace flux::cpu {
+
+using backend::BinaryOp;
+
+namespace {
+
+template <class T> inline T arith(BinaryOp op, T x, T y) {
+  switch (op) {
+    case BinaryOp::add: return T(x + y);
+    case BinaryOp::sub: return T(x - y);
+    case BinaryOp::mul: return T(x * y);
+    case BinaryOp::div:
+      if constexpr (std::is_integral_v<T>) {
+        if (y == 0) detail::fail("[div] integer division by zero");
+      }
+      return T(x / y);
+    case BinaryOp::pow:
+      if constexpr (std::is_floating_point_v<T>) return std::pow(x, y);
+      else return T(std::pow(double(x), double(y)));
+    case BinaryOp::maximum: return x > y ? x : y;
+    case BinaryOp::minimum: return x < y ? x : y;
+    default: return T(0);
+  }
+}
+
+template <class T> inline uint8_t compare(BinaryOp op, T x, T y) {
+  switch (op) {
+    case BinaryOp::eq: return x == y;
+    case BinaryOp::ne: return x != y;
+    case BinaryOp::lt: return x < y;
+    case BinaryOp::le: return x <= y;
+    case BinaryOp::gt: return x > y;
+    case BinaryOp::ge: return x >= y;
+    default: return 0;
+  }
+}
+
+bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq; }
+
+// Visits every output element as f(out_index, offset_0, offset_1, offset_2), innermost axis in runs.
+template <class F> void for_each_broadcast(const backend::Broadcast& p, int operands, F f) {
+  int nd = p.ndim;
+  int64_t total = 1;
+  for (int i = 0; i < nd; ++i) total *= p.shape[i];
+  if (total == 0) return;
+  if (p.contiguous || nd == 0) {
+    parallel_for(total, 1 << 15, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) f(i, i, i, i);
+    });
+    return;
+  }
+  int64_t inner = p.shape[nd - 1];
+  int64_t s0 = p.stride[0][nd - 1], s1 = p.stride[1][nd - 1], s2 = operands > 2 ? p.stride[2][nd - 1] : 0;
+  int64_t outer = total / inner;
+  parallel_for(outer, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(inner, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; ++o) {
+      int64_t rem = o, off0 = 0, off1 = 0, off2 = 0;
+      for (int i = nd - 2; i >= 0; --i) {
+        int64_t c = rem % p.shape[i];
+        rem /= p.shape[i];
+        off0 += c * p.stride[0][i];
+        off1 += c * p.stride[1][i];
+        if (operands > 2) off2 += c * p.stride[2][i];
+      }
+      int64_t base = o * inner;
+      for (int64_t j = 0; j < inner; ++j) f(base + j, off0 + j * s0, off1 + j * s1, off2 + j * s2);
+    }
+  });
+}
+
+template <class T, BinaryOp Op> void contiguous_arith(const T* x, const T* y, T* z, int64_t n, bool x_scalar, bool y_scalar) {
+  parallel_for(n, 1 << 15, [&](int64_t b, int64_t e) {
+    if (y_scalar) {
+      T yv = y[0];
+      for (int64_t i = b; i < e; ++i) z[i] = arith<T>(Op, x[i], yv);
+    } else if (x_scalar) {
+      T xv = x[0];
+      for (int64_t i = b; i < e; ++i) z[i] = arith<T>(Op, xv, y[i]);
+    } else {
+      for (int64_t i = b; i < e; ++i) z[i] = arith<T>(Op, x[i], y[i]);
+    }
+  });
+}
+
+// Operand k is a single value broadcast everywhere.
+bool all_zero(const backend::Broadcast& p, int k) {
+  for (int i = 0; i < p.ndim; ++i)
+    if (p.stride[k][i] != 0 && p.shape[i] != 1) return false;
+  return true;
+}
+// Operand k is laid out densely in the output's order.
+bool dense(const backend::Broadcast& p, int k) {
+  int64_t expect = 1;
+  for (int i = p.ndim - 1; i >= 0; --i) {
+    if (p.shape[i] != 1 && p.stride[k][i] != expect) return false;
+    expect *= p.shape[i];
+  }
+  return true;
+}
+
+template <class T> bool fast_path(BinaryOp op, const T* x, const T* y, T* z, const backend::Broadcast& p) {
+  int64_t n = 1;
+  for (int i = 0; i < p.ndim; ++i) n *= p.shape[i];
+  bool xs = false, ys = false;
+  if (!p.contiguous) {
+    if (all_zero(p, 1) && dense(p, 0)) ys = true;
+    else if (all_zero(p, 0) && dense(p, 1)) xs = true;
+    else return false;
+  }
+  switch (op) {
+    case BinaryOp::add: contiguous_arith<T, BinaryOp::add>(x, y, z, n, xs, ys); return true;
+    case BinaryOp::sub: contiguous_arith<T, BinaryOp::sub>(x, y, z, n, xs, ys); return true;
+    case BinaryOp::mul: contiguous_arith<T, BinaryOp::mul>(x, y, z, n, xs, ys); return true;
+    case BinaryOp::div: contiguous_arith<T, BinaryOp::div>(x, y, z, n, xs, ys); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+void binary(BinaryOp op, DType t, const void* a, const void* b, void* out, const backend::Broadcast& p) {
+  FLUX_CPU_DISPATCH("binary", t, {
+    const T* x = static_cast<const T*>(a);
+    const T* y = static_cast<const T*>(b);
+    if (is_comparison(op)) {
+      uint8_t* z = static_cast<uint8_t*>(out);
+      for_each_broadcast(p, 2, [&](int64_t i, int64_t i0, int64_t i1, int64_t) { z[i] = compare<T>(op, x[i0], y[i1]); });
+    } else {
+      T* z = static_cast<T*>(out);
+      if (!fast_path<T>(op, x, y, z, p))
+        for_each_broadcast(p, 2, [&](int64_t i, int64_t i0, int64_t i1, int64_t) { z[i] = arith<T>(op, x[i0], y[i1]); });
+    }
+  });
+}
+
+void where(DType t, const void* cond, const void* a, const void* b, void* out, const backend::Broadcast& p) {
+  const uint8_t* c = static_cast<const uint8_t*>(cond);
+  FLUX_CPU_DISPATCH("where", t, {
+    const T* x = static_cast<const T*>(a);
+    const T* y = static_cast<const T*>(b);
+    T* z = static_cast<T*>(out);
+    for_each_broadcast(p, 3, [&](int64_t i, int64_t i0, int64_t i1, int64_t i2) { z[i] = c[i0] ? x[i1] : y[i2]; });
+  });
+}
+
+}  // namespace flux::cpu

@@ -1,0 +1,44 @@
+// The CPU backend, built into libflux. Kernels live one file per family (unary.cpp, binary.cpp, ...),
+// mirrored by src/backends/opencl and src/backends/cuda.
+#pragma once
+#include <cstdint>
+#include <functional>
+
+#include "flux/backend.hpp"
+
+namespace flux::cpu {
+
+backend::Backend& cpu_backend();
+
+/// Address of a CPU buffer.
+inline void* ptr(backend::Buffer b) { return static_cast<char*>(b.handle) + b.offset; }
+
+/// Runs fn(begin, end) over [0, n) on the CPU pool; inline when n < grain (no thread hand-off).
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+int num_threads();
+
+void fill(DType t, void* dst, int64_t n, double value);
+void cast(DType from, const void* src, DType to, void* dst, int64_t n);
+void strided_copy(DType t, const void* src, void* dst, const backend::StridedCopy& plan);
+void unary(backend::UnaryOp op, DType t, const void* src, void* dst, int64_t n, double alpha);
+void binary(backend::BinaryOp op, DType t, const void* a, const void* b, void* out, const backend::Broadcast& plan);
+void where(DType t, const void* cond, const void* a, const void* b, void* out, const backend::Broadcast& plan);
+void reduce(backend::ReduceOp op, DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner);
+void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm& g);
+void softmax(DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner, bool log);
+void gather(DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);
+void scatter_add(DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);
+void adam_step(DType t, void* x, const void* g, void* m, void* v, int64_t n, const backend::AdamStep& s);
+
+}  // namespace flux::cpu
+
+// Calls BODY with `using T = <C++ type>` for the arithmetic dtypes; errors for others.
+#define FLUX_CPU_DISPATCH(api, dtype, ...)                                                   \
+  switch (dtype) {                                                                          \
+    case ::flux::DType::f32: { using T = float; __VA_ARGS__; } break;                       \
+    case ::flux::DType::f64: { using T = double; __VA_ARGS__; } break;                      \
+    case ::flux::DType::i32: { using T = int32_t; __VA_ARGS__; } break;                     \
+    case ::flux::DType::i64: { using T = int64_t; __VA_ARGS__; } break;                     \
+    case ::flux::DType::u8: case ::flux::DType::boolean: { using T = uint8_t; __VA_ARGS__; } break; \
+    default: ::flux::detail::fail("[", api, "] CPU kernel does not support ", ::flux::dtype_name(dtype)); \
+  }

@@ -1,0 +1,80 @@
+// Elementwise functions of one tensor on the CPU.
+#include <cmath>
+
+#include "flux/error.hpp"
+#include "src/backends/cpu/cpu_backend.hpp"
+
+namespace flux::cpu {
+
+using backend::UnaryOp;
+
+namespace {
+template <class T> inline T apply(UnaryOp op, T x, double alpha) {
+  using std::abs;
+  if constexpr (std::is_floating_point_v<T>) {
+    const T a = T(alpha);
+    switch (op) {
+      case UnaryOp::neg: return -x;
+      case UnaryOp::exp: return std::exp(x);
+      case UnaryOp::log: return std::log(x);
+      case UnaryOp::sqrt: return std::sqrt(x);
+      case UnaryOp::abs: return std::abs(x);
+      case UnaryOp::tanh: return std::tanh(x);
+      case UnaryOp::sigmoid: return x >= 0 ? T(1) / (T(1) + std::exp(-x)) : std::exp(x) / (T(1) + std::exp(x));
+      case UnaryOp::relu: return x > 0 ? x : T(0);
+      case UnaryOp::leakyrelu: return x > 0 ? x : a * x;
+      case UnaryOp::elu: return x > 0 ? x : a * (std::exp(x) - T(1));
+      case UnaryOp::gelu: {  // tanh approximation, as Flux/NNlib's gelu
+        const T c = T(0.7978845608028654);
+        return T(0.5) * x * (T(1) + std::tanh(c * (x + T(0.044715) * x * x * x)));
+      }
+      case UnaryOp::softplus: return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+      case UnaryOp::swish: return x * (x >= 0 ? T(1) / (T(1) + std::exp(-x)) : std::exp(x) / (T(1) + std::exp(x)));
+      case UnaryOp::sign: return x > 0 ? T(1) : (x < 0 ? T(-1) : T(0));
+      case UnaryOp::square: return x * x;
+      case UnaryOp::reciprocal: return T(1) / x;
+      case UnaryOp::sin: return std::sin(x);
+      case UnaryOp::cos: return std::cos(x);
+      case UnaryOp::log1p: return std::log1p(x);
+      case UnaryOp::step: return x > 0 ? T(1) : T(0);
+    }
+    return x;
+  } else {
+    switch (op) {
+      case UnaryOp::neg: return T(-x);
+      case UnaryOp::abs: if constexpr (std::is_signed_v<T>) return x < 0 ? T(-x) : x; else return x;
+      case UnaryOp::sign: return x > 0 ? T(1) : (x < 0 ? T(-1) : T(0));
+      case UnaryOp::square: return T(x * x);
+      case UnaryOp::relu: return x > 0 ? x : T(0);
+      case UnaryOp::step: return x > 0 ? T(1) : T(0);
+      default: detail::fail("[unary] this function needs a floating-point tensor");
+    }
+  }
+}
+
+template <class T, UnaryOp Op> void run(const T* s, T* d, int64_t n, double alpha) {
+  parallel_for(n, 1 << 15, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) d[i] = apply<T>(Op, s[i], alpha);
+  });
+}
+}  // namespace
+
+void unary(UnaryOp op, DType t, const void* src, void* dst, int64_t n, double alpha) {
+  FLUX_CPU_DISPATCH("unary", t, {
+    const T* s = static_cast<const T*>(src);
+    T* d = static_cast<T*>(dst);
+    // The hot activations get their own loops so the compiler can vectorise them.
+    switch (op) {
+      case UnaryOp::relu: run<T, UnaryOp::relu>(s, d, n, alpha); return;
+      case UnaryOp::neg: run<T, UnaryOp::neg>(s, d, n, alpha); return;
+      case UnaryOp::square: run<T, UnaryOp::square>(s, d, n, alpha); return;
+      case UnaryOp::step: run<T, UnaryOp::step>(s, d, n, alpha); return;
+      default:
+        parallel_for(n, 1 << 13, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) d[i] = apply<T>(op, s[i], alpha);
+        });
+    }
+  });
+}
+
+}  // namespace flux::cpu

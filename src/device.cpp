@@ -1,0 +1,392 @@
+// Backend registry, plugin loading, preferences and device selection.
+#include "flux/device.hpp"
+
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "flux/error.hpp"
+#include "flux/version.hpp"
+#include "src/backends/cpu/cpu_backend.hpp"
+
+namespace flux {
+
+namespace {
+
+bool debug_backends() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLUX_DEBUG_BACKENDS");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
+template <class... Args> void debug(const Args&... args) {
+  if (!debug_backends()) return;
+  std::ostringstream os;
+  (os << ... << args);
+  std::fprintf(stderr, "[flux:backends] %s\n", os.str().c_str());
+}
+
+void warn_once(const std::string& message) {
+  static std::mutex m;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(m);
+  if (said.insert(message).second) std::fprintf(stderr, "┌ Warning: %s\n└ @ flux\n", message.c_str());
+}
+
+void info(const std::string& message) { std::fprintf(stderr, "[ Info: %s\n", message.c_str()); }
+
+const char* plugin_file(const std::string& backend) {
+  if (backend == "OpenCL") return "libflux-opencl.so";
+  if (backend == "CUDA") return "libflux-cuda.so";
+  if (backend == "AMDGPU") return "libflux-amdgpu.so";
+  if (backend == "Metal") return "libflux-metal.so";
+  return nullptr;
+}
+
+std::vector<std::string> plugin_dirs() {
+  std::vector<std::string> dirs;
+  if (const char* p = std::getenv("FLUX_BACKEND_PATH")) {
+    std::stringstream ss(p);
+    std::string item;
+    while (std::getline(ss, item, ':'))
+      if (!item.empty()) dirs.push_back(item);
+  }
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<void*>(&plugin_dirs), &self) && self.dli_fname) {
+    std::filesystem::path lib(self.dli_fname);
+    dirs.push_back(lib.parent_path().string());
+    dirs.push_back((lib.parent_path() / "flux").string());
+  }
+#ifdef FLUX_BUILD_BACKEND_DIR
+  dirs.push_back(FLUX_BUILD_BACKEND_DIR);
+#endif
+  return dirs;
+}
+
+struct Entry {
+  bool attempted = false;
+  backend::Backend* backend = nullptr;
+  std::string why_not_loaded;
+};
+
+std::recursive_mutex g_registry_mutex;
+std::map<std::string, Entry>& registry() {
+  static std::map<std::string, Entry> r;
+  return r;
+}
+
+Entry& load(const std::string& name) {
+  std::lock_guard<std::recursive_mutex> lock(g_registry_mutex);
+  Entry& e = registry()[name];
+  if (e.attempted) return e;
+  e.attempted = true;
+  if (name == "CPU") {
+    e.backend = &cpu::cpu_backend();
+    return e;
+  }
+  const char* file = plugin_file(name);
+  if (!file) {
+    e.why_not_loaded = "no plugin exists for backend " + name;
+    return e;
+  }
+  std::vector<std::string> tried;
+  for (const std::string& dir : plugin_dirs()) {
+    std::filesystem::path path = std::filesystem::path(dir) / file;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
+      debug(name, ": no ", path.string());
+      continue;
+    }
+    tried.push_back(path.string());
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      e.why_not_loaded = std::string("dlopen failed: ") + dlerror();
+      debug(name, ": ", path.string(), ": ", e.why_not_loaded);
+      continue;
+    }
+    auto entry = reinterpret_cast<backend::PluginInfo (*)()>(dlsym(handle, FLUX_BACKEND_PLUGIN_SYMBOL));
+    if (!entry) {
+      e.why_not_loaded = path.string() + " does not export " FLUX_BACKEND_PLUGIN_SYMBOL;
+      debug(name, ": ", e.why_not_loaded);
+      dlclose(handle);
+      continue;
+    }
+    backend::PluginInfo plugin = entry();
+    if (plugin.abi_version != backend::kBackendAbiVersion) {
+      e.why_not_loaded = path.string() + " was built for backend ABI version " +
+                         std::to_string(plugin.abi_version) + " but this libflux has ABI version " +
+                         std::to_string(backend::kBackendAbiVersion);
+      debug(name, ": refused: ", e.why_not_loaded);
+      warn_once("[flux] plugin refused: " + e.why_not_loaded);
+      dlclose(handle);
+      continue;
+    }
+    try {
+      e.backend = plugin.create();
+    } catch (const std::exception& ex) {
+      e.why_not_loaded = path.string() + ": initialisation failed: " + ex.what();
+      debug(name, ": ", e.why_not_loaded);
+      continue;
+    }
+    e.why_not_loaded.clear();
+    debug(name, ": loaded ", path.string(), " (", e.backend->device_count(), " device(s))");
+    return e;
+  }
+  if (tried.empty()) e.why_not_loaded = std::string(file) + " was not found";
+  debug(name, ": not loaded: ", e.why_not_loaded);
+  return e;
+}
+
+std::filesystem::path preferences_path() {
+  if (const char* p = std::getenv("FLUX_PREFERENCES"); p && *p) {
+    std::filesystem::path path(p);
+    if (path.extension() == ".toml") return path;
+    return path / "LocalPreferences.toml";
+  }
+  return std::filesystem::current_path() / "LocalPreferences.toml";
+}
+
+// The preference as read once at start; empty when none.
+const std::string& preferred_backend() {
+  static const std::string pref = [] {
+    std::filesystem::path path = preferences_path();
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
+      debug("preferences: no ", path.string());
+      return std::string();
+    }
+    try {
+      toml::table table = toml::parse_file(path.string());
+      auto value = table["flux"]["gpu_backend"].value<std::string>();
+      if (!value) {
+        debug("preferences: ", path.string(), " has no [flux] gpu_backend");
+        return std::string();
+      }
+      auto names = supported_devices();
+      if (std::find(names.begin(), names.end(), *value) == names.end()) {
+        warn_once("[flux] " + path.string() + ": unknown gpu_backend \"" + *value +
+                  "\"; supported are CUDA, AMDGPU, Metal, OpenCL, CPU. Ignoring the preference.");
+        return std::string();
+      }
+      debug("preferences: gpu_backend = ", *value, " from ", path.string());
+      return *value;
+    } catch (const toml::parse_error& err) {
+      std::ostringstream os;
+      os << "[flux] cannot parse " << path.string() << ": " << err.description() << " (line "
+         << err.source().begin.line << "). Ignoring the preference.";
+      warn_once(os.str());
+      return std::string();
+    }
+  }();
+  return pref;
+}
+
+bool usable_gpu(backend::Backend* b, int& index) {
+  int n = b->device_count();
+  for (int i = 0; i < n; ++i)
+    if (!b->device_is_cpu(i)) {
+      index = i;
+      return true;
+    }
+  return false;
+}
+
+}  // namespace
+
+namespace detail {
+backend::Backend* try_backend(const std::string& name) { return load(name).backend; }
+
+backend::Backend& backend_for(const std::string& name) {
+  Entry& e = load(name);
+  if (!e.backend) {
+    auto names = supported_devices();
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      fail("[device] unknown backend \"", name, "\"; supported are CUDA, AMDGPU, Metal, OpenCL, CPU");
+    fail("[device] backend ", name, " is not loaded: ", e.why_not_loaded);
+  }
+  return *e.backend;
+}
+
+backend::Backend& backend_for(const Device& d) {
+  if (d.backend() == "CPU") return cpu::cpu_backend();
+  return backend_for(d.backend());
+}
+}  // namespace detail
+
+std::string Device::name() const { return detail::backend_for(*this).device_name(index_); }
+backend::MemoryInfo Device::memory() const { return detail::backend_for(*this).memory(index_); }
+void Device::synchronize() const { detail::backend_for(*this).synchronize(index_); }
+
+std::string to_string(const Device& d) {
+  return d.backend() == "CPU" ? std::string("CPU") : d.backend() + ":" + std::to_string(d.index());
+}
+std::ostream& operator<<(std::ostream& os, const Device& d) { return os << to_string(d); }
+
+std::vector<std::string> supported_devices() { return {"CUDA", "AMDGPU", "Metal", "OpenCL", "CPU"}; }
+
+bool loaded(const std::string& name) { return load(name).backend != nullptr; }
+
+bool functional(const std::string& name) {
+  backend::Backend* b = load(name).backend;
+  return b && b->device_count() > 0;
+}
+
+std::string GPU_BACKEND() {
+  const std::string& p = preferred_backend();
+  return p.empty() ? "CUDA" : p;
+}
+
+void gpu_backend(const std::string& name) {
+  auto names = supported_devices();
+  if (std::find(names.begin(), names.end(), name) == names.end())
+    detail::fail("[gpu_backend] unknown backend \"", name, "\"; supported are CUDA, AMDGPU, Metal, OpenCL, CPU");
+  std::filesystem::path path = preferences_path();
+  toml::table table;
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) {
+    try {
+      table = toml::parse_file(path.string());
+    } catch (const toml::parse_error& err) {
+      detail::fail("[gpu_backend] cannot parse ", path.string(), ": ", err.description(),
+                   "; fix or remove the file");
+    }
+  }
+  if (!table.contains("flux") || !table["flux"].is_table()) table.insert_or_assign("flux", toml::table{});
+  table["flux"].as_table()->insert_or_assign("gpu_backend", name);
+  std::filesystem::path tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) detail::fail("[gpu_backend] cannot write ", tmp.string());
+    out << table << "\n";
+    if (!out) detail::fail("[gpu_backend] failed writing ", tmp.string());
+  }
+  std::filesystem::rename(tmp, path);
+  if (name == preferred_backend()) {
+    info("GPU backend is already set to: " + name + ". No need to do anything else.");
+  } else {
+    info("New GPU backend set: " + name + " (written to " + path.string() +
+         "). Restart your program for this change to take effect.");
+  }
+}
+
+Device get_device(GetDeviceOptions options) {
+  const std::string& pref = preferred_backend();
+  if (!pref.empty()) {
+    if (pref == "CPU") {
+      if (options.verbose) info("Using backend set in preferences: CPU.");
+      return Device();
+    }
+    Entry& e = load(pref);
+    if (!e.backend) {
+      warn_once("Trying to use backend: " + pref + " but its plugin is not loaded (" + e.why_not_loaded +
+                "). Falling back to automatic device selection.");
+    } else if (e.backend->device_count() == 0) {
+      std::string why = e.backend->not_functional_reason();
+      warn_once("Trying to use backend: " + pref + " but it is not functional" +
+                (why.empty() ? std::string() : " (" + why + ")") +
+                ". Falling back to automatic device selection.");
+    } else {
+      if (options.verbose) info("Using backend set in preferences: " + pref + ".");
+      return Device(pref, 0);
+    }
+  }
+  if (options.verbose) info("Running automatic device selection...");
+  for (std::string name : {"CUDA", "AMDGPU", "Metal", "OpenCL"}) {
+    if (options.verbose) info("Trying backend: " + std::string(name) + ".");
+    Entry& e = load(name);
+    int index = 0;
+    if (!e.backend) {
+      if (options.verbose) info("Backend " + std::string(name) + " is not loaded.");
+    } else if (e.backend->device_count() == 0) {
+      if (options.verbose) info("Backend " + std::string(name) + " is loaded but not functional.");
+    } else if (!usable_gpu(e.backend, index)) {
+      if (options.verbose)
+        info("Backend " + std::string(name) + " only has CPU devices; skipped (name it to use it).");
+    } else {
+      if (options.verbose) info("Device found! Using " + std::string(name) + ":" + std::to_string(index) + ".");
+      return Device(name, index);
+    }
+  }
+  if (options.verbose) info("No functional GPU backend found! Defaulting to CPU.");
+  return Device();
+}
+
+Device get_device(const std::string& name, int index) {
+  auto names = supported_devices();
+  if (std::find(names.begin(), names.end(), name) == names.end())
+    detail::fail("[get_device] unsupported backend \"", name, "\"; supported_devices() = CUDA, AMDGPU, Metal, OpenCL, CPU");
+  if (name == "CPU") {
+    if (index != 0) detail::fail("[get_device] CPU has one device (index 0); got index ", index);
+    return Device();
+  }
+  Entry& e = load(name);
+  if (!e.backend) detail::fail("[get_device] backend ", name, " is not loaded: ", e.why_not_loaded);
+  int n = e.backend->device_count();
+  if (n == 0) {
+    std::string why = e.backend->not_functional_reason();
+    detail::fail("[get_device] backend ", name, " is loaded but not functional", why.empty() ? "" : ": ", why);
+  }
+  if (index < 0 || index >= n)
+    detail::fail("[get_device] device index ", index, " is out of range for ", name, ", which has ", n,
+                 " device(s) (0-based: 0..", n - 1, ")");
+  return Device(name, index);
+}
+
+static std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f MiB", double(bytes) / 1048576.0);
+  return buf;
+}
+
+void memory_status(std::ostream& os) {
+  for (std::string name : {"CPU", "CUDA", "AMDGPU", "Metal", "OpenCL"}) {
+    backend::Backend* b = load(name).backend;
+    if (!b) continue;
+    int n = b->device_count();
+    for (int i = 0; i < n; ++i) {
+      backend::MemoryInfo m = b->memory(i);
+      Device d = name == "CPU" ? Device() : Device(name, i);
+      os << to_string(d) << " (" << b->device_name(i) << "): used " << mib(m.used) << ", reserved "
+         << mib(m.reserved) << " (pool), free " << mib(m.free) << " of " << mib(m.total) << "\n";
+    }
+  }
+}
+void memory_status() { memory_status(std::cout); }
+
+void versioninfo(std::ostream& os) {
+  os << "flux-cpp " << FLUX_VERSION_STRING << " (backend ABI " << backend::kBackendAbiVersion << ")\n";
+  for (std::string name : {"CPU", "CUDA", "AMDGPU", "Metal", "OpenCL"}) {
+    Entry& e = load(name);
+    os << "\n" << name << ": ";
+    if (!e.backend) {
+      os << "not loaded (" << e.why_not_loaded << ")\n";
+      continue;
+    }
+    int n = e.backend->device_count();
+    os << (n ? "functional" : "loaded, not functional");
+    std::string why = n ? "" : e.backend->not_functional_reason();
+    if (!why.empty()) os << " (" << why << ")";
+    os << "\n" << e.backend->version_info();
+    for (int i = 0; i < n; ++i)
+      os << "  " << i << ": " << e.backend->device_name(i) << (e.backend->device_is_cpu(i) ? " [CPU device]" : "") << "\n";
+  }
+  const std::string& pref = preferred_backend();
+  os << "\nPreferred GPU backend: " << (pref.empty() ? "none set (GPU_BACKEND() = CUDA)" : pref) << " ["
+     << preferences_path().string() << "]\n";
+}
+void versioninfo() { versioninfo(std::cout); }
+
+}  // namespace flux

@@ -1,0 +1,39 @@
+// Helpers shared by libflux's own sources (not installed).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "flux/dtype.hpp"
+
+namespace flux::detail {
+
+/// Element k of a host array of dtype t, as a double.
+inline double load_as_double(const void* data, DType t, int64_t k) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(data)[k];
+    case DType::f64: return static_cast<const double*>(data)[k];
+    case DType::f16: return half_to_float(static_cast<const uint16_t*>(data)[k]);
+    case DType::bf16: return bfloat16_to_float(static_cast<const uint16_t*>(data)[k]);
+    case DType::i32: return static_cast<const int32_t*>(data)[k];
+    case DType::i64: return double(static_cast<const int64_t*>(data)[k]);
+    case DType::u8: return static_cast<const uint8_t*>(data)[k];
+    case DType::boolean: return static_cast<const uint8_t*>(data)[k] ? 1.0 : 0.0;
+  }
+  return 0;
+}
+
+/// Store a double as element k of a host array of dtype t.
+inline void store_from_double(void* data, DType t, int64_t k, double v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(data)[k] = float(v); break;
+    case DType::f64: static_cast<double*>(data)[k] = v; break;
+    case DType::f16: static_cast<uint16_t*>(data)[k] = float_to_half(float(v)); break;
+    case DType::bf16: static_cast<uint16_t*>(data)[k] = float_to_bfloat16(float(v)); break;
+    case DType::i32: static_cast<int32_t*>(data)[k] = int32_t(v); break;
+    case DType::i64: static_cast<int64_t*>(data)[k] = int64_t(v); break;
+    case DType::u8: static_cast<uint8_t*>(data)[k] = uint8_t(v); break;
+    case DType::boolean: static_cast<uint8_t*>(data)[k] = v != 0 ? 1 : 0; break;
+  }
+}
+
+}  // namespace flux::detail

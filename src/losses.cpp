@@ -1,0 +1,89 @@
+// Loss functions (Flux's definitions; classes along the last axis, observations along the first).
+#include "flux/losses.hpp"
+
+#include "flux/nn/activations.hpp"
+#include "src/ops_internal.hpp"
+
+namespace flux {
+
+namespace {
+void check_pair(const char* api, const Tensor& yhat, const Tensor& y) {
+  detail::check_defined(api, yhat);
+  detail::check_defined(api, y);
+  detail::check_same_device(api, yhat, y);
+  if (yhat.shape() != y.shape())
+    detail::fail("[", api, "] prediction shape ", to_string(yhat.shape()), " and target shape ", to_string(y.shape()),
+                 " differ");
+  if (!is_floating(yhat.dtype())) detail::fail("[", api, "] needs floating-point predictions, got ", dtype_name(yhat.dtype()));
+  if (yhat.numel() == 0) detail::fail("[", api, "] got empty tensors of shape ", to_string(yhat.shape()));
+}
+Tensor aggregate(const Tensor& l, Agg agg) {
+  switch (agg) {
+    case Agg::mean: return mean(l);
+    case Agg::sum: return sum(l);
+    case Agg::none: return l;
+  }
+  return l;
+}
+// Per-observation sums over the class (last) axis, then aggregated.
+Tensor per_observation(const Tensor& elementwise, Agg agg) {
+  Tensor l = elementwise.ndim() == 0 ? elementwise : sum(elementwise, -1);
+  return aggregate(l, agg);
+}
+Tensor target_like(const Tensor& yhat, const Tensor& y) { return y.dtype() == yhat.dtype() ? y : y.cast(yhat.dtype()); }
+}  // namespace
+
+Tensor mse(const Tensor& yhat, const Tensor& y, LossOptions o) {
+  check_pair("mse", yhat, y);
+  return aggregate(square(yhat - target_like(yhat, y)), o.agg);
+}
+
+Tensor mae(const Tensor& yhat, const Tensor& y, LossOptions o) {
+  check_pair("mae", yhat, y);
+  return aggregate(abs(yhat - target_like(yhat, y)), o.agg);
+}
+
+Tensor crossentropy(const Tensor& yhat, const Tensor& y, LossOptions o, double eps) {
+  check_pair("crossentropy", yhat, y);
+  Tensor t = target_like(yhat, y);
+  return per_observation(-(t * log(yhat + eps)), o.agg);
+}
+
+Tensor logitcrossentropy(const Tensor& logits, const Tensor& y, LossOptions o) {
+  check_pair("logitcrossentropy", logits, y);
+  Tensor t = target_like(logits, y);
+  return per_observation(-(t * logsoftmax_(logits, -1)), o.agg);
+}
+
+Tensor binarycrossentropy(const Tensor& yhat, const Tensor& y, LossOptions o, double eps) {
+  check_pair("binarycrossentropy", yhat, y);
+  Tensor t = target_like(yhat, y);
+  return aggregate(-(t * log(yhat + eps)) - (1.0 - t) * log(1.0 - yhat + eps), o.agg);
+}
+
+Tensor logitbinarycrossentropy(const Tensor& logits, const Tensor& y, LossOptions o) {
+  check_pair("logitbinarycrossentropy", logits, y);
+  Tensor t = target_like(logits, y);
+  // (1 - y) x - logσ(x), with logσ(x) = -softplus(-x)
+  return aggregate((1.0 - t) * logits + softplus(-logits), o.agg);
+}
+
+Tensor huber(const Tensor& yhat, const Tensor& y, LossOptions o, double delta) {
+  check_pair("huber", yhat, y);
+  if (delta <= 0) detail::fail("[huber] delta must be positive, got ", delta);
+  Tensor d = abs(yhat - target_like(yhat, y));
+  Tensor quad = 0.5 * square(d);
+  Tensor lin = delta * (d - 0.5 * delta);
+  Tensor small = d < delta;
+  return aggregate(where(small, quad, lin), o.agg);
+}
+
+Tensor kldivergence(const Tensor& yhat, const Tensor& y, LossOptions o, double eps) {
+  check_pair("kldivergence", yhat, y);
+  Tensor t = target_like(yhat, y);
+  Tensor entropy = t * log(t + eps);
+  Tensor cross = -(t * log(yhat + eps));
+  return per_observation(entropy + cross, o.agg);
+}
+
+}  // namespace flux

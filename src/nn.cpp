@@ -1,0 +1,105 @@
+// Dense, model printing helpers, and gpu()/cpu() moves.
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+
+#include "flux/move.hpp"
+#include "flux/nn/show.hpp"
+#include "src/ops_internal.hpp"
+
+namespace flux {
+
+Tensor glorot_uniform(int64_t out, int64_t in, DType t) {
+  if (out <= 0 || in <= 0) detail::fail("[glorot_uniform] dimensions must be positive; got (", out, ", ", in, ")");
+  double limit = std::sqrt(6.0 / double(in + out));
+  Tensor u = rand(Shape{out, in}, DType::f64);
+  return ((u * 2.0 - 1.0) * limit).cast(t);
+}
+
+Dense::Dense(int64_t in, int64_t out, Activation act, DenseOptions options) : activation(std::move(act)) {
+  if (in <= 0 || out <= 0) detail::fail("[Dense] sizes must be positive; got Dense(", in, " => ", out, ")");
+  weight = glorot_uniform(out, in, options.dtype);
+  if (options.bias) bias = zeros(Shape{out}, options.dtype);
+}
+
+Dense::Dense(Tensor w, Tensor b, Activation act) : weight(std::move(w)), bias(std::move(b)), activation(std::move(act)) {
+  if (!weight.defined() || weight.ndim() != 2)
+    detail::fail("[Dense] weight must be a 2-dimensional (out, in) tensor; got ", summary(weight));
+  if (bias.defined() && (bias.ndim() != 1 || bias.shape()[0] != weight.shape()[0]))
+    detail::fail("[Dense] bias must have shape (", weight.shape()[0], ",) to match weight ", to_string(weight.shape()),
+                 "; got ", to_string(bias.shape()));
+}
+
+Tensor Dense::operator()(const Tensor& x) const {
+  if (!weight.defined()) detail::fail("[Dense] the layer is empty (default-constructed)");
+  detail::check_defined("Dense", x);
+  int64_t in = weight.shape()[1];
+  if (x.ndim() == 0 || x.shape()[x.ndim() - 1] != in)
+    detail::fail("[Dense] expected input with last dimension ", in, " (Dense(", in, " => ", weight.shape()[0],
+                 ")); got shape ", to_string(x.shape()), ". Observations go along the first axis: (N, ", in, ")");
+  if (x.device() != weight.device())
+    detail::fail("[Dense] input on ", to_string(x.device()), " but the layer's weight on ", to_string(weight.device()),
+                 "; move one with to() or | dev");
+  Tensor y = matmul(x, weight, false, true);
+  if (bias.defined()) y = y + bias;
+  return activation(y);
+}
+
+std::string layer_string(const Dense& d) {
+  std::string s = "Dense(" + std::to_string(d.in_features()) + " => " + std::to_string(d.out_features());
+  if (!d.activation.is_identity()) s += ", " + d.activation.name();
+  if (!d.bias.defined()) s += "; bias=false";
+  return s + ")";
+}
+
+std::ostream& operator<<(std::ostream& os, const Dense& d) {
+  std::string s = layer_string(d);
+  os << s << std::string(std::max(2, 20 - int(s.size())), ' ') << "# " << show::underscorise(parameter_count(d))
+     << " parameters";
+  return os;
+}
+
+namespace show {
+std::string underscorise(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n), out;
+  int count = 0;
+  for (auto it = digits.rbegin(); it != digits.rend(); ++it) {
+    if (count && count % 3 == 0) out.insert(out.begin(), '_');
+    out.insert(out.begin(), *it);
+    ++count;
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+std::string format_bytes(size_t bytes) {
+  const char* units[] = {"byte", "KiB", "MiB", "GiB", "TiB"};
+  double b = double(bytes);
+  int u = 0;
+  while (b >= 1024.0 && u < 4) b /= 1024.0, ++u;
+  char buf[64];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%zu byte%s", bytes, bytes == 1 ? "" : "s");
+  else std::snprintf(buf, sizeof buf, "%.3f %s", b, units[u]);
+  return buf;
+}
+}  // namespace show
+
+namespace detail {
+const Device& default_gpu() {
+  static const Device d = [] {
+    Device dev = get_device();
+    if (dev.is_cpu())
+      std::fprintf(stderr, "[ Info: The GPU function is being called but no functional GPU backend was found; "
+                           "gpu(x) leaves x on the CPU.\n");
+    return dev;
+  }();
+  return d;
+}
+
+Tensor to_gpu_tensor(const Tensor& x, const Device& d) {
+  if (d.is_cpu()) return x;
+  Tensor y = x.dtype() == DType::f64 ? x.cast(DType::f32) : x;
+  return to(y, d);
+}
+}  // namespace detail
+
+}  // namespace flux

@@ -1,0 +1,395 @@
+// Elementwise ops with broadcasting, casts and device moves; each backward sits beside its forward.
+#include <cmath>
+#include <numeric>
+
+#include "flux/autodiff.hpp"
+#include "flux/ops.hpp"
+#include "src/ops_internal.hpp"
+
+namespace flux {
+
+using backend::BinaryOp;
+using backend::UnaryOp;
+using Grads = std::vector<Tensor>;
+
+namespace detail {
+
+void check_defined(const char* api, const Tensor& t) {
+  if (!t.defined()) fail("[", api, "] got an undefined (default-constructed) tensor");
+}
+
+void check_same_device(const char* api, const Tensor& a, const Tensor& b) {
+  if (a.device() != b.device())
+    fail("[", api, "] tensors on ", to_string(a.device()), " and ", to_string(b.device()),
+         "; move one with to(x, device)");
+}
+
+Shape broadcast_shapes(const char* api, const Shape& a, const Shape& b) {
+  int n = std::max(a.size(), b.size());
+  Shape out;
+  for (int i = 0; i < n; ++i) {
+    int ia = i - (n - a.size()), ib = i - (n - b.size());
+    int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+    if (da != db && da != 1 && db != 1)
+      fail("[", api, "] shapes ", to_string(a), " and ", to_string(b), " cannot be broadcast together");
+    out.push_back(da == 1 ? db : da);
+  }
+  return out;
+}
+
+// Element strides of `s` broadcast to `out` (0 on broadcast axes).
+static void broadcast_strides(const Shape& s, const Shape& out, int64_t* strides) {
+  int n = out.size(), off = n - s.size();
+  int64_t st = 1;
+  for (int i = n - 1; i >= 0; --i) {
+    int j = i - off;
+    if (j < 0 || s[j] == 1) {
+      strides[i] = 0;
+    } else {
+      strides[i] = st;
+    }
+    if (j >= 0) st *= s[j];
+  }
+}
+
+backend::Broadcast make_plan(const Shape& out, std::initializer_list<const Shape*> operands) {
+  backend::Broadcast p;
+  p.ndim = out.size();
+  for (int i = 0; i < out.size(); ++i) p.shape[i] = out[i];
+  int k = 0;
+  p.contiguous = true;
+  for (const Shape* s : operands) {
+    broadcast_strides(*s, out, p.stride[k]);
+    if (*s != out) p.contiguous = false;
+    ++k;
+  }
+  return p;
+}
+
+bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
+
+Tensor raw_cast(const Tensor& x, DType t) {
+  if (x.dtype() == t) return x;
+  Tensor out = Tensor::empty(x.shape(), t, x.device());
+  if (x.numel()) x.backend().cast(x.device().index(), x.dtype(), x.buffer(), t, out.buffer(), x.numel());
+  return out;
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+// ---------------- casts and moves ----------------
+Tensor Tensor::cast(DType t) const {
+  check_defined("cast", *this);
+  if (dtype() == t) return *this;
+  Tensor out = raw_cast(*this, t);
+  DType from = dtype();
+  if (is_floating(from) && is_floating(t))
+    autodiff::record(out, {this}, [from](const Tensor& g) { return Grads{g.cast(from)}; });
+  return out;
+}
+
+Tensor to(const Tensor& x, const Device& d) {
+  check_defined("to", x);
+  Device from = x.device();
+  if (from == d) return x;
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), d);
+  size_t bytes = x.nbytes();
+  if (bytes) {
+    backend::Backend& src = x.backend();
+    backend::Backend& dst = out.backend();
+    bool done = false;
+    if (&src == &dst) done = src.copy_peer(d.index(), out.buffer(), from.index(), x.buffer(), bytes);
+    if (!done) {
+      if (from.is_cpu()) {
+        dst.copy_from_host(d.index(), out.buffer(), static_cast<char*>(x.buffer().handle) + x.buffer().offset, bytes);
+      } else if (d.is_cpu()) {
+        src.copy_to_host(from.index(), static_cast<char*>(out.buffer().handle) + out.buffer().offset, x.buffer(), bytes);
+      } else {
+        std::vector<unsigned char> staging(bytes);
+        src.copy_to_host(from.index(), staging.data(), x.buffer(), bytes);
+        dst.copy_from_host(d.index(), out.buffer(), staging.data(), bytes);
+        dst.synchronize(d.index());
+      }
+    }
+  }
+  autodiff::record(out, {&x}, [from](const Tensor& g) { return Grads{to(g, from)}; });
+  return out;
+}
+
+// ---------------- binary ----------------
+namespace {
+
+// Runs a broadcasting binary op in dtype `t` (inputs already cast).
+Tensor binary_raw(const char* api, BinaryOp op, const Tensor& a, const Tensor& b) {
+  Shape out_shape = broadcast_shapes(api, a.shape(), b.shape());
+  bool cmp = op >= BinaryOp::eq;
+  DType t = a.dtype();
+  Tensor out = Tensor::empty(out_shape, cmp ? DType::boolean : t, a.device());
+  if (out.numel() == 0) return out;
+  backend::Broadcast plan = make_plan(out_shape, {&a.shape(), &b.shape()});
+  a.backend().binary(a.device().index(), op, t, a.buffer(), b.buffer(), out.buffer(), plan);
+  return out;
+}
+
+Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) {
+  check_defined(api, a0);
+  check_defined(api, b0);
+  check_same_device(api, a0, b0);
+  DType t = promote(a0.dtype(), b0.dtype());
+  bool cmp = op >= BinaryOp::eq;
+  if (t == DType::boolean && !cmp && op != BinaryOp::maximum && op != BinaryOp::minimum) t = DType::i64;
+  if ((op == BinaryOp::pow) && !is_floating(t)) t = DType::f32;
+  DType compute = is_half(t) ? DType::f32 : t;
+  Tensor a = a0.dtype() == compute ? a0 : a0.cast(compute);
+  Tensor b = b0.dtype() == compute ? b0 : b0.cast(compute);
+  Tensor out;
+  {
+    autodiff::NoGrad inner;  // the casts above are recorded; the raw op is recorded below
+    out = binary_raw(api, op, a, b);
+  }
+  if (!cmp && is_floating(compute)) {
+    Shape sa = a.shape(), sb = b.shape();
+    switch (op) {
+      case BinaryOp::add:
+        autodiff::record(out, {&a, &b}, [sa, sb](const Tensor& g) { return Grads{sum_to(g, sa), sum_to(g, sb)}; });
+        break;
+      case BinaryOp::sub:
+        autodiff::record(out, {&a, &b}, [sa, sb](const Tensor& g) { return Grads{sum_to(g, sa), sum_to(-g, sb)}; });
+        break;
+      case BinaryOp::mul:
+        autodiff::record(out, {&a, &b}, [a, b](const Tensor& g) {
+          return Grads{sum_to(g * b, a.shape()), sum_to(g * a, b.shape())};
+        });
+        break;
+      case BinaryOp::div:
+        autodiff::record(out, {&a, &b}, [a, b](const Tensor& g) {
+          Tensor ga = g / b;
+          return Grads{sum_to(ga, a.shape()), sum_to(-(ga * a) / b, b.shape())};
+        });
+        break;
+      case BinaryOp::pow:
+        autodiff::record(out, {&a, &b}, [a, b, out](const Tensor& g) {
+          Tensor ga = g * b * pow(a, b - 1.0);
+          Tensor safe_log = log(where(a > 0.0, a, ones_like(a)));
+          Tensor gb = g * out * safe_log;
+          return Grads{sum_to(ga, a.shape()), sum_to(gb, b.shape())};
+        });
+        break;
+      case BinaryOp::maximum:
+      case BinaryOp::minimum: {
+        bool is_max = op == BinaryOp::maximum;
+        autodiff::record(out, {&a, &b}, [a, b, is_max](const Tensor& g) {
+          Tensor pick_a = is_max ? ge(a, b) : le(a, b);
+          Tensor z = zeros(Shape{}, g.dtype(), g.device());
+          return Grads{sum_to(where(pick_a, g, z), a.shape()), sum_to(where(pick_a, z, g), b.shape())};
+        });
+        break;
+      }
+      default: break;
+    }
+  }
+  if (!cmp && is_half(t)) return out.cast(t);
+  return out;
+}
+
+Tensor scalar_like(const Tensor& x, double v) {
+  check_defined("scalar", x);
+  DType t = x.dtype();
+  if (!is_floating(t) && v != std::floor(v)) t = DType::f32;
+  if (t == DType::boolean) t = DType::i64;
+  return full(Shape{}, v, t, x.device());
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary("add", BinaryOp::add, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary("sub", BinaryOp::sub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary("mul", BinaryOp::mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary("div", BinaryOp::div, a, b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary("pow", BinaryOp::pow, a, b); }
+Tensor pow(const Tensor& a, double e) {
+  if (e == 2.0) return square(a);
+  return binary("pow", BinaryOp::pow, a, scalar_like(a, e).cast(is_floating(a.dtype()) ? a.dtype() : DType::f32));
+}
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary("maximum", BinaryOp::maximum, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary("minimum", BinaryOp::minimum, a, b); }
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator+(const Tensor& a, double b) { return add(a, scalar_like(a, b)); }
+Tensor operator-(const Tensor& a, double b) { return sub(a, scalar_like(a, b)); }
+Tensor operator*(const Tensor& a, double b) { return mul(a, scalar_like(a, b)); }
+Tensor operator/(const Tensor& a, double b) { return div(a, scalar_like(a, b)); }
+Tensor operator+(double a, const Tensor& b) { return add(scalar_like(b, a), b); }
+Tensor operator-(double a, const Tensor& b) { return sub(scalar_like(b, a), b); }
+Tensor operator*(double a, const Tensor& b) { return mul(scalar_like(b, a), b); }
+Tensor operator/(double a, const Tensor& b) { return div(scalar_like(b, a), b); }
+Tensor operator-(const Tensor& a) { return neg(a); }
+
+Tensor eq(const Tensor& a, const Tensor& b) { return binary("eq", BinaryOp::eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary("ne", BinaryOp::ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary("lt", BinaryOp::lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary("le", BinaryOp::le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary("gt", BinaryOp::gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary("ge", BinaryOp::ge, a, b); }
+Tensor operator==(const Tensor& a, const Tensor& b) { return eq(a, b); }
+Tensor operator!=(const Tensor& a, const Tensor& b) { return ne(a, b); }
+Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
+Tensor operator<=(const Tensor& a, const Tensor& b) { return le(a, b); }
+Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
+Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
+Tensor operator>(const Tensor& a, double b) { return gt(a, scalar_like(a, b)); }
+Tensor operator<(const Tensor& a, double b) { return lt(a, scalar_like(a, b)); }
+
+Tensor where(const Tensor& cond, const Tensor& a0, const Tensor& b0) {
+  check_defined("where", cond);
+  check_defined("where", a0);
+  check_defined("where", b0);
+  check_same_device("where", cond, a0);
+  check_same_device("where", a0, b0);
+  if (cond.dtype() != DType::boolean)
+    fail("[where] the condition must be a Bool tensor, got ", dtype_name(cond.dtype()));
+  DType t = promote(a0.dtype(), b0.dtype());
+  DType compute = is_half(t) ? DType::f32 : t;
+  Tensor a = a0.cast(compute), b = b0.cast(compute);
+  Shape s = broadcast_shapes("where", broadcast_shapes("where", cond.shape(), a.shape()), b.shape());
+  Tensor out = Tensor::empty(s, compute, a.device());
+  if (out.numel()) {
+    backend::Broadcast plan = make_plan(s, {&cond.shape(), &a.shape(), &b.shape()});
+    a.backend().where(a.device().index(), compute, cond.buffer(), a.buffer(), b.buffer(), out.buffer(), plan);
+  }
+  if (is_floating(compute))
+    autodiff::record(out, {&a, &b}, [cond, sa = a.shape(), sb = b.shape()](const Tensor& g) {
+      Tensor z = zeros(Shape{}, g.dtype(), g.device());
+      return Grads{sum_to(where(cond, g, z), sa), sum_to(where(cond, z, g), sb)};
+    });
+  return is_half(t) ? out.cast(t) : out;
+}
+
+// ---------------- unary ----------------
+namespace {
+Tensor unary_raw(UnaryOp op, const Tensor& x, double alpha = 0) {
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (x.numel()) x.backend().unary(x.device().index(), op, x.dtype(), x.buffer(), out.buffer(), x.numel(), alpha);
+  return out;
+}
+
+bool needs_float(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::neg: case UnaryOp::abs: case UnaryOp::sign: case UnaryOp::square: case UnaryOp::relu:
+    case UnaryOp::step: return false;
+    default: return true;
+  }
+}
+
+// Forward in the compute dtype, record backward(x, y, g), cast back for half types.
+template <class B> Tensor unary(const char* api, UnaryOp op, const Tensor& x0, double alpha, B backward) {
+  check_defined(api, x0);
+  DType t = x0.dtype();
+  if (needs_float(op) && !is_floating(t)) t = DType::f32;
+  if (t == DType::boolean) t = DType::i64;
+  DType compute = is_half(t) ? DType::f32 : t;
+  Tensor x = x0.cast(compute);
+  Tensor y = unary_raw(op, x, alpha);
+  if (is_floating(compute))
+    autodiff::record(y, {&x}, [x, y, backward](const Tensor& g) { return Grads{backward(x, y, g)}; });
+  return is_half(t) ? y.cast(t) : y;
+}
+}  // namespace
+
+Tensor neg(const Tensor& x) { return unary("neg", UnaryOp::neg, x, 0, [](auto&, auto&, const Tensor& g) { return -g; }); }
+Tensor exp(const Tensor& x) { return unary("exp", UnaryOp::exp, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y; }); }
+Tensor log(const Tensor& x) { return unary("log", UnaryOp::log, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / x; }); }
+Tensor sqrt(const Tensor& x) {
+  return unary("sqrt", UnaryOp::sqrt, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g / (y * 2.0); });
+}
+Tensor abs(const Tensor& x) {
+  return unary("abs", UnaryOp::abs, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * sign(x); });
+}
+Tensor sign(const Tensor& x) {
+  return unary("sign", UnaryOp::sign, x, 0, [](auto&, auto&, const Tensor& g) { return zeros_like(g); });
+}
+Tensor square(const Tensor& x) {
+  return unary("square", UnaryOp::square, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * x * 2.0; });
+}
+Tensor sin(const Tensor& x) { return unary("sin", UnaryOp::sin, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * cos(x); }); }
+Tensor cos(const Tensor& x) { return unary("cos", UnaryOp::cos, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return -(g * sin(x)); }); }
+Tensor log1p(const Tensor& x) {
+  return unary("log1p", UnaryOp::log1p, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / (x + 1.0); });
+}
+Tensor tanh_(const Tensor& x) {
+  return unary("tanh", UnaryOp::tanh, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * (1.0 - y * y); });
+}
+Tensor clamp(const Tensor& x, double lo, double hi) {
+  if (lo > hi) fail("[clamp] lower bound ", lo, " is above upper bound ", hi);
+  return minimum(maximum(x, scalar_like(x, lo).cast(x.dtype())), scalar_like(x, hi).cast(x.dtype()));
+}
+
+namespace detail {
+Tensor sigmoid_op(const Tensor& x) {
+  return unary("sigmoid", UnaryOp::sigmoid, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); });
+}
+Tensor relu_op(const Tensor& x) {
+  return unary("relu", UnaryOp::relu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+    return g * unary_raw(UnaryOp::step, x);
+  });
+}
+Tensor leakyrelu_op(const Tensor& x, double a) {
+  return unary("leakyrelu", UnaryOp::leakyrelu, x, a, [a](const Tensor& x, auto&, const Tensor& g) {
+    Tensor s = unary_raw(UnaryOp::step, x);
+    return g * (s * (1.0 - a) + a);
+  });
+}
+Tensor elu_op(const Tensor& x, double a) {
+  return unary("elu", UnaryOp::elu, x, a, [a](const Tensor& x, const Tensor& y, const Tensor& g) {
+    return where(x > 0.0, g, g * (y + a));
+  });
+}
+Tensor gelu_op(const Tensor& x) {
+  return unary("gelu", UnaryOp::gelu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+    const double c = 0.7978845608028654, k = 0.044715;
+    Tensor inner = (x + x * x * x * k) * c;
+    Tensor th = tanh_(inner);
+    Tensor d = 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * c * (1.0 + 3.0 * k * x * x);
+    return g * d;
+  });
+}
+Tensor softplus_op(const Tensor& x) {
+  return unary("softplus", UnaryOp::softplus, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * sigmoid_op(x); });
+}
+Tensor swish_op(const Tensor& x) {
+  return unary("swish", UnaryOp::swish, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+    Tensor s = sigmoid_op(x);
+    return g * (s + x * s * (1.0 - s));
+  });
+}
+Tensor step_raw(const Tensor& x) { return unary_raw(UnaryOp::step, x); }
+}  // namespace detail
+
+// ---------------- in place ----------------
+void copy_(Tensor& dst, const Tensor& src) {
+  check_defined("copy_", dst);
+  check_defined("copy_", src);
+  if (dst.shape() != src.shape())
+    fail("[copy_] shapes ", to_string(dst.shape()), " (destination) and ", to_string(src.shape()), " (source) differ");
+  Tensor s = src;
+  if (s.device() != dst.device()) s = to(s, dst.device());
+  if (s.dtype() != dst.dtype()) s = raw_cast(s, dst.dtype());
+  if (dst.nbytes()) dst.backend().copy(dst.device().index(), dst.buffer(), s.buffer(), dst.nbytes());
+}
+
+void sub_(Tensor& dst, const Tensor& src) {
+  check_defined("sub_", dst);
+  check_defined("sub_", src);
+  check_same_device("sub_", dst, src);
+  if (dst.shape() != src.shape() || dst.dtype() != src.dtype())
+    fail("[sub_] needs equal shapes and dtypes; got ", summary(dst), " and ", summary(src));
+  backend::Broadcast plan = make_plan(dst.shape(), {&dst.shape(), &src.shape()});
+  if (dst.numel())
+    dst.backend().binary(dst.device().index(), BinaryOp::sub, dst.dtype(), dst.buffer(), src.buffer(), dst.buffer(), plan);
+}
+
+}  // namespace flux

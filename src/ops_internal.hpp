@@ -1,0 +1,29 @@
+// Helpers shared by the op implementation files (not installed).
+#pragma once
+#include <initializer_list>
+
+#include "flux/backend.hpp"
+#include "flux/tensor.hpp"
+
+namespace flux::detail {
+
+void check_defined(const char* api, const Tensor& t);
+void check_same_device(const char* api, const Tensor& a, const Tensor& b);
+Shape broadcast_shapes(const char* api, const Shape& a, const Shape& b);
+backend::Broadcast make_plan(const Shape& out, std::initializer_list<const Shape*> operands);
+bool is_half(DType t);
+/// A cast that is never recorded.
+Tensor raw_cast(const Tensor& x, DType t);
+/// Normalises a possibly negative axis for an ndim-dimensional tensor; errors name the API.
+int normalize_axis(const char* api, int axis, int ndim);
+
+Tensor sigmoid_op(const Tensor& x);
+Tensor relu_op(const Tensor& x);
+Tensor leakyrelu_op(const Tensor& x, double a);
+Tensor elu_op(const Tensor& x, double a);
+Tensor gelu_op(const Tensor& x);
+Tensor softplus_op(const Tensor& x);
+Tensor swish_op(const Tensor& x);
+Tensor step_raw(const Tensor& x);
+
+}  // namespace flux::detail

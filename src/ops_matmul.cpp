@@ -1,0 +1,109 @@
+// matmul: 2-D, batched with broadcast batch axes, and 1-D vectors as in NumPy; transposes are folded
+// into the GEMM call. Backward: for C = op(A) op(B), dA and dB are again matmuls with folded transposes.
+#include "flux/autodiff.hpp"
+#include "flux/ops.hpp"
+#include "src/ops_internal.hpp"
+
+namespace flux {
+
+using Grads = std::vector<Tensor>;
+using namespace detail;
+
+namespace {
+
+// a: (B..., ra, ca), b: (B..., rb, cb) with identical batch shapes.
+Tensor matmul_core(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  int n = a.ndim();
+  int64_t m = ta ? a.shape()[n - 1] : a.shape()[n - 2];
+  int64_t k = ta ? a.shape()[n - 2] : a.shape()[n - 1];
+  int64_t kb = tb ? b.shape()[n - 1] : b.shape()[n - 2];
+  int64_t nn = tb ? b.shape()[n - 2] : b.shape()[n - 1];
+  if (k != kb)
+    fail("[matmul] shapes ", to_string(a.shape()), (ta ? "ᵀ" : ""), " and ", to_string(b.shape()), (tb ? "ᵀ" : ""),
+         " do not compose (inner dimensions ", k, " and ", kb, ")");
+  Shape out_shape;
+  int64_t batch = 1;
+  for (int i = 0; i < n - 2; ++i) out_shape.push_back(a.shape()[i]), batch *= a.shape()[i];
+  out_shape.push_back(m);
+  out_shape.push_back(nn);
+  Tensor c = Tensor::empty(out_shape, a.dtype(), a.device());
+  if (c.numel()) {
+    backend::Gemm g;
+    g.batch = batch;
+    g.m = m;
+    g.n = nn;
+    g.k = k;
+    g.trans_a = ta;
+    g.trans_b = tb;
+    g.stride_a = m * k;
+    g.stride_b = k * nn;
+    g.stride_c = m * nn;
+    a.backend().matmul(a.device().index(), a.dtype(), a.buffer(), b.buffer(), c.buffer(), g);
+  }
+  if (is_floating(a.dtype()))
+    autodiff::record(c, {&a, &b}, [a, b, ta, tb](const Tensor& g) {
+      Tensor da, db;
+      if (!ta && !tb) { da = matmul(g, b, false, true); db = matmul(a, g, true, false); }
+      else if (!ta && tb) { da = matmul(g, b, false, false); db = matmul(g, a, true, false); }
+      else if (ta && !tb) { da = matmul(b, g, false, true); db = matmul(a, g, false, false); }
+      else { da = matmul(b, g, true, true); db = matmul(g, a, true, true); }
+      return Grads{da, db};
+    });
+  return c;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a0, const Tensor& b0, bool ta, bool tb) {
+  check_defined("matmul", a0);
+  check_defined("matmul", b0);
+  check_same_device("matmul", a0, b0);
+  if (a0.ndim() == 0 || b0.ndim() == 0)
+    fail("[matmul] needs tensors of at least 1 dimension; got shapes ", to_string(a0.shape()), " and ", to_string(b0.shape()));
+  DType t = promote(a0.dtype(), b0.dtype());
+  if (t == DType::boolean || t == DType::u8) t = DType::i64;
+  DType compute = is_half(t) ? DType::f32 : t;
+  Tensor a = a0.cast(compute), b = b0.cast(compute);
+  // 1-D operands: a vector (k,) is a row (1, k) on the left and a column (k, 1) on the right.
+  if (a.ndim() == 1 || b.ndim() == 1) {
+    bool va = a.ndim() == 1, vb = b.ndim() == 1;
+    Tensor a2 = va ? a.reshape(Shape{1, a.shape()[0]}) : a;
+    Tensor b2 = vb ? b.reshape(Shape{b.shape()[0], 1}) : b;
+    Tensor c = matmul(a2, b2, va ? false : ta, vb ? false : tb);
+    Shape s;
+    for (int i = 0; i < c.ndim(); ++i) {
+      if (va && i == c.ndim() - 2) continue;
+      if (vb && i == c.ndim() - 1) continue;
+      s.push_back(c.shape()[i]);
+    }
+    c = c.reshape(s);
+    return is_half(t) ? c.cast(t) : c;
+  }
+  Tensor c;
+  if (a.ndim() > 2 && b.ndim() == 2 && !ta) {
+    // (B..., m, k) x (k, n): one GEMM with the batch folded into m.
+    Shape s = a.shape();
+    int64_t k = s[s.size() - 1];
+    Tensor flat = matmul_core(a.reshape(Shape{-1, k}), b, false, tb);
+    Shape out = s;
+    out[out.size() - 1] = flat.shape()[1];
+    c = flat.reshape(out);
+  } else if (a.ndim() == 2 && b.ndim() == 2) {
+    c = matmul_core(a, b, ta, tb);
+  } else {
+    // Broadcast the batch axes, then one batched GEMM.
+    Shape ba, bb;
+    for (int i = 0; i < a.ndim() - 2; ++i) ba.push_back(a.shape()[i]);
+    for (int i = 0; i < b.ndim() - 2; ++i) bb.push_back(b.shape()[i]);
+    Shape batch = broadcast_shapes("matmul", ba, bb);
+    Shape fa = batch, fb = batch;
+    fa.push_back(a.shape()[a.ndim() - 2]);
+    fa.push_back(a.shape()[a.ndim() - 1]);
+    fb.push_back(b.shape()[b.ndim() - 2]);
+    fb.push_back(b.shape()[b.ndim() - 1]);
+    c = matmul_core(broadcast_to(a, fa), broadcast_to(b, fb), ta, tb);
+  }
+  return is_half(t) ? c.cast(t) : c;
+}
+
+}  // namespace flux

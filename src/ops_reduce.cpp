@@ -1,0 +1,186 @@
+// Reductions and the softmax family; each backward sits beside its forward.
+#include <algorithm>
+#include <cmath>
+
+#include "flux/autodiff.hpp"
+#include "flux/ops.hpp"
+#include "src/ops_internal.hpp"
+
+namespace flux {
+
+using backend::ReduceOp;
+using Grads = std::vector<Tensor>;
+using namespace detail;
+
+namespace detail {
+int normalize_axis(const char* api, int axis, int ndim) {
+  int a = axis < 0 ? axis + ndim : axis;
+  if (a < 0 || a >= ndim) fail("[", api, "] axis ", axis, " is out of range for a ", ndim, "-dimensional tensor");
+  return a;
+}
+}  // namespace detail
+
+namespace {
+struct Split {
+  int64_t outer = 1, len = 1, inner = 1;
+  Shape kept, dropped;  // result shape with keepdims / without
+};
+Split split(const Shape& s, int axis) {
+  Split r;
+  for (int i = 0; i < s.size(); ++i) {
+    if (i < axis) r.outer *= s[i];
+    else if (i == axis) r.len = s[i];
+    else r.inner *= s[i];
+    r.kept.push_back(i == axis ? 1 : s[i]);
+    if (i != axis) r.dropped.push_back(s[i]);
+  }
+  return r;
+}
+Tensor reduce_raw(ReduceOp op, const Tensor& x, int axis, bool keepdims, DType out_t) {
+  Split p = split(x.shape(), axis);
+  Tensor out = Tensor::empty(keepdims ? p.kept : p.dropped, out_t, x.device());
+  if (out.numel()) x.backend().reduce(x.device().index(), op, x.dtype(), x.buffer(), out.buffer(), p.outer, p.len, p.inner);
+  return out;
+}
+Tensor to_compute(const Tensor& x, bool for_sum) {
+  DType t = x.dtype();
+  if (is_half(t)) return x.cast(DType::f32);
+  if (for_sum && (t == DType::boolean || t == DType::u8 || t == DType::i32)) return x.cast(DType::i64);
+  return x;
+}
+}  // namespace
+
+Tensor sum(const Tensor& x0, int axis, bool keepdims) {
+  check_defined("sum", x0);
+  int a = normalize_axis("sum", axis, x0.ndim());
+  Tensor x = to_compute(x0, true);
+  Tensor y = reduce_raw(ReduceOp::sum, x, a, keepdims, x.dtype());
+  if (is_floating(x.dtype())) {
+    Shape kept = split(x.shape(), a).kept, full_shape = x.shape();
+    autodiff::record(y, {&x}, [kept, full_shape](const Tensor& g) { return Grads{broadcast_to(g.reshape(kept), full_shape)}; });
+  }
+  return is_half(x0.dtype()) ? y.cast(x0.dtype()) : y;
+}
+
+Tensor sum(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
+  check_defined("sum", x);
+  std::vector<int> norm;
+  for (int a : axes) norm.push_back(normalize_axis("sum", a, x.ndim()));
+  std::sort(norm.begin(), norm.end());
+  if (std::adjacent_find(norm.begin(), norm.end()) != norm.end()) fail("[sum] repeated axis in the axis list");
+  Tensor y = x;
+  for (auto it = norm.rbegin(); it != norm.rend(); ++it) y = sum(y, *it, true);
+  if (keepdims) return y;
+  Shape s;
+  for (int i = 0; i < x.ndim(); ++i)
+    if (!std::binary_search(norm.begin(), norm.end(), i)) s.push_back(x.shape()[i]);
+  return y.reshape(s);
+}
+
+Tensor sum(const Tensor& x) {
+  check_defined("sum", x);
+  return sum(x.reshape(Shape{x.numel()}), 0, false);
+}
+
+Tensor mean(const Tensor& x, int axis, bool keepdims) {
+  check_defined("mean", x);
+  int a = normalize_axis("mean", axis, x.ndim());
+  if (x.shape()[a] == 0) fail("[mean] cannot take the mean over an empty axis of shape ", to_string(x.shape()));
+  Tensor xf = is_floating(x.dtype()) ? x : x.cast(DType::f32);
+  return sum(xf, a, keepdims) / double(x.shape()[a]);
+}
+
+Tensor mean(const Tensor& x) {
+  check_defined("mean", x);
+  if (x.numel() == 0) fail("[mean] cannot take the mean of an empty tensor");
+  return mean(x.reshape(Shape{x.numel()}), 0, false);
+}
+
+namespace {
+Tensor extreme(const char* api, ReduceOp op, const Tensor& x0, int axis, bool keepdims) {
+  check_defined(api, x0);
+  int a = normalize_axis(api, axis, x0.ndim());
+  if (x0.shape()[a] == 0) fail("[", api, "] cannot reduce an empty axis of shape ", to_string(x0.shape()));
+  Tensor x = to_compute(x0, false);
+  Tensor y = reduce_raw(op, x, a, keepdims, x.dtype());
+  if (is_floating(x.dtype())) {
+    Shape kept = split(x.shape(), a).kept;
+    autodiff::record(y, {&x}, [x, y, kept, a](const Tensor& g) {
+      Tensor yk = y.reshape(kept);
+      Tensor mask = eq(x, yk).cast(x.dtype());
+      Tensor count = sum(mask, a, true);
+      return Grads{g.reshape(kept) * mask / count};
+    });
+  }
+  return is_half(x0.dtype()) ? y.cast(x0.dtype()) : y;
+}
+}  // namespace
+
+Tensor max(const Tensor& x, int axis, bool keepdims) { return extreme("max", ReduceOp::max, x, axis, keepdims); }
+Tensor min(const Tensor& x, int axis, bool keepdims) { return extreme("min", ReduceOp::min, x, axis, keepdims); }
+Tensor max(const Tensor& x) { check_defined("max", x); return max(x.reshape(Shape{x.numel()}), 0, false); }
+Tensor min(const Tensor& x) { check_defined("min", x); return min(x.reshape(Shape{x.numel()}), 0, false); }
+
+Tensor argmax(const Tensor& x0, int axis, bool keepdims) {
+  check_defined("argmax", x0);
+  int a = normalize_axis("argmax", axis, x0.ndim());
+  if (x0.shape()[a] == 0) fail("[argmax] cannot reduce an empty axis of shape ", to_string(x0.shape()));
+  Tensor x = to_compute(x0, false);
+  return reduce_raw(ReduceOp::argmax, x, a, keepdims, DType::i64);
+}
+Tensor argmin(const Tensor& x0, int axis, bool keepdims) {
+  check_defined("argmin", x0);
+  int a = normalize_axis("argmin", axis, x0.ndim());
+  if (x0.shape()[a] == 0) fail("[argmin] cannot reduce an empty axis of shape ", to_string(x0.shape()));
+  Tensor x = to_compute(x0, false);
+  return reduce_raw(ReduceOp::argmin, x, a, keepdims, DType::i64);
+}
+
+// ---------------- softmax family ----------------
+namespace {
+Tensor softmax_raw(const char* api, const Tensor& x0, int axis, bool log, Tensor& x_out) {
+  check_defined(api, x0);
+  if (x0.ndim() == 0) fail("[", api, "] needs at least one dimension");
+  if (!is_floating(x0.dtype())) fail("[", api, "] needs a floating-point tensor, got ", dtype_name(x0.dtype()));
+  int a = normalize_axis(api, axis, x0.ndim());
+  Tensor x = is_half(x0.dtype()) ? x0.cast(DType::f32) : x0;
+  Split p = split(x.shape(), a);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (y.numel()) x.backend().softmax(x.device().index(), x.dtype(), x.buffer(), y.buffer(), p.outer, p.len, p.inner, log);
+  x_out = x;
+  return y;
+}
+}  // namespace
+
+Tensor softmax_(const Tensor& x0, int axis) {
+  Tensor x;
+  Tensor y = softmax_raw("softmax", x0, axis, false, x);
+  int a = normalize_axis("softmax", axis, x.ndim());
+  autodiff::record(y, {&x}, [y, a](const Tensor& g) { return Grads{y * (g - sum(g * y, a, true))}; });
+  return is_half(x0.dtype()) ? y.cast(x0.dtype()) : y;
+}
+
+Tensor logsoftmax_(const Tensor& x0, int axis) {
+  Tensor x;
+  Tensor y = softmax_raw("logsoftmax", x0, axis, true, x);
+  int a = normalize_axis("logsoftmax", axis, x.ndim());
+  autodiff::record(y, {&x}, [y, a](const Tensor& g) { return Grads{g - exp(y) * sum(g, a, true)}; });
+  return is_half(x0.dtype()) ? y.cast(x0.dtype()) : y;
+}
+
+Tensor logsumexp(const Tensor& x, int axis, bool keepdims) {
+  check_defined("logsumexp", x);
+  if (!is_floating(x.dtype())) fail("[logsumexp] needs a floating-point tensor, got ", dtype_name(x.dtype()));
+  int a = normalize_axis("logsumexp", axis, x.ndim());
+  Tensor m;
+  {
+    autodiff::NoGrad no_grad;  // the shift is a constant: it cancels in the gradient
+    m = max(x, a, true);
+    m = where(eq(abs(m), full_like(m, INFINITY)), zeros_like(m), m);
+  }
+  Tensor r = log(sum(exp(x - m), a, true)) + m;
+  if (keepdims) return r;
+  return r.reshape(split(x.shape(), a).dropped);
+}
+
+}  // namespace flux

@@ -1,0 +1,169 @@
+// Optimisation rules (Optimisers.jl's apply! formulas) and the update loop.
+#include "flux/optimisers/optimisers.hpp"
+
+#include <cmath>
+#include <sstream>
+
+#include "flux/autodiff.hpp"
+#include "src/ops_internal.hpp"
+
+namespace flux::optimisers {
+
+namespace {
+std::string num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+void init_buffers(LeafState& s, const Tensor& x, int n) {
+  s.buffers.clear();
+  for (int i = 0; i < n; ++i) s.buffers.push_back(zeros_like(x));
+  s.t = 0;
+}
+}  // namespace
+
+std::string Descent::name() const { return "Descent(" + num(eta) + ")"; }
+Tensor Descent::apply(LeafState&, const Tensor&, const Tensor& dx) const { return dx * eta; }
+
+std::string Momentum::name() const { return "Momentum(" + num(eta) + ", " + num(rho) + ")"; }
+void Momentum::init(LeafState& s, const Tensor& x) const { init_buffers(s, x, 1); }
+Tensor Momentum::apply(LeafState& s, const Tensor&, const Tensor& dx) const {
+  Tensor v = s.buffers[0] * rho + dx * eta;
+  s.buffers[0] = v;
+  return v;
+}
+
+std::string Nesterov::name() const { return "Nesterov(" + num(eta) + ", " + num(rho) + ")"; }
+void Nesterov::init(LeafState& s, const Tensor& x) const { init_buffers(s, x, 1); }
+Tensor Nesterov::apply(LeafState& s, const Tensor&, const Tensor& dx) const {
+  Tensor& vel = s.buffers[0];
+  Tensor step = vel * (-rho * rho) + dx * ((1 + rho) * eta);
+  vel = vel * rho - dx * eta;
+  return step;
+}
+
+std::string RMSProp::name() const { return "RMSProp(" + num(eta) + ", " + num(rho) + ", " + num(eps) + ")"; }
+void RMSProp::init(LeafState& s, const Tensor& x) const { init_buffers(s, x, 1); }
+Tensor RMSProp::apply(LeafState& s, const Tensor&, const Tensor& dx) const {
+  Tensor acc = s.buffers[0] * rho + square(dx) * (1 - rho);
+  s.buffers[0] = acc;
+  return dx * eta / (sqrt(acc) + eps);
+}
+
+namespace {
+void adam_fused(LeafState& s, Tensor& x, const Tensor& dx, double eta, double b1, double b2, double eps, double wd) {
+  ++s.t;
+  backend::AdamStep st{eta, b1, b2, eps, wd, 1 - std::pow(b1, double(s.t)), 1 - std::pow(b2, double(s.t))};
+  Tensor g = dx.dtype() == x.dtype() ? dx : dx.cast(x.dtype());
+  x.backend().adam_step(x.device().index(), x.dtype(), x.buffer(), g.buffer(), s.buffers[0].buffer(),
+                        s.buffers[1].buffer(), x.numel(), st);
+}
+Tensor adam_apply(LeafState& s, const Tensor& dx, double eta, double b1, double b2, double eps) {
+  ++s.t;
+  Tensor m = s.buffers[0] * b1 + dx * (1 - b1);
+  Tensor v = s.buffers[1] * b2 + square(dx) * (1 - b2);
+  s.buffers[0] = m;
+  s.buffers[1] = v;
+  double c1 = 1 - std::pow(b1, double(s.t)), c2 = 1 - std::pow(b2, double(s.t));
+  return (m / c1) / (sqrt(v / c2) + eps) * eta;
+}
+bool fusable(const Tensor& x) { return x.dtype() == DType::f32 || x.dtype() == DType::f64; }
+}  // namespace
+
+std::string Adam::name() const {
+  return "Adam(" + num(eta) + ", (" + num(beta1) + ", " + num(beta2) + "), " + num(eps) + ")";
+}
+void Adam::init(LeafState& s, const Tensor& x) const { init_buffers(s, x, 2); }
+Tensor Adam::apply(LeafState& s, const Tensor&, const Tensor& dx) const { return adam_apply(s, dx, eta, beta1, beta2, eps); }
+bool Adam::apply_fused(LeafState& s, Tensor& x, const Tensor& dx) const {
+  if (!fusable(x)) return false;
+  adam_fused(s, x, dx, eta, beta1, beta2, eps, 0.0);
+  return true;
+}
+
+std::string AdamW::name() const {
+  return "AdamW(" + num(eta) + ", (" + num(beta1) + ", " + num(beta2) + "), " + num(lambda) + ", " + num(eps) + ")";
+}
+void AdamW::init(LeafState& s, const Tensor& x) const { init_buffers(s, x, 2); }
+Tensor AdamW::apply(LeafState& s, const Tensor& x, const Tensor& dx) const {
+  return adam_apply(s, dx, eta, beta1, beta2, eps) + x * (eta * lambda);
+}
+bool AdamW::apply_fused(LeafState& s, Tensor& x, const Tensor& dx) const {
+  if (!fusable(x)) return false;
+  adam_fused(s, x, dx, eta, beta1, beta2, eps, lambda);
+  return true;
+}
+
+std::string WeightDecay::name() const { return "WeightDecay(" + num(lambda) + ")"; }
+Tensor WeightDecay::apply(LeafState&, const Tensor& x, const Tensor& dx) const { return dx + x * lambda; }
+
+std::string ClipGrad::name() const { return "ClipGrad(" + num(delta) + ")"; }
+Tensor ClipGrad::apply(LeafState&, const Tensor&, const Tensor& dx) const { return clamp(dx, -delta, delta); }
+
+std::string ClipNorm::name() const { return "ClipNorm(" + num(omega) + ", " + num(p) + ")"; }
+Tensor ClipNorm::apply(LeafState&, const Tensor&, const Tensor& dx) const {
+  double norm;
+  if (std::isinf(p)) norm = max(abs(dx)).item<double>();
+  else norm = std::pow(sum(pow(abs(dx).f64(), p)).item<double>(), 1.0 / p);
+  if (!std::isfinite(norm))
+    flux::detail::fail("[ClipNorm] the gradient's ", p, "-norm is ", norm, "; refusing to rescale a non-finite gradient");
+  if (norm > omega) return dx * (omega / norm);
+  return dx;
+}
+
+std::shared_ptr<Rule> OptimiserChain::clone() const {
+  auto c = std::make_shared<OptimiserChain>();
+  for (auto& r : rules) c->rules.push_back(r->clone());
+  return c;
+}
+std::string OptimiserChain::name() const {
+  std::string s = "OptimiserChain(";
+  for (size_t i = 0; i < rules.size(); ++i) s += (i ? ", " : "") + rules[i]->name();
+  return s + ")";
+}
+void OptimiserChain::init(LeafState& s, const Tensor& x) const {
+  s.children.assign(rules.size(), LeafState{});
+  for (size_t i = 0; i < rules.size(); ++i) rules[i]->init(s.children[i], x);
+}
+Tensor OptimiserChain::apply(LeafState& s, const Tensor& x, const Tensor& dx) const {
+  Tensor d = dx;
+  for (size_t i = 0; i < rules.size(); ++i) d = rules[i]->apply(s.children[i], x, d);
+  return d;
+}
+void OptimiserChain::adjust(double eta) {
+  for (auto& r : rules) r->adjust(eta);
+}
+
+void adjust(State& state, double eta) {
+  if (!state.rule) flux::detail::fail("[adjust] the optimiser state is empty; make it with setup(rule, model)");
+  state.rule->adjust(eta);
+}
+
+namespace detail {
+void update_arrays(State& state, std::vector<Tensor> xs, const std::vector<Tensor>& dxs) {
+  if (!state.rule) flux::detail::fail("[update] the optimiser state is empty; make it with setup(rule, model)");
+  if (xs.size() != state.leaves.size())
+    flux::detail::fail("[update] the model has ", xs.size(), " arrays but the optimiser state was set up for ",
+                       state.leaves.size(), "; call setup(rule, model) for this model");
+  if (dxs.size() != xs.size())
+    flux::detail::fail("[update] the gradient has ", dxs.size(), " arrays but the model has ", xs.size());
+  autodiff::NoGrad no_grad;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    Tensor& x = xs[i];
+    const Tensor& dx = dxs[i];
+    if (dx.shape() != x.shape())
+      flux::detail::fail("[update] gradient ", i, " has shape ", to_string(dx.shape()), " but its array has shape ",
+                         to_string(x.shape()));
+    if (dx.device() != x.device())
+      flux::detail::fail("[update] gradient ", i, " is on ", to_string(dx.device()), " but its array is on ",
+                         to_string(x.device()));
+    if (!is_floating(x.dtype())) continue;  // integer arrays are not trained
+    if (state.rule->apply_fused(state.leaves[i], x, dx)) continue;
+    Tensor step = state.rule->apply(state.leaves[i], x, dx);
+    if (step.dtype() != x.dtype()) step = step.cast(x.dtype());
+    sub_(x, step);
+  }
+}
+}  // namespace detail
+
+}  // namespace flux::optimisers

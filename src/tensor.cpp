@@ -1,0 +1,358 @@
+#include "flux/tensor.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "flux/autodiff.hpp"
+#include "flux/ops.hpp"
+#include "src/internal.hpp"
+
+namespace flux {
+
+// ---------------- Shape ----------------
+Shape::Shape(std::initializer_list<int64_t> dims) {
+  for (int64_t d : dims) push_back(d);
+}
+Shape::Shape(const std::vector<int64_t>& dims) {
+  for (int64_t d : dims) push_back(d);
+}
+void Shape::push_back(int64_t v) {
+  if (n_ >= backend::kMaxDims)
+    detail::fail("[Shape] at most ", backend::kMaxDims, " dimensions are supported");
+  d_[n_++] = v;
+}
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < n_; ++i) n *= d_[i];
+  return n;
+}
+bool Shape::operator==(const Shape& o) const {
+  if (n_ != o.n_) return false;
+  for (int i = 0; i < n_; ++i)
+    if (d_[i] != o.d_[i]) return false;
+  return true;
+}
+std::string to_string(const Shape& s) {
+  std::string out = "(";
+  for (int i = 0; i < s.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  if (s.size() == 1) out += ",";
+  return out + ")";
+}
+std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << to_string(s); }
+
+// ---------------- Storage ----------------
+Storage::Storage(backend::Backend* b, Device d, size_t nbytes) : backend(b), device(std::move(d)), bytes(nbytes) {
+  buffer = backend->allocate(device.index(), bytes);
+}
+Storage::~Storage() { backend->deallocate(device.index(), buffer, bytes); }
+
+// ---------------- Tensor basics ----------------
+static void check_shape(const char* api, const Shape& s) {
+  for (int64_t d : s)
+    if (d < 0) detail::fail("[", api, "] negative dimension in shape ", to_string(s));
+}
+
+Tensor Tensor::empty(Shape shape, DType t, Device d) {
+  check_shape("empty", shape);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->dtype = t;
+  backend::Backend& b = detail::backend_for(d);
+  impl->storage = std::make_shared<Storage>(&b, d, size_t(shape.numel()) * dtype_size(t));
+  return Tensor(std::move(impl));
+}
+
+static Tensor from_host(const void* data, size_t count, Shape shape, DType t, const char* api) {
+  if (shape.numel() != int64_t(count))
+    detail::fail("[", api, "] ", count, " values do not fill shape ", to_string(shape), " (",
+                 shape.numel(), " elements)");
+  Tensor out = Tensor::empty(shape, t);
+  if (count) out.backend().copy_from_host(0, out.buffer(), data, count * dtype_size(t));
+  return out;
+}
+
+Tensor::Tensor(std::initializer_list<float> values)
+    : Tensor(from_host(values.begin(), values.size(), Shape{int64_t(values.size())}, DType::f32, "Tensor")) {}
+
+Tensor::Tensor(std::initializer_list<std::initializer_list<float>> rows) {
+  std::vector<float> flat;
+  int64_t cols = rows.size() ? int64_t(rows.begin()->size()) : 0;
+  for (auto& r : rows) {
+    if (int64_t(r.size()) != cols)
+      detail::fail("[Tensor] ragged rows: expected ", cols, " values per row, got ", r.size());
+    flat.insert(flat.end(), r.begin(), r.end());
+  }
+  *this = from_host(flat.data(), flat.size(), Shape{int64_t(rows.size()), cols}, DType::f32, "Tensor");
+}
+Tensor::Tensor(const std::vector<float>& v, Shape s) : Tensor(from_host(v.data(), v.size(), s, DType::f32, "Tensor")) {}
+Tensor::Tensor(const std::vector<double>& v, Shape s) : Tensor(from_host(v.data(), v.size(), s, DType::f64, "Tensor")) {}
+Tensor::Tensor(const std::vector<int32_t>& v, Shape s) : Tensor(from_host(v.data(), v.size(), s, DType::i32, "Tensor")) {}
+Tensor::Tensor(const std::vector<int64_t>& v, Shape s) : Tensor(from_host(v.data(), v.size(), s, DType::i64, "Tensor")) {}
+Tensor::Tensor(const std::vector<uint8_t>& v, Shape s, DType t) {
+  if (t != DType::u8 && t != DType::boolean)
+    detail::fail("[Tensor] a uint8 vector makes a UInt8 or Bool tensor, not ", dtype_name(t));
+  *this = from_host(v.data(), v.size(), s, t, "Tensor");
+}
+
+Tensor Tensor::scalar(double value, DType t, Device d) { return full(Shape{}, value, t, d); }
+
+static const TensorImpl& need(const Tensor& t, const char* what) {
+  if (!t.defined()) detail::fail("[", what, "] the tensor is undefined (default-constructed)");
+  return *t.impl();
+}
+const Shape& Tensor::shape() const { return need(*this, "shape").shape; }
+DType Tensor::dtype() const { return need(*this, "dtype").dtype; }
+Device Tensor::device() const { return need(*this, "device").storage->device; }
+int64_t Tensor::size(int axis) const {
+  int n = ndim();
+  int a = axis < 0 ? axis + n : axis;
+  if (a < 0 || a >= n) detail::fail("[size] axis ", axis, " is out of range for shape ", to_string(shape()));
+  return shape()[a];
+}
+backend::Buffer Tensor::buffer() const {
+  const TensorImpl& i = need(*this, "buffer");
+  return {i.storage->buffer.handle, i.storage->buffer.offset + i.offset};
+}
+backend::Backend& Tensor::backend() const { return *need(*this, "backend").storage->backend; }
+bool Tensor::same_storage(const Tensor& o) const {
+  return defined() && o.defined() && impl_->storage == o.impl_->storage && impl_->offset == o.impl_->offset;
+}
+
+template <class T> std::vector<T> Tensor::to_vector() const {
+  const TensorImpl& i = need(*this, "to_vector");
+  int64_t n = numel();
+  std::vector<unsigned char> raw(nbytes());
+  if (n) backend().copy_to_host(device().index(), raw.data(), buffer(), raw.size());
+  std::vector<T> out(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) out[k] = T(detail::load_as_double(raw.data(), i.dtype, k));
+  return out;
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
+template std::vector<bool> Tensor::to_vector<bool>() const;
+
+template <class T> T Tensor::item() const {
+  if (numel() != 1)
+    detail::fail("[item] needs a one-element tensor; got shape ", to_string(shape()));
+  return to_vector<T>()[0];
+}
+template float Tensor::item<float>() const;
+template double Tensor::item<double>() const;
+template int32_t Tensor::item<int32_t>() const;
+template int64_t Tensor::item<int64_t>() const;
+template uint8_t Tensor::item<uint8_t>() const;
+template bool Tensor::item<bool>() const;
+
+Tensor Tensor::reshape(Shape s) const {
+  const TensorImpl& i = need(*this, "reshape");
+  int infer = -1;
+  int64_t known = 1;
+  for (int k = 0; k < s.size(); ++k) {
+    if (s[k] == -1) {
+      if (infer >= 0) detail::fail("[reshape] only one axis may be -1 in ", to_string(s));
+      infer = k;
+    } else if (s[k] < 0) {
+      detail::fail("[reshape] negative dimension in ", to_string(s));
+    } else {
+      known *= s[k];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || numel() % known != 0)
+      detail::fail("[reshape] cannot reshape ", to_string(i.shape), " into ", to_string(s));
+    s[infer] = numel() / known;
+  }
+  if (s.numel() != numel())
+    detail::fail("[reshape] cannot reshape ", to_string(i.shape), " (", numel(), " elements) into ",
+                 to_string(s), " (", s.numel(), " elements)");
+  auto impl = std::make_shared<TensorImpl>(i);
+  impl->shape = s;
+  impl->tape_id = -1;
+  Tensor out(impl);
+  Shape original = i.shape;
+  autodiff::record(out, {this}, [original](const Tensor& g) { return std::vector<Tensor>{g.reshape(original)}; });
+  return out;
+}
+
+Tensor Tensor::transpose() const {
+  int n = ndim();
+  if (n < 2) detail::fail("[transpose] needs at least 2 dimensions; got shape ", to_string(shape()));
+  std::vector<int> axes(n);
+  std::iota(axes.begin(), axes.end(), 0);
+  std::swap(axes[n - 1], axes[n - 2]);
+  return permute(*this, axes);
+}
+
+Tensor Tensor::slice(int64_t start, int64_t stop) const { return flux::slice(*this, 0, start, stop); }
+
+Tensor Tensor::operator[](int64_t i) const {
+  if (ndim() == 0) detail::fail("[index] cannot index a 0-dimensional tensor");
+  int64_t n = shape()[0];
+  if (i < 0) i += n;
+  if (i < 0 || i >= n) detail::fail("[index] index ", i, " is out of range for first axis of length ", n);
+  Shape rest;
+  for (int k = 1; k < ndim(); ++k) rest.push_back(shape()[k]);
+  return slice(i, i + 1).reshape(rest);
+}
+
+Tensor Tensor::contiguous_copy() const {
+  Tensor out = Tensor::empty(shape(), dtype(), device());
+  if (nbytes()) backend().copy(device().index(), out.buffer(), buffer(), nbytes());
+  Tensor src = *this;
+  autodiff::record(out, {&src}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+  return out;
+}
+
+// ---------------- construction ----------------
+Tensor full(Shape shape, double value, DType t, Device d) {
+  Tensor out = Tensor::empty(shape, t, d);
+  if (out.numel()) out.backend().fill(d.index(), t, out.buffer(), out.numel(), value);
+  return out;
+}
+Tensor zeros(Shape shape, DType t, Device d) { return full(shape, 0.0, t, d); }
+Tensor ones(Shape shape, DType t, Device d) { return full(shape, 1.0, t, d); }
+Tensor zeros_like(const Tensor& x) { return zeros(x.shape(), x.dtype(), x.device()); }
+Tensor ones_like(const Tensor& x) { return ones(x.shape(), x.dtype(), x.device()); }
+Tensor full_like(const Tensor& x, double v) { return full(x.shape(), v, x.dtype(), x.device()); }
+
+namespace {
+std::mutex g_rng_mutex;
+std::mt19937_64& rng() {
+  static std::mt19937_64 gen(0x5eed);
+  return gen;
+}
+// Host values of dtype t from doubles, then one upload.
+Tensor upload(const std::vector<double>& v, Shape shape, DType t, Device d, const char* api) {
+  if (!is_floating(t)) detail::fail("[", api, "] needs a floating-point dtype, got ", dtype_name(t));
+  Tensor host = Tensor(v, shape);
+  Tensor cast = t == DType::f64 ? host : host.cast(t);
+  return to(cast, d);
+}
+}  // namespace
+
+void seed(uint64_t s) {
+  std::lock_guard<std::mutex> lock(g_rng_mutex);
+  rng().seed(s);
+}
+
+std::vector<int64_t> randperm(int64_t n) {
+  std::vector<int64_t> p(static_cast<size_t>(n));
+  std::iota(p.begin(), p.end(), int64_t(0));
+  std::lock_guard<std::mutex> lock(g_rng_mutex);
+  for (int64_t i = n - 1; i > 0; --i) {
+    std::uniform_int_distribution<int64_t> dist(0, i);
+    std::swap(p[i], p[dist(rng())]);
+  }
+  return p;
+}
+
+Tensor rand(Shape shape, DType t, Device d) {
+  check_shape("rand", shape);
+  std::vector<double> v(static_cast<size_t>(shape.numel()));
+  {
+    std::lock_guard<std::mutex> lock(g_rng_mutex);
+    for (double& x : v) x = double(rng()() >> 11) * 0x1.0p-53;
+  }
+  return upload(v, shape, t, d, "rand");
+}
+
+Tensor randn(Shape shape, DType t, Device d) {
+  check_shape("randn", shape);
+  std::vector<double> v(static_cast<size_t>(shape.numel()));
+  {
+    std::lock_guard<std::mutex> lock(g_rng_mutex);
+    std::normal_distribution<double> dist(0.0, 1.0);
+    for (double& x : v) x = dist(rng());
+  }
+  return upload(v, shape, t, d, "randn");
+}
+
+Tensor arange(double start, double stop, double step, DType t, Device d) {
+  if (step == 0) detail::fail("[arange] step must be non-zero");
+  int64_t n = int64_t(std::ceil((stop - start) / step));
+  if (n < 0) n = 0;
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = start + double(i) * step;
+  Tensor host(v, Shape{n});
+  return to(t == DType::f64 ? host : host.cast(t), d);
+}
+Tensor arange(int64_t stop, DType t, Device d) { return arange(0.0, double(stop), 1.0, t, d); }
+
+// ---------------- printing ----------------
+std::string summary(const Tensor& t) {
+  if (!t.defined()) return "Tensor(undefined)";
+  std::string dims;
+  const Shape& s = t.shape();
+  if (s.size() == 0) dims = "0-dimensional";
+  for (int i = 0; i < s.size(); ++i) {
+    if (i) dims += "×";
+    dims += std::to_string(s[i]);
+  }
+  return dims + " Tensor{" + dtype_name(t.dtype()) + ", " + to_string(t.device()) + "}";
+}
+
+static std::string format_value(double v, DType t) {
+  char buf[64];
+  if (t == DType::boolean) return v != 0 ? "1" : "0";
+  if (!is_floating(t)) {
+    std::snprintf(buf, sizeof buf, "%lld", (long long)v);
+    return buf;
+  }
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Inf" : "-Inf";
+  std::snprintf(buf, sizeof buf, t == DType::f64 ? "%.10g" : "%.6g", v);
+  std::string s = buf;
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  os << summary(t);
+  if (!t.defined()) return os;
+  os << ":\n";
+  std::vector<double> v = t.to_vector<double>();
+  const Shape& s = t.shape();
+  int64_t rows = s.size() == 0 ? 1 : s[0];
+  int64_t cols = s.size() == 0 ? 1 : t.numel() / std::max<int64_t>(rows, 1);
+  if (s.size() > 2) cols = s[s.size() - 1], rows = t.numel() / std::max<int64_t>(cols, 1);
+  const int64_t max_rows = 10, max_cols = 8;
+  auto row_ids = [](int64_t n, int64_t lim) {
+    std::vector<int64_t> ids;
+    if (n <= lim) {
+      for (int64_t i = 0; i < n; ++i) ids.push_back(i);
+    } else {
+      for (int64_t i = 0; i < lim / 2; ++i) ids.push_back(i);
+      ids.push_back(-1);
+      for (int64_t i = n - lim / 2; i < n; ++i) ids.push_back(i);
+    }
+    return ids;
+  };
+  std::vector<int64_t> rids = row_ids(rows, max_rows), cids = row_ids(cols, max_cols);
+  size_t width = 1;
+  for (int64_t r : rids)
+    for (int64_t c : cids)
+      if (r >= 0 && c >= 0) width = std::max(width, format_value(v[r * cols + c], t.dtype()).size());
+  for (size_t ri = 0; ri < rids.size(); ++ri) {
+    int64_t r = rids[ri];
+    os << " ";
+    for (int64_t c : cids) {
+      std::string cell = (r < 0) ? "⋮" : (c < 0 ? "…" : format_value(v[r * cols + c], t.dtype()));
+      size_t shown = (cell == "⋮" || cell == "…") ? 1 : cell.size();
+      os << " " << std::string(width > shown ? width - shown : 0, ' ') << cell;
+    }
+    if (ri + 1 < rids.size()) os << "\n";
+  }
+  return os;
+}
+
+}  // namespace flux
