@@ -1,0 +1,179 @@
+// One source, two runtimes: this header maps the CUDA runtime names used by src/backends/cuda to
+// HIP when built by hipcc for the AMDGPU plugin (FLUX_HIP defined), and holds the helpers every
+// kernel file shares (launch shape, error checks, dtype dispatch, half/bfloat16 bit conversions).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#ifdef FLUX_HIP
+#include <hip/hip_runtime.h>
+// Runtime API (only the names this backend uses).
+#define cudaError_t hipError_t
+#define cudaSuccess hipSuccess
+#define cudaErrorMemoryAllocation hipErrorOutOfMemory
+#define cudaErrorNotReady hipErrorNotReady
+#define cudaErrorPeerAccessAlreadyEnabled hipErrorPeerAccessAlreadyEnabled
+#define cudaGetLastError hipGetLastError
+#define cudaGetErrorString hipGetErrorString
+#define cudaGetErrorName hipGetErrorName
+#define cudaStream_t hipStream_t
+#define cudaStreamCreateWithFlags hipStreamCreateWithFlags
+#define cudaStreamNonBlocking hipStreamNonBlocking
+#define cudaStreamSynchronize hipStreamSynchronize
+#define cudaStreamWaitEvent hipStreamWaitEvent
+#define cudaEvent_t hipEvent_t
+#define cudaEventCreateWithFlags hipEventCreateWithFlags
+#define cudaEventDisableTiming hipEventDisableTiming
+#define cudaEventRecord hipEventRecord
+#define cudaEventSynchronize hipEventSynchronize
+#define cudaEventQuery hipEventQuery
+#define cudaEventDestroy hipEventDestroy
+#define cudaMalloc hipMalloc
+#define cudaFree hipFree
+#define cudaHostAlloc hipHostMalloc
+#define cudaHostAllocDefault hipHostMallocDefault
+#define cudaFreeHost hipHostFree
+#define cudaMemcpyAsync hipMemcpyAsync
+#define cudaMemcpyPeerAsync hipMemcpyPeerAsync
+#define cudaMemcpyHostToDevice hipMemcpyHostToDevice
+#define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define cudaMemcpyDeviceToDevice hipMemcpyDeviceToDevice
+#define cudaMemGetInfo hipMemGetInfo
+#define cudaSetDevice hipSetDevice
+#define cudaGetDeviceCount hipGetDeviceCount
+#define cudaGetDeviceProperties hipGetDeviceProperties
+#define cudaDeviceProp hipDeviceProp_t
+#define cudaDeviceCanAccessPeer hipDeviceCanAccessPeer
+#define cudaDeviceEnablePeerAccess hipDeviceEnablePeerAccess
+#define cudaRuntimeGetVersion hipRuntimeGetVersion
+#define cudaDriverGetVersion hipDriverGetVersion
+#define FLUX_GPU_BACKEND_NAME "AMDGPU"
+#define FLUX_GPU_RUNTIME_NAME "HIP"
+#else
+#include <cuda_runtime.h>
+#define FLUX_GPU_BACKEND_NAME "CUDA"
+#define FLUX_GPU_RUNTIME_NAME "CUDA"
+#endif
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define FLUX_HD __host__ __device__ inline
+#else
+#define FLUX_HD inline
+#endif
+
+#include "flux/dtype.hpp"
+#include "flux/error.hpp"
+
+namespace flux::gpu {
+
+using Stream = cudaStream_t;
+
+/// Throws flux::Error "[CUDA] <what>: <error name>: <error string>" unless `e` is success.
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    detail::fail("[" FLUX_GPU_BACKEND_NAME "] ", what, " failed: ", cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+}
+
+/// After a kernel launch: reports a bad launch (configuration, missing kernel image) at once.
+inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+constexpr int kThreads = 256;  // threads per block of every elementwise kernel
+
+/// Blocks for a grid-stride loop over n elements (capped: each thread then loops).
+inline unsigned blocks_for(int64_t n) {
+  int64_t b = (n + kThreads - 1) / kThreads;
+  if (b < 1) b = 1;
+  if (b > 65536) b = 65536;
+  return unsigned(b);
+}
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+/// Grid-stride loop index helpers (64-bit: tensors may exceed 2^31 elements).
+__device__ inline int64_t thread_index() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ inline int64_t thread_stride() { return int64_t(gridDim.x) * blockDim.x; }
+#endif
+
+// IEEE half and bfloat16 from/to float, bit-exact with src/dtype.cpp (round to nearest even), usable
+// in kernels of both runtimes without cuda_fp16.h / hip_fp16.h.
+FLUX_HD float half_bits_to_float(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t x;
+  if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {
+      int e = -1;
+      do { ++e; mant <<= 1; } while (!(mant & 0x400u));
+      x = sign | (uint32_t(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 0x1f) {
+    x = sign | 0x7f800000u | (mant << 13);
+  } else {
+    x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  union { uint32_t u; float f; } v{x};
+  return v.f;
+}
+
+FLUX_HD uint16_t float_to_half_bits(float f) {
+  union { float f; uint32_t u; } v{f};
+  uint32_t x = v.u;
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t mant = x & 0x7fffffu;
+  int32_t exp = int32_t((x >> 23) & 0xff);
+  if (exp == 0xff) return uint16_t(sign | 0x7c00u | (mant ? 0x200u : 0u));
+  int32_t e = exp - 127 + 15;
+  if (e >= 0x1f) return uint16_t(sign | 0x7c00u);
+  if (e <= 0) {
+    if (e < -10) return uint16_t(sign);
+    mant |= 0x800000u;
+    uint32_t shift = uint32_t(14 - e);
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) ++half;
+    return uint16_t(sign | half);
+  }
+  uint32_t half = sign | (uint32_t(e) << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
+  return uint16_t(half);
+}
+
+FLUX_HD float bfloat16_bits_to_float(uint16_t b) {
+  union { uint32_t u; float f; } v{uint32_t(b) << 16};
+  return v.f;
+}
+
+FLUX_HD uint16_t float_to_bfloat16_bits(float f) {
+  union { float f; uint32_t u; } v{f};
+  uint32_t x = v.u;
+  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);
+  uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return uint16_t((x + rounding) >> 16);
+}
+
+}  // namespace flux::gpu
+
+// Calls BODY with `using T = <C++ type>` for the arithmetic dtypes; errors for others (as the CPU).
+#define FLUX_GPU_DISPATCH(api, dtype, ...)                                                   \
+  switch (dtype) {                                                                          \
+    case ::flux::DType::f32: { using T = float; __VA_ARGS__; } break;                       \
+    case ::flux::DType::f64: { using T = double; __VA_ARGS__; } break;                      \
+    case ::flux::DType::i32: { using T = int32_t; __VA_ARGS__; } break;                     \
+    case ::flux::DType::i64: { using T = int64_t; __VA_ARGS__; } break;                     \
+    case ::flux::DType::u8: case ::flux::DType::boolean: { using T = uint8_t; __VA_ARGS__; } break; \
+    default: ::flux::detail::fail("[", api, "] " FLUX_GPU_BACKEND_NAME " kernel does not support ", ::flux::dtype_name(dtype)); \
+  }
+
+// Calls BODY with `using T = <unsigned integer of the element's size>` (bit copies: fill, where, copy).
+#define FLUX_GPU_DISPATCH_SIZE(api, dtype, ...)                                \
+  switch (::flux::dtype_size(dtype)) {                                         \
+    case 1: { using T = uint8_t; __VA_ARGS__; } break;                         \
+    case 2: { using T = uint16_t; __VA_ARGS__; } break;                        \
+    case 4: { using T = uint32_t; __VA_ARGS__; } break;                        \
+    case 8: { using T = unsigned long long; __VA_ARGS__; } break;              \
+    default: ::flux::detail::fail("[", api, "] unsupported element size");     \
+  }
