@@ -6,6 +6,7 @@
 #include "flux/dtype.hpp"
 #include "flux/error.hpp"
 #include "flux/functor.hpp"
+#include "flux/io/safetensors.hpp"
 #include "flux/gradient.hpp"
 #include "flux/losses.hpp"
 #include "flux/move.hpp"

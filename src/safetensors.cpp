@@ -1,0 +1,351 @@
+// safetensors files <-> tensors on any device. Reading maps the file and copies each tensor once,
+// straight from the mapping into its destination buffer; writing streams each tensor through a
+// bounded host staging buffer into a temporary file that is fsynced and renamed over the target.
+#include "flux/io/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "flux/backend.hpp"
+#include "flux/ops.hpp"
+#include "src/safetensors_format.hpp"
+
+namespace flux {
+
+namespace {
+
+std::string context_of(const std::string& api, const std::string& path) { return "[" + api + "] " + path; }
+
+std::string errno_text() { return std::strerror(errno); }
+
+/// A read-only mapping of a whole file (nothing mapped for an empty file).
+class MappedFile {
+ public:
+  MappedFile(const std::string& context, const std::string& path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) detail::fail(context, ": cannot open for reading: ", errno_text());
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) {
+      int e = errno;
+      ::close(fd_);
+      detail::fail(context, ": cannot stat: ", std::strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      detail::fail(context, ": not a regular file");
+    }
+    size_ = size_t(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+      if (p == MAP_FAILED) {
+        int e = errno;
+        ::close(fd_);
+        detail::fail(context, ": cannot map: ", std::strerror(e));
+      }
+      data_ = static_cast<const uint8_t*>(p);
+      ::madvise(p, size_, MADV_SEQUENTIAL);
+    }
+  }
+  ~MappedFile() {
+    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  int fd_ = -1;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+/// An open file and its validated layout.
+struct Reader {
+  MappedFile file;
+  safetensors::Layout layout;
+  Reader(const std::string& context, const std::string& path)
+      : file(context, path),
+        layout(safetensors::parse(file.data() ? file.data() : reinterpret_cast<const uint8_t*>(""), file.size(), context)) {}
+  const uint8_t* bytes(const safetensors::Entry& e) const { return file.data() + layout.data_start + e.begin; }
+};
+
+/// Waits for the asynchronous host->device copies issued from the mapping before it is unmapped.
+class DeviceSync {
+ public:
+  void touch(const Device& d) {
+    for (const Device& seen : devices_)
+      if (seen == d) return;
+    devices_.push_back(d);
+  }
+  void wait() {
+    for (const Device& d : devices_) detail::backend_for(d.backend()).synchronize(d.index());
+    devices_.clear();
+  }
+  ~DeviceSync() {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+
+ private:
+  std::vector<Device> devices_;
+};
+
+void copy_entry_into(const Reader& reader, const safetensors::Entry& e, Tensor& dst, DeviceSync& sync) {
+  size_t nbytes = size_t(e.end - e.begin);
+  if (e.dtype == dst.dtype()) {
+    if (nbytes) dst.backend().copy_from_host(dst.device().index(), dst.buffer(), reader.bytes(e), nbytes);
+    sync.touch(dst.device());
+    return;
+  }
+  // Different dtype: land the file's values on the host, then cast and move them as copy_ does.
+  Tensor host = Tensor::empty(Shape(e.shape), e.dtype);
+  if (nbytes) host.backend().copy_from_host(0, host.buffer(), reader.bytes(e), nbytes);
+  copy_(dst, host);
+}
+
+std::string list_names(const std::vector<std::string>& names) {
+  std::ostringstream os;
+  for (size_t i = 0; i < names.size() && i < 8; ++i) os << (i ? ", " : "") << "'" << names[i] << "'";
+  if (names.size() > 8) os << ", ... (" << names.size() << " in all)";
+  return os.str();
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& context) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, std::min(n, size_t(1) << 30));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      detail::fail(context, ": write failed: ", errno_text());
+    }
+    p += w;
+    n -= size_t(w);
+  }
+}
+
+/// A temporary file next to the destination, removed unless committed by rename.
+class AtomicFile {
+ public:
+  AtomicFile(const std::string& context, const std::string& path) : context_(context), path_(path) {
+    size_t slash = path.find_last_of('/');
+    dir_ = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+    std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+    std::string pattern = (dir_ == "/" ? "" : dir_) + "/." + base + ".tmp-XXXXXX";
+    std::vector<char> buf(pattern.begin(), pattern.end());
+    buf.push_back('\0');
+    fd_ = ::mkostemp(buf.data(), O_CLOEXEC);
+    if (fd_ < 0) detail::fail(context, ": cannot create a temporary file in '", dir_, "': ", errno_text());
+    temp_ = buf.data();
+    ::fchmod(fd_, 0644);
+  }
+  ~AtomicFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(temp_.c_str());
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  int fd() const { return fd_; }
+
+  /// fsync the data, rename over the destination, fsync the folder.
+  void commit() {
+    if (::fsync(fd_) != 0) detail::fail(context_, ": fsync failed: ", errno_text());
+    int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) detail::fail(context_, ": close failed: ", errno_text());
+    if (::rename(temp_.c_str(), path_.c_str()) != 0) detail::fail(context_, ": cannot rename the temporary file into place: ", errno_text());
+    committed_ = true;
+    int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+  }
+
+ private:
+  std::string context_, path_, dir_, temp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+constexpr size_t kStagingBytes = size_t(64) << 20;
+
+}  // namespace
+
+std::string pytorch_name(const std::string& flux_name, const std::vector<std::string>& chain_prefixes) {
+  std::set<std::string> chains(chain_prefixes.begin(), chain_prefixes.end());
+  std::string path, out;
+  size_t start = 0;
+  while (start <= flux_name.size()) {
+    size_t dot = flux_name.find('.', start);
+    if (dot == std::string::npos) dot = flux_name.size();
+    std::string segment = flux_name.substr(start, dot - start);
+    path = path.empty() ? segment : path + "." + segment;
+    if (!chains.count(path)) out = out.empty() ? segment : out + "." + segment;
+    start = dot + 1;
+  }
+  return out;
+}
+
+namespace io_detail {
+
+void save_named(const std::string& api, const std::string& path, const Targets& tensors, const Metadata& metadata) {
+  const std::string context = context_of(api, path);
+  std::vector<safetensors::Entry> entries;
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined()) detail::fail(context, ": tensor '", name, "' is undefined");
+    if (!by_name.emplace(name, &t).second) detail::fail(context, ": two tensors are named '", name, "'");
+    safetensors::Entry e;
+    e.name = name;
+    e.dtype = t.dtype();
+    e.shape = t.shape().vec();
+    entries.push_back(std::move(e));
+  }
+  std::string header = safetensors::make_header(entries, metadata, context);
+
+  AtomicFile file(context, path);
+  write_all(file.fd(), header.data(), header.size(), context);
+  std::vector<uint8_t> staging;
+  for (const safetensors::Entry& e : entries) {
+    const Tensor& t = *by_name.at(e.name);
+    size_t total = t.nbytes();
+    staging.resize(std::min(total, kStagingBytes));
+    backend::Buffer src = t.buffer();
+    for (size_t done = 0; done < total;) {
+      size_t n = std::min(total - done, kStagingBytes);
+      t.backend().copy_to_host(t.device().index(), staging.data(), backend::Buffer{src.handle, src.offset + done}, n);
+      write_all(file.fd(), staging.data(), n, context);
+      done += n;
+    }
+  }
+  file.commit();
+}
+
+Metadata load_into(const std::string& api, const std::string& path, const Targets& targets) {
+  const std::string context = context_of(api, path);
+  Reader reader(context, path);
+  std::map<std::string, const safetensors::Entry*> in_file;
+  for (const safetensors::Entry& e : reader.layout.entries) in_file.emplace(e.name, &e);
+
+  // Check everything before copying anything, so a bad file leaves the model as it was.
+  std::vector<std::string> missing, extra, mismatched;
+  std::set<std::string> wanted;
+  for (const auto& [name, t] : targets) {
+    wanted.insert(name);
+    auto it = in_file.find(name);
+    if (it == in_file.end()) {
+      missing.push_back(name);
+      continue;
+    }
+    if (Shape(it->second->shape) != t.shape())
+      mismatched.push_back("'" + name + "' is " + to_string(Shape(it->second->shape)) + " in the file but " +
+                           to_string(t.shape()) + " in the model");
+  }
+  for (const auto& [name, e] : in_file)
+    if (!wanted.count(name)) extra.push_back(name);
+  if (!missing.empty() || !extra.empty() || !mismatched.empty()) {
+    std::ostringstream os;
+    os << context << ": the file does not match the model:";
+    if (!missing.empty()) os << " missing from the file: " << list_names(missing) << ";";
+    if (!extra.empty()) os << " in the file but not in the model: " << list_names(extra) << ";";
+    if (!mismatched.empty()) {
+      os << " shape mismatch:";
+      for (size_t i = 0; i < mismatched.size() && i < 8; ++i) os << (i ? ", " : " ") << mismatched[i];
+      os << ";";
+    }
+    std::string message = os.str();
+    message.pop_back();
+    throw Error(message);
+  }
+
+  DeviceSync sync;
+  for (const auto& [name, t] : targets) {
+    Tensor dst = t;
+    copy_entry_into(reader, *in_file.at(name), dst, sync);
+  }
+  sync.wait();
+  return reader.layout.metadata;
+}
+
+namespace {
+void add_leaf(const optimisers::LeafState& leaf, const std::string& prefix, Targets& out) {
+  for (size_t j = 0; j < leaf.buffers.size(); ++j)
+    if (leaf.buffers[j].defined()) out.emplace_back(prefix + ".buffers." + std::to_string(j), leaf.buffers[j]);
+  out.emplace_back(prefix + ".t", Tensor(std::vector<int64_t>{leaf.t}, Shape{}));
+  for (size_t k = 0; k < leaf.children.size(); ++k) add_leaf(leaf.children[k], prefix + ".children." + std::to_string(k), out);
+}
+
+/// Targets for a leaf's buffers, plus a host scalar per step count to read back after loading.
+void leaf_targets(optimisers::LeafState& leaf, const std::string& prefix, Targets& out,
+                  std::vector<std::pair<int64_t*, Tensor>>& steps) {
+  for (size_t j = 0; j < leaf.buffers.size(); ++j)
+    if (leaf.buffers[j].defined()) out.emplace_back(prefix + ".buffers." + std::to_string(j), leaf.buffers[j]);
+  Tensor t = Tensor::empty(Shape{}, DType::i64);
+  out.emplace_back(prefix + ".t", t);
+  steps.emplace_back(&leaf.t, t);
+  for (size_t k = 0; k < leaf.children.size(); ++k)
+    leaf_targets(leaf.children[k], prefix + ".children." + std::to_string(k), out, steps);
+}
+
+std::string rule_kind(const std::string& rule_name) { return rule_name.substr(0, rule_name.find('(')); }
+}  // namespace
+
+void add_optimiser_state(const optimisers::State& s, Targets& out) {
+  for (size_t i = 0; i < s.leaves.size(); ++i) add_leaf(s.leaves[i], "optimiser." + std::to_string(i), out);
+}
+
+Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_targets, optimisers::State& s) {
+  const std::string context = context_of("load_checkpoint", path);
+  Metadata meta = load_metadata(path);
+  if (!meta.count("flux.format"))
+    detail::fail(context, ": not a flux checkpoint (no \"flux.format\" in __metadata__); use load() for a model file");
+  if (s.rule && meta.count("flux.rule") && rule_kind(meta["flux.rule"]) != rule_kind(s.rule->name()))
+    detail::fail(context, ": the checkpoint's optimiser is ", meta["flux.rule"], " but opt_state's is ", s.rule->name());
+  Targets all;
+  for (const auto& [name, t] : model_targets) all.emplace_back("model." + name, t);
+  std::vector<std::pair<int64_t*, Tensor>> steps;
+  for (size_t i = 0; i < s.leaves.size(); ++i) leaf_targets(s.leaves[i], "optimiser." + std::to_string(i), all, steps);
+  Metadata loaded = load_into("load_checkpoint", path, all);
+  for (auto& [dst, t] : steps) *dst = t.item<int64_t>();
+  return loaded;
+}
+
+}  // namespace io_detail
+
+void save_state(const std::string& path, const TensorMap& tensors, const Metadata& metadata) {
+  io_detail::Targets named(tensors.begin(), tensors.end());
+  io_detail::save_named("save_state", path, named, metadata);
+}
+
+TensorMap load_state(const std::string& path, const Device& device) {
+  const std::string context = context_of("load_state", path);
+  Reader reader(context, path);
+  TensorMap out;
+  DeviceSync sync;
+  for (const safetensors::Entry& e : reader.layout.entries) {
+    Tensor t = Tensor::empty(Shape(e.shape), e.dtype, device);
+    copy_entry_into(reader, e, t, sync);
+    out.emplace(e.name, t);
+  }
+  sync.wait();
+  return out;
+}
+
+Metadata load_metadata(const std::string& path) {
+  Reader reader(context_of("load_metadata", path), path);
+  return reader.layout.metadata;
+}
+
+}  // namespace flux
