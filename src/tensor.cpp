@@ -1,11 +1,14 @@
 #include "flux/tensor.hpp"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
@@ -294,13 +297,16 @@ std::string summary(const Tensor& t) {
   std::string dims;
   const Shape& s = t.shape();
   if (s.size() == 0) dims = "0-dimensional";
-  for (int i = 0; i < s.size(); ++i) {
+  if (s.size() == 1) dims = std::to_string(s[0]) + "-element";
+  for (int i = 0; s.size() > 1 && i < s.size(); ++i) {
     if (i) dims += "×";
     dims += std::to_string(s[i]);
   }
   return dims + " Tensor{" + dtype_name(t.dtype()) + ", " + to_string(t.device()) + "}";
 }
 
+// Julia's compact display: 6 significant digits, "1.0" for whole floats, "1.0e-5" (Float64) and
+// "1.0f-5" (Float32 and narrower) for exponents.
 static std::string format_value(double v, DType t) {
   char buf[64];
   if (t == DType::boolean) return v != 0 ? "1" : "0";
@@ -310,23 +316,27 @@ static std::string format_value(double v, DType t) {
   }
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "Inf" : "-Inf";
-  std::snprintf(buf, sizeof buf, t == DType::f64 ? "%.10g" : "%.6g", v);
+  std::snprintf(buf, sizeof buf, "%.6g", v);
   std::string s = buf;
-  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
-  return s;
+  size_t e = s.find('e');
+  std::string mantissa = s.substr(0, e), exponent;
+  if (mantissa.find('.') == std::string::npos) mantissa += ".0";
+  if (e == std::string::npos) return mantissa;
+  int ex = std::atoi(s.c_str() + e + 1);
+  return mantissa + (t == DType::f64 ? "e" : "f") + std::to_string(ex);
 }
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   os << summary(t);
-  if (!t.defined()) return os;
+  if (!t.defined() || t.numel() == 0) return os;
   os << ":\n";
   std::vector<double> v = t.to_vector<double>();
   const Shape& s = t.shape();
-  int64_t rows = s.size() == 0 ? 1 : s[0];
-  int64_t cols = s.size() == 0 ? 1 : t.numel() / std::max<int64_t>(rows, 1);
-  if (s.size() > 2) cols = s[s.size() - 1], rows = t.numel() / std::max<int64_t>(cols, 1);
+  // 0-d and 1-d print as one column; N-d as (prod of leading axes) rows × last axis.
+  int64_t cols = s.size() >= 2 ? s[s.size() - 1] : 1;
+  int64_t rows = t.numel() / cols;
   const int64_t max_rows = 10, max_cols = 8;
-  auto row_ids = [](int64_t n, int64_t lim) {
+  auto shown_ids = [](int64_t n, int64_t lim) {  // -1 marks the elision
     std::vector<int64_t> ids;
     if (n <= lim) {
       for (int64_t i = 0; i < n; ++i) ids.push_back(i);
@@ -337,19 +347,41 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
     }
     return ids;
   };
-  std::vector<int64_t> rids = row_ids(rows, max_rows), cids = row_ids(cols, max_cols);
-  size_t width = 1;
-  for (int64_t r : rids)
-    for (int64_t c : cids)
-      if (r >= 0 && c >= 0) width = std::max(width, format_value(v[r * cols + c], t.dtype()).size());
+  std::vector<int64_t> rids = shown_ids(rows, max_rows), cids = shown_ids(cols, max_cols);
+  // Julia aligns each column on its decimal point: left part right-aligned, right part left-aligned.
+  struct Column { size_t left = 1, right = 0; };
+  std::vector<Column> width(cids.size());
+  auto split = [](const std::string& cell) {
+    size_t p = cell.find_first_of(".ef");
+    return p == std::string::npos ? std::make_pair(cell, std::string()) : std::make_pair(cell.substr(0, p), cell.substr(p));
+  };
+  for (size_t ci = 0; ci < cids.size(); ++ci)
+    for (int64_t r : rids)
+      if (r >= 0 && cids[ci] >= 0) {
+        auto [l, rt] = split(format_value(v[size_t(r * cols + cids[ci])], t.dtype()));
+        width[ci].left = std::max(width[ci].left, l.size());
+        width[ci].right = std::max(width[ci].right, rt.size());
+      }
   for (size_t ri = 0; ri < rids.size(); ++ri) {
     int64_t r = rids[ri];
-    os << " ";
-    for (int64_t c : cids) {
-      std::string cell = (r < 0) ? "⋮" : (c < 0 ? "…" : format_value(v[r * cols + c], t.dtype()));
-      size_t shown = (cell == "⋮" || cell == "…") ? 1 : cell.size();
-      os << " " << std::string(width > shown ? width - shown : 0, ' ') << cell;
+    std::string line = " ";
+    for (size_t ci = 0; ci < cids.size(); ++ci) {
+      int64_t c = cids[ci];
+      if (ci) line += "  ";
+      if (c < 0) {
+        line += r < 0 ? "⋱" : (ri == 0 ? "…" : " ");
+        continue;
+      }
+      std::string l = "⋮", rt;
+      size_t lshown = 1;
+      if (r >= 0) {
+        std::tie(l, rt) = split(format_value(v[size_t(r * cols + c)], t.dtype()));
+        lshown = l.size();
+      }
+      line += std::string(width[ci].left - lshown, ' ') + l + rt + std::string(width[ci].right - rt.size(), ' ');
     }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    os << line;
     if (ri + 1 < rids.size()) os << "\n";
   }
   return os;
