@@ -1,0 +1,136 @@
+// The OpenCL backend plugin (libflux-opencl.so): shared state and launch helpers. Kernels live one
+// file per family (unary.cpp, binary.cpp, ...), mirroring src/backends/cpu. Each family's OpenCL C
+// source is compiled lazily, once per device and dtype, and PoCL caches the binaries on disk.
+#pragma once
+#ifndef CL_TARGET_OPENCL_VERSION
+#define CL_TARGET_OPENCL_VERSION 120
+#endif
+#include <CL/cl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "flux/backend.hpp"
+#include "flux/error.hpp"
+
+namespace flux::opencl {
+
+/// "CL_OUT_OF_RESOURCES" for -5, ...; "unknown OpenCL error" otherwise.
+const char* cl_error_name(cl_int err);
+
+/// Throws "[OpenCL] <api> failed with <name> (<code>)<context>".
+[[noreturn]] void fail_cl(cl_int err, const char* api, const std::string& context = {});
+inline void check(cl_int err, const char* api, const std::string& context = {}) {
+  if (err != CL_SUCCESS) fail_cl(err, api, context);
+}
+
+/// One selected device: its context (shared by every selected device of the platform), its
+/// in-order queue, and the programs built for it.
+struct DeviceState {
+  cl_platform_id platform = nullptr;
+  cl_device_id id = nullptr;
+  cl_context context = nullptr;
+  cl_command_queue queue = nullptr;
+  std::string name, platform_name, version;
+  bool is_cpu = false, fp64 = false;
+  size_t global_mem = 0, max_alloc = 0;
+  std::recursive_mutex mutex;  // guards the queue's kernel arguments and the caches below
+  struct KernelEntry {
+    cl_kernel kernel = nullptr;
+    size_t local = 1;
+  };
+  std::map<std::string, cl_program> programs;
+  std::map<std::string, KernelEntry> kernels;
+};
+
+/// The state of selected device d (0-based); throws when out of range.
+DeviceState& device(int d);
+
+/// OpenCL C type of a dtype ("float", "double", "int", "long", "uchar").
+const char* cl_type(DType t);
+/// Build options defining T (element type), ACC (accumulator) and IS_FLOAT / IS_SIGNED for dtype t.
+std::string type_options(DeviceState& dev, DType t, const char* api);
+
+/// The kernel `name` of program `family` built from `source` with `options` for this device.
+/// The program is built once; a build failure throws with the compiler's log.
+DeviceState::KernelEntry& kernel(DeviceState& dev, const char* family, const char* source,
+                                 const std::string& options, const char* name);
+
+/// A scalar kernel argument of a run-time dtype.
+struct Scalar {
+  unsigned char bytes[8] = {};
+  size_t size = 0;
+};
+/// value converted to dtype t as the CPU backend converts it (T(value)).
+Scalar scalar_of(DType t, double value);
+
+inline cl_mem mem(backend::Buffer b) { return static_cast<cl_mem>(b.handle); }
+inline cl_ulong off(backend::Buffer b) { return cl_ulong(b.offset); }
+
+namespace detail_args {
+template <class A> inline void set(cl_kernel k, cl_uint i, const A& v) {
+  check(clSetKernelArg(k, i, sizeof(A), &v), "clSetKernelArg", " (argument " + std::to_string(i) + ")");
+}
+inline void set(cl_kernel k, cl_uint i, const Scalar& s) {
+  check(clSetKernelArg(k, i, s.size, s.bytes), "clSetKernelArg", " (argument " + std::to_string(i) + ")");
+}
+}  // namespace detail_args
+
+/// Enqueues `entry` over `work` work-items (kernels loop grid-stride, so the launch is capped);
+/// `groups_only` launches exactly `work` work-groups of the kernel's local size instead.
+template <class... Args>
+void launch(DeviceState& dev, DeviceState::KernelEntry& entry, int64_t work, bool groups_only, const Args&... args) {
+  std::lock_guard<std::recursive_mutex> lock(dev.mutex);
+  cl_uint i = 0;
+  (detail_args::set(entry.kernel, i++, args), ...);
+  size_t local = entry.local;
+  size_t global;
+  if (groups_only) {
+    global = size_t(std::min<int64_t>(work, 65536)) * local;
+  } else {
+    int64_t capped = std::min<int64_t>(work, int64_t(local) * 1024);
+    global = (size_t(capped) + local - 1) / local * local;
+  }
+  if (global == 0) return;
+  check(clEnqueueNDRangeKernel(dev.queue, entry.kernel, 1, nullptr, &global, &local, 0, nullptr, nullptr),
+        "clEnqueueNDRangeKernel");
+}
+
+/// Shape and strides of up to three operands, with size-1 axes dropped and mergeable axes merged.
+struct Layout {
+  int ndim = 0;
+  cl_long8 shape{}, stride[3]{};
+  int64_t total = 1;
+};
+Layout collapse(int ndim, const int64_t* shape, const int64_t* const* strides, int operands);
+
+/// Common head of every program: fp64 pragma, AT(type, base, byte offset), GRID_LOOP, offsets().
+extern const char* const kPreamble;
+
+// Kernel families (one file each).
+void fill(int d, DType t, backend::Buffer dst, int64_t n, double value);
+void cast(int d, DType from, backend::Buffer src, DType to, backend::Buffer dst, int64_t n);
+void strided_copy(int d, DType t, backend::Buffer src, backend::Buffer dst, const backend::StridedCopy& plan);
+void unary(int d, backend::UnaryOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t n, double alpha);
+void binary(int d, backend::BinaryOp op, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer out,
+            const backend::Broadcast& plan);
+void where(int d, DType t, backend::Buffer cond, backend::Buffer a, backend::Buffer b, backend::Buffer out,
+           const backend::Broadcast& plan);
+void reduce(int d, backend::ReduceOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer,
+            int64_t len, int64_t inner);
+void matmul(int d, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer c, const backend::Gemm& g);
+void softmax(int d, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer, int64_t len, int64_t inner,
+             bool log);
+void gather(int d, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer,
+            int64_t len, int64_t inner, int64_t nidx);
+void scatter_add(int d, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer,
+                 int64_t len, int64_t inner, int64_t nidx);
+void adam_step(int d, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer m, backend::Buffer v, int64_t n,
+               const backend::AdamStep& s);
+
+}  // namespace flux::opencl
