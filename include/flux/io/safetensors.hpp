@@ -5,11 +5,12 @@
 // read by mmap with one copy onto the destination device.
 //
 // Names follow PyTorch's state_dict convention: a Chain contributes only the layer index, so
-// Chain(Dense(4, 8, relu), Dense(8, 3)) saves "0.weight", "0.bias", "1.weight", "1.bias", exactly as
-// nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)) does (activations hold no tensors, so
-// PyTorch's ReLU at index 1 shifts PyTorch's second Linear to "2.weight"; see pytorch_names). In
-// general, flux's state() name "layers.0.weight" becomes "0.weight": every "layers" segment that a
-// Chain adds is dropped; every other field name is kept.
+// Chain(Dense(4, 8), relu, Dense(8, 3)) saves "0.weight", "0.bias", "2.weight", "2.bias", exactly as
+// nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)) does (an activation in a Chain keeps its
+// index and holds no tensors, like nn.ReLU). Chain(Dense(4, 8, relu), Dense(8, 3)) saves "0.*", "1.*".
+// In general, flux's state() name "layers.0.weight" becomes "0.weight": every "layers" segment that a
+// Chain adds is dropped (nested Chains give "1.0.weight", as nested nn.Sequential); every other field
+// name is kept. Dense's weight is (out, in) and bias (out,), nn.Linear's layout, so no transposes.
 #pragma once
 #include <map>
 #include <string>
