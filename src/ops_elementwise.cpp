@@ -387,6 +387,13 @@ void sub_(Tensor& dst, const Tensor& src) {
   check_same_device("sub_", dst, src);
   if (dst.shape() != src.shape() || dst.dtype() != src.dtype())
     fail("[sub_] needs equal shapes and dtypes; got ", summary(dst), " and ", summary(src));
+  if (is_half(dst.dtype())) {  // kernels have no half arithmetic: subtract in float32, store back
+    autodiff::NoGrad no_grad;
+    Tensor d32 = raw_cast(dst, DType::f32);
+    sub_(d32, raw_cast(src, DType::f32));
+    copy_(dst, d32);
+    return;
+  }
   backend::Broadcast plan = make_plan(dst.shape(), {&dst.shape(), &src.shape()});
   if (dst.numel())
     dst.backend().binary(dst.device().index(), BinaryOp::sub, dst.dtype(), dst.buffer(), src.buffer(), dst.buffer(), plan);
