@@ -1,0 +1,122 @@
+// Walking models: FLUX_LAYER on user structs, fmap, params, state names, tied tensors.
+#include <array>
+#include <sstream>
+#include <tuple>
+#include <vector>
+
+#include <gmock/gmock.h>
+
+#include "test_devices.hpp"
+
+using namespace flux;
+
+namespace user {
+// A user's own layer: y = scale * (x W') + shift; `steps` and `name` are not tensors and are skipped.
+struct Affine {
+  Tensor weight;
+  Tensor shift;
+  double scale = 1.0;
+  int steps = 0;
+  std::string name = "affine";
+  Tensor operator()(const Tensor& x) const { return matmul(x, weight, false, true) * scale + shift; }
+};
+FLUX_LAYER(Affine, weight, shift, scale, steps)
+
+// A layer holding containers of layers.
+struct Blocks {
+  std::vector<Dense> stack;
+  std::array<Tensor, 2> pair;
+  std::tuple<Dense, Tensor> mixed;
+};
+FLUX_LAYER(Blocks, stack, pair, mixed)
+}  // namespace user
+
+TEST(Functor, UserLayerIsWalkedAndTrained) {
+  user::Affine a{Tensor({{1, 2}, {3, 4}}), Tensor({0.5, -0.5}), 2.0, 3};
+  auto names = state(a);
+  ASSERT_EQ(names.size(), 2u);
+  EXPECT_EQ(names[0].first, "weight");
+  EXPECT_EQ(names[1].first, "shift");
+  EXPECT_EQ(params(a).size(), 2u);
+  EXPECT_EQ(parameter_count(a), 6);
+  // fmap maps every tensor leaf and keeps other fields
+  user::Affine b = fmap([](const Tensor& t) { return t * 10.0; }, a);
+  EXPECT_EQ(b.weight.to_vector<float>(), (std::vector<float>{10, 20, 30, 40}));
+  EXPECT_EQ(b.shift.to_vector<float>(), (std::vector<float>{5, -5}));
+  EXPECT_EQ(b.scale, 2.0);
+  EXPECT_EQ(b.steps, 3);
+  EXPECT_EQ(a.weight.to_vector<float>(), (std::vector<float>{1, 2, 3, 4}));  // the original is untouched
+  // gradient has the user's type
+  user::Affine g = gradient([](const user::Affine& m) { return sum(m(Tensor({{1, 1}}))); }, a);
+  EXPECT_EQ(g.weight.to_vector<float>(), (std::vector<float>{2, 2, 2, 2}));
+  EXPECT_EQ(g.shift.to_vector<float>(), (std::vector<float>{1, 1}));
+  // and the optimisers train it
+  auto s = optimisers::setup(optimisers::Descent(0.5), a);
+  optimisers::update(s, a, g);
+  EXPECT_EQ(a.weight.to_vector<float>(), (std::vector<float>{0, 1, 2, 3}));
+  EXPECT_EQ(a.shift.to_vector<float>(), (std::vector<float>{0, -1}));
+  // a user layer sits in a Chain
+  auto model = Chain(Dense(3, 2), a);
+  EXPECT_EQ(model(ones({4, 3})).shape(), (Shape{4, 2}));
+  EXPECT_EQ(state(model)[2].first, "layers.1.weight");
+}
+
+TEST(Functor, StateNamesFollowPyTorchOrder) {
+  auto model = Chain(Dense(2, 3, relu), softmax, Chain(Dense(3, 4), Dense(4, 1, {.bias = false})));
+  std::vector<std::string> names;
+  for (auto& [n, t] : state(model)) names.push_back(n);
+  EXPECT_EQ(names, (std::vector<std::string>{"layers.0.weight", "layers.0.bias", "layers.2.layers.0.weight",
+                                             "layers.2.layers.0.bias", "layers.2.layers.1.weight"}));
+  EXPECT_EQ(parameter_count(model), 9 + 16 + 4);
+  user::Blocks b{{Dense(1, 2), Dense(2, 1)}, {ones({2}), zeros({3})}, {Dense(1, 1), ones({5})}};
+  names.clear();
+  for (auto& [n, t] : state(b)) names.push_back(n);
+  EXPECT_EQ(names, (std::vector<std::string>{"stack.0.weight", "stack.0.bias", "stack.1.weight", "stack.1.bias", "pair.0",
+                                             "pair.1", "mixed.0.weight", "mixed.0.bias", "mixed.1"}));
+  user::Blocks doubled = fmap([](const Tensor& t) { return t + 1.0; }, b);
+  EXPECT_EQ(std::get<1>(doubled.mixed).to_vector<float>(), std::vector<float>(5, 2.0f));
+  EXPECT_EQ(doubled.pair[1].to_vector<float>(), std::vector<float>(3, 1.0f));
+}
+
+TEST(Functor, TiedTensorsStayTied) {
+  Tensor w = Tensor({{1, 0}, {0, 1}});
+  auto model = Chain(Dense(w, Tensor({0, 0})), Dense(w, Tensor({1, 1})));
+  EXPECT_EQ(params(model).size(), 3u);  // w once
+  EXPECT_EQ(state(model).size(), 4u);   // but named at both places
+  EXPECT_EQ(parameter_count(model), 8);
+  int calls = 0;
+  auto mapped = fmap([&](const Tensor& t) { ++calls; return t.contiguous_copy(); }, model);
+  EXPECT_EQ(calls, 3);
+  EXPECT_TRUE(mapped.get<0>().weight.same_storage(mapped.get<1>().weight));
+  EXPECT_FALSE(mapped.get<0>().weight.same_storage(w));
+  auto moved = model | Device();
+  EXPECT_TRUE(moved.get<0>().weight.same_storage(moved.get<1>().weight));
+  // views of the same storage are distinct leaves
+  Tensor base = arange(0, 4, 1);
+  user::Blocks b{{}, {base.slice(0, 2), base.slice(2, 4)}, {Dense(1, 1), base}};
+  EXPECT_EQ(params(b).size(), 5u);
+}
+
+TEST(Functor, UndefinedTensorsAreSkipped) {
+  Dense d(3, 2, {.bias = false});
+  EXPECT_EQ(params(d).size(), 1u);
+  EXPECT_EQ(state(d)[0].first, "weight");
+  Dense m = fmap([](const Tensor& t) { return t * 0.0; }, d);
+  EXPECT_FALSE(m.bias.defined());
+}
+
+class FunctorOnDevice : public ::testing::TestWithParam<Device> {};
+
+TEST_P(FunctorOnDevice, MovingModelsKeepsDtypesAndTies) {
+  Device d = GetParam();
+  Tensor w = randn({2, 2});
+  auto model = Chain(Dense(w, Tensor({0, 0})), Dense(w, Tensor({0, 0})), Dense(2, 1, {.dtype = DType::f64}));
+  auto on_d = model | d;
+  for (auto& [name, t] : state(on_d)) EXPECT_EQ(t.device(), d) << name;
+  EXPECT_TRUE(on_d.get<0>().weight.same_storage(on_d.get<1>().weight));
+  EXPECT_EQ(on_d.get<2>().weight.dtype(), DType::f64);  // to() keeps dtypes
+  auto back = on_d | cpu;
+  EXPECT_TRUE(back.get<0>().weight.device().is_cpu());
+  EXPECT_EQ(back.get<0>().weight.to_vector<float>(), w.to_vector<float>());
+}
+FLUX_DEVICE_SUITE(FunctorOnDevice);
