@@ -148,7 +148,9 @@ class AtomicFile {
     fd_ = ::mkostemp(buf.data(), O_CLOEXEC);
     if (fd_ < 0) detail::fail(context, ": cannot create a temporary file in '", dir_, "': ", errno_text());
     temp_ = buf.data();
-    ::fchmod(fd_, 0644);
+    // mkostemp makes 0600; give the file the mode of the one it replaces, else rw-r--r--.
+    struct stat st {};
+    ::fchmod(fd_, ::stat(path.c_str(), &st) == 0 ? (st.st_mode & 07777) : 0644);
   }
   ~AtomicFile() {
     if (fd_ >= 0) ::close(fd_);

@@ -95,6 +95,14 @@ void expect_error(const std::function<void()>& f, const std::vector<std::string>
   }
 }
 
+/// A user-defined layer holding a Chain: its own field names stay, the Chain's "layers" goes.
+struct Encoder {
+  Chain<Dense, Relu, Dense> body;
+  Dense head;
+  Tensor operator()(const Tensor& x) const { return head(body(x)); }
+};
+FLUX_LAYER(Encoder, body, head)
+
 using Mlp = Chain<Dense, Dense>;
 Mlp make_mlp(uint64_t s) {
   seed(s);
@@ -182,6 +190,35 @@ TEST(Safetensors, PytorchNamesDropChainSegments) {
   EXPECT_EQ(pytorch_name("layers.0.layers.1.weight", {"layers", "layers.0.layers"}), "0.1.weight");
   EXPECT_EQ(pytorch_name("layers.0.layers.1.weight", {"layers"}), "0.layers.1.weight");
   EXPECT_EQ(pytorch_name("weight", {}), "weight");
+
+  seed(20);
+  Encoder enc{Chain(Dense(2, 3), relu, Dense(3, 3)), Dense(3, 1)};
+  names.clear();
+  for (auto& [name, t] : pytorch_state(enc)) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias",
+                                             "head.weight", "head.bias"}));
+  TempDir dir;
+  save(dir.file("enc.safetensors"), enc);
+  seed(21);
+  Encoder other{Chain(Dense(2, 3), relu, Dense(3, 3)), Dense(3, 1)};
+  load(dir.file("enc.safetensors"), other);
+  EXPECT_EQ(model_bytes(other), model_bytes(enc));
+}
+
+TEST(Safetensors, OverwriteIsAtomicAndKeepsTheFileMode) {
+  TempDir dir;
+  const std::string path = dir.file("m.safetensors");
+  save(path, make_mlp(30));
+  ::chmod(path.c_str(), 0640);
+  auto second = make_mlp(31);
+  save(path, second);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"m.safetensors"});
+  auto back = make_mlp(32);
+  load(path, back);
+  EXPECT_EQ(model_bytes(back), model_bytes(second));
 }
 
 TEST(Safetensors, LoadConvertsDtypesLikeLoadStateDict) {
