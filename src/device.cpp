@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -72,7 +73,15 @@ std::vector<std::string> plugin_dirs() {
 #ifdef FLUX_BUILD_BACKEND_DIR
   dirs.push_back(FLUX_BUILD_BACKEND_DIR);
 #endif
-  return dirs;
+  // Once each, first mention first (the build tree's lib/ is often libflux's own folder).
+  std::vector<std::string> unique;
+  std::set<std::string> seen;
+  for (const std::string& d : dirs) {
+    std::error_code ec;
+    std::filesystem::path canonical = std::filesystem::weakly_canonical(d, ec);
+    if (seen.insert(ec ? d : canonical.string()).second) unique.push_back(d);
+  }
+  return unique;
 }
 
 struct Entry {
@@ -133,10 +142,22 @@ Entry& load(const std::string& name) {
       dlclose(handle);
       continue;
     }
+    if (!plugin.create) {
+      e.why_not_loaded = path.string() + " returned no create function";
+      debug(name, ": ", e.why_not_loaded);
+      dlclose(handle);
+      continue;
+    }
     try {
       e.backend = plugin.create();
     } catch (const std::exception& ex) {
       e.why_not_loaded = path.string() + ": initialisation failed: " + ex.what();
+    } catch (...) {
+      e.why_not_loaded = path.string() + ": initialisation failed with a non-standard exception";
+    }
+    if (!e.backend) {
+      // The handle stays open: a half-initialised plugin may have registered atexit handlers.
+      if (e.why_not_loaded.empty()) e.why_not_loaded = path.string() + ": create() returned no backend";
       debug(name, ": ", e.why_not_loaded);
       continue;
     }
@@ -220,8 +241,14 @@ backend::Backend& backend_for(const std::string& name) {
 }
 
 backend::Backend& backend_for(const Device& d) {
-  if (d.backend() == "CPU") return cpu::cpu_backend();
-  return backend_for(d.backend());
+  if (d.backend() == "CPU") {
+    if (d.index() != 0) fail("[device] CPU has one device (index 0); got ", d.backend(), ":", d.index());
+    return cpu::cpu_backend();
+  }
+  backend::Backend& b = backend_for(d.backend());
+  if (d.index() < 0 || d.index() >= b.device_count())
+    fail("[device] ", to_string(d), " does not exist: ", d.backend(), " has ", b.device_count(), " device(s)");
+  return b;
 }
 }  // namespace detail
 
@@ -252,6 +279,8 @@ void gpu_backend(const std::string& name) {
   auto names = supported_devices();
   if (std::find(names.begin(), names.end(), name) == names.end())
     detail::fail("[gpu_backend] unknown backend \"", name, "\"; supported are CUDA, AMDGPU, Metal, OpenCL, CPU");
+  // The preference this process started with; read now, before the file changes under it.
+  const std::string& at_start = preferred_backend();
   std::filesystem::path path = preferences_path();
   toml::table table;
   std::error_code ec;
@@ -270,11 +299,14 @@ void gpu_backend(const std::string& name) {
   {
     std::ofstream out(tmp);
     if (!out) detail::fail("[gpu_backend] cannot write ", tmp.string());
-    out << table << "\n";
+    // Basic (double-quoted) strings, as Preferences.jl writes them: gpu_backend = "OpenCL".
+    out << toml::toml_formatter(table, toml::toml_formatter::default_flags & ~toml::format_flags::allow_literal_strings)
+        << "\n";
     if (!out) detail::fail("[gpu_backend] failed writing ", tmp.string());
   }
-  std::filesystem::rename(tmp, path);
-  if (name == preferred_backend()) {
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) detail::fail("[gpu_backend] cannot replace ", path.string(), ": ", ec.message());
+  if (name == at_start) {
     info("GPU backend is already set to: " + name + ". No need to do anything else.");
   } else {
     info("New GPU backend set: " + name + " (written to " + path.string() +

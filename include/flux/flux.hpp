@@ -2,6 +2,7 @@
 #pragma once
 #include "flux/autodiff.hpp"
 #include "flux/data/dataloader.hpp"
+#include "flux/data/device_loader.hpp"
 #include "flux/device.hpp"
 #include "flux/dtype.hpp"
 #include "flux/error.hpp"
