@@ -78,7 +78,7 @@ class GpuBackend final : public backend::Backend {
     if (e != cudaSuccess || n <= 0) {
       (void)cudaGetLastError();  // clear the sticky-free error so later calls start clean
       count_ = 0;
-      reason_ = e != cudaSuccess ? "cudaGetDeviceCount failed: " + error_text(e) : std::string("no device found");
+      reason_ = e != cudaSuccess ? FLUX_GPU_API_PREFIX "GetDeviceCount failed: " + error_text(e) : std::string("no device found");
 #ifdef FLUX_HIP
       for (const char* var : {"HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"})
 #else

@@ -49,10 +49,12 @@
 #define cudaDriverGetVersion hipDriverGetVersion
 #define FLUX_GPU_BACKEND_NAME "AMDGPU"
 #define FLUX_GPU_RUNTIME_NAME "HIP"
+#define FLUX_GPU_API_PREFIX "hip"
 #else
 #include <cuda_runtime.h>
 #define FLUX_GPU_BACKEND_NAME "CUDA"
 #define FLUX_GPU_RUNTIME_NAME "CUDA"
+#define FLUX_GPU_API_PREFIX "cuda"
 #endif
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
