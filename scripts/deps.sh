@@ -8,6 +8,7 @@ FLUX_PACKAGES=(
   libopenblas-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo libclblast-dev
+  hipcc libamdhip64-dev rocm-device-libs
   python3-torch python3-numpy clang libclang-rt-14-dev
 )
 
