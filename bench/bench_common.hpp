@@ -1,0 +1,64 @@
+// Shared by flux_bench.cpp and torch_bench.cpp: timing, peak RSS, and the wide MLP's GEMM list.
+#pragma once
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace bench {
+
+using Clock = std::chrono::steady_clock;
+struct Timer {
+  Clock::time_point t0 = Clock::now();
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+};
+
+// Calls f in batches of `batch` until `seconds` have passed; returns calls per second. The result
+// of f is accumulated into a volatile so the work cannot be elided.
+template <class F> double rate(F&& f, double seconds, int batch = 1) {
+  static volatile float sink = 0;
+  Timer t;
+  int64_t calls = 0;
+  do {
+    for (int i = 0; i < batch; ++i) sink = sink + float(f());
+    calls += batch;
+  } while (t.seconds() < seconds);
+  return double(calls) / t.seconds();
+}
+
+inline double peak_rss_mb() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+// Row-major C (m, n) = op(A) op(B) with inner size k; ta/tb as cblas's transposes.
+struct GemmShape {
+  int64_t m, n, k;
+  bool ta, tb;
+};
+
+// The GEMMs one training step of the wide MLP (1024 -> 4096 -> 4096 -> 1024, batch 256) needs:
+// 3 forward (x W^T), 3 weight gradients (g^T x), 2 input gradients (g W); the first layer's input
+// gradient is not needed.
+inline std::vector<GemmShape> wide_gemms() {
+  const int64_t B = 256;
+  const int64_t dims[4] = {1024, 4096, 4096, 1024};
+  std::vector<GemmShape> v;
+  for (int l = 0; l < 3; ++l) {
+    int64_t in = dims[l], out = dims[l + 1];
+    v.push_back({B, out, in, false, true});     // y = x W^T
+    v.push_back({out, in, B, true, false});     // dW = g^T x
+    if (l > 0) v.push_back({B, in, out, false, false});  // dx = g W
+  }
+  return v;
+}
+
+inline double wide_step_flops() {
+  double f = 0;
+  for (const GemmShape& s : wide_gemms()) f += 2.0 * double(s.m) * double(s.n) * double(s.k);
+  return f;
+}
+
+}  // namespace bench

@@ -1,0 +1,146 @@
+// One benchmark case with flux-cpp; prints "key value" lines for bench/run_bench.py.
+// Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | wide | overhead | infer | sgemm
+// DEVICE: cpu (default) or opencl. Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS.
+// The same work, written with LibTorch, is in torch_bench.cpp; shapes are listed in bench_common.hpp.
+#include <cblas.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <flux/flux.hpp>
+
+#include "bench_common.hpp"
+
+using namespace flux;
+using bench::Timer;
+
+namespace {
+
+Device g_dev;
+
+// One-hot targets (batch, classes) with class i % classes.
+Tensor onehot_targets(int64_t batch, int64_t classes) {
+  std::vector<float> v(size_t(batch * classes), 0.f);
+  for (int64_t i = 0; i < batch; ++i) v[size_t(i * classes + (i * 7) % classes)] = 1.f;
+  return to(Tensor(v, Shape{batch, classes}), g_dev);
+}
+
+template <class Model, class Loss>
+double train_steps_per_s(Model& model, const Tensor& x, const Tensor& y, Loss loss, int warmup, double seconds) {
+  auto opt = optimisers::setup(optimisers::Adam(1e-3), model);
+  auto step = [&] {
+    auto [l, grads] = withgradient([&](auto& m) { return loss(m(x), y); }, model);
+    optimisers::update(opt, model, grads);
+    return l.template item<float>();
+  };
+  for (int i = 0; i < warmup; ++i) step();
+  return bench::rate(step, seconds);
+}
+
+void seed_case() {
+  auto model = Chain(Dense(10, 64, relu), Dense(64, 1)) | g_dev;
+  Tensor x = to(rand({64, 10}), g_dev), y = to(rand({64, 1}), g_dev);
+  double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return mse(a, b); }, 50, 1.0);
+  std::printf("seed_steps_per_s %.6g\n", r);
+}
+
+void mnist_case() {
+  auto model = Chain(Dense(784, 512, relu), Dense(512, 512, relu), Dense(512, 10)) | g_dev;
+  Tensor x = to(rand({128, 784}), g_dev), y = onehot_targets(128, 10);
+  double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); },
+                               5, 1.5);
+  std::printf("mnist_steps_per_s %.6g\n", r);
+}
+
+void wide_case() {
+  auto model = Chain(Dense(1024, 4096, relu), Dense(4096, 4096, relu), Dense(4096, 1024)) | g_dev;
+  Tensor x = to(rand({256, 1024}), g_dev), y = to(rand({256, 1024}), g_dev);
+  std::printf("rss_after_init_mb %.6g\n", bench::peak_rss_mb());
+  double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return mse(a, b); }, 1, 2.5);
+  std::printf("wide_steps_per_s %.6g\nwide_gflops %.6g\n", r, r * bench::wide_step_flops() * 1e-9);
+  std::printf("peak_rss_mb %.6g\n", bench::peak_rss_mb());
+}
+
+void overhead_case() {
+  Tensor a = to(rand({16}), g_dev), b = to(rand({16}), g_dev);
+  Tensor c;
+  double per_add = 1e6 / bench::rate([&] { c = add(a, b); return 0.f; }, 0.5, 1000);
+  g_dev.synchronize();
+  std::printf("add16_us %.6g\n", per_add);
+  Dense d = Dense(16, 16) | g_dev;
+  Tensor x = to(rand({16, 16}), g_dev);
+  auto fwd_bwd = [&] {
+    auto g = gradient([&](auto& m) { return sum(m(x)); }, d);
+    return 0.f;
+  };
+  for (int i = 0; i < 100; ++i) fwd_bwd();
+  double per_dense = 1e6 / bench::rate(fwd_bwd, 0.5, 100);
+  g_dev.synchronize();
+  std::printf("dense16_us %.6g\n", per_dense);
+}
+
+void infer_case() {
+  auto model = Chain(Dense(784, 512, relu), Dense(512, 512, relu), Dense(512, 10)) | g_dev;
+  for (int64_t batch : {1, 128}) {
+    Tensor x = to(rand({batch, 784}), g_dev);
+    auto run = [&] {
+      Tensor y = model(x);
+      g_dev.synchronize();
+      return 0.f;
+    };
+    for (int i = 0; i < 20; ++i) run();
+    std::printf("infer%lld_us %.6g\n", (long long)batch, 1e6 / bench::rate(run, 0.7));
+  }
+}
+
+// OpenBLAS sgemm alone on the wide MLP's GEMMs, with the transposes the training step uses.
+void sgemm_case() {
+  double flops = 0, secs = 0;
+  for (const bench::GemmShape& s : bench::wide_gemms()) {
+    std::vector<float> a(size_t(s.m * s.k), 0.5f), b(size_t(s.k * s.n), 0.25f), c(size_t(s.m * s.n));
+    auto call = [&] {
+      cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans, int(s.m),
+                  int(s.n), int(s.k), 1.f, a.data(), int(s.ta ? s.m : s.k), b.data(), int(s.tb ? s.k : s.n), 0.f,
+                  c.data(), int(s.n));
+      return c[0];
+    };
+    call();
+    double r = bench::rate(call, 0.4);
+    flops += 2.0 * double(s.m) * double(s.n) * double(s.k);
+    secs += 1.0 / r;
+  }
+  std::printf("sgemm_gflops %.6g\n", flops / secs * 1e-9);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: flux_bench seed|mnist|wide|overhead|infer|sgemm [cpu|opencl]\n");
+    return 2;
+  }
+  std::string which = argv[1], device = argc > 2 ? argv[2] : "cpu";
+  seed(1);
+  if (device == "opencl") {
+    if (!functional("OpenCL")) {
+      std::printf("skipped OpenCL backend not functional\n");
+      return 0;
+    }
+    g_dev = get_device("OpenCL", 0);
+  } else {
+    g_dev = get_device("CPU");
+  }
+  if (which == "seed") seed_case();
+  else if (which == "mnist") mnist_case();
+  else if (which == "wide") wide_case();
+  else if (which == "overhead") overhead_case();
+  else if (which == "infer") infer_case();
+  else if (which == "sgemm") sgemm_case();
+  else {
+    std::fprintf(stderr, "flux_bench: unknown case %s\n", which.c_str());
+    return 2;
+  }
+  return 0;
+}
