@@ -1,5 +1,7 @@
 // matmul: 2-D, batched with broadcast batch axes, and 1-D vectors as in NumPy; transposes are folded
 // into the GEMM call. Backward: for C = op(A) op(B), dA and dB are again matmuls with folded transposes.
+#include <algorithm>
+
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
 #include "src/ops_internal.hpp"
@@ -40,15 +42,27 @@ Tensor matmul_core(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     g.stride_c = m * nn;
     a.backend().matmul(a.device().index(), a.dtype(), a.buffer(), b.buffer(), c.buffer(), g);
   }
-  if (is_floating(a.dtype()))
-    autodiff::record(c, {&a, &b}, [a, b, ta, tb](const Tensor& g) {
+  if (is_floating(a.dtype())) {
+    // Only the gradients of recorded inputs are computed: a Dense layer's input batch needs none.
+    bool need_a = autodiff::tracked(a), need_b = autodiff::tracked(b);
+    autodiff::record(c, {&a, &b}, [a, b, ta, tb, need_a, need_b](const Tensor& g) {
       Tensor da, db;
-      if (!ta && !tb) { da = matmul(g, b, false, true); db = matmul(a, g, true, false); }
-      else if (!ta && tb) { da = matmul(g, b, false, false); db = matmul(g, a, true, false); }
-      else if (ta && !tb) { da = matmul(b, g, false, true); db = matmul(a, g, false, false); }
-      else { da = matmul(b, g, true, true); db = matmul(g, a, true, true); }
+      if (!ta && !tb) {
+        if (need_a) da = matmul(g, b, false, true);
+        if (need_b) db = matmul(a, g, true, false);
+      } else if (!ta && tb) {
+        if (need_a) da = matmul(g, b, false, false);
+        if (need_b) db = matmul(g, a, true, false);
+      } else if (ta && !tb) {
+        if (need_a) da = matmul(b, g, false, true);
+        if (need_b) db = matmul(a, g, false, false);
+      } else {
+        if (need_a) da = matmul(b, g, true, true);
+        if (need_b) db = matmul(g, a, true, true);
+      }
       return Grads{da, db};
     });
+  }
   return c;
 }
 
@@ -60,6 +74,20 @@ Tensor matmul(const Tensor& a0, const Tensor& b0, bool ta, bool tb) {
   check_same_device("matmul", a0, b0);
   if (a0.ndim() == 0 || b0.ndim() == 0)
     fail("[matmul] needs tensors of at least 1 dimension; got shapes ", to_string(a0.shape()), " and ", to_string(b0.shape()));
+  {  // checked on the shapes as given, so that the message names them (not the reshaped operands)
+    const Shape &sa = a0.shape(), &sb = b0.shape();
+    int na = sa.size(), nb = sb.size();
+    bool fa = ta && na > 1, fb = tb && nb > 1;
+    int64_t ka = na == 1 ? sa[0] : (ta ? sa[na - 2] : sa[na - 1]);
+    int64_t kb = nb == 1 ? sb[0] : (tb ? sb[nb - 1] : sb[nb - 2]);
+    if (ka != kb)
+      fail("[matmul] shapes ", to_string(sa), (fa ? "ᵀ" : ""), " and ", to_string(sb), (fb ? "ᵀ" : ""),
+           " do not compose (inner dimensions ", ka, " and ", kb, ")");
+    for (int i = 3; i <= std::min(na, nb); ++i)
+      if (sa[na - i] != sb[nb - i] && sa[na - i] != 1 && sb[nb - i] != 1)
+        fail("[matmul] the batch dimensions of shapes ", to_string(sa), " and ", to_string(sb),
+             " cannot be broadcast together");
+  }
   DType t = promote(a0.dtype(), b0.dtype());
   if (t == DType::boolean || t == DType::u8) t = DType::i64;
   DType compute = is_half(t) ? DType::f32 : t;

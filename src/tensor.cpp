@@ -237,6 +237,10 @@ std::mt19937_64& rng() {
 // Host values of dtype t from doubles, then one upload.
 Tensor upload(const std::vector<double>& v, Shape shape, DType t, Device d, const char* api) {
   if (!is_floating(t)) detail::fail("[", api, "] needs a floating-point dtype, got ", dtype_name(t));
+  if (t == DType::f32) {  // convert on the host: no float64 device tensor (it would stay in the pool)
+    std::vector<float> f(v.begin(), v.end());
+    return to(Tensor(f, shape), d);
+  }
   Tensor host = Tensor(v, shape);
   Tensor cast = t == DType::f64 ? host : host.cast(t);
   return to(cast, d);
