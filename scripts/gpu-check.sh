@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# GPU check: on a machine with an NVIDIA GPU, builds everything (CUDA plugin ON), runs the whole ctest
+# suite (the device-parameterised suites then include CUDA:0.. against the float64 CPU reference, and
+# FLUX_EXPECT_GPU=CUDA makes "not functional" a failure), runs GPU benchmarks when flux_bench has a
+# CUDA mode, and prints a short table.
+#
+#   scripts/gpu-check.sh --fetch-deps   (here, with network) download the Debian 12 .debs it needs into
+#                                       .gpu-deps/ (git-ignored via .git/info/exclude)
+#   scripts/gpu-check.sh                (there) unpack .gpu-deps/*.deb into a private prefix if the
+#                                       system lacks them, build in build-gpu/, test, print the table
+#
+# What the GPU machine must have: nvcc (CUDA 13) and a driver, cmake >= 3.25, ninja, a C++20 g++.
+# What it usually lacks and has no network to install: OpenBLAS, toml++, nlohmann-json, GoogleTest,
+# pkg-config. Those come from .gpu-deps/: carry that folder with the working tree (device tool:
+# carry [".gpu-deps"]; it is ~25 MiB). The .debs are Debian 12's (glibc 2.36); on an older glibc the
+# unpacked libraries may not load, and the script says so.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DEPS_DIR=$ROOT/.gpu-deps
+BUILD=${FLUX_GPU_BUILD:-$ROOT/build-gpu}
+PREFIX=${FLUX_GPU_DEPS_PREFIX:-/tmp/flux-gpu-deps}
+DEBS=(libopenblas-dev libopenblas-pthread-dev libopenblas0-pthread libopenblas0 libgfortran5 libquadmath0
+      libtomlplusplus-dev libtomlplusplus3 nlohmann-json3-dev libgtest-dev libgmock-dev
+      libbenchmark-dev libbenchmark1debian zlib1g-dev pkgconf pkgconf-bin libpkgconf3)
+
+if [ "${1:-}" = "--fetch-deps" ]; then
+  mkdir -p "$DEPS_DIR"
+  grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || echo '/.gpu-deps/' >> .git/info/exclude
+  (cd "$DEPS_DIR" && apt-get download "${DEBS[@]}") || { echo "[gpu-check] apt-get download failed"; exit 1; }
+  du -sh "$DEPS_DIR"
+  echo "[gpu-check] now run scripts/gpu-check.sh on the GPU machine, carrying .gpu-deps"
+  exit 0
+fi
+
+say() { echo "[gpu-check] $*"; }
+t0=$(date +%s)
+
+# ---- 1. the GPU and the tools ----
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  say "no NVIDIA GPU/driver visible (nvidia-smi -L fails): this script is for a GPU machine"
+  say "on a machine without a GPU, scripts/test checks that libflux-cuda.so loads as not functional"
+  exit 2
+fi
+gpu_name=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)
+missing=()
+for tool in nvcc cmake ninja c++; do command -v $tool >/dev/null || missing+=("$tool"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "missing tools: ${missing[*]} (these cannot come from .debs here; the GPU image must provide them)"
+  exit 3
+fi
+
+# ---- 2. libraries: the system's, else the carried .debs unpacked into $PREFIX ----
+have_system_deps() {
+  command -v pkg-config >/dev/null && pkg-config --exists openblas tomlplusplus 2>/dev/null &&
+    [ -e /usr/include/nlohmann/json.hpp ] && [ -e /usr/include/gtest/gtest.h ]
+}
+if have_system_deps; then
+  say "using the system's OpenBLAS, toml++, nlohmann-json and GoogleTest"
+else
+  if ! ls "$DEPS_DIR"/*.deb >/dev/null 2>&1; then
+    say "the system lacks OpenBLAS/toml++/nlohmann-json/GoogleTest/pkg-config and there is no .gpu-deps/"
+    say "run 'scripts/gpu-check.sh --fetch-deps' on a machine with network and carry .gpu-deps here"
+    exit 4
+  fi
+  say "unpacking $(ls "$DEPS_DIR"/*.deb | wc -l) carried .debs into $PREFIX"
+  mkdir -p "$PREFIX"
+  for deb in "$DEPS_DIR"/*.deb; do dpkg-deb -x "$deb" "$PREFIX" 2>/dev/null || dpkg -x "$deb" "$PREFIX"; done
+  lib=$PREFIX/usr/lib/x86_64-linux-gnu
+  # Debian selects OpenBLAS through update-alternatives, whose links dpkg -x does not make: use the
+  # pthread variant's own .pc (its paths get the prefix through PKG_CONFIG_SYSROOT_DIR).
+  mkdir -p "$lib/pkgconfig"
+  cp -f "$lib/openblas-pthread/pkgconfig/openblas.pc" "$lib/pkgconfig/openblas.pc"
+  export PATH=$PREFIX/usr/bin:$PATH
+  command -v pkg-config >/dev/null || ln -sf pkgconf "$PREFIX/usr/bin/pkg-config"
+  export PKG_CONFIG_PATH=$lib/pkgconfig:$PREFIX/usr/share/pkgconfig
+  export PKG_CONFIG_SYSROOT_DIR=$PREFIX
+  export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export CMAKE_PREFIX_PATH=$PREFIX/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  export CPATH=$PREFIX/usr/include${CPATH:+:$CPATH}  # nlohmann-json, gtest (no .pc used for them)
+  if ! "$PREFIX/usr/bin/pkgconf" --version >/dev/null 2>&1; then
+    say "the carried pkgconf does not run here (glibc $(ldd --version | head -1 | awk '{print $NF}') vs Debian 12's 2.36)"
+  fi
+fi
+
+# ---- 3. build ----
+tb=$(date +%s)
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLUX_CUDA=ON -DFLUX_AMDGPU=OFF -DFLUX_WERROR=ON \
+  > "$BUILD.configure.log" 2>&1 || { cat "$BUILD.configure.log"; say "configure failed"; exit 5; }
+cmake --build "$BUILD" -j"$(nproc)" > "$BUILD.build.log" 2>&1 || { tail -60 "$BUILD.build.log"; say "build failed"; exit 6; }
+build_s=$(( $(date +%s) - tb ))
+"$BUILD/bin/flux-info" > "$BUILD.info.log" 2>&1
+cuda_line=$(grep -m1 '^CUDA:' "$BUILD.info.log")
+dev_line=$(grep -m1 -A4 '^CUDA:' "$BUILD.info.log" | grep -m1 '^  0:' | sed 's/^  0: //')
+
+# ---- 4. the whole suite, CUDA included ----
+tt=$(date +%s)
+export FLUX_EXPECT_GPU=CUDA
+export POCL_CACHE_DIR=$BUILD/pocl-cache
+(cd "$BUILD" && ctest --output-on-failure -j"$(nproc)" --timeout 900) > "$BUILD.ctest.log" 2>&1
+ctest_rc=$?
+test_s=$(( $(date +%s) - tt ))
+summary=$(grep -E 'tests passed|tests failed' "$BUILD.ctest.log" | tail -1)
+cuda_total=$(grep -cE 'Test +#[0-9]+: .*CUDA_[0-9]' "$BUILD.ctest.log")
+cuda_failed=$(grep -E 'Test +#[0-9]+: .*CUDA_[0-9]' "$BUILD.ctest.log" | grep -vc 'Passed')
+
+# ---- 5. GPU benchmarks, where flux_bench has a CUDA mode ----
+bench_rows=()
+if grep -q '"cuda"' bench/flux_bench.cpp 2>/dev/null; then
+  cmake -S . -B "$BUILD" -DFLUX_BENCH=ON >/dev/null 2>&1 && cmake --build "$BUILD" -j"$(nproc)" --target flux_bench >/dev/null 2>&1
+  for c in seed mnist wide infer; do
+    out=$("$BUILD/bin/flux_bench" $c cuda 2>&1 | tr '\n' ' ')
+    bench_rows+=("bench $c (CUDA)|$out")
+  done
+else
+  bench_rows+=("benchmarks|skipped: bench/flux_bench.cpp has no CUDA device mode yet")
+fi
+
+# ---- 6. the table ----
+echo
+echo "flux-cpp GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null)"
+printf '%-28s %s\n' "GPU" "$gpu_name"
+printf '%-28s %s\n' "CUDA plugin" "${cuda_line:-missing}"
+printf '%-28s %s\n' "CUDA:0" "${dev_line:-none}"
+printf '%-28s %s s\n' "build (all, -j$(nproc))" "$build_s"
+printf '%-28s %s (%s s, rc %s)\n' "ctest (whole suite)" "${summary:-no summary}" "$test_s" "$ctest_rc"
+printf '%-28s %s run, %s not passed\n' "ctest entries on CUDA_*" "$cuda_total" "$cuda_failed"
+for row in "${bench_rows[@]}"; do printf '%-28s %s\n' "${row%%|*}" "${row#*|}"; done
+printf '%-28s %s s\n' "total" "$(( $(date +%s) - t0 ))"
+echo "logs: $BUILD.{configure,build,info,ctest}.log"
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp "$BUILD".*.log "$OUT"/ 2>/dev/null; fi
+[ "$ctest_rc" -eq 0 ] && [ "$cuda_total" -gt 0 ]
