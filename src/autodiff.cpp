@@ -61,8 +61,8 @@ void Tape::backward(const Tensor& output) {
     detail::fail("[gradient] the function must return a scalar (one-element) tensor; got shape ",
                  to_string(output.shape()));
   if (!is_floating(output.dtype()))
-    detail::fail("[gradient] the function returned a ", dtype_name(output.dtype()),
-                 " tensor; a floating-point loss is needed");
+    detail::fail("[gradient] the function returned a tensor of dtype ", dtype_name(output.dtype()),
+                 "; a floating-point loss is needed");
   grads_.assign(nodes_.size(), Tensor());
   if (!tracked(output)) return;  // output does not depend on the inputs: all gradients are zero
   NoGrad no_grad;

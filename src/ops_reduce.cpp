@@ -172,6 +172,7 @@ Tensor logsumexp(const Tensor& x, int axis, bool keepdims) {
   check_defined("logsumexp", x);
   if (!is_floating(x.dtype())) fail("[logsumexp] needs a floating-point tensor, got ", dtype_name(x.dtype()));
   int a = normalize_axis("logsumexp", axis, x.ndim());
+  if (x.shape()[a] == 0) fail("[logsumexp] cannot reduce an empty axis of shape ", to_string(x.shape()));
   Tensor m;
   {
     autodiff::NoGrad no_grad;  // the shift is a constant: it cancels in the gradient

@@ -253,6 +253,7 @@ void seed(uint64_t s) {
 }
 
 std::vector<int64_t> randperm(int64_t n) {
+  if (n < 0) detail::fail("[randperm] needs a non-negative length, got ", n);
   std::vector<int64_t> p(static_cast<size_t>(n));
   std::iota(p.begin(), p.end(), int64_t(0));
   std::lock_guard<std::mutex> lock(g_rng_mutex);
