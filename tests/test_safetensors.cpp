@@ -271,6 +271,33 @@ TEST_P(SafetensorsDevices, EveryDtypeFromAndToThisDevice) {
     EXPECT_EQ(tensor_bytes(back[name]), tensor_bytes(t));
   }
 }
+TEST_P(SafetensorsDevices, CheckpointFromThisDeviceRestoresOntoEvery) {
+  TempDir dir;
+  Device from = GetParam();
+  auto model = make_mlp(40) | from;
+  auto opt = optimisers::setup(optimisers::Adam(1e-2), model);
+  Tensor x = to(rand({8, 3}), from), y = to(rand({8, 2}), from);
+  for (int i = 0; i < 2; ++i) {
+    auto [loss, grads] = withgradient([&](auto& m) { return mse(m(x), y); }, model);
+    optimisers::update(opt, model, grads);
+  }
+  save_checkpoint(dir.file("ckpt.safetensors"), model, opt);
+  for (const Device& onto : test_devices()) {
+    SCOPED_TRACE(to_string(from) + " -> " + to_string(onto));
+    auto other = make_mlp(41) | onto;
+    auto opt2 = optimisers::setup(optimisers::Adam(1e-2), other);
+    load_checkpoint(dir.file("ckpt.safetensors"), other, opt2);
+    EXPECT_EQ(model_bytes(other), model_bytes(model));
+    ASSERT_EQ(opt2.leaves.size(), opt.leaves.size());
+    for (size_t i = 0; i < opt.leaves.size(); ++i) {
+      EXPECT_EQ(opt2.leaves[i].t, opt.leaves[i].t);
+      for (size_t j = 0; j < opt.leaves[i].buffers.size(); ++j) {
+        EXPECT_EQ(opt2.leaves[i].buffers[j].device(), onto);
+        EXPECT_EQ(tensor_bytes(opt2.leaves[i].buffers[j]), tensor_bytes(opt.leaves[i].buffers[j]));
+      }
+    }
+  }
+}
 FLUX_DEVICE_SUITE(SafetensorsDevices);
 
 // ---- checkpoints ----
