@@ -561,4 +561,60 @@ TEST_P(Ops, EmptyTensorsFlowThrough) {
   EXPECT_EQ(softmax(e).shape(), (Shape{0, 3}));
 }
 
+TEST_P(Ops, OpsOnViewsMatchOpsOnCopies) {
+  // A slice along the first axis is a view at an offset into its parent's storage; every op must
+  // read exactly its window.
+  Device d = GetParam();
+  seed(1);
+  Tensor parent = to(randn({6, 5, 4}), d);
+  Tensor view = parent.slice(2, 5), copy = view.contiguous_copy();
+  ASSERT_EQ(view.impl()->storage, parent.impl()->storage);
+  Tensor idx = to(Tensor(std::vector<int64_t>{1, 0, 2}, Shape{3}), d);
+  Tensor w = to(ones({4, 3}), d);
+  std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> ops = {
+      {"exp", [](auto& x) { return exp(x); }},
+      {"add_self", [](auto& x) { return x + x; }},
+      {"broadcast", [&](auto& x) { return x + to(ones({4}), d); }},
+      {"matmul", [&](auto& x) { return matmul(x, w); }},
+      {"matmul_nt", [](auto& x) { return matmul(x, x, false, true); }},
+      {"matmul_rows", [](auto& x) { return matmul(x[0], x[1], true, false); }},
+      {"sum0", [](auto& x) { return sum(x, 0); }},
+      {"sum2", [](auto& x) { return sum(x, 2); }},
+      {"max1", [](auto& x) { return max(x, 1); }},
+      {"argmax", [](auto& x) { return argmax(x, 1); }},
+      {"softmax", [](auto& x) { return softmax(x, 1); }},
+      {"logsoftmax", [](auto& x) { return logsoftmax(x); }},
+      {"permute", [](auto& x) { return permute(x, {2, 0, 1}); }},
+      {"slice1", [](auto& x) { return slice(x, 1, 1, 3); }},
+      {"index_select0", [&](auto& x) { return index_select(x, 0, idx); }},
+      {"index_select2", [&](auto& x) { return index_select(x, 2, idx); }},
+      {"concat", [](auto& x) { return concat({x, x}, 1); }},
+      {"stack", [](auto& x) { return stack({x, x}, 3); }},
+      {"where", [](auto& x) { return where(x > 0.0, x, -x); }},
+      {"cast", [](auto& x) { return x.cast(DType::f16).f32(); }},
+      {"broadcast_to", [](auto& x) { return broadcast_to(x, Shape{2, 3, 5, 4}); }},
+      {"mse", [](auto& x) { return mse(x, zeros_like(x)); }},
+      {"gradient", [](auto& x) { return gradient([](const Tensor& t) { return sum(softmax(t) * t); }, x); }},
+      {"dense", [&](auto& x) { return Dense(to(ones({2, 4}), d), to(ones({2}), d))(x); }},
+  };
+  for (auto& [name, f] : ops) {
+    SCOPED_TRACE(name);
+    EXPECT_LE(max_rel_error(f(view), f(copy).to_vector<double>()), 0.0);
+  }
+}
+
+TEST_P(Ops, InfinitiesAndNaNs) {
+  Device d = GetParam();
+  EXPECT_EQ(softmax(to(Tensor({-INFINITY, 0.f}), d)).to_vector<float>(), (std::vector<float>{0, 1}));
+  EXPECT_EQ(logsumexp(to(Tensor({-INFINITY, -INFINITY}), d), 0).item<float>(), -INFINITY);
+  EXPECT_EQ(logsoftmax(to(Tensor({-INFINITY, 0.f}), d)).to_vector<float>(), (std::vector<float>{-INFINITY, 0}));
+  EXPECT_TRUE(std::isnan(max(to(Tensor({NAN, 1.f}), d)).item<float>()));
+  EXPECT_TRUE(std::isnan(sum(to(Tensor({NAN, 1.f}), d)).item<float>()));
+  EXPECT_EQ(exp(to(Tensor({-INFINITY}), d)).item<float>(), 0.0f);
+  EXPECT_EQ(relu(to(Tensor({-INFINITY, INFINITY}), d)).to_vector<float>(), (std::vector<float>{0, INFINITY}));
+  // ties in max share the gradient
+  Tensor g = gradient([](const Tensor& t) { return max(t); }, to(Tensor({1, 3, 3}), d));
+  EXPECT_EQ(g.to_vector<float>(), (std::vector<float>{0, 0.5, 0.5}));
+}
+
 FLUX_DEVICE_SUITE(Ops);
