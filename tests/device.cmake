@@ -80,3 +80,10 @@ set_tests_properties(flux_info.opencl_hidden PROPERTIES ENVIRONMENT "FLUX_OPENCL
 add_test(NAME flux_info.refused_plugin COMMAND $<TARGET_FILE:flux-info>)
 set_tests_properties(flux_info.refused_plugin PROPERTIES
   ENVIRONMENT "FLUX_BACKEND_PATH=${FLUX_FAKE_PLUGIN_DIR}/wrong_abi;FLUX_DEBUG_BACKENDS=1")
+
+# `ninja flux_tests` also builds the plugins the device tests load.
+foreach(plugin flux-opencl flux-cuda flux-amdgpu)
+  if(TARGET ${plugin})
+    add_dependencies(flux_tests ${plugin})
+  endif()
+endforeach()

@@ -6,6 +6,7 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "test_devices.hpp"
@@ -209,8 +210,14 @@ TEST(DeviceLoader, GpuFollowsDefaultGpu) {
     EXPECT_EQ(x.dtype(), g.is_cpu() ? DType::f64 : DType::f32) << "gpu converts Float64 to Float32";
     EXPECT_EQ(y.dtype(), DType::i64) << "and keeps integers";
   }
-  auto also = to(DataLoader({data.X, data.Y}, {.batchsize = 5}), Device());
-  EXPECT_EQ(also.size(), 3);
+  DataLoader<2> base({data.X, data.Y}, {.batchsize = 5});
+  static_assert(std::is_same_v<decltype(gpu(base)), DeviceLoader<2>>, "gpu(loader) is a device loader");
+  static_assert(std::is_same_v<decltype(cpu(base)), DeviceLoader<2>>);
+  static_assert(std::is_same_v<decltype(base | cpu), DeviceLoader<2>>);
+  static_assert(std::is_same_v<decltype(to(base, Device())), DeviceLoader<2>>);
+  EXPECT_EQ(gpu(base).device(), g);
+  EXPECT_EQ(cpu(base).device(), Device());
+  EXPECT_EQ(to(base, Device()).size(), 3);
 }
 
 TEST(DeviceLoader, RefusesDevicesThatDoNotExist) {

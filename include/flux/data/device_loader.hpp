@@ -153,12 +153,13 @@ template <size_t N> DeviceLoader<N> operator|(const DataLoader<N>& loader, const
 template <size_t N> DeviceLoader<N> to(const DataLoader<N>& loader, const Device& d) {
   return DeviceLoader<N>(loader, d);
 }
-/// DataLoader(...) | gpu: batches on the default GPU, float64 converted to float32; no copy without a GPU.
-template <size_t N> DeviceLoader<N> operator|(const DataLoader<N>& loader, const GpuMover&) {
+/// gpu(loader), loader | gpu: batches on the default GPU, float64 converted to float32; no copy
+/// without a GPU.
+template <size_t N> DeviceLoader<N> flux_move(const DataLoader<N>& loader, const GpuMover&) {
   return DeviceLoader<N>(loader, detail::default_gpu(), true);
 }
-/// DataLoader(...) | cpu: batches on the CPU.
-template <size_t N> DeviceLoader<N> operator|(const DataLoader<N>& loader, const CpuMover&) {
+/// cpu(loader), loader | cpu: batches on the CPU.
+template <size_t N> DeviceLoader<N> flux_move(const DataLoader<N>& loader, const CpuMover&) {
   return DeviceLoader<N>(loader, Device());
 }
 
