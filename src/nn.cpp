@@ -44,8 +44,12 @@ Tensor Dense::operator()(const Tensor& x) const {
   if (x.device() != weight.device())
     detail::fail("[Dense] input on ", to_string(x.device()), " but the layer's weight on ", to_string(weight.device()),
                  "; move one with to() or | dev");
-  Tensor y = matmul(x, weight, false, true);
-  if (bias.defined()) y = y + bias;
+  Tensor y;
+  if (bias.defined()) y = detail::linear(x, weight, bias);  // fused bias (float 2-D input), else below
+  if (!y.defined()) {
+    y = matmul(x, weight, false, true);
+    if (bias.defined()) y = y + bias;
+  }
   return activation(y);
 }
 

@@ -25,5 +25,9 @@ Tensor gelu_op(const Tensor& x);
 Tensor softplus_op(const Tensor& x);
 Tensor swish_op(const Tensor& x);
 Tensor step_raw(const Tensor& x);
+/// Dense's affine map x W^T + b for 2-D x (N, in), W (out, in), b (out,) of one float dtype: b is
+/// broadcast into the output and the GEMM accumulates onto it (beta = 1), so no separate add runs.
+/// Returns an undefined tensor when the operands do not fit that case (the caller falls back).
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
 
 }  // namespace flux::detail
