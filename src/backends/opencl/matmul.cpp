@@ -1,5 +1,5 @@
 // GEMM on OpenCL devices: CLBlast for Float32/Float64 (row-major, transposes folded into the call,
-// batches through GemmStridedBatched), a plain kernel for integers.
+// batches as a loop of Gemm calls), a plain kernel for integers.
 #include "src/backends/opencl/opencl_backend.hpp"
 
 #include <clblast.h>
@@ -44,16 +44,8 @@ template <class T> void clblast_gemm(DeviceState& dev, backend::Buffer a, backen
       ::flux::detail::fail("[matmul] CLBlast ", api, " failed with status ", int(s), " (", cl_error_name(cl_int(s)),
                            ") for m=", g.m, " n=", g.n, " k=", g.k, " batch=", g.batch, " on ", dev.name);
   };
-  bool strided = g.batch > 1 && g.stride_a > 0 && g.stride_b > 0 && g.stride_c > 0;
-  if (strided) {
-    status_check(clblast::GemmStridedBatched<T>(clblast::Layout::kRowMajor, ta, tb, size_t(g.m), size_t(g.n),
-                                                size_t(g.k), T(g.alpha), mem(a), a.offset / es, lda,
-                                                size_t(g.stride_a), mem(b), b.offset / es, ldb, size_t(g.stride_b),
-                                                T(g.beta), mem(c), c.offset / es, ldc, size_t(g.stride_c),
-                                                size_t(g.batch), &q, nullptr),
-                 "GemmStridedBatched");
-    return;
-  }
+  // Batches loop over Gemm: CLBlast's batched kernels are separate programs, each another cold
+  // compile (~13 s on PoCL), while a Gemm call costs only microseconds of launch overhead.
   for (int64_t p = 0; p < g.batch; ++p)
     status_check(clblast::Gemm<T>(clblast::Layout::kRowMajor, ta, tb, size_t(g.m), size_t(g.n), size_t(g.k),
                                   T(g.alpha), mem(a), a.offset / es + size_t(p * g.stride_a), lda, mem(b),

@@ -1,0 +1,42 @@
+# OpenCL backend runs that need their own environment (included by tests/CMakeLists.txt). Each runs
+# flux_tests (or an example) in a fresh process; the OpenCLEnv tests skip unless FLUX_OPENCL_TEST_ENV
+# names their case. POCL_CACHE_DIR is fixed in the build tree so PoCL's compiled kernels (and
+# CLBlast's, ~13 s cold per GEMM program) are built once per tree.
+if(NOT TARGET flux-opencl)
+  return()
+endif()
+
+set(FLUX_POCL_CACHE_DIR ${CMAKE_BINARY_DIR}/pocl-cache)
+file(MAKE_DIRECTORY ${FLUX_POCL_CACHE_DIR})
+set(FLUX_OPENCL_PREFS ${CMAKE_CURRENT_BINARY_DIR}/opencl-preferences)
+file(WRITE ${FLUX_OPENCL_PREFS}/opencl/LocalPreferences.toml "# written by tests/opencl.cmake\n[flux]\ngpu_backend = \"OpenCL\"\n")
+
+# flux_opencl_env(<name> <gtest filter> <case> [VAR=value ...]): one ctest entry `opencl.<name>`.
+function(flux_opencl_env name filter case)
+  add_test(NAME opencl.${name} COMMAND $<TARGET_FILE:flux_tests> --gtest_filter=${filter})
+  set_tests_properties(opencl.${name} PROPERTIES
+    ENVIRONMENT "FLUX_OPENCL_TEST_ENV=${case};POCL_CACHE_DIR=${FLUX_POCL_CACHE_DIR};${ARGN}"
+    FAIL_REGULAR_EXPRESSION "Running 0 tests|SKIPPED \\] OpenCLEnv"  # the env test must run, not skip
+    LABELS opencl
+    TIMEOUT 600)
+endfunction()
+
+# Two PoCL devices: 2 devices asserted, OpenCL:0 -> OpenCL:1 -> CPU, get_device("OpenCL", 1), and every
+# primitive on both devices (including a real device-to-device copy_peer).
+flux_opencl_env(two_devices "OpenCLEnv.TwoPoclDevicesMoveTensors:Devices/OpenCLBackend.*" two_devices
+  "POCL_DEVICES=pthread pthread" FLUX_PREFERENCES=${FLUX_OPENCL_PREFS}/none)
+# Hidden devices: the plugin loads, is not functional, get_device() falls back to CPU.
+flux_opencl_env(hidden OpenCLEnv.HiddenDevicesFallBackToCpu hidden FLUX_OPENCL_DEVICES=-1
+  FLUX_PREFERENCES=${FLUX_OPENCL_PREFS}/none)
+# A preference naming OpenCL makes get_device() pick the PoCL device.
+flux_opencl_env(preferred OpenCLEnv.PreferenceSelectsOpenCL preferred FLUX_PREFERENCES=${FLUX_OPENCL_PREFS}/opencl)
+
+# The seeds' training loop on the preferred OpenCL device: exits non-zero unless the loss decreases.
+if(TARGET seed_training_loop)
+  add_test(NAME opencl.seed_training_loop COMMAND seed_training_loop 5)
+  set_tests_properties(opencl.seed_training_loop PROPERTIES
+    ENVIRONMENT "POCL_CACHE_DIR=${FLUX_POCL_CACHE_DIR};FLUX_PREFERENCES=${FLUX_OPENCL_PREFS}/opencl"
+    FAIL_REGULAR_EXPRESSION "Falling back|Defaulting to CPU|loss did not decrease"
+    LABELS "opencl;examples"
+    TIMEOUT 300)
+endif()
