@@ -10,7 +10,7 @@
 
 using namespace flux;
 
-namespace user {
+namespace functor_test {
 // A user's own layer: y = scale * (x W') + shift; `steps` and `name` are not tensors and are skipped.
 struct Affine {
   Tensor weight;
@@ -29,10 +29,10 @@ struct Blocks {
   std::tuple<Dense, Tensor> mixed;
 };
 FLUX_LAYER(Blocks, stack, pair, mixed)
-}  // namespace user
+}  // namespace functor_test
 
 TEST(Functor, UserLayerIsWalkedAndTrained) {
-  user::Affine a{Tensor({{1, 2}, {3, 4}}), Tensor({0.5, -0.5}), 2.0, 3};
+  functor_test::Affine a{Tensor({{1, 2}, {3, 4}}), Tensor({0.5, -0.5}), 2.0, 3};
   auto names = state(a);
   ASSERT_EQ(names.size(), 2u);
   EXPECT_EQ(names[0].first, "weight");
@@ -40,14 +40,14 @@ TEST(Functor, UserLayerIsWalkedAndTrained) {
   EXPECT_EQ(params(a).size(), 2u);
   EXPECT_EQ(parameter_count(a), 6);
   // fmap maps every tensor leaf and keeps other fields
-  user::Affine b = fmap([](const Tensor& t) { return t * 10.0; }, a);
+  functor_test::Affine b = fmap([](const Tensor& t) { return t * 10.0; }, a);
   EXPECT_EQ(b.weight.to_vector<float>(), (std::vector<float>{10, 20, 30, 40}));
   EXPECT_EQ(b.shift.to_vector<float>(), (std::vector<float>{5, -5}));
   EXPECT_EQ(b.scale, 2.0);
   EXPECT_EQ(b.steps, 3);
   EXPECT_EQ(a.weight.to_vector<float>(), (std::vector<float>{1, 2, 3, 4}));  // the original is untouched
   // gradient has the user's type
-  user::Affine g = gradient([](const user::Affine& m) { return sum(m(Tensor({{1, 1}}))); }, a);
+  functor_test::Affine g = gradient([](const functor_test::Affine& m) { return sum(m(Tensor({{1, 1}}))); }, a);
   EXPECT_EQ(g.weight.to_vector<float>(), (std::vector<float>{2, 2, 2, 2}));
   EXPECT_EQ(g.shift.to_vector<float>(), (std::vector<float>{1, 1}));
   // and the optimisers train it
@@ -68,12 +68,12 @@ TEST(Functor, StateNamesFollowPyTorchOrder) {
   EXPECT_EQ(names, (std::vector<std::string>{"layers.0.weight", "layers.0.bias", "layers.2.layers.0.weight",
                                              "layers.2.layers.0.bias", "layers.2.layers.1.weight"}));
   EXPECT_EQ(parameter_count(model), 9 + 16 + 4);
-  user::Blocks b{{Dense(1, 2), Dense(2, 1)}, {ones({2}), zeros({3})}, {Dense(1, 1), ones({5})}};
+  functor_test::Blocks b{{Dense(1, 2), Dense(2, 1)}, {ones({2}), zeros({3})}, {Dense(1, 1), ones({5})}};
   names.clear();
   for (auto& [n, t] : state(b)) names.push_back(n);
   EXPECT_EQ(names, (std::vector<std::string>{"stack.0.weight", "stack.0.bias", "stack.1.weight", "stack.1.bias", "pair.0",
                                              "pair.1", "mixed.0.weight", "mixed.0.bias", "mixed.1"}));
-  user::Blocks doubled = fmap([](const Tensor& t) { return t + 1.0; }, b);
+  functor_test::Blocks doubled = fmap([](const Tensor& t) { return t + 1.0; }, b);
   EXPECT_EQ(std::get<1>(doubled.mixed).to_vector<float>(), std::vector<float>(5, 2.0f));
   EXPECT_EQ(doubled.pair[1].to_vector<float>(), std::vector<float>(3, 1.0f));
 }
@@ -93,7 +93,7 @@ TEST(Functor, TiedTensorsStayTied) {
   EXPECT_TRUE(moved.get<0>().weight.same_storage(moved.get<1>().weight));
   // views of the same storage are distinct leaves
   Tensor base = arange(0, 4, 1);
-  user::Blocks b{{}, {base.slice(0, 2), base.slice(2, 4)}, {Dense(1, 1), base}};
+  functor_test::Blocks b{{}, {base.slice(0, 2), base.slice(2, 4)}, {Dense(1, 1), base}};
   EXPECT_EQ(params(b).size(), 5u);
 }
 

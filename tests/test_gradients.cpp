@@ -427,3 +427,32 @@ TEST(ModelGradients, HalfPrecisionGradientsKeepTheirDtype) {
   EXPECT_EQ(g.dtype(), DType::f16);
   EXPECT_EQ(g.to_vector<float>(), (std::vector<float>{2, 4, 6}));
 }
+
+// ---- model gradients on every device, float32 against the float64 CPU gradient ----
+class DeviceModelGradients : public ::testing::TestWithParam<Device> {};
+
+TEST_P(DeviceModelGradients, ChainGradientMatchesFloat64Cpu) {
+  Device d = GetParam();
+  seed(8);
+  auto model64 = Chain(Dense(5, 7, gelu, {.dtype = DType::f64}), Dense(7, 3, {.dtype = DType::f64}));
+  model64.get<0>().bias = randn({7}, DType::f64) * 0.1;
+  Tensor x = randn({6, 5}, DType::f64);
+  Tensor y = onehot(Tensor(std::vector<int64_t>{0, 1, 2, 0, 1, 2}, Shape{6}), 3, DType::f64);
+  auto loss = [](const Tensor& xx, const Tensor& yy) {
+    return [&xx, &yy](const auto& m) { return logitcrossentropy(m(xx), yy); };
+  };
+  auto want = gradient(loss(x, y), model64);
+  auto model32 = fmap([&](const Tensor& t) { return to(t.f32(), d); }, model64);
+  Tensor x32 = to(x.f32(), d), y32 = to(y.f32(), d);
+  auto [value, got] = withgradient(loss(x32, y32), model32);
+  EXPECT_EQ(value.device(), d);
+  EXPECT_LE(max_rel_error(value, {logitcrossentropy(model64(x), y).item<double>()}), 1e-5);
+  auto gp = params(got), wp = params(want);
+  ASSERT_EQ(gp.size(), wp.size());
+  for (size_t i = 0; i < gp.size(); ++i) {
+    EXPECT_EQ(gp[i].device(), d);
+    EXPECT_EQ(gp[i].dtype(), DType::f32);
+    EXPECT_LE(max_rel_error(gp[i], wp[i].to_vector<double>()), 1e-4) << "array " << i;
+  }
+}
+FLUX_DEVICE_SUITE(DeviceModelGradients);
