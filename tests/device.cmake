@@ -87,3 +87,8 @@ foreach(plugin flux-opencl flux-cuda flux-amdgpu)
     add_dependencies(flux_tests ${plugin})
   endif()
 endforeach()
+
+add_test(NAME flux_info.verbose COMMAND $<TARGET_FILE:flux-info> --verbose)
+set_tests_properties(flux_info.verbose PROPERTIES PASS_REGULAR_EXPRESSION "automatic device selection")
+add_test(NAME flux_info.bad_argument COMMAND $<TARGET_FILE:flux-info> --bogus)
+set_tests_properties(flux_info.bad_argument PROPERTIES WILL_FAIL TRUE)
