@@ -140,7 +140,8 @@ Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) 
   DType t = promote(a0.dtype(), b0.dtype());
   bool cmp = op >= BinaryOp::eq;
   if (t == DType::boolean && !cmp && op != BinaryOp::maximum && op != BinaryOp::minimum) t = DType::i64;
-  if ((op == BinaryOp::pow) && !is_floating(t)) t = DType::f32;
+  // `/` is true division as in Julia and NumPy: integers divide to Float32 (never truncate).
+  if ((op == BinaryOp::pow || op == BinaryOp::div) && !is_floating(t)) t = DType::f32;
   DType compute = is_half(t) ? DType::f32 : t;
   Tensor a = a0.dtype() == compute ? a0 : a0.cast(compute);
   Tensor b = b0.dtype() == compute ? b0 : b0.cast(compute);

@@ -154,6 +154,13 @@ TEST_P(Ops, ScalarOperandsAndPromotion) {
   EXPECT_EQ((i + i).to_vector<int64_t>(), (std::vector<int64_t>{2, 4, 6}));
   EXPECT_EQ((i * 0.5).dtype(), DType::f32);
   EXPECT_EQ((i * 0.5).to_vector<float>(), (std::vector<float>{0.5, 1, 1.5}));
+  // `/` is true division, as Julia's: integers never truncate
+  EXPECT_EQ((i / 4.0).dtype(), DType::f32);
+  EXPECT_EQ((i / 4.0).to_vector<float>(), (std::vector<float>{0.25, 0.5, 0.75}));
+  EXPECT_EQ((i / i).to_vector<float>(), (std::vector<float>{1, 1, 1}));
+  EXPECT_EQ((1.0 / (i - 1.0)).to_vector<float>(), (std::vector<float>{INFINITY, 1, 0.5}));
+  EXPECT_EQ(pow(i, 2.0).dtype(), DType::i64);  // squaring stays integer
+  EXPECT_EQ(pow(i, 0.5).dtype(), DType::f32);
   Tensor x64 = to(Tensor(std::vector<double>{1, 2}, Shape{2}), d);
   if (d.is_cpu()) { EXPECT_EQ((x64 + to(Tensor({1, 1}), d)).dtype(), DType::f64); }
   Tensor h = x.cast(DType::f16);
