@@ -172,7 +172,9 @@ Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) 
         break;
       case BinaryOp::pow:
         autodiff::record(out, {&a, &b}, [a, b, out](const Tensor& g) {
-          Tensor ga = g * b * pow(a, b - 1.0);
+          // d/da a^b = b a^(b-1), taken as 0 where b == 0 (a^0 is constant, also at a = 0; not 0 * Inf)
+          Tensor zero = zeros(Shape{}, g.dtype(), g.device());
+          Tensor ga = where(eq(b, zero), zero, g * b * pow(a, b - 1.0));
           Tensor safe_log = log(where(a > 0.0, a, ones_like(a)));
           Tensor gb = g * out * safe_log;
           return Grads{sum_to(ga, a.shape()), sum_to(gb, b.shape())};

@@ -421,6 +421,21 @@ TEST(ModelGradients, NestedGradientCallsAreIndependent) {
   EXPECT_EQ(outer.to_vector<float>(), (std::vector<float>{3, 3}));
 }
 
+TEST(ModelGradients, KinksAndSingularPointsFollowChainRules) {
+  auto g = [](auto f, std::vector<float> v) {
+    return gradient(f, Tensor(v, Shape{int64_t(v.size())})).template to_vector<float>();
+  };
+  EXPECT_EQ(g([](const Tensor& x) { return sum(relu(x)); }, {0, -4, 3}), (std::vector<float>{0, 0, 1}));
+  EXPECT_EQ(g([](const Tensor& x) { return sum(abs(x)); }, {0, -4, 3}), (std::vector<float>{0, -1, 1}));
+  EXPECT_EQ(g([](const Tensor& x) { return sum(clamp(x, 0.0, 1.0)); }, {0, 0.5, 1, 2, -1}), (std::vector<float>{1, 1, 1, 0, 0}));
+  EXPECT_EQ(g([](const Tensor& x) { return sum(pow(x, 0.0)); }, {0, 2}), (std::vector<float>{0, 0}));
+  EXPECT_EQ(g([](const Tensor& x) { return sum(pow(x, 2.5)); }, {0, 4}), (std::vector<float>{0, 20}));
+  EXPECT_EQ(g([](const Tensor& x) { return sum(pow(x, x * 0.0)); }, {0, 3}), (std::vector<float>{0, 0}));
+  EXPECT_EQ(g([](const Tensor& x) { return sum(maximum(x, x * 0.0)); }, {-1, 2}), (std::vector<float>{0, 1}));
+  // a function that returns its (scalar) argument
+  EXPECT_EQ(gradient([](const Tensor& x) { return x; }, Tensor::scalar(3)).item<float>(), 1.0f);
+}
+
 TEST(ModelGradients, HalfPrecisionGradientsKeepTheirDtype) {
   Tensor a = Tensor({1, 2, 3}).cast(DType::f16);
   Tensor g = gradient([](const Tensor& x) { return sum(square(x)); }, a);
