@@ -28,6 +28,11 @@ flux_opencl_env(two_devices "OpenCLEnv.TwoPoclDevicesMoveTensors:Devices/OpenCLB
 # Hidden devices: the plugin loads, is not functional, get_device() falls back to CPU.
 flux_opencl_env(hidden OpenCLEnv.HiddenDevicesFallBackToCpu hidden FLUX_OPENCL_DEVICES=-1
   FLUX_PREFERENCES=${FLUX_OPENCL_PREFS}/none)
+# Selection by index: one of two devices, and an index that matches none.
+flux_opencl_env(select_one OpenCLEnv.SelectDevicesByIndex select_one "POCL_DEVICES=pthread pthread"
+  FLUX_OPENCL_DEVICES=1 FLUX_PREFERENCES=${FLUX_OPENCL_PREFS}/none)
+flux_opencl_env(select_none OpenCLEnv.SelectDevicesByIndex select_none FLUX_OPENCL_DEVICES=7
+  FLUX_PREFERENCES=${FLUX_OPENCL_PREFS}/none)
 # A preference naming OpenCL makes get_device() pick the PoCL device.
 flux_opencl_env(preferred OpenCLEnv.PreferenceSelectsOpenCL preferred FLUX_PREFERENCES=${FLUX_OPENCL_PREFS}/opencl)
 

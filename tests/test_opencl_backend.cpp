@@ -578,6 +578,21 @@ TEST(OpenCLEnv, TwoPoclDevicesMoveTensors) {
   EXPECT_THROW(a + b, Error);
 }
 
+TEST(OpenCLEnv, SelectDevicesByIndex) {
+  // FLUX_OPENCL_DEVICES picks and orders devices like CUDA_VISIBLE_DEVICES.
+  if (in_env("select_one")) {
+    ASSERT_TRUE(functional("OpenCL"));
+    EXPECT_EQ(ocl().device_count(), 1);
+    EXPECT_THROW(get_device("OpenCL", 1), Error);
+  } else if (in_env("select_none")) {
+    EXPECT_TRUE(loaded("OpenCL"));
+    EXPECT_FALSE(functional("OpenCL"));
+    EXPECT_NE(ocl().not_functional_reason().find("selects none"), std::string::npos) << ocl().not_functional_reason();
+  } else {
+    GTEST_SKIP() << "runs under FLUX_OPENCL_DEVICES=1 / =7 (ctest opencl.select_*)";
+  }
+}
+
 TEST(OpenCLEnv, HiddenDevicesFallBackToCpu) {
   if (!in_env("hidden")) GTEST_SKIP() << "runs under FLUX_OPENCL_DEVICES=-1 (ctest opencl_hidden)";
   EXPECT_TRUE(loaded("OpenCL"));
