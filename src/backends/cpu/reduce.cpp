@@ -21,7 +21,9 @@ template <class T, class Acc> void reduce_typed(ReduceOp op, const T* s, void* d
           for (int64_t j = 0; j < len; ++j) acc += Acc(base[j]);
           d[0] = T(acc);
         } else {
-          std::vector<Acc> acc(size_t(inner), Acc(0));
+          // One accumulator row per thread, reused across calls (no heap allocation per reduction).
+          thread_local std::vector<Acc> acc;
+          acc.assign(size_t(inner), Acc(0));
           for (int64_t j = 0; j < len; ++j)
             for (int64_t i = 0; i < inner; ++i) acc[i] += Acc(base[j * inner + i]);
           for (int64_t i = 0; i < inner; ++i) d[i] = T(acc[i]);
