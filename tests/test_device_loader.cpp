@@ -159,6 +159,31 @@ TEST_P(DeviceLoaderOn, StoppingMidEpochJoinsCleanly) {
   EXPECT_EQ((*it)[0].device(), d);
 }
 
+TEST_P(DeviceLoaderOn, DataAlreadyOnTheDeviceIsNotCopiedAndCanComeBack) {
+  Device d = GetParam();
+  Rows data(9);
+  Tensor X = to(data.X, d), Y = to(data.Y, d);
+  auto here = DataLoader({X, Y}, {.batchsize = 4}) | d;
+  EXPECT_FALSE(here.moves()) << "nothing to move: no thread, no copy";
+  for (auto [x, y] : here) {
+    EXPECT_EQ(x.impl()->storage, X.impl()->storage);
+    EXPECT_EQ(y.device(), d);
+  }
+  auto back = DataLoader({X, Y}, {.batchsize = 4, .shuffle = true}) | cpu;
+  EXPECT_EQ(back.moves(), !d.is_cpu());
+  std::multiset<int64_t> seen;
+  for (auto [x, y] : back) {
+    EXPECT_EQ(x.device(), Device());
+    std::vector<double> xv = x.to_vector<double>();
+    std::vector<int64_t> yv = y.to_vector<int64_t>();
+    for (size_t k = 0; k < yv.size(); ++k) {
+      EXPECT_EQ(xv[2 * k], double(yv[k]));
+      seen.insert(yv[k]);
+    }
+  }
+  EXPECT_EQ(seen.size(), 9u);
+}
+
 TEST_P(DeviceLoaderOn, TrainsTheSeedsModel) {
   Device d = GetParam();
   seed(11);
