@@ -1,4 +1,7 @@
 // Bad input gives flux::Error with an "[api]"-prefixed message that names the shapes; nothing crashes.
+#include <functional>
+#include <random>
+
 #include <gmock/gmock.h>
 
 #include "test_devices.hpp"
@@ -205,4 +208,63 @@ TEST(Errors, ErrorsLeaveNoTapeBehind) {
   Tensor g = gradient([](const Tensor& x) { return sum(x * 3.0); }, ones({2}));
   EXPECT_EQ(g.to_vector<float>(), (std::vector<float>{3, 3}));
   EXPECT_EQ((ones({2}) * 2.0).impl()->tape_id, -1);
+}
+
+TEST(Errors, RandomShapesGiveResultsOrFluxErrorsOnly) {
+  // Every op on random (often incompatible, sometimes empty) shapes either works or throws flux::Error.
+  std::mt19937 gen(2024);
+  auto random_shape = [&] {
+    std::vector<int64_t> s(std::uniform_int_distribution<int>(0, 3)(gen));
+    for (auto& d : s) d = std::uniform_int_distribution<int>(0, 3)(gen);
+    return Shape(s);
+  };
+  auto ops = std::vector<std::function<Tensor(const Tensor&, const Tensor&)>>{
+      [](auto& a, auto& b) { return a + b; },
+      [](auto& a, auto& b) { return a / b; },
+      [](auto& a, auto& b) { return pow(a, b); },
+      [](auto& a, auto& b) { return where(a > 0.5, a, b); },
+      [](auto& a, auto& b) { return matmul(a, b); },
+      [](auto& a, auto& b) { return matmul(a, b, true, false); },
+      [](auto& a, auto& b) { return matmul(a, b, false, true); },
+      [](auto& a, auto& b) { return concat({a, b}); },
+      [](auto& a, auto& b) { return concat({a, b}, -1); },
+      [](auto& a, auto& b) { return stack({a, b}, 1); },
+      [](auto& a, auto& b) { return broadcast_to(a, b.shape()); },
+      [](auto& a, auto& b) { return sum_to(a, b.shape()); },
+      [](auto& a, auto&) { return sum(a, 1, true); },
+      [](auto& a, auto&) { return mean(a, -1); },
+      [](auto& a, auto&) { return max(a); },
+      [](auto& a, auto&) { return argmax(a, 0); },
+      [](auto& a, auto&) { return softmax(a, 0); },
+      [](auto& a, auto&) { return logsumexp(a, -1); },
+      [](auto& a, auto&) { return a.transpose(); },
+      [](auto& a, auto&) { return slice(a, -1, 1, 2); },
+      [](auto& a, auto&) { return a[1]; },
+      [](auto& a, auto&) { return a.reshape({-1, 2}); },
+      [](auto& a, auto&) { return index_select(a, 0, Tensor(std::vector<int64_t>{0, 1}, Shape{2})); },
+      [](auto& a, auto& b) { return mse(a, b); },
+      [](auto& a, auto& b) { return logitcrossentropy(a, b); },
+      [](auto& a, auto&) { return onecold(a); },
+      [](auto& a, auto& b) { return gradient([&](const Tensor& x) { return sum(matmul(x, b)); }, a); },
+      [](auto& a, auto& b) { return gradient([&](const Tensor& x) { return mean(x * b); }, a); },
+  };
+  int ok = 0, errors = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    Shape sa = random_shape(), sb = random_shape();
+    Tensor a = rand(sa), b = rand(sb);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      try {
+        Tensor r = ops[k](a, b);
+        if (r.defined() && r.numel()) (void)r.to_vector<double>();
+        ++ok;
+      } catch (const Error& e) {
+        EXPECT_THAT(std::string(e.what()), StartsWith("[")) << "op " << k;
+        ++errors;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "op " << k << " on " << to_string(sa) << " and " << to_string(sb) << " threw a non-flux exception: " << e.what();
+      }
+    }
+  }
+  EXPECT_GT(ok, 500);
+  EXPECT_GT(errors, 500);
 }
