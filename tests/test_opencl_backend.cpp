@@ -392,7 +392,7 @@ TEST_P(OpenCLBackend, WhereWithBroadcast) {
 TEST_P(OpenCLBackend, ReduceEveryOpDtypeAndShape) {
   using backend::ReduceOp;
   struct Case { int64_t outer, len, inner; };
-  std::vector<Case> cases = {{1, 1, 1}, {3, 7, 5}, {2, 1000, 1}, {1, 4097, 1}, {5, 600, 1}, {4, 3, 1}, {1, 0, 3}, {0, 5, 2}};
+  std::vector<Case> cases = {{1, 1, 1}, {3, 7, 5}, {2, 1000, 1}, {1, 4097, 1}, {2, 100003, 1}, {5, 600, 1}, {4, 3, 1}, {1, 0, 3}, {0, 5, 2}};
   for (int op = 0; op <= int(ReduceOp::argmin); ++op) {
     ReduceOp r = ReduceOp(op);
     bool arg = r == ReduceOp::argmax || r == ReduceOp::argmin;

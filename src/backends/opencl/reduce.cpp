@@ -1,5 +1,6 @@
 // Reductions over the middle axis of an [outer, len, inner] view, on OpenCL devices.
-// inner == 1 with a long axis: one work-group per row, tree reduction in local memory (sum, max, min).
+// inner == 1 with a long axis: one work-group per row (or per 8192-element chunk of a few very long
+// rows, then a second pass over the partials), tree reduction in local memory (sum, max, min).
 // Otherwise: one work-item per output element, a sequential loop (always for argmax/argmin, so the
 // first best index wins exactly as on the CPU).
 #include "src/backends/opencl/opencl_backend.hpp"
@@ -44,23 +45,26 @@ __kernel void reduce_columns(__global uchar* src, ulong src_off, __global uchar*
     }
   }
 }
-// One work-group per row of length len (inner == 1); the local size is a power of two <= 256.
+// One work-group per chunk of a row (inner == 1): group r reduces row r / chunks, elements
+// [c * chunk, min(len, (c + 1) * chunk)) with c = r % chunks, into dst[r]. Local size: a power of two <= 256.
 __kernel void reduce_rows(__global uchar* src, ulong src_off, __global uchar* dst, ulong dst_off, long outer, long len,
-                          int op) {
+                          long chunk, long chunks, int op) {
   __local ACC sums[256];
   __local T bests[256];
   __global const T* s = AT(T, src, src_off);
   __global T* d = AT(T, dst, dst_off);
   int lid = get_local_id(0), lsize = get_local_size(0);
-  for (long o = get_group_id(0); o < outer; o += get_num_groups(0)) {
+  for (long r = get_group_id(0); r < outer * chunks; r += get_num_groups(0)) {
+    long o = r / chunks, c = r - o * chunks;
+    long begin = c * chunk, end = min(len, begin + chunk);
     __global const T* row = s + o * len;
     if (op == 0) {
       ACC acc = 0;
-      for (long j = lid; j < len; j += lsize) acc += (ACC)row[j];
+      for (long j = begin + lid; j < end; j += lsize) acc += (ACC)row[j];
       sums[lid] = acc;
     } else {
-      T best = row[0];
-      for (long j = lid; j < len; j += lsize) best = pick(op, best, row[j]);
+      T best = row[begin];
+      for (long j = begin + lid; j < end; j += lsize) best = pick(op, best, row[j]);
       bests[lid] = best;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -71,7 +75,7 @@ __kernel void reduce_rows(__global uchar* src, ulong src_off, __global uchar* ds
       }
       barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (lid == 0) d[o] = op == 0 ? (T)sums[0] : bests[0];
+    if (lid == 0) d[r] = op == 0 ? (T)sums[0] : bests[0];
     barrier(CLK_LOCAL_MEM_FENCE);
   }
 }
@@ -85,9 +89,30 @@ void reduce(int d, ReduceOp op, DType t, backend::Buffer src, backend::Buffer ds
   DeviceState& dev = device(d);
   std::string o = type_options(dev, t, "reduce");
   if (outer * inner == 0) return;
-  if (inner == 1 && len >= 512 && (op == ReduceOp::sum || op == ReduceOp::max || op == ReduceOp::min)) {
+  bool rows = inner == 1 && len >= 512 && (op == ReduceOp::sum || op == ReduceOp::max || op == ReduceOp::min);
+  if (rows && outer < 64 && len >= (int64_t(1) << 16)) {
+    // Few long rows: split each into chunks reduced by separate work-groups, then reduce the partials.
+    const int64_t chunk = 8192, chunks = (len + chunk - 1) / chunk;
+    size_t bytes = size_t(outer * chunks) * dtype_size(t);
+    cl_int err = CL_SUCCESS;
+    cl_mem partial = clCreateBuffer(dev.context, CL_MEM_READ_WRITE, bytes, nullptr, &err);
+    check(err, "clCreateBuffer", " (reduction partials)");
+    try {
+      auto& k = kernel(dev, "reduce", kReduceSource, o, "reduce_rows");
+      launch(dev, k, outer * chunks, true, mem(src), off(src), partial, cl_ulong(0), cl_long(outer), cl_long(len),
+             cl_long(chunk), cl_long(chunks), cl_int(op));
+      reduce(d, op, t, backend::Buffer{partial, 0}, dst, outer, chunks, 1);
+    } catch (...) {
+      clReleaseMemObject(partial);
+      throw;
+    }
+    clReleaseMemObject(partial);  // freed by the runtime once the queued kernels are done
+    return;
+  }
+  if (rows) {
     auto& k = kernel(dev, "reduce", kReduceSource, o, "reduce_rows");
-    launch(dev, k, outer, true, mem(src), off(src), mem(dst), off(dst), cl_long(outer), cl_long(len), cl_int(op));
+    launch(dev, k, outer, true, mem(src), off(src), mem(dst), off(dst), cl_long(outer), cl_long(len), cl_long(len),
+           cl_long(1), cl_int(op));
     return;
   }
   auto& k = kernel(dev, "reduce", kReduceSource, o, "reduce_columns");
