@@ -1,6 +1,7 @@
 // Shared by flux_bench.cpp and torch_bench.cpp: timing, peak RSS, and the wide MLP's GEMM list.
 #pragma once
 #include <sys/resource.h>
+#include <time.h>
 
 #include <chrono>
 #include <cstdint>
@@ -25,6 +26,24 @@ template <class F> double rate(F&& f, double seconds, int batch = 1) {
     calls += batch;
   } while (t.seconds() < seconds);
   return double(calls) / t.seconds();
+}
+
+// The same, counting this thread's CPU time instead of wall time: for the per-op cases, whose work
+// never leaves the calling thread, it is far less sensitive to other processes on shared cores.
+inline double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+template <class F> double rate_cpu(F&& f, double seconds, int batch = 1) {
+  static volatile float sink = 0;
+  double t0 = thread_cpu_seconds();
+  int64_t calls = 0;
+  do {
+    for (int i = 0; i < batch; ++i) sink = sink + float(f());
+    calls += batch;
+  } while (thread_cpu_seconds() - t0 < seconds);
+  return double(calls) / (thread_cpu_seconds() - t0);
 }
 
 inline double peak_rss_mb() {

@@ -66,7 +66,7 @@ void wide_case() {
 void overhead_case() {
   Tensor a = to(rand({16}), g_dev), b = to(rand({16}), g_dev);
   Tensor c;
-  double per_add = 1e6 / bench::rate([&] { c = add(a, b); return 0.f; }, 0.5, 1000);
+  double per_add = 1e6 / bench::rate_cpu([&] { c = add(a, b); return 0.f; }, 0.5, 1000);
   g_dev.synchronize();
   std::printf("add16_us %.6g\n", per_add);
   Dense d = Dense(16, 16) | g_dev;
@@ -76,7 +76,7 @@ void overhead_case() {
     return 0.f;
   };
   for (int i = 0; i < 100; ++i) fwd_bwd();
-  double per_dense = 1e6 / bench::rate(fwd_bwd, 0.5, 100);
+  double per_dense = 1e6 / bench::rate_cpu(fwd_bwd, 0.5, 100);
   g_dev.synchronize();
   std::printf("dense16_us %.6g\n", per_dense);
 }

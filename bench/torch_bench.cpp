@@ -53,7 +53,7 @@ void wide_case() {
 
 void overhead_case() {
   torch::Tensor a = torch::rand({16}), b = torch::rand({16}), c;
-  double per_add = 1e6 / bench::rate([&] { c = torch::add(a, b); return 0.f; }, 0.5, 1000);
+  double per_add = 1e6 / bench::rate_cpu([&] { c = torch::add(a, b); return 0.f; }, 0.5, 1000);
   std::printf("add16_us %.6g\n", per_add);
   nn::Linear d(16, 16);
   torch::Tensor x = torch::rand({16, 16});
@@ -62,7 +62,7 @@ void overhead_case() {
     return 0.f;
   };
   for (int i = 0; i < 100; ++i) fwd_bwd();
-  std::printf("dense16_us %.6g\n", 1e6 / bench::rate(fwd_bwd, 0.5, 100));
+  std::printf("dense16_us %.6g\n", 1e6 / bench::rate_cpu(fwd_bwd, 0.5, 100));
 }
 
 void infer_case() {
