@@ -140,6 +140,22 @@ void adjust(State& state, double eta) {
 }
 
 namespace detail {
+namespace {
+// The state's buffers must match their array (a model moved or reshaped after setup() would let the
+// kernels read the wrong memory).
+void check_leaf_state(const LeafState& s, const Tensor& x, size_t i) {
+  for (const Tensor& b : s.buffers) {
+    if (b.device() != x.device())
+      flux::detail::fail("[update] the optimiser state of array ", i, " is on ", to_string(b.device()),
+                         " but the array is on ", to_string(x.device()), "; call setup(rule, model) after moving the model");
+    if (b.shape() != x.shape())
+      flux::detail::fail("[update] the optimiser state of array ", i, " has shape ", to_string(b.shape()),
+                         " but the array has shape ", to_string(x.shape()), "; call setup(rule, model) for this model");
+  }
+  for (const LeafState& c : s.children) check_leaf_state(c, x, i);
+}
+}  // namespace
+
 void update_arrays(State& state, std::vector<Tensor> xs, const std::vector<Tensor>& dxs) {
   if (!state.rule) flux::detail::fail("[update] the optimiser state is empty; make it with setup(rule, model)");
   if (xs.size() != state.leaves.size())
@@ -158,6 +174,7 @@ void update_arrays(State& state, std::vector<Tensor> xs, const std::vector<Tenso
       flux::detail::fail("[update] gradient ", i, " is on ", to_string(dx.device()), " but its array is on ",
                          to_string(x.device()));
     if (!is_floating(x.dtype())) continue;  // integer arrays are not trained
+    check_leaf_state(state.leaves[i], x, i);
     if (state.rule->apply_fused(state.leaves[i], x, dx)) continue;
     Tensor step = state.rule->apply(state.leaves[i], x, dx);
     if (step.dtype() != x.dtype()) step = step.cast(x.dtype());

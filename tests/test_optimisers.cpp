@@ -209,6 +209,16 @@ TEST_P(Optimisers, UpdatesAWholeModelFromItsGradient) {
   }
 }
 
+TEST_P(Optimisers, StateOnAnotherDeviceIsRefused) {
+  Device d = GetParam();
+  if (d.is_cpu()) GTEST_SKIP() << "needs a second device";
+  Param m = param_on(kX, Device());
+  State s = setup(Adam(), m);  // buffers on the CPU
+  Param moved{to(m.w, d)};
+  EXPECT_THAT([&] { update(s, moved, moved); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("[update] the optimiser state of array 0 is on CPU but the array is on " + to_string(d))));
+}
+
 TEST_P(Optimisers, TrainingReducesTheLoss) {
   Device d = GetParam();
   seed(3);
@@ -314,6 +324,13 @@ TEST(OptimiserRules, Errors) {
   State s2 = setup(Descent(), Chain(Dense(2, 2)));
   EXPECT_THAT([&] { update(s2, other, other); },
               ::testing::ThrowsMessage<Error>(HasSubstr("[update] the model has 1 arrays but the optimiser state was set up for 2")));
+  // a state made for arrays of another shape is refused, not read out of bounds
+  Param small{Tensor({1, 2})};
+  State sa = setup(Adam(), small);
+  EXPECT_THAT([&] { update(sa, m, m); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("[update] the optimiser state of array 0 has shape (2,) but the array has shape (4,)")));
+  State sm = setup(OptimiserChain(ClipGrad(), Momentum()), small);
+  EXPECT_THAT([&] { update(sm, m, m); }, ::testing::ThrowsMessage<Error>(HasSubstr("[update] the optimiser state of array 0 has shape (2,)")));
   State sc = setup(OptimiserChain(ClipNorm(1.0), Descent()), m);
   EXPECT_THAT([&] { update(sc, m, Param{Tensor({NAN, 1, 1, 1})}); },
               ::testing::ThrowsMessage<Error>(HasSubstr("[ClipNorm]")));
