@@ -282,9 +282,10 @@ struct Device {
   BufferPool pool;
 };
 
+// Never destroyed: tensors held in statics may free their buffers after static destruction began.
 std::vector<std::unique_ptr<Device>>& devices() {
-  static std::vector<std::unique_ptr<Device>> d;
-  return d;
+  static auto* d = new std::vector<std::unique_ptr<Device>>();
+  return *d;
 }
 
 class OpenCLBackend final : public backend::Backend {
