@@ -331,15 +331,10 @@ static std::string format_value(double v, DType t) {
   return mantissa + (t == DType::f64 ? "e" : "f") + std::to_string(ex);
 }
 
-std::ostream& operator<<(std::ostream& os, const Tensor& t) {
-  os << summary(t);
-  if (!t.defined() || t.numel() == 0) return os;
-  os << ":\n";
-  std::vector<double> v = t.to_vector<double>();
-  const Shape& s = t.shape();
-  // 0-d and 1-d print as one column; N-d as (prod of leading axes) rows × last axis.
-  int64_t cols = s.size() >= 2 ? s[s.size() - 1] : 1;
-  int64_t rows = t.numel() / cols;
+// Prints rows × cols values starting at v[offset] as Julia prints a matrix, eliding the middle
+// rows/columns beyond 10 × 8.
+static void print_matrix(std::ostream& os, const std::vector<double>& v, size_t offset, int64_t rows, int64_t cols,
+                         DType dtype) {
   const int64_t max_rows = 10, max_cols = 8;
   auto shown_ids = [](int64_t n, int64_t lim) {  // -1 marks the elision
     std::vector<int64_t> ids;
@@ -353,17 +348,18 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
     return ids;
   };
   std::vector<int64_t> rids = shown_ids(rows, max_rows), cids = shown_ids(cols, max_cols);
+  auto cell = [&](int64_t r, int64_t c) { return format_value(v[offset + size_t(r * cols + c)], dtype); };
   // Julia aligns each column on its decimal point: left part right-aligned, right part left-aligned.
   struct Column { size_t left = 1, right = 0; };
   std::vector<Column> width(cids.size());
-  auto split = [](const std::string& cell) {
-    size_t p = cell.find_first_of(".ef");
-    return p == std::string::npos ? std::make_pair(cell, std::string()) : std::make_pair(cell.substr(0, p), cell.substr(p));
+  auto split = [](const std::string& text) {
+    size_t p = text.find_first_of(".ef");
+    return p == std::string::npos ? std::make_pair(text, std::string()) : std::make_pair(text.substr(0, p), text.substr(p));
   };
   for (size_t ci = 0; ci < cids.size(); ++ci)
     for (int64_t r : rids)
       if (r >= 0 && cids[ci] >= 0) {
-        auto [l, rt] = split(format_value(v[size_t(r * cols + cids[ci])], t.dtype()));
+        auto [l, rt] = split(cell(r, cids[ci]));
         width[ci].left = std::max(width[ci].left, l.size());
         width[ci].right = std::max(width[ci].right, rt.size());
       }
@@ -380,7 +376,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
       std::string l = "⋮", rt;
       size_t lshown = 1;
       if (r >= 0) {
-        std::tie(l, rt) = split(format_value(v[size_t(r * cols + c)], t.dtype()));
+        std::tie(l, rt) = split(cell(r, c));
         lshown = l.size();
       }
       line += std::string(width[ci].left - lshown, ' ') + l + rt + std::string(width[ci].right - rt.size(), ' ');
@@ -388,6 +384,41 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
     while (!line.empty() && line.back() == ' ') line.pop_back();
     os << line;
     if (ri + 1 < rids.size()) os << "\n";
+  }
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  os << summary(t);
+  if (!t.defined() || t.numel() == 0) return os;
+  os << ":\n";
+  std::vector<double> v = t.to_vector<double>();
+  const Shape& s = t.shape();
+  int n = s.size();
+  if (n <= 2) {  // 0-d and 1-d print as one column
+    int64_t cols = n == 2 ? s[1] : 1;
+    print_matrix(os, v, 0, t.numel() / cols, cols, t.dtype());
+    return os;
+  }
+  // N-d: one matrix per index of the leading axes, labelled like Julia's "[:, :, 1] =" but row-major:
+  // "[1, 2, :, :] =" (1-based); beyond 6 slices the middle ones are elided.
+  int64_t rows = s[n - 2], cols = s[n - 1], nslices = t.numel() / (rows * cols);
+  for (int64_t k = 0; k < nslices; ++k) {
+    if (nslices > 6 && k == 3) {
+      os << "\n\n⋮";
+      k = nslices - 4;
+      continue;
+    }
+    if (k) os << "\n\n";
+    std::string label = "[";
+    int64_t rest = k;
+    std::vector<int64_t> idx(size_t(n - 2));
+    for (int i = n - 3; i >= 0; --i) {
+      idx[size_t(i)] = rest % s[i];
+      rest /= s[i];
+    }
+    for (int64_t i : idx) label += std::to_string(i + 1) + ", ";
+    os << label << ":, :] =\n";
+    print_matrix(os, v, size_t(k * rows * cols), rows, cols, t.dtype());
   }
   return os;
 }

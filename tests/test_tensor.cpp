@@ -268,6 +268,24 @@ TEST(TensorPrinting, DtypesAndScalars) {
   EXPECT_EQ(summary(zeros({2, 3, 4}, DType::f16)), "2×3×4 Tensor{Float16, CPU}");
 }
 
+TEST(TensorPrinting, HigherRankPrintsOneMatrixPerLeadingIndex) {
+  EXPECT_EQ(to_text(arange(0, 12, 1).reshape({2, 2, 3})),
+            "2×2×3 Tensor{Float32, CPU}:\n"
+            "[1, :, :] =\n"
+            " 0.0  1.0  2.0\n"
+            " 3.0  4.0  5.0\n"
+            "\n"
+            "[2, :, :] =\n"
+            " 6.0   7.0   8.0\n"
+            " 9.0  10.0  11.0");
+  std::string many = to_text(arange(0, 80, 1).reshape({10, 2, 4}));
+  EXPECT_THAT(many, HasSubstr("[3, :, :] =\n"));
+  EXPECT_THAT(many, HasSubstr("\n\n⋮\n\n[8, :, :] =\n"));
+  EXPECT_THAT(many, HasSubstr("[10, :, :] =\n 72.0  73.0  74.0  75.0\n 76.0  77.0  78.0  79.0"));
+  EXPECT_THAT(many, ::testing::Not(HasSubstr("[5, :, :]")));
+  EXPECT_THAT(to_text(zeros({1, 1, 2, 2})), HasSubstr("[1, 1, :, :] =\n 0.0  0.0\n 0.0  0.0"));
+}
+
 TEST(TensorPrinting, LargeTensorsAreElided) {
   std::string s = to_text(arange(0, 300, 1).reshape({30, 10}));
   EXPECT_THAT(s, ::testing::StartsWith("30×10 Tensor{Float32, CPU}:\n"));
