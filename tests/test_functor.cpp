@@ -120,3 +120,22 @@ TEST_P(FunctorOnDevice, MovingModelsKeepsDtypesAndTies) {
   EXPECT_EQ(back.get<0>().weight.to_vector<float>(), w.to_vector<float>());
 }
 FLUX_DEVICE_SUITE(FunctorOnDevice);
+
+TEST(Functor, GpuMovesToTheDefaultDeviceOrIsANoOp) {
+  Dense d(2, 3, {.dtype = DType::f64});
+  Tensor labels(std::vector<int64_t>{1, 2}, Shape{2});
+  Dense g = d | gpu;
+  Tensor lg = gpu(labels);
+  Device want = get_device();
+  EXPECT_EQ(g.weight.device(), want);
+  EXPECT_EQ(lg.dtype(), DType::i64);  // integers are never converted
+  if (want.is_cpu()) {
+    EXPECT_EQ(g.weight.dtype(), DType::f64);  // no GPU: nothing changes
+    EXPECT_TRUE(g.weight.same_storage(d.weight));
+  } else {
+    EXPECT_EQ(g.weight.dtype(), DType::f32);  // as Flux: gpu converts Float64 to Float32
+  }
+  Dense back = g | cpu;
+  EXPECT_TRUE(back.weight.device().is_cpu());
+  EXPECT_LE(flux::testing::max_rel_error(back.weight, d.weight.to_vector<double>()), 1e-6);
+}
