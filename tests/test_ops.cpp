@@ -624,4 +624,35 @@ TEST_P(Ops, InfinitiesAndNaNs) {
   EXPECT_EQ(g.to_vector<float>(), (std::vector<float>{0, 0.5, 0.5}));
 }
 
+TEST_P(Ops, LargeTensorsThroughTheThreadedKernels) {
+  // Above the backends' parallel thresholds: every element must still be right.
+  Device d = GetParam();
+  Host x = random_host({300, 301}, -2, 2, 41), y = random_host({300, 301}, -2, 2, 42);
+  Tensor tx = on(x, d), ty = on(y, d);
+  std::vector<double> want;
+  for (size_t k = 0; k < x.v.size(); ++k) want.push_back(x.v[k] > y.v[k] ? x.v[k] : -y.v[k]);
+  EXPECT_LE(max_rel_error(where(tx > ty, tx, -ty), want), 1e-6);
+  want.clear();
+  for (size_t k = 0; k < x.v.size(); ++k) want.push_back(x.v[k] >= y.v[k]);
+  EXPECT_LE(max_rel_error(tx >= ty, want), 0.0);
+  EXPECT_LE(max_rel_error(tx.cast(DType::f16).f32(), x.v), 1e-3);
+  EXPECT_LE(max_rel_error(tx.f64(), x.v), 1e-6);
+  want.clear();
+  for (int64_t j = 0; j < 301; ++j)
+    for (int64_t i = 0; i < 300; ++i) want.push_back(x.v[size_t(i * 301 + j)]);
+  EXPECT_LE(max_rel_error(tx.transpose(), want), 1e-6);
+  std::vector<int64_t> rows;
+  for (int64_t i = 299; i >= 0; i -= 2) rows.push_back(i);
+  want.clear();
+  for (int64_t i : rows)
+    for (int64_t j = 0; j < 301; ++j) want.push_back(x.v[size_t(i * 301 + j)]);
+  EXPECT_LE(max_rel_error(index_select(tx, 0, to(Tensor(rows, Shape{int64_t(rows.size())}), d)), want), 1e-6);
+  Tensor filled = to(full({300, 301}, 0.25), d);
+  EXPECT_LE(max_rel_error(filled, std::vector<double>(x.v.size(), 0.25)), 0.0);
+  Tensor g = gradient([](const Tensor& t) { return sum(square(t)); }, tx);
+  want.clear();
+  for (double v : x.v) want.push_back(2 * v);
+  EXPECT_LE(max_rel_error(g, want), 1e-5);
+}
+
 FLUX_DEVICE_SUITE(Ops);
