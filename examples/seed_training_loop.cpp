@@ -15,15 +15,14 @@ int main(int argc, char** argv) {
   std::cout << model << "\n";
 
   Tensor X = rand({1000, 10}), Y = rand({1000, 1});  // observations along the FIRST axis
-  DataLoader loader({X, Y}, {.batchsize = 64, .shuffle = true});
+  auto loader = DataLoader({X, Y}, {.batchsize = 64, .shuffle = true}) | dev;  // batches arrive on dev
   auto opt_state = optimisers::setup(optimisers::Adam(1e-3), model);
 
   double first = 0, last = 0;
   for (int epoch = 1; epoch <= epochs; ++epoch) {
     double epoch_loss = 0;
     int batches = 0;
-    for (auto [x0, y0] : loader) {
-      Tensor x = to(x0, dev), y = to(y0, dev);
+    for (auto [x, y] : loader) {
       auto [loss, grads] = withgradient([&](auto& m) { return mse(m(x), y); }, model);
       optimisers::update(opt_state, model, grads);
       epoch_loss += loss.item<float>();
