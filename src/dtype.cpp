@@ -1,8 +1,7 @@
 #include "flux/dtype.hpp"
 
-#include <cstring>
-
 #include "flux/error.hpp"
+#include "src/half_bits.hpp"
 
 namespace flux {
 
@@ -54,67 +53,9 @@ DType promote(DType a, DType b) {
   return rank(a) >= rank(b) ? a : b;
 }
 
-uint16_t float_to_half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t mant = x & 0x7fffffu;
-  int32_t exp = int32_t((x >> 23) & 0xff);
-  if (exp == 0xff) return uint16_t(sign | 0x7c00u | (mant ? 0x200u : 0u));  // inf / nan
-  int32_t e = exp - 127 + 15;
-  if (e >= 0x1f) return uint16_t(sign | 0x7c00u);  // overflow -> inf
-  if (e <= 0) {                                    // subnormal or zero
-    if (e < -10) return uint16_t(sign);
-    mant |= 0x800000u;
-    uint32_t shift = uint32_t(14 - e);
-    uint32_t half = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1);
-    uint32_t mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1u))) ++half;
-    return uint16_t(sign | half);
-  }
-  uint32_t half = sign | (uint32_t(e) << 10) | (mant >> 13);
-  uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into exponent: correct
-  return uint16_t(half);
-}
-
-float half_to_float(uint16_t h) {
-  uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t x;
-  if (exp == 0) {
-    if (mant == 0) {
-      x = sign;
-    } else {  // subnormal: normalise
-      int e = -1;
-      do { ++e; mant <<= 1; } while (!(mant & 0x400u));
-      x = sign | (uint32_t(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 0x1f) {
-    x = sign | 0x7f800000u | (mant << 13);
-  } else {
-    x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-
-uint16_t float_to_bfloat16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);  // quiet nan
-  uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
-  return uint16_t((x + rounding) >> 16);
-}
-
-float bfloat16_to_float(uint16_t b) {
-  uint32_t x = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
+uint16_t float_to_half(float f) { return half_bits::from_float(f); }
+float half_to_float(uint16_t h) { return half_bits::to_float(h); }
+uint16_t float_to_bfloat16(float f) { return half_bits::bfloat16_from_float(f); }
+float bfloat16_to_float(uint16_t b) { return half_bits::bfloat16_to_float(b); }
 
 }  // namespace flux

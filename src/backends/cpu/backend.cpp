@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "flux/error.hpp"
+#include "src/backends/caching_pool.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 
 #ifndef FLUX_BLAS_NAME
@@ -18,67 +19,21 @@ namespace flux::cpu {
 
 namespace {
 
-// Size-bucketed cache of freed blocks: training loops allocate the same sizes every step.
-class CachingPool {
+// 64-byte aligned host blocks through the shared size-class cache.
+class HostPool {
  public:
-  static size_t round(size_t bytes) {
-    if (bytes <= 64) return 64;
-    if (bytes <= (size_t(1) << 20)) {  // powers of two up to 1 MiB
-      size_t r = 64;
-      while (r < bytes) r <<= 1;
-      return r;
-    }
-    return (bytes + 65535) & ~size_t(65535);  // 64 KiB steps above
-  }
   void* allocate(size_t bytes) {
-    size_t r = round(bytes);
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      auto it = free_.find(r);
-      if (it != free_.end() && !it->second.empty()) {
-        void* p = it->second.back();
-        it->second.pop_back();
-        cached_ -= r;
-        used_ += r;
-        return p;
-      }
-    }
-    void* p = std::aligned_alloc(64, r);
-    if (!p) {
-      release();
-      p = std::aligned_alloc(64, r);
-      if (!p) detail::fail("[CPU] out of memory allocating ", bytes, " bytes");
-    }
-    std::lock_guard<std::mutex> lock(m_);
-    used_ += r;
+    void* p = pool_.allocate(bytes, [](size_t r) { return std::aligned_alloc(64, r); }, std::free);
+    if (!p) detail::fail("[CPU] out of memory allocating ", bytes, " bytes");
     return p;
   }
-  void deallocate(void* p, size_t bytes) {
-    size_t r = round(bytes);
-    std::lock_guard<std::mutex> lock(m_);
-    used_ -= r;
-    if (cached_ + r > kMaxCached) {
-      std::free(p);
-      return;
-    }
-    free_[r].push_back(p);
-    cached_ += r;
-  }
-  void release() {
-    std::lock_guard<std::mutex> lock(m_);
-    for (auto& [size, blocks] : free_)
-      for (void* p : blocks) std::free(p);
-    free_.clear();
-    cached_ = 0;
-  }
-  size_t used() const { return used_; }
-  size_t cached() const { return cached_; }
+  void deallocate(void* p, size_t bytes) { pool_.deallocate(p, bytes, std::free); }
+  void release() { pool_.release(std::free); }
+  size_t used() { return pool_.used(); }
+  size_t cached() { return pool_.cached(); }
 
  private:
-  static constexpr size_t kMaxCached = size_t(1) << 30;
-  std::mutex m_;
-  std::map<size_t, std::vector<void*>> free_;
-  size_t used_ = 0, cached_ = 0;
+  backends::CachingPool<void*> pool_{64};
 };
 
 class CpuBackend final : public backend::Backend {
@@ -158,7 +113,7 @@ class CpuBackend final : public backend::Backend {
   }
 
  private:
-  CachingPool pool_;
+  HostPool pool_;
 };
 
 }  // namespace

@@ -65,6 +65,7 @@
 
 #include "flux/dtype.hpp"
 #include "flux/error.hpp"
+#include "src/half_bits.hpp"
 
 namespace flux::gpu {
 
@@ -95,67 +96,11 @@ __device__ inline int64_t thread_index() { return int64_t(blockIdx.x) * blockDim
 __device__ inline int64_t thread_stride() { return int64_t(gridDim.x) * blockDim.x; }
 #endif
 
-// IEEE half and bfloat16 from/to float, bit-exact with src/dtype.cpp (round to nearest even), usable
-// in kernels of both runtimes without cuda_fp16.h / hip_fp16.h.
-FLUX_HD float half_bits_to_float(uint16_t h) {
-  uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t x;
-  if (exp == 0) {
-    if (mant == 0) {
-      x = sign;
-    } else {
-      int e = -1;
-      do { ++e; mant <<= 1; } while (!(mant & 0x400u));
-      x = sign | (uint32_t(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 0x1f) {
-    x = sign | 0x7f800000u | (mant << 13);
-  } else {
-    x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  union { uint32_t u; float f; } v{x};
-  return v.f;
-}
-
-FLUX_HD uint16_t float_to_half_bits(float f) {
-  union { float f; uint32_t u; } v{f};
-  uint32_t x = v.u;
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t mant = x & 0x7fffffu;
-  int32_t exp = int32_t((x >> 23) & 0xff);
-  if (exp == 0xff) return uint16_t(sign | 0x7c00u | (mant ? 0x200u : 0u));
-  int32_t e = exp - 127 + 15;
-  if (e >= 0x1f) return uint16_t(sign | 0x7c00u);
-  if (e <= 0) {
-    if (e < -10) return uint16_t(sign);
-    mant |= 0x800000u;
-    uint32_t shift = uint32_t(14 - e);
-    uint32_t half = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1);
-    uint32_t mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1u))) ++half;
-    return uint16_t(sign | half);
-  }
-  uint32_t half = sign | (uint32_t(e) << 10) | (mant >> 13);
-  uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
-  return uint16_t(half);
-}
-
-FLUX_HD float bfloat16_bits_to_float(uint16_t b) {
-  union { uint32_t u; float f; } v{uint32_t(b) << 16};
-  return v.f;
-}
-
-FLUX_HD uint16_t float_to_bfloat16_bits(float f) {
-  union { float f; uint32_t u; } v{f};
-  uint32_t x = v.u;
-  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);
-  uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
-  return uint16_t((x + rounding) >> 16);
-}
+// IEEE half and bfloat16 from/to float: the one definition in src/half_bits.hpp (also the host's).
+FLUX_HD float half_bits_to_float(uint16_t h) { return half_bits::to_float(h); }
+FLUX_HD uint16_t float_to_half_bits(float f) { return half_bits::from_float(f); }
+FLUX_HD float bfloat16_bits_to_float(uint16_t b) { return half_bits::bfloat16_to_float(b); }
+FLUX_HD uint16_t float_to_bfloat16_bits(float f) { return half_bits::bfloat16_from_float(f); }
 
 }  // namespace flux::gpu
 

@@ -5,6 +5,7 @@
 #include <memory>
 #include <sstream>
 
+#include "src/backends/caching_pool.hpp"
 #include "src/backends/opencl/opencl_backend.hpp"
 
 #ifndef FLUX_CLBLAST_VERSION
@@ -72,6 +73,15 @@ const char* cl_type(DType t) {
     case DType::f16: case DType::bf16: return "ushort";
   }
   return "?";
+}
+
+const char* bits_type(size_t es) {
+  switch (es) {
+    case 1: return "uchar";
+    case 2: return "ushort";
+    case 4: return "uint";
+    default: return "ulong";
+  }
 }
 
 std::string type_options(DeviceState& dev, DType t, const char* api) {
@@ -187,77 +197,35 @@ Layout collapse(int ndim, const int64_t* shape, const int64_t* const* strides, i
 
 namespace {
 
-// Size-bucketed cache of freed cl_mem buffers, one per device.
+// cl_mem buffers of one device through the shared size-class cache.
 class BufferPool {
  public:
-  static size_t round(size_t bytes) {
-    if (bytes <= 256) return 256;
-    if (bytes <= (size_t(1) << 20)) {
-      size_t r = 256;
-      while (r < bytes) r <<= 1;
-      return r;
-    }
-    return (bytes + 65535) & ~size_t(65535);
-  }
   cl_mem allocate(DeviceState& dev, size_t bytes) {
-    size_t r = round(bytes);
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      auto it = free_.find(r);
-      if (it != free_.end() && !it->second.empty()) {
-        cl_mem p = it->second.back();
-        it->second.pop_back();
-        cached_ -= r;
-        used_ += r;
-        return p;
-      }
-    }
+    size_t r = pool_.round(bytes);
     if (dev.max_alloc && r > dev.max_alloc)
       ::flux::detail::fail("[OpenCL] cannot allocate ", bytes, " bytes on ", dev.name, ": the device's largest buffer is ",
                            dev.max_alloc, " bytes (CL_DEVICE_MAX_MEM_ALLOC_SIZE)");
     cl_int err = CL_SUCCESS;
-    cl_mem p = clCreateBuffer(dev.context, CL_MEM_READ_WRITE, r, nullptr, &err);
-    if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES || err == CL_OUT_OF_HOST_MEMORY) {
-      release();
-      p = clCreateBuffer(dev.context, CL_MEM_READ_WRITE, r, nullptr, &err);
-    }
-    check(err, "clCreateBuffer", " allocating " + std::to_string(bytes) + " bytes on " + dev.name);
-    std::lock_guard<std::mutex> lock(m_);
-    used_ += r;
+    auto create = [&](size_t size) -> cl_mem {
+      cl_mem p = clCreateBuffer(dev.context, CL_MEM_READ_WRITE, size, nullptr, &err);
+      bool out_of_memory = err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES || err == CL_OUT_OF_HOST_MEMORY;
+      if (err != CL_SUCCESS && !out_of_memory)
+        check(err, "clCreateBuffer", " allocating " + std::to_string(bytes) + " bytes on " + dev.name);
+      return err == CL_SUCCESS ? p : nullptr;
+    };
+    cl_mem p = pool_.allocate(bytes, create, release_buffer);
+    if (!p) check(err, "clCreateBuffer", " allocating " + std::to_string(bytes) + " bytes on " + dev.name);
     return p;
   }
-  void deallocate(cl_mem p, size_t bytes) {
-    size_t r = round(bytes);
-    std::lock_guard<std::mutex> lock(m_);
-    used_ -= r;
-    if (cached_ + r > kMaxCached) {
-      clReleaseMemObject(p);  // deferred by the runtime until queued commands finish
-      return;
-    }
-    free_[r].push_back(p);
-    cached_ += r;
-  }
-  void release() {
-    std::lock_guard<std::mutex> lock(m_);
-    for (auto& [size, blocks] : free_)
-      for (cl_mem p : blocks) clReleaseMemObject(p);
-    free_.clear();
-    cached_ = 0;
-  }
-  size_t used() {
-    std::lock_guard<std::mutex> lock(m_);
-    return used_;
-  }
-  size_t cached() {
-    std::lock_guard<std::mutex> lock(m_);
-    return cached_;
-  }
+  // clReleaseMemObject is deferred by the runtime until queued commands finish.
+  void deallocate(cl_mem p, size_t bytes) { pool_.deallocate(p, bytes, release_buffer); }
+  void release() { pool_.release(release_buffer); }
+  size_t used() { return pool_.used(); }
+  size_t cached() { return pool_.cached(); }
 
  private:
-  static constexpr size_t kMaxCached = size_t(1) << 30;
-  std::mutex m_;
-  std::map<size_t, std::vector<cl_mem>> free_;
-  size_t used_ = 0, cached_ = 0;
+  static void release_buffer(cl_mem p) { clReleaseMemObject(p); }
+  backends::CachingPool<cl_mem> pool_{256};
 };
 
 std::string platform_info(cl_platform_id p, cl_platform_info what) {

@@ -62,15 +62,6 @@ CAST_KERNEL(cast_to_UInt8, uchar, d[i] = (uchar)LOAD(s, i))
 CAST_KERNEL(cast_to_Bool, uchar, d[i] = LOAD(s, i) != 0 ? 1 : 0)
 )CLC";
 
-const char* bits_type(size_t es) {
-  switch (es) {
-    case 1: return "uchar";
-    case 2: return "ushort";
-    case 4: return "uint";
-    default: return "ulong";
-  }
-}
-
 std::string copy_options(DeviceState& dev, size_t es) {
   return std::string(dev.fp64 ? "-DFP64 " : "") + "-DU=" + bits_type(es);
 }

@@ -41,15 +41,6 @@ __kernel void scatter_add(__global uchar* src, ulong src_off, __global uchar* id
 #endif
 )CLC";
 
-const char* bits_type(size_t es) {
-  switch (es) {
-    case 1: return "uchar";
-    case 2: return "ushort";
-    case 4: return "uint";
-    default: return "ulong";
-  }
-}
-
 }  // namespace
 
 void gather(int d, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer, int64_t len,

@@ -53,6 +53,8 @@ DeviceState& device(int d);
 
 /// OpenCL C type of a dtype ("float", "double", "int", "long", "uchar").
 const char* cl_type(DType t);
+/// OpenCL C unsigned integer type of an element size, for bit copies ("uchar" .. "ulong").
+const char* bits_type(size_t element_size);
 /// Build options defining T (element type), ACC (accumulator) and IS_FLOAT / IS_SIGNED for dtype t.
 std::string type_options(DeviceState& dev, DType t, const char* api);
 
