@@ -2,7 +2,7 @@
 #include "flux/losses.hpp"
 
 #include "flux/nn/activations.hpp"
-#include "src/ops_internal.hpp"
+#include "src/ops/ops_internal.hpp"
 
 namespace flux {
 

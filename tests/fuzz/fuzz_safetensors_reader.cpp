@@ -1,4 +1,4 @@
-// libFuzzer target for the safetensors reader (src/safetensors_format.cpp), built with clang and ASan by
+// libFuzzer target for the safetensors reader (src/io/safetensors_format.cpp), built with clang and ASan by
 // tests/fuzz/run_fuzz.sh. Every input either throws flux::Error or yields a layout whose tensors all
 // lie inside the input; a valid layout must survive a write/parse round trip unchanged.
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "flux/error.hpp"
-#include "src/safetensors_format.hpp"
+#include "src/io/safetensors_format.hpp"
 
 using namespace flux::safetensors;
 

@@ -14,7 +14,7 @@ fi
 mkdir -p "$work/corpus"
 bin="$work/fuzz_safetensors_reader"
 if ! "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -I"$src" -I"$src/include" "$src/tests/fuzz/fuzz_safetensors_reader.cpp" "$src/src/safetensors_format.cpp" \
+    -I"$src" -I"$src/include" "$src/tests/fuzz/fuzz_safetensors_reader.cpp" "$src/src/io/safetensors_format.cpp" \
     -o "$bin" 2> "$work/build.log"; then
   cat "$work/build.log"
   if grep -q "libclang_rt.fuzzer\|cannot find -l\|fuzzer" "$work/build.log"; then

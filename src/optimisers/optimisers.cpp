@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "flux/autodiff.hpp"
-#include "src/ops_internal.hpp"
+#include "src/ops/ops_internal.hpp"
 
 namespace flux::optimisers {
 

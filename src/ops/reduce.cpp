@@ -4,7 +4,7 @@
 
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
-#include "src/ops_internal.hpp"
+#include "src/ops/ops_internal.hpp"
 
 namespace flux {
 

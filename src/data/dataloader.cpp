@@ -2,7 +2,7 @@
 
 #include <numeric>
 
-#include "src/ops_internal.hpp"
+#include "src/ops/ops_internal.hpp"
 
 namespace flux::detail {
 

@@ -16,7 +16,7 @@
 
 #include "flux/backend.hpp"
 #include "flux/ops.hpp"
-#include "src/safetensors_format.hpp"
+#include "src/io/safetensors_format.hpp"
 
 namespace flux {
 

@@ -1,6 +1,6 @@
 // Parsing and writing safetensors headers. Every check here is a bound on what the loader may read:
 // once parse() returns, each entry's [begin, end) lies inside the data section and matches its shape.
-#include "src/safetensors_format.hpp"
+#include "src/io/safetensors_format.hpp"
 
 #include <algorithm>
 #include <bit>

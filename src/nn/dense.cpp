@@ -1,11 +1,11 @@
-// Dense, model printing helpers, and gpu()/cpu() moves.
+// Dense: y = act(x Wᵀ + b), and glorot_uniform.
 #include <cmath>
 #include <cstdio>
 #include <mutex>
 
 #include "flux/move.hpp"
 #include "flux/nn/show.hpp"
-#include "src/ops_internal.hpp"
+#include "src/ops/ops_internal.hpp"
 
 namespace flux {
 
@@ -66,48 +66,5 @@ std::ostream& operator<<(std::ostream& os, const Dense& d) {
      << " parameters";
   return os;
 }
-
-namespace show {
-std::string underscorise(int64_t n) {
-  std::string digits = std::to_string(n < 0 ? -n : n), out;
-  int count = 0;
-  for (auto it = digits.rbegin(); it != digits.rend(); ++it) {
-    if (count && count % 3 == 0) out.insert(out.begin(), '_');
-    out.insert(out.begin(), *it);
-    ++count;
-  }
-  return n < 0 ? "-" + out : out;
-}
-
-std::string format_bytes(size_t bytes) {
-  const char* units[] = {"byte", "KiB", "MiB", "GiB", "TiB"};
-  double b = double(bytes);
-  int u = 0;
-  while (b >= 1024.0 && u < 4) b /= 1024.0, ++u;
-  char buf[64];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%zu byte%s", bytes, bytes == 1 ? "" : "s");
-  else std::snprintf(buf, sizeof buf, "%.3f %s", b, units[u]);
-  return buf;
-}
-}  // namespace show
-
-namespace detail {
-const Device& default_gpu() {
-  static const Device d = [] {
-    Device dev = get_device();
-    if (dev.is_cpu())
-      std::fprintf(stderr, "[ Info: The GPU function is being called but no functional GPU backend was found; "
-                           "gpu(x) leaves x on the CPU.\n");
-    return dev;
-  }();
-  return d;
-}
-
-Tensor to_gpu_tensor(const Tensor& x, const Device& d) {
-  if (d.is_cpu()) return x;
-  Tensor y = x.dtype() == DType::f64 ? x.cast(DType::f32) : x;
-  return to(y, d);
-}
-}  // namespace detail
 
 }  // namespace flux
