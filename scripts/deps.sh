@@ -5,11 +5,11 @@ set -euo pipefail
 
 FLUX_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
-  libopenblas-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
+  libopenblas-dev libdnnl-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo libclblast-dev
   hipcc libamdhip64-dev rocm-device-libs
-  python3-torch python3-numpy clang libclang-rt-14-dev
+  python3-torch python3-torchvision python3-numpy clang libclang-rt-14-dev dataset-fashion-mnist
 )
 
 flux_install_packages() {
