@@ -6,10 +6,11 @@
 #include <string>
 
 #include "flux/dtype.hpp"
+#include "flux/error.hpp"
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 1;
+inline constexpr int kBackendAbiVersion = 2;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
@@ -62,6 +63,22 @@ struct AdamStep {
   double bias1, bias2;                         // 1 - beta1^t, 1 - beta2^t
 };
 
+/// Geometry of an N-d convolution or pooling window over (N, C, spatial...) activations, N = 1..3
+/// spatial axes (row-major: for 2-D, axis 0 is H and axis 1 is W). Unused trailing axes are 1/0.
+/// conv: x (batch, in_channels, in...), w (out_channels, in_channels / groups, kernel...),
+///       y (batch, out_channels, out...); out = (in + pad_lo + pad_hi - dilation (kernel - 1) - 1) / stride + 1.
+/// pool: in_channels == out_channels, groups = 1; padding never counts as a maximum.
+struct ConvGeometry {
+  int spatial = 2;
+  int64_t batch = 0, in_channels = 0, out_channels = 0, groups = 1;
+  int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, kernel[3] = {1, 1, 1};
+  int64_t stride[3] = {1, 1, 1}, pad_lo[3] = {0, 0, 0}, pad_hi[3] = {0, 0, 0}, dilation[3] = {1, 1, 1};
+};
+
+/// Pooling kinds. mean divides by the full window size, padding included (NNlib's meanpool and
+/// PyTorch's count_include_pad = true).
+enum class PoolOp : uint8_t { max, mean };
+
 /// Every backend implements this. Arithmetic kernels must support f32, f64, i32, i64, u8 and boolean
 /// where meaningful; f16/bf16 only need fill/cast/copy (ops compute them through f32).
 /// All calls are asynchronous with respect to the host except copy_to_host and synchronize.
@@ -111,6 +128,58 @@ class Backend {
                            int64_t len, int64_t inner, int64_t nidx) = 0;
   virtual void adam_step(int device, DType t, Buffer x, Buffer grad, Buffer m, Buffer v, int64_t n,
                          const AdamStep& step) = 0;
+
+  // ---- convolution, pooling, random (src/backends/<name>/conv, pooling, random) ----
+  /// col (batch, groups, (in_channels / groups) * prod(kernel), prod(out)) from x (batch, in_channels,
+  /// in...): col[n, g, (c, k...), (o...)] = x[n, g * C/g + c, o * stride - pad_lo + k * dilation], 0 outside.
+  virtual void im2col(int device, DType t, Buffer x, Buffer col, const ConvGeometry& g) {
+    (void)device, (void)t, (void)x, (void)col, (void)g;
+    detail::fail("[im2col] not implemented by the ", name(), " backend");
+  }
+  /// The adjoint of im2col: dx (pre-filled by the caller) += the columns summed back into place.
+  virtual void col2im(int device, DType t, Buffer col, Buffer dx, const ConvGeometry& g) {
+    (void)device, (void)t, (void)col, (void)dx, (void)g;
+    detail::fail("[col2im] not implemented by the ", name(), " backend");
+  }
+  /// y (batch, C, out...) from x (batch, C, in...) over each window.
+  virtual void pool_forward(int device, PoolOp op, DType t, Buffer x, Buffer y, const ConvGeometry& g) {
+    (void)device, (void)op, (void)t, (void)x, (void)y, (void)g;
+    detail::fail("[pool] not implemented by the ", name(), " backend");
+  }
+  /// dx (pre-filled by the caller) += the pooling adjoint of dy; max sends each window's gradient to
+  /// the first position (in window order) that holds the maximum y.
+  virtual void pool_backward(int device, PoolOp op, DType t, Buffer x, Buffer y, Buffer dy, Buffer dx,
+                             const ConvGeometry& g) {
+    (void)device, (void)op, (void)t, (void)x, (void)y, (void)dy, (void)dx, (void)g;
+    detail::fail("[pool backward] not implemented by the ", name(), " backend");
+  }
+  /// n uniform values in [0, 1) of float dtype t (f32 or f64), counter-based and identical on every
+  /// backend: with z = splitmix64(seed + (offset + i) * 0x9E3779B97F4A7C15), element i is
+  /// (z >> 40) * 2^-24 for f32 and (z >> 11) * 2^-53 for f64, where splitmix64(z) is
+  ///   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9; z = (z ^ (z >> 27)) * 0x94D049BB133111EB; z ^ (z >> 31).
+  virtual void random_uniform(int device, DType t, Buffer dst, int64_t n, uint64_t seed, uint64_t offset) {
+    (void)device, (void)t, (void)dst, (void)n, (void)seed, (void)offset;
+    detail::fail("[random_uniform] not implemented by the ", name(), " backend");
+  }
+
+  // Library fast paths (oneDNN, cuDNN). Each returns false when the backend has none for this case;
+  // the core then runs the portable path built from the primitives above (im2col + matmul).
+  /// y = conv(x, w) + bias (bias.handle == nullptr: none).
+  virtual bool conv_forward(int device, DType t, Buffer x, Buffer w, Buffer bias, Buffer y, const ConvGeometry& g) {
+    (void)device, (void)t, (void)x, (void)w, (void)bias, (void)y, (void)g;
+    return false;
+  }
+  /// dx = the gradient of conv with respect to x (overwritten, not accumulated).
+  virtual bool conv_backward_data(int device, DType t, Buffer dy, Buffer w, Buffer dx, const ConvGeometry& g) {
+    (void)device, (void)t, (void)dy, (void)w, (void)dx, (void)g;
+    return false;
+  }
+  /// dw (and dbias unless its handle is null) = the gradients of conv (overwritten).
+  virtual bool conv_backward_weight(int device, DType t, Buffer x, Buffer dy, Buffer dw, Buffer dbias,
+                                    const ConvGeometry& g) {
+    (void)device, (void)t, (void)x, (void)dy, (void)dw, (void)dbias, (void)g;
+    return false;
+  }
 };
 
 /// What a plugin's one exported symbol returns.

@@ -1,7 +1,9 @@
 // The op vocabulary. Every op checks shapes, dtypes and devices, records itself on the tape when
 // inside gradient(), and calls the backend of its inputs. Axes may be negative (from the end).
 #pragma once
+#include <initializer_list>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "flux/tensor.hpp"
@@ -101,6 +103,77 @@ Tensor slice(const Tensor& x, int axis, int64_t start, int64_t stop);
 Tensor onehot(const Tensor& labels, int64_t nclasses, DType t = DType::f32);
 /// Flux's onecold: the argmax along the last axis, as Int64.
 Tensor onecold(const Tensor& scores);
+
+// ---- convolution and pooling over (N, C, spatial...) with 1 to 3 spatial axes (src/ops/conv.cpp,
+// src/ops/pooling.cpp). Cross-correlation as PyTorch's conv2d, so PyTorch weights load unchanged. ----
+
+/// Per-axis sizes: one value for every spatial axis (`.stride = 2`) or one per axis (`{2, 1}`).
+struct Dims {
+  std::vector<int64_t> values;
+  Dims(int64_t v = 1) : values{v} {}
+  Dims(std::initializer_list<int64_t> v) : values(v) {}
+  Dims(std::vector<int64_t> v) : values(std::move(v)) {}
+};
+/// Flux's SamePad(): output size = ceil(input / stride), the extra pad going to the high side.
+struct SamePad {};
+/// Padding: one value for every side (`1`), one per spatial axis (`{1, 2}`), a (lo, hi) pair per
+/// axis in axis order (`{top, bottom, left, right}` for 2-D), or SamePad().
+struct Padding {
+  std::vector<int64_t> values{0};
+  bool same = false;
+  Padding(int64_t p = 0) : values{p} {}
+  Padding(std::initializer_list<int64_t> v) : values(v) {}
+  Padding(std::vector<int64_t> v) : values(std::move(v)) {}
+  Padding(SamePad) : same(true) {}
+};
+
+struct ConvParams {
+  Dims stride = 1;
+  Padding pad = 0;
+  Dims dilation = 1;
+  int64_t groups = 1;
+};
+/// y = conv(x, w) + b: x (N, C, in...), w (O, C / groups, k...), optional bias (O,) ->
+/// (N, O, out...), out = (in + pad_lo + pad_hi - dilation (k - 1) - 1) / stride + 1.
+Tensor conv(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(), const ConvParams& p = {});
+
+struct ConvTransposeParams {
+  Dims stride = 1;
+  Padding pad = 0;
+  Dims dilation = 1;
+  int64_t groups = 1;
+  Dims output_padding = 0;  // extra size on the high side of each output axis (PyTorch's output_padding)
+};
+/// The adjoint of conv (PyTorch's conv_transpose2d): x (N, C, in...), w (C, O / groups, k...),
+/// optional bias (O,) -> (N, O, out...), out = (in - 1) stride - pad_lo - pad_hi + dilation (k - 1)
+/// + output_padding + 1.
+Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(),
+                      const ConvTransposeParams& p = {});
+
+struct PoolParams {
+  std::optional<Dims> stride;  // default: the window (non-overlapping), as Flux
+  Padding pad = 0;
+};
+/// Max over each window (padding never wins): x (N, C, in...) -> (N, C, out...).
+Tensor maxpool(const Tensor& x, const Dims& window, const PoolParams& p = {});
+/// Mean over each window, dividing by the full window size (padding counts as 0, as NNlib/Flux).
+Tensor meanpool(const Tensor& x, const Dims& window, const PoolParams& p = {});
+/// Pools to a fixed output size (PyTorch's adaptive pooling windows): (N, C, in...) -> (N, C, out...).
+Tensor adaptive_maxpool(const Tensor& x, const Dims& out);
+Tensor adaptive_meanpool(const Tensor& x, const Dims& out);
+/// Over all spatial axes: (N, C, in...) -> (N, C, 1...), as Flux's GlobalMaxPool/GlobalMeanPool.
+Tensor global_maxpool(const Tensor& x);
+Tensor global_meanpool(const Tensor& x);
+/// (N, d1, d2, ...) -> (N, d1 * d2 * ...): Flux's flatten (observations stay on the first axis).
+Tensor flatten_(const Tensor& x);  // also the layer value `flux::flatten`
+
+// ---- random masks ----
+/// Uniform [0, 1) values generated on x's device from the global seed (seed(n)) and a per-call
+/// counter: the same values on every device for the same seed and call sequence.
+Tensor rand_like(const Tensor& x);
+/// Dropout: x * mask / (1 - p), mask ~ Bernoulli(1 - p) drawn on x's device; p in [0, 1).
+/// `dims` lists the axes the mask varies along (empty: all), as Flux's Dropout(p; dims).
+Tensor dropout(const Tensor& x, double p, const std::vector<int>& dims = {});
 
 // ---- in-place (not recorded; for optimisers and loading) ----
 /// Copies src's values into dst's storage (same shape and device; dtype converted).

@@ -1,5 +1,6 @@
 // Printing models in Flux's style (multi-line Chain with parameter counts and a total).
 #pragma once
+#include <concepts>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -30,8 +31,8 @@ template <class L> size_t param_bytes(const L& l) {
 }
 
 template <class L> std::string one_line(const L& layer) {
-  if constexpr (std::is_same_v<L, Dense>) {
-    return layer_string(layer);
+  if constexpr (requires { { layer_string(layer) } -> std::convertible_to<std::string>; }) {
+    return layer_string(layer);  // every built-in layer defines layer_string (found by ADL)
   } else if constexpr (is_chain<L>::value) {
     std::string s = "Chain(";
     bool first = true;

@@ -1,0 +1,91 @@
+// Window geometry shared by conv, conv_transpose and the pools.
+#include "src/ops/conv_geometry.hpp"
+
+#include "src/ops/ops_internal.hpp"
+
+namespace flux::detail {
+
+std::string dims_string(const int64_t* v, int spatial) {
+  std::string s = "(";
+  for (int i = 0; i < spatial; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + (spatial == 1 ? ",)" : ")");
+}
+
+std::vector<int64_t> expand_dims(const char* api, const char* what, const Dims& d, int spatial, int64_t minimum) {
+  std::vector<int64_t> out;
+  if (d.values.size() == 1) out.assign(size_t(spatial), d.values[0]);
+  else if (int(d.values.size()) == spatial) out = d.values;
+  else
+    fail("[", api, "] ", what, " needs 1 or ", spatial, " values for ", spatial, " spatial axes; got ",
+         d.values.size());
+  for (int64_t v : out)
+    if (v < minimum) fail("[", api, "] ", what, " must be >= ", minimum, "; got ", dims_string(out.data(), spatial));
+  return out;
+}
+
+void resolve_padding(const char* api, const Padding& p, backend::ConvGeometry& g) {
+  const int n = g.spatial;
+  if (p.same) {
+    for (int i = 0; i < n; ++i) {
+      int64_t out = (g.in[i] + g.stride[i] - 1) / g.stride[i];
+      int64_t effective = g.dilation[i] * (g.kernel[i] - 1) + 1;
+      int64_t total = std::max<int64_t>(0, (out - 1) * g.stride[i] + effective - g.in[i]);
+      g.pad_lo[i] = total / 2;
+      g.pad_hi[i] = total - total / 2;
+    }
+    return;
+  }
+  const auto& v = p.values;
+  for (int64_t x : v)
+    if (x < 0) fail("[", api, "] padding must be non-negative; got ", dims_string(v.data(), int(v.size())));
+  if (v.size() == 1) {
+    for (int i = 0; i < n; ++i) g.pad_lo[i] = g.pad_hi[i] = v[0];
+  } else if (int(v.size()) == n) {
+    for (int i = 0; i < n; ++i) g.pad_lo[i] = g.pad_hi[i] = v[size_t(i)];
+  } else if (int(v.size()) == 2 * n) {
+    for (int i = 0; i < n; ++i) g.pad_lo[i] = v[size_t(2 * i)], g.pad_hi[i] = v[size_t(2 * i + 1)];
+  } else {
+    fail("[", api, "] padding needs 1, ", n, " or ", 2 * n, " values for ", n, " spatial axes; got ", v.size());
+  }
+}
+
+int spatial_axes(const char* api, const Tensor& x, int expected) {
+  check_defined(api, x);
+  int n = x.ndim() - 2;
+  if (expected > 0 && n != expected)
+    fail("[", api, "] expected a ", expected + 2, "-dimensional (N, C", expected >= 1 ? ", H" : "",
+         expected >= 2 ? ", W" : "", expected >= 3 ? ", D" : "", ") input for ", expected, " spatial axes; got ",
+         summary(x), " of shape ", to_string(x.shape()));
+  if (n < 1 || n > 3)
+    fail("[", api, "] expected an (N, C, spatial...) input with 1 to 3 spatial axes; got shape ", to_string(x.shape()));
+  if (x.dtype() != DType::f32 && x.dtype() != DType::f64)
+    fail("[", api, "] supports Float32 and Float64 inputs; got ", dtype_name(x.dtype()), " (cast with .f32())");
+  return n;
+}
+
+void compute_output_size(const char* api, backend::ConvGeometry& g) {
+  for (int i = 0; i < g.spatial; ++i) {
+    int64_t padded = g.in[i] + g.pad_lo[i] + g.pad_hi[i];
+    int64_t effective = g.dilation[i] * (g.kernel[i] - 1) + 1;
+    if (effective > padded) {
+      int64_t in_sizes[3], padded_sizes[3], eff[3];
+      for (int j = 0; j < g.spatial; ++j) {
+        in_sizes[j] = g.in[j];
+        padded_sizes[j] = g.in[j] + g.pad_lo[j] + g.pad_hi[j];
+        eff[j] = g.dilation[j] * (g.kernel[j] - 1) + 1;
+      }
+      fail("[", api, "] kernel ", dims_string(g.kernel, g.spatial), " (", dims_string(eff, g.spatial),
+           " with dilation) is larger than the padded input ", dims_string(padded_sizes, g.spatial), " (input ",
+           dims_string(in_sizes, g.spatial), ")");
+    }
+    g.out[i] = (padded - effective) / g.stride[i] + 1;
+  }
+}
+
+Shape output_shape(const backend::ConvGeometry& g) {
+  Shape s{g.batch, g.out_channels};
+  for (int i = 0; i < g.spatial; ++i) s.push_back(g.out[i]);
+  return s;
+}
+
+}  // namespace flux::detail
