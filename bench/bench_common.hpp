@@ -46,6 +46,11 @@ template <class F> double rate_cpu(F&& f, double seconds, int batch = 1) {
   return double(calls) / (thread_cpu_seconds() - t0);
 }
 
+// The convolutional cases (LeNet-5, the Fashion-MNIST CNN: batch 128 of 28x28 images; ResNet-18
+// inference on kResnetSize x kResnetSize images, batch 1 and 32).
+constexpr int64_t kCnnBatch = 128;
+constexpr int64_t kResnetSize = 112;
+
 inline double peak_rss_mb() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);

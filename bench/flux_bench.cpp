@@ -1,6 +1,7 @@
 // One benchmark case with flux-cpp; prints "key value" lines for bench/run_bench.py.
-// Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | wide | overhead | infer | sgemm
-// DEVICE: cpu (default) or opencl. Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS.
+// Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | wide | overhead | infer | sgemm | lenet | fmnist | resnet
+// DEVICE: cpu (default) or opencl. Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS;
+// FLUX_LIBRARY_KERNELS=0 forces the portable im2col + GEMM convolution path instead of oneDNN.
 // The same work, written with LibTorch, is in torch_bench.cpp; shapes are listed in bench_common.hpp.
 #include <cblas.h>
 
@@ -10,6 +11,27 @@
 #include <vector>
 
 #include <flux/flux.hpp>
+
+// The convolutional cases need the layers of issue 11; each case is compiled once its headers exist
+// (flux_bench prints "skipped" otherwise, and the table shows "—").
+#if __has_include(<flux/nn/conv.hpp>) && __has_include(<flux/nn/pooling.hpp>)
+#include <flux/nn/conv.hpp>
+#include <flux/nn/pooling.hpp>
+#define FLUX_BENCH_LENET 1
+// From src/ops/ops_internal.hpp (not installed): whether conv may use oneDNN (FLUX_LIBRARY_KERNELS).
+namespace flux::detail {
+bool library_kernels();
+}
+#if __has_include(<flux/nn/normalisation.hpp>) && __has_include(<flux/nn/dropout.hpp>)
+#include <flux/nn/dropout.hpp>
+#include <flux/nn/normalisation.hpp>
+#define FLUX_BENCH_FMNIST 1
+#endif
+#if __has_include(<flux/models/resnet.hpp>)
+#include <flux/models/resnet.hpp>
+#define FLUX_BENCH_RESNET 1
+#endif
+#endif
 
 #include "bench_common.hpp"
 
@@ -114,11 +136,65 @@ void sgemm_case() {
   std::printf("sgemm_gflops %.6g\n", flops / secs * 1e-9);
 }
 
+
+// ---- Convolutional cases (bench_common.hpp: batch and image sizes). The same networks are in
+// torch_bench.cpp. ----
+
+#ifdef FLUX_BENCH_LENET
+void lenet_case() {
+  auto model = Chain(Conv({5, 5}, 1, 6, relu), MaxPool({2, 2}), Conv({5, 5}, 6, 16, relu), MaxPool({2, 2}), flatten,
+                     Dense(256, 120, relu), Dense(120, 84, relu), Dense(84, 10)) |
+               g_dev;
+  Tensor x = to(rand({bench::kCnnBatch, 1, 28, 28}), g_dev), y = onehot_targets(bench::kCnnBatch, 10);
+  double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); },
+                               5, 2.0);
+  std::printf("lenet_steps_per_s %.6g\n", r);
+}
+#else
+void lenet_case() { std::printf("skipped Conv/MaxPool layers not built\n"); }
+#endif
+
+#ifdef FLUX_BENCH_FMNIST
+void fmnist_case() {
+  auto model = Chain(Conv({3, 3}, 1, 32, identity, {.pad = 1}), BatchNorm(32, relu), MaxPool({2, 2}),
+                     Conv({3, 3}, 32, 64, identity, {.pad = 1}), BatchNorm(64, relu), MaxPool({2, 2}), Dropout(0.25),
+                     flatten, Dense(3136, 128, relu), Dense(128, 10)) |
+               g_dev;
+  Tensor x = to(rand({bench::kCnnBatch, 1, 28, 28}), g_dev), y = onehot_targets(bench::kCnnBatch, 10);
+  double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); },
+                               3, 2.5);
+  std::printf("fmnist_steps_per_s %.6g\n", r);
+}
+#else
+void fmnist_case() { std::printf("skipped Conv/BatchNorm/Dropout layers not built\n"); }
+#endif
+
+#ifdef FLUX_BENCH_RESNET
+void resnet_case() {
+  auto model = models::resnet18() | g_dev;
+  testmode(model);
+  const int64_t hw = bench::kResnetSize;
+  std::printf("resnet_hw %lld\n", (long long)hw);
+  for (int64_t batch : {int64_t(1), int64_t(32)}) {
+    Tensor x = to(rand({batch, 3, hw, hw}), g_dev);
+    auto run = [&] {
+      Tensor y = model(x);
+      g_dev.synchronize();
+      return 0.f;
+    };
+    for (int i = 0; i < (batch == 1 ? 5 : 2); ++i) run();
+    std::printf("resnet%lld_ms %.6g\n", (long long)batch, 1e3 / bench::rate(run, batch == 1 ? 1.5 : 2.5));
+  }
+}
+#else
+void resnet_case() { std::printf("skipped ResNet-18 (flux/models/resnet.hpp) not built\n"); }
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: flux_bench seed|mnist|wide|overhead|infer|sgemm [cpu|opencl]\n");
+    std::fprintf(stderr, "usage: flux_bench seed|mnist|wide|overhead|infer|sgemm|lenet|fmnist|resnet [cpu|opencl]\n");
     return 2;
   }
   std::string which = argv[1], device = argc > 2 ? argv[2] : "cpu";
@@ -132,12 +208,19 @@ int main(int argc, char** argv) {
   } else {
     g_dev = get_device("CPU");
   }
+#ifdef FLUX_BENCH_LENET
+  if (which == "lenet" || which == "fmnist" || which == "resnet")
+    std::printf("flux_library_kernels %d\n", int(detail::library_kernels()));
+#endif
   if (which == "seed") seed_case();
   else if (which == "mnist") mnist_case();
   else if (which == "wide") wide_case();
   else if (which == "overhead") overhead_case();
   else if (which == "infer") infer_case();
   else if (which == "sgemm") sgemm_case();
+  else if (which == "lenet") lenet_case();
+  else if (which == "fmnist") fmnist_case();
+  else if (which == "resnet") resnet_case();
   else {
     std::fprintf(stderr, "flux_bench: unknown case %s\n", which.c_str());
     return 2;

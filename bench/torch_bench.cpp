@@ -1,5 +1,5 @@
 // The same cases as flux_bench.cpp, written as a LibTorch C++ user would write them.
-// Usage: torch_bench CASE THREADS   CASE: seed | mnist | wide | overhead | infer
+// Usage: torch_bench CASE THREADS   CASE: seed | mnist | wide | overhead | infer | lenet | fmnist | resnet
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -79,21 +79,111 @@ void infer_case() {
   }
 }
 
+
+// LeNet-5 on 28x28, batch 128: conv 5x5 1->6 relu, maxpool 2, conv 5x5 6->16 relu, maxpool 2, flatten,
+// 256 -> 120 -> 84 -> 10; Adam, cross entropy on class indices.
+void lenet_case() {
+  nn::Sequential model(nn::Conv2d(nn::Conv2dOptions(1, 6, 5)), nn::ReLU(), nn::MaxPool2d(2),
+                       nn::Conv2d(nn::Conv2dOptions(6, 16, 5)), nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(),
+                       nn::Linear(256, 120), nn::ReLU(), nn::Linear(120, 84), nn::ReLU(), nn::Linear(84, 10));
+  torch::Tensor x = torch::rand({bench::kCnnBatch, 1, 28, 28});
+  torch::Tensor y = (torch::arange(bench::kCnnBatch, torch::kLong) * 7) % 10;
+  double r = train_steps_per_s(model, x, y, [](auto a, auto b) { return torch::nn::functional::cross_entropy(a, b); },
+                               5, 2.0);
+  std::printf("lenet_steps_per_s %.6g\n", r);
+}
+
+// The Fashion-MNIST CNN: two blocks conv 3x3 pad 1 -> batchnorm -> relu -> maxpool 2 (1->32, 32->64),
+// dropout 0.25, 3136 -> 128 (relu) -> 10; batch 128 of synthetic 28x28 images, train mode.
+void fmnist_case() {
+  nn::Sequential model(nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)), nn::BatchNorm2d(32), nn::ReLU(),
+                       nn::MaxPool2d(2), nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)), nn::BatchNorm2d(64),
+                       nn::ReLU(), nn::MaxPool2d(2), nn::Dropout(0.25), nn::Flatten(), nn::Linear(3136, 128),
+                       nn::ReLU(), nn::Linear(128, 10));
+  model->train();
+  torch::Tensor x = torch::rand({bench::kCnnBatch, 1, 28, 28});
+  torch::Tensor y = (torch::arange(bench::kCnnBatch, torch::kLong) * 7) % 10;
+  double r = train_steps_per_s(model, x, y, [](auto a, auto b) { return torch::nn::functional::cross_entropy(a, b); },
+                               3, 2.5);
+  std::printf("fmnist_steps_per_s %.6g\n", r);
+}
+
+// ResNet-18 as torchvision builds it (BasicBlock x [2, 2, 2, 2], no conv bias, batchnorm, 1x1
+// stride-2 downsample), written with LibTorch's C++ modules: torchvision's C++ API is not in Debian.
+struct BasicBlockImpl : nn::Module {
+  nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  nn::Sequential downsample{nullptr};
+  BasicBlockImpl(int64_t in, int64_t out, int64_t stride) {
+    conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
+    bn1 = register_module("bn1", nn::BatchNorm2d(out));
+    conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(false)));
+    bn2 = register_module("bn2", nn::BatchNorm2d(out));
+    if (stride != 1 || in != out)
+      downsample = register_module(
+          "downsample",
+          nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)), nn::BatchNorm2d(out)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor y = torch::relu(bn1(conv1(x)));
+    y = bn2(conv2(y));
+    return torch::relu(y + (downsample ? downsample->forward(x) : x));
+  }
+};
+TORCH_MODULE(BasicBlock);
+
+nn::Sequential resnet18(int64_t classes = 1000) {
+  nn::Sequential m(nn::Conv2d(nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false)), nn::BatchNorm2d(64),
+                   nn::ReLU(), nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1)));
+  int64_t in = 64;
+  for (int64_t out : {64, 128, 256, 512}) {
+    m->push_back(BasicBlock(in, out, out == 64 ? 1 : 2));
+    m->push_back(BasicBlock(out, out, 1));
+    in = out;
+  }
+  m->push_back(nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions({1, 1})));
+  m->push_back(nn::Flatten());
+  m->push_back(nn::Linear(512, classes));
+  return m;
+}
+
+// ResNet-18 inference in eval mode (running statistics), batch 1 and 32, at bench::kResnetSize.
+void resnet_case() {
+  nn::Sequential model = resnet18();
+  model->eval();
+  torch::InferenceMode guard;
+  const int64_t hw = bench::kResnetSize;
+  std::printf("resnet_hw %lld\n", (long long)hw);
+  for (int64_t batch : {int64_t(1), int64_t(32)}) {
+    torch::Tensor x = torch::rand({batch, 3, hw, hw});
+    auto run = [&] {
+      torch::Tensor y = model->forward(x);
+      return y.data_ptr<float>()[0];
+    };
+    for (int i = 0; i < (batch == 1 ? 5 : 2); ++i) run();
+    std::printf("resnet%lld_ms %.6g\n", (long long)batch, 1e3 / bench::rate(run, batch == 1 ? 1.5 : 2.5));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: torch_bench seed|mnist|wide|overhead|infer [threads]\n");
+    std::fprintf(stderr, "usage: torch_bench seed|mnist|wide|overhead|infer|lenet|fmnist|resnet [threads]\n");
     return 2;
   }
   std::string which = argv[1];
   if (argc > 2) torch::set_num_threads(std::atoi(argv[2]));
   torch::manual_seed(1);
+  std::printf("torch_threads %d\ntorch_mkldnn %d\n", torch::get_num_threads(), int(at::globalContext().hasMKLDNN()));
   if (which == "seed") seed_case();
   else if (which == "mnist") mnist_case();
   else if (which == "wide") wide_case();
   else if (which == "overhead") overhead_case();
   else if (which == "infer") infer_case();
+  else if (which == "lenet") lenet_case();
+  else if (which == "fmnist") fmnist_case();
+  else if (which == "resnet") resnet_case();
   else {
     std::fprintf(stderr, "torch_bench: unknown case %s\n", which.c_str());
     return 2;
