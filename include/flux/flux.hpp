@@ -3,6 +3,7 @@
 #include "flux/autodiff.hpp"
 #include "flux/data/dataloader.hpp"
 #include "flux/data/device_loader.hpp"
+#include "flux/data/idx.hpp"
 #include "flux/device.hpp"
 #include "flux/dtype.hpp"
 #include "flux/error.hpp"
