@@ -30,6 +30,9 @@ bool library_kernels();
 #if __has_include(<flux/models/resnet.hpp>)
 #include <flux/models/resnet.hpp>
 #define FLUX_BENCH_RESNET 1
+#elif defined(FLUX_BENCH_FMNIST)
+#define FLUX_BENCH_RESNET 1
+#define FLUX_BENCH_LOCAL_RESNET 1  // flux/models/resnet.hpp not there: the network below, from the layers
 #endif
 #endif
 
@@ -169,9 +172,59 @@ void fmnist_case() {
 void fmnist_case() { std::printf("skipped Conv/BatchNorm/Dropout layers not built\n"); }
 #endif
 
+#ifdef FLUX_BENCH_LOCAL_RESNET
+// torchvision's ResNet-18 (BasicBlock x [2, 2, 2, 2], convs without bias, 1x1 stride-2 downsample),
+// built from flux's layers, as torch_bench.cpp builds it from LibTorch's modules.
+struct BasicBlock {
+  Conv conv1, conv2, down;  // down: undefined weight when the block keeps its shape
+  BatchNorm bn1, bn2, down_bn;
+  BasicBlock() = default;
+  BasicBlock(int64_t in, int64_t out, int64_t stride)
+      : conv1({3, 3}, in, out, {.stride = stride, .pad = 1, .bias = false}),
+        conv2({3, 3}, out, out, {.pad = 1, .bias = false}),
+        bn1(out, relu),
+        bn2(out) {
+    if (stride != 1 || in != out) {
+      down = Conv({1, 1}, in, out, {.stride = stride, .bias = false});
+      down_bn = BatchNorm(out);
+    }
+  }
+  Tensor operator()(const Tensor& x) const {
+    Tensor y = bn2(conv2(bn1(conv1(x))));
+    return relu(add(y, down.weight.defined() ? down_bn(down(x)) : x));
+  }
+};
+FLUX_LAYER(BasicBlock, conv1, bn1, conv2, bn2, down, down_bn)
+
+struct BenchResNet18 {
+  Conv conv1 = Conv({7, 7}, 3, 64, {.stride = 2, .pad = 3, .bias = false});
+  BatchNorm bn1 = BatchNorm(64, relu);
+  MaxPool pool = MaxPool({3, 3}, {.stride = 2, .pad = 1});
+  std::vector<BasicBlock> layers;
+  Dense fc = Dense(512, 1000);
+  BenchResNet18() {
+    int64_t in = 64;
+    for (int64_t out : {64, 128, 256, 512}) {
+      layers.emplace_back(in, out, out == 64 ? 1 : 2);
+      layers.emplace_back(out, out, 1);
+      in = out;
+    }
+  }
+  Tensor operator()(const Tensor& x) const {
+    Tensor y = pool(bn1(conv1(x)));
+    for (const BasicBlock& b : layers) y = b(y);
+    return fc(flatten_(global_meanpool(y)));
+  }
+};
+FLUX_LAYER(BenchResNet18, conv1, bn1, layers, fc)
+namespace models {
+using ResNet18 = BenchResNet18;
+}  // namespace models
+#endif
+
 #ifdef FLUX_BENCH_RESNET
 void resnet_case() {
-  auto model = models::resnet18() | g_dev;
+  auto model = models::ResNet18() | g_dev;
   testmode(model);
   const int64_t hw = bench::kResnetSize;
   std::printf("resnet_hw %lld\n", (long long)hw);
