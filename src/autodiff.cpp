@@ -23,6 +23,8 @@ Tensor Tape::leaf(const Tensor& x) {
   return Tensor(impl);
 }
 
+bool recording() { return g_active != nullptr; }
+
 bool tracked(const Tensor& t) {
   return g_active && t.defined() && t.impl()->tape_id >= 0 &&
          t.impl()->tape_generation == g_active->generation();

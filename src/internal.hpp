@@ -7,6 +7,10 @@
 
 namespace flux::detail {
 
+/// Sets the seed of the counter-based device generator (rand_like, dropout) and resets its call
+/// counter (src/ops/random.cpp); seed(n) calls it.
+void reset_random_stream(uint64_t seed);
+
 /// Element k of a host array of dtype t, as a double.
 inline double load_as_double(const void* data, DType t, int64_t k) {
   switch (t) {

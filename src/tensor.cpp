@@ -250,6 +250,7 @@ Tensor upload(const std::vector<double>& v, Shape shape, DType t, Device d, cons
 void seed(uint64_t s) {
   std::lock_guard<std::mutex> lock(g_rng_mutex);
   rng().seed(s);
+  detail::reset_random_stream(s);
 }
 
 std::vector<int64_t> randperm(int64_t n) {

@@ -37,6 +37,9 @@ class Tape {
   std::vector<Tensor> grads_;
 };
 
+/// True while a tape records on this thread (inside gradient()/withgradient(), outside NoGrad):
+/// layers in automatic mode (BatchNorm, Dropout) then use their training behaviour.
+bool recording();
 /// True when an op's result should be recorded (a tape is active and t is on it).
 bool tracked(const Tensor& t);
 /// Records `out` as the result of an op on `inputs` if any input is tracked.

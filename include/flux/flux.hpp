@@ -15,6 +15,8 @@
 #include "flux/nn/activations.hpp"
 #include "flux/nn/chain.hpp"
 #include "flux/nn/dense.hpp"
+#include "flux/nn/dropout.hpp"
+#include "flux/nn/normalisation.hpp"
 #include "flux/nn/show.hpp"
 #include "flux/ops.hpp"
 #include "flux/optimisers/optimisers.hpp"

@@ -64,6 +64,7 @@ template <class L> void big_show(std::ostream& os, const L& layer, int indent) {
     if (n > 0) {
       int pad = std::max(2, 39 - indent - int(str.size()));
       os << std::string(pad, ' ') << "# " << underscorise(n) << " parameters";
+      if (int64_t k = nontrainable_count(layer); k > 0) os << ", plus " << underscorise(k);  // Flux: no word inside
     }
     os << "\n";
   }
@@ -75,8 +76,16 @@ template <class... L> std::ostream& operator<<(std::ostream& os, const Chain<L..
   show::big_show(os, c, 0);
   auto ps = params(c);
   if (ps.size() > 2) {
-    os << std::string(19, ' ') << "# Total: " << ps.size() << " arrays, " << show::underscorise(parameter_count(c))
-       << " parameters, " << show::format_bytes(show::param_bytes(c)) << ".";
+    size_t non_arrays = 0, bytes = show::param_bytes(c);
+    for (const Tensor& t : nontrainables(c)) non_arrays += is_floating(t.dtype()), bytes += t.nbytes();
+    if (non_arrays > 0) {  // Flux's _big_finale with non-trainable arrays (BatchNorm's running statistics)
+      os << std::string(9, ' ') << "# Total: " << ps.size() << " trainable arrays, " << show::underscorise(parameter_count(c))
+         << " parameters,\n" << std::string(10, ' ') << "# plus " << non_arrays << " non-trainable, "
+         << show::underscorise(nontrainable_count(c)) << " parameters, summarysize " << show::format_bytes(bytes) << ".";
+    } else {
+      os << std::string(19, ' ') << "# Total: " << ps.size() << " arrays, " << show::underscorise(parameter_count(c))
+         << " parameters, " << show::format_bytes(bytes) << ".";
+    }
   }
   return os;
 }
@@ -86,6 +95,7 @@ template <class M> std::string repr(const M& m) {
   std::string s = show::one_line(m);
   int64_t n = parameter_count(m);
   if (n > 0) s += "  # " + show::underscorise(n) + " parameters";
+  if (int64_t k = nontrainable_count(m); n > 0 && k > 0) s += ", plus " + show::underscorise(k) + " non-trainable";
   return s;
 }
 

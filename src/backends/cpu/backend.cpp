@@ -111,6 +111,9 @@ class CpuBackend final : public backend::Backend {
                  const backend::AdamStep& s) override {
     cpu::adam_step(t, ptr(x), ptr(g), ptr(m), ptr(v), n, s);
   }
+  void random_uniform(int, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
+    cpu::random_uniform(t, ptr(dst), n, seed, offset);
+  }
 
  private:
   HostPool pool_;

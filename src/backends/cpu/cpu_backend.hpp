@@ -29,6 +29,8 @@ void softmax(DType t, const void* src, void* dst, int64_t outer, int64_t len, in
 void gather(DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);
 void scatter_add(DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);
 void adam_step(DType t, void* x, const void* g, void* m, void* v, int64_t n, const backend::AdamStep& s);
+/// n counter-based uniforms in [0, 1) (random.cpp), exactly backend.hpp's formula; f32 or f64.
+void random_uniform(DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset);
 
 }  // namespace flux::cpu
 

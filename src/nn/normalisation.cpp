@@ -1,0 +1,106 @@
+// BatchNorm: batch statistics in training (public ops, so autodiff differentiates through them),
+// running statistics in inference; the running statistics are updated in place, unrecorded.
+#include "flux/nn/normalisation.hpp"
+
+#include <algorithm>
+
+#include "flux/autodiff.hpp"
+#include "flux/nn/show.hpp"
+#include "src/ops/ops_internal.hpp"
+
+namespace flux {
+
+BatchNorm::BatchNorm(int64_t chs, Activation act, BatchNormOptions o)
+    : activation(std::move(act)), channels(chs), eps(o.eps), momentum(o.momentum) {
+  if (chs <= 0) detail::fail("[BatchNorm] channels must be positive; got BatchNorm(", chs, ")");
+  if (!(o.eps > 0)) detail::fail("[BatchNorm] eps must be positive; got ", o.eps);
+  if (!(o.momentum >= 0 && o.momentum <= 1)) detail::fail("[BatchNorm] momentum must be in [0, 1]; got ", o.momentum);
+  if (!is_floating(o.dtype)) detail::fail("[BatchNorm] needs a floating-point dtype; got ", dtype_name(o.dtype));
+  if (o.affine) {
+    weight = ones(Shape{chs}, o.dtype);
+    bias = zeros(Shape{chs}, o.dtype);
+  }
+  if (o.track_stats) {
+    running_mean = zeros(Shape{chs}, o.dtype);
+    running_var = ones(Shape{chs}, o.dtype);
+    num_batches_tracked = Tensor(std::vector<int64_t>{0}, Shape{});
+  }
+}
+
+bool BatchNorm::training() const { return active.value_or(autodiff::recording()); }
+
+Tensor BatchNorm::operator()(const Tensor& x) const {
+  if (channels <= 0) detail::fail("[BatchNorm] the layer is empty (default-constructed)");
+  detail::check_defined("BatchNorm", x);
+  if (x.ndim() < 2)
+    detail::fail("[BatchNorm] expects input (N, C, ...) with at least 2 dimensions, channels on axis 1; got shape ",
+                 to_string(x.shape()));
+  if (x.shape()[1] != channels)
+    detail::fail("[BatchNorm] input has ", x.shape()[1], " channels, layer expects ", channels, " (", layer_string(*this),
+                 "); got shape ", to_string(x.shape()), ". Channels go along axis 1: (N, C, ...)");
+  if (!is_floating(x.dtype())) detail::fail("[BatchNorm] needs a floating-point input; got ", summary(x));
+  const Tensor& any_state = weight.defined() ? weight : static_cast<const Tensor&>(running_mean);
+  if (any_state.defined() && x.device() != any_state.device())
+    detail::fail("[BatchNorm] input on ", to_string(x.device()), " but the layer's state on ",
+                 to_string(any_state.device()), "; move one with to() or | dev");
+
+  // Statistics have shape (1, C, 1, ...) so that they broadcast over x.
+  Shape stat_shape;
+  std::vector<int> axes;
+  for (int a = 0; a < x.ndim(); ++a) {
+    stat_shape.push_back(a == 1 ? channels : 1);
+    if (a != 1) axes.push_back(a);
+  }
+  const int64_t m = x.numel() / channels;  // values per channel
+  const bool train = training();
+  Tensor scale, shift;                     // y = x * scale + shift, each (1, C, 1, ...)
+  if (train || !running_mean.defined()) {
+    if (m < 2)
+      detail::fail("[BatchNorm] batch statistics need more than 1 value per channel; got input shape ",
+                   to_string(x.shape()));
+    Tensor mean = sum(x, axes, true) / double(m);
+    Tensor centred = x - mean;
+    Tensor var = sum(square(centred), axes, true) / double(m);  // biased, as PyTorch normalises
+    Tensor inv_std = 1.0 / sqrt(var + eps);
+    if (train && running_mean.defined()) {
+      // Not recorded: the running statistics are state, not part of the differentiated function.
+      autodiff::NoGrad no_grad;
+      Shape flat{channels};
+      Tensor rm = running_mean, rv = running_var, nbt = num_batches_tracked;
+      Tensor new_mean = running_mean * (1.0 - momentum) + mean.reshape(flat) * momentum;
+      Tensor unbiased = var.reshape(flat) * (double(m) / double(m - 1));
+      Tensor new_var = running_var * (1.0 - momentum) + unbiased * momentum;
+      copy_(rm, new_mean);
+      copy_(rv, new_var);
+      if (nbt.defined()) copy_(nbt, nbt + 1.0);
+    }
+    Tensor y = centred * (weight.defined() ? inv_std * weight.reshape(stat_shape) : inv_std);
+    if (bias.defined()) y = y + bias.reshape(stat_shape);
+    return activation(y);
+  }
+  Tensor inv_std = 1.0 / sqrt(running_var.reshape(stat_shape) + eps);
+  scale = weight.defined() ? inv_std * weight.reshape(stat_shape) : inv_std;
+  shift = -(running_mean.reshape(stat_shape) * scale);
+  if (bias.defined()) shift = shift + bias.reshape(stat_shape);
+  return activation(x * scale + shift);
+}
+
+std::string layer_string(const BatchNorm& b) {
+  std::string s = "BatchNorm(" + std::to_string(b.channels);
+  if (!b.activation.is_identity()) s += ", " + b.activation.name();
+  if (!b.weight.defined()) s += ", affine=false";
+  if (b.active) s += std::string(", active=") + (*b.active ? "true" : "false");
+  return s + ")";
+}
+
+std::ostream& operator<<(std::ostream& os, const BatchNorm& b) {
+  std::string s = layer_string(b);
+  os << s;
+  if (int64_t n = parameter_count(b); n > 0) {  // Flux's _layer_show at the top level
+    os << std::string(std::max(2, 20 - int(s.size())), ' ') << "# " << show::underscorise(n) << " parameters";
+    if (int64_t k = nontrainable_count(b); k > 0) os << ", plus " << show::underscorise(k) << " non-trainable";
+  }
+  return os;
+}
+
+}  // namespace flux

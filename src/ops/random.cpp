@@ -1,0 +1,69 @@
+// Random ops on any device: rand_like and dropout. Values come from the backend's counter-based
+// random_uniform (backend.hpp): a global seed (seed(n)) and a global counter that advances by the
+// number of values drawn, so the same seed and call sequence give the same values on every device.
+#include <atomic>
+
+#include "flux/autodiff.hpp"
+#include "flux/ops.hpp"
+#include "src/internal.hpp"
+#include "src/ops/ops_internal.hpp"
+
+namespace flux {
+
+namespace {
+std::atomic<uint64_t> g_seed{0x5eed};
+std::atomic<uint64_t> g_counter{0};
+
+// n uniforms of dtype t (f32 or f64) on d; advances the counter by n.
+Tensor uniform_raw(const Shape& shape, DType t, const Device& d) {
+  Tensor out = Tensor::empty(shape, t, d);
+  uint64_t n = uint64_t(out.numel());
+  uint64_t offset = g_counter.fetch_add(n);
+  if (n) out.backend().random_uniform(d.index(), t, out.buffer(), int64_t(n), g_seed.load(), offset);
+  return out;
+}
+DType generator_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+}  // namespace
+
+namespace detail {
+void reset_random_stream(uint64_t seed) {
+  g_seed.store(seed);
+  g_counter.store(0);
+}
+}  // namespace detail
+
+Tensor rand_like(const Tensor& x) {
+  detail::check_defined("rand_like", x);
+  if (!is_floating(x.dtype()))
+    detail::fail("[rand_like] needs a floating-point tensor; got ", summary(x));
+  Tensor u = uniform_raw(x.shape(), generator_dtype(x.dtype()), x.device());
+  return u.dtype() == x.dtype() ? u : detail::raw_cast(u, x.dtype());
+}
+
+// y = x * mask / (1 - p) with mask = (u < 1 - p); recorded through mul, so the backward multiplies the
+// incoming gradient by the same scaled mask.
+Tensor dropout(const Tensor& x, double p, const std::vector<int>& dims) {
+  detail::check_defined("dropout", x);
+  if (!(p >= 0.0 && p < 1.0)) detail::fail("[dropout] p must be in [0, 1); got ", p);
+  if (!is_floating(x.dtype())) detail::fail("[dropout] needs a floating-point tensor; got ", summary(x));
+  if (p == 0.0) return x;
+  Shape mask_shape = x.shape();
+  if (!dims.empty()) {
+    std::vector<bool> varies(size_t(x.ndim()), false);
+    for (int d : dims) varies[size_t(detail::normalize_axis("dropout", d, x.ndim()))] = true;
+    for (int a = 0; a < x.ndim(); ++a)
+      if (!varies[size_t(a)]) mask_shape[a] = 1;
+  }
+  DType t = generator_dtype(x.dtype());
+  Tensor mask;
+  {
+    autodiff::NoGrad no_grad;
+    Tensor u = uniform_raw(mask_shape, t, x.device());
+    Tensor keep = lt(u, full(Shape{}, 1.0 - p, t, x.device()));
+    mask = where(keep, full(Shape{}, 1.0 / (1.0 - p), t, x.device()), zeros(Shape{}, t, x.device()));
+    if (mask.dtype() != x.dtype()) mask = detail::raw_cast(mask, x.dtype());  // f16/bf16 keep their dtype
+  }
+  return mul(x, mask);
+}
+
+}  // namespace flux
