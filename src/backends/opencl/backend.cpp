@@ -407,6 +407,23 @@ class OpenCLBackend final : public backend::Backend {
                  const backend::AdamStep& s) override {
     opencl::adam_step(d, t, x, g, m, v, n, s);
   }
+  void im2col(int d, DType t, backend::Buffer x, backend::Buffer col, const backend::ConvGeometry& g) override {
+    opencl::im2col(d, t, x, col, g);
+  }
+  void col2im(int d, DType t, backend::Buffer col, backend::Buffer dx, const backend::ConvGeometry& g) override {
+    opencl::col2im(d, t, col, dx, g);
+  }
+  void pool_forward(int d, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y,
+                    const backend::ConvGeometry& g) override {
+    opencl::pool_forward(d, op, t, x, y, g);
+  }
+  void pool_backward(int d, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y, backend::Buffer dy,
+                     backend::Buffer dx, const backend::ConvGeometry& g) override {
+    opencl::pool_backward(d, op, t, x, y, dy, dx, g);
+  }
+  void random_uniform(int d, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
+    opencl::random_uniform(d, t, dst, n, seed, offset);
+  }
 
  private:
   static Device& entry(int d) {

@@ -135,4 +135,22 @@ void scatter_add(int d, DType t, backend::Buffer src, backend::Buffer idx, backe
 void adam_step(int d, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer m, backend::Buffer v, int64_t n,
                const backend::AdamStep& s);
 
+/// A ConvGeometry as kernel arguments: (D, H, W, unused) with LEADING length-1 axes for 1-D and 2-D.
+struct WindowArgs {
+  cl_long4 in{}, out{}, kernel{}, stride{}, pad{}, dilation{};  // pad: pad_lo
+  int64_t in_size = 1, out_size = 1, window = 1;                // prod(in), prod(out), prod(kernel)
+};
+WindowArgs window_args(const backend::ConvGeometry& g);
+/// Fails unless t is Float32/Float64 and g has 1 to 3 spatial axes with positive kernel/stride/dilation.
+void check_window_geometry(const char* api, DType t, const backend::ConvGeometry& g);
+
+// Convolution and pooling windows (conv.cpp, pooling.cpp), random numbers (random.cpp).
+void im2col(int d, DType t, backend::Buffer x, backend::Buffer col, const backend::ConvGeometry& g);
+void col2im(int d, DType t, backend::Buffer col, backend::Buffer dx, const backend::ConvGeometry& g);
+void pool_forward(int d, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y,
+                  const backend::ConvGeometry& g);
+void pool_backward(int d, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y, backend::Buffer dy,
+                   backend::Buffer dx, const backend::ConvGeometry& g);
+void random_uniform(int d, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset);
+
 }  // namespace flux::opencl
