@@ -5,13 +5,14 @@ Usage: bench/run_bench.py BUILD_DIR [--reps N] [--threads 1,2] [--cases seed,mni
 
 Processes per case and thread count, in rotating order within each repetition:
   flux-cpp      : the environment WITHOUT OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (flux needs no variable),
-                  FLUX_NUM_THREADS = OPENBLAS_NUM_THREADS = threads
+                  FLUX_NUM_THREADS = OPENBLAS_NUM_THREADS = OMP_NUM_THREADS (oneDNN's threads) = threads
   LibTorch user : the environment as given (this machine sets OPENBLAS_CORETYPE=Haswell),
                   torch::set_num_threads, OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = threads
   LibTorch best : as user, but OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE removed (OpenBLAS detects the CPU:
                   Cooperlake kernels, the same as SkylakeX or better here) and OMP_WAIT_POLICY=PASSIVE
 The convolutional cases (lenet, fmnist, resnet) add two processes:
   flux-cpp im2col: flux with FLUX_LIBRARY_KERNELS=0 (the portable im2col + GEMM conv path, no oneDNN)
+  flux-cpp PASSIVE (2+ threads, diagnostic): flux with OMP_WAIT_POLICY=PASSIVE for oneDNN's OpenMP threads
   LibTorch best, OMP_WAIT_POLICY unset: the "best" column takes the better of PASSIVE and the default
                   (LibTorch's convolutions are oneDNN on OpenMP, where spinning threads can pay); when the
                   user environment already is that environment, the user run serves as this one.
@@ -61,7 +62,9 @@ def base_env():
 
 def flux_env(threads):
     env = base_env()
-    env.update(FLUX_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    # OMP_NUM_THREADS: oneDNN (Debian's is built on OpenMP) otherwise runs on every core whatever
+    # FLUX_NUM_THREADS says, and its idle OpenMP threads spin against flux's pool (bench/README.md).
+    env.update(FLUX_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     return env
 
 
@@ -173,6 +176,11 @@ def main():
                     e = flux_env(t)
                     e["FLUX_LIBRARY_KERNELS"] = "0"
                     jobs.append(("flux_im2col", [flux, case], e))
+                    if t > 1:
+                        # diagnostic: oneDNN's OpenMP threads sleeping instead of spinning
+                        e = flux_env(t)
+                        e["OMP_WAIT_POLICY"] = "PASSIVE"
+                        jobs.append(("flux_passive", [flux, case], e))
                 jobs = [j for j in jobs if j]
                 if case == "wide":
                     # The limit, in the same alternation: OpenBLAS sgemm alone on the wide MLP's GEMM
@@ -254,6 +262,14 @@ def main():
                 rs = "—" if not f or not b else f"{(f / b if higher else b / f):.2f}×"
                 vs = "" if not f or not fo else f"{(f / fo if higher else fo / f):.2f}× of oneDNN path"
                 lines.append(f"| {label}, flux im2col+GEMM path ({unit}) | {t} | {fmt(f)} | — | {fmt(b)} | {rs} | info | {vs} |")
+            for t in threads:
+                f, b, fo = get("flux_passive", t, m), get("torch_best", t, m), get("flux", t, m)
+                if f is None:
+                    continue
+                rs = "—" if not f or not b else f"{(f / b if higher else b / f):.2f}×"
+                vs = "" if not f or not fo else f"{(f / fo if higher else fo / f):.2f}× of plain flux"
+                lines.append(f"| {label}, flux with OMP_WAIT_POLICY=PASSIVE ({unit}) | {t} | {fmt(f)} | — | {fmt(b)} | {rs} "
+                             f"| diagnostic | {vs} |")
         if m == "wide_gflops" and "wide" in cases:
             for t in threads:
                 lim = get("limit", t, "sgemm_gflops")
