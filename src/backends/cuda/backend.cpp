@@ -124,6 +124,7 @@ class GpuBackend final : public backend::Backend {
     std::string s = "  runtime: " FLUX_GPU_RUNTIME_NAME " " + version(runtime) + "; driver: " +
                     (driver ? version(driver) : std::string("none")) + "\n";
     s += "  BLAS: " + blas_version() + "\n";
+    s += "  DNN: " + dnn_version() + "\n";
     s += "  kernels built for: " FLUX_GPU_ARCHS "\n";
     return s;
   }
@@ -315,6 +316,39 @@ class GpuBackend final : public backend::Backend {
   void adam_step(int device, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer m, backend::Buffer v,
                  int64_t n, const backend::AdamStep& s) override {
     gpu::adam_step(use(device).stream, t, ptr(x), ptr(g), ptr(m), ptr(v), n, s);
+  }
+
+  // ---- convolution, pooling, random: conv.cu, pooling.cu, random.cu ----
+  void im2col(int device, DType t, backend::Buffer x, backend::Buffer col, const backend::ConvGeometry& g) override {
+    gpu::im2col(use(device).stream, t, ptr(x), ptr(col), g);
+  }
+  void col2im(int device, DType t, backend::Buffer col, backend::Buffer dx, const backend::ConvGeometry& g) override {
+    gpu::col2im(use(device).stream, t, ptr(col), ptr(dx), g);
+  }
+  void pool_forward(int device, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y,
+                    const backend::ConvGeometry& g) override {
+    gpu::pool_forward(use(device).stream, op, t, ptr(x), ptr(y), g);
+  }
+  void pool_backward(int device, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y, backend::Buffer dy,
+                     backend::Buffer dx, const backend::ConvGeometry& g) override {
+    gpu::pool_backward(*this, device, use(device).stream, op, t, ptr(x), ptr(y), ptr(dy), ptr(dx), g);
+  }
+  void random_uniform(int device, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
+    gpu::random_uniform(use(device).stream, t, ptr(dst), n, seed, offset);
+  }
+  bool conv_forward(int device, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
+                    const backend::ConvGeometry& g) override {
+    return gpu::conv_forward(*this, device, use(device).stream, t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr,
+                             ptr(y), g);
+  }
+  bool conv_backward_data(int device, DType t, backend::Buffer dy, backend::Buffer w, backend::Buffer dx,
+                          const backend::ConvGeometry& g) override {
+    return gpu::conv_backward_data(*this, device, use(device).stream, t, ptr(dy), ptr(w), ptr(dx), g);
+  }
+  bool conv_backward_weight(int device, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer dw,
+                            backend::Buffer dbias, const backend::ConvGeometry& g) override {
+    return gpu::conv_backward_weight(*this, device, use(device).stream, t, ptr(x), ptr(dy), ptr(dw),
+                                     dbias.handle ? ptr(dbias) : nullptr, g);
   }
 
  private:

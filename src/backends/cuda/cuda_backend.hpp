@@ -28,4 +28,73 @@ void adam_step(Stream s, DType t, void* x, const void* g, void* m, void* v, int6
 /// "cuBLAS 13.0.0" or "own tiled GEMM kernel (no rocBLAS)".
 std::string blas_version();
 
+/// Device scratch memory from the backend's caching allocator for the span of one launcher call.
+/// Returning it at once after the launches is safe: one stream per device orders every later use.
+class Scratch {
+ public:
+  Scratch(backend::Backend& be, int device, size_t bytes) : be_(be), device_(device), bytes_(bytes) {
+    if (bytes_) buffer_ = be_.allocate(device_, bytes_);
+  }
+  ~Scratch() {
+    if (buffer_.handle) be_.deallocate(device_, buffer_, bytes_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return buffer_.handle ? static_cast<char*>(buffer_.handle) + buffer_.offset : nullptr; }
+  size_t size() const { return bytes_; }
+
+ private:
+  backend::Backend& be_;
+  int device_;
+  size_t bytes_;
+  backend::Buffer buffer_{};
+};
+
+/// A ConvGeometry on exactly three spatial axes (D, H, W), unused leading axes of length 1, so 1-D and
+/// 2-D windows run the 3-D kernels. Plain data: kernels take it by value.
+struct Window3 {
+  int64_t in[3], out[3], kernel[3], stride[3], pad[3], dilation[3];
+  int64_t in_size, out_size, kernel_size;  // products over the three axes
+};
+
+inline Window3 window3(const backend::ConvGeometry& g) {
+  Window3 a{};
+  a.in_size = a.out_size = a.kernel_size = 1;
+  const int shift = 3 - g.spatial;
+  for (int i = 0; i < 3; ++i) {
+    const int j = i - shift;
+    const bool used = j >= 0;
+    a.in[i] = used ? g.in[j] : 1;
+    a.out[i] = used ? g.out[j] : 1;
+    a.kernel[i] = used ? g.kernel[j] : 1;
+    a.stride[i] = used ? g.stride[j] : 1;
+    a.pad[i] = used ? g.pad_lo[j] : 0;
+    a.dilation[i] = used ? g.dilation[j] : 1;
+    a.in_size *= a.in[i];
+    a.out_size *= a.out[i];
+    a.kernel_size *= a.kernel[i];
+  }
+  return a;
+}
+
+// ---- convolution, pooling, random (conv.cu, pooling.cu, random.cu); f32 and f64 ----
+void im2col(Stream s, DType t, const void* x, void* col, const backend::ConvGeometry& g);
+void col2im(Stream s, DType t, const void* col, void* dx, const backend::ConvGeometry& g);
+void pool_forward(Stream s, backend::PoolOp op, DType t, const void* x, void* y, const backend::ConvGeometry& g);
+/// Max pooling takes int64 scratch (one window index per output) from `be`.
+void pool_backward(backend::Backend& be, int device, Stream s, backend::PoolOp op, DType t, const void* x,
+                   const void* y, const void* dy, void* dx, const backend::ConvGeometry& g);
+void random_uniform(Stream s, DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset);
+
+/// cuDNN fast paths (CUDA plugin built with cuDNN); false where there is none for the case: the core
+/// then runs im2col + matmul. Workspace comes from `be`'s caching allocator. bias / dbias may be null.
+bool conv_forward(backend::Backend& be, int device, Stream s, DType t, const void* x, const void* w, const void* bias,
+                  void* y, const backend::ConvGeometry& g);
+bool conv_backward_data(backend::Backend& be, int device, Stream s, DType t, const void* dy, const void* w, void* dx,
+                        const backend::ConvGeometry& g);
+bool conv_backward_weight(backend::Backend& be, int device, Stream s, DType t, const void* x, const void* dy, void* dw,
+                          void* dbias, const backend::ConvGeometry& g);
+/// "cuDNN 9.19.0" or why there is none ("not built with cuDNN", "no MIOpen in Debian 12").
+std::string dnn_version();
+
 }  // namespace flux::gpu

@@ -1,0 +1,459 @@
+// Convolution on the GPU (reference: src/backends/cpu/conv.cpp).
+//   im2col / col2im: the primitives of the core's portable path (im2col + batched GEMM), f32 and f64,
+//     over Window3's three spatial axes (1-D and 2-D have leading length-1 axes). col is
+//     (N, G, C/G * K, P) = (N * C, K, P) row blocks: channel c of sample n owns rows (n * C + c) * K...
+//     im2col runs one thread per column element; col2im one thread per dx element gathering its
+//     columns in kernel order (no atomics: the same sums on every run, in the CPU loop's order).
+//   cuDNN fast paths (CUDA plugin built with FLUX_CUDNN): the legacy convolution API (NCHW, groups,
+//     dilation, 1-D as 2-D with H = 1, 3-D), f32 and f64. Descriptors and the algorithm are chosen
+//     once per (device, dtype, direction, geometry) and cached; float32 runs FMA kernels only (no
+//     TF32), as cuBLAS does here, so results stay within float32 rounding of the float64 reference.
+//     Handles are created on first use (cudnnCreate fails without a GPU: the plugin must still load).
+//     Anything cuDNN cannot do (asymmetric padding, 2^31 elements, no algorithm) returns false and
+//     the core takes the portable path. The AMDGPU build has no MIOpen (Debian 12): always false.
+#include <array>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "src/backends/cuda/cuda_backend.hpp"
+
+#if defined(FLUX_CUDNN) && !defined(FLUX_HIP)
+#include <cudnn.h>
+#define FLUX_HAVE_CUDNN 1
+#endif
+
+namespace flux::gpu {
+
+namespace {
+
+// Splits a flat index over (planes, D, H, W) of sizes `size` into the plane and the three positions.
+__device__ inline int64_t split3(int64_t k, const int64_t size[3], int64_t at[3]) {
+  at[2] = k % size[2];
+  k /= size[2];
+  at[1] = k % size[1];
+  k /= size[1];
+  at[0] = k % size[0];
+  return k / size[0];
+}
+
+// col[(r * K + kk) * P + p] = x[r, p * stride - pad + kk * dilation] (0 outside), r = n * C + c.
+template <class T> __global__ void im2col_kernel(const T* x, T* col, Window3 a, int64_t total) {
+  for (int64_t k = thread_index(); k < total; k += thread_stride()) {
+    int64_t o[3], w[3];
+    const int64_t r = split3(k / a.out_size, a.kernel, w);  // row block r, kernel offset w
+    split3(k % a.out_size, a.out, o);
+    bool inside = true;
+    int64_t at = 0;
+    for (int i = 0; i < 3; ++i) {
+      const int64_t p = o[i] * a.stride[i] - a.pad[i] + w[i] * a.dilation[i];
+      inside = inside && p >= 0 && p < a.in[i];
+      at = at * a.in[i] + p;
+    }
+    col[k] = inside ? x[r * a.in_size + at] : T(0);
+  }
+}
+
+// dx[r, q] += sum over kernel offsets kk (in order) of col[(r * K + kk) * P + p] where p reaches q.
+template <class T> __global__ void col2im_kernel(const T* col, T* dx, Window3 a, int64_t total) {
+  for (int64_t j = thread_index(); j < total; j += thread_stride()) {
+    int64_t q[3];
+    const int64_t r = split3(j, a.in, q);
+    const T* c = col + r * a.kernel_size * a.out_size;
+    T acc = dx[j];
+    for (int64_t k0 = 0; k0 < a.kernel[0]; ++k0) {
+      const int64_t t0 = q[0] + a.pad[0] - k0 * a.dilation[0];
+      if (t0 < 0 || t0 % a.stride[0] || t0 / a.stride[0] >= a.out[0]) continue;
+      for (int64_t k1 = 0; k1 < a.kernel[1]; ++k1) {
+        const int64_t t1 = q[1] + a.pad[1] - k1 * a.dilation[1];
+        if (t1 < 0 || t1 % a.stride[1] || t1 / a.stride[1] >= a.out[1]) continue;
+        for (int64_t k2 = 0; k2 < a.kernel[2]; ++k2) {
+          const int64_t t2 = q[2] + a.pad[2] - k2 * a.dilation[2];
+          if (t2 < 0 || t2 % a.stride[2] || t2 / a.stride[2] >= a.out[2]) continue;
+          const int64_t kk = (k0 * a.kernel[1] + k1) * a.kernel[2] + k2;
+          const int64_t p = (t0 / a.stride[0] * a.out[1] + t1 / a.stride[1]) * a.out[2] + t2 / a.stride[2];
+          acc += c[kk * a.out_size + p];
+        }
+      }
+    }
+    dx[j] = acc;
+  }
+}
+
+void check_dtype(const char* api, DType t) {
+  if (t != DType::f32 && t != DType::f64)
+    detail::fail("[", api, "] " FLUX_GPU_BACKEND_NAME " kernel supports Float32 and Float64; got ", dtype_name(t));
+}
+
+}  // namespace
+
+void im2col(Stream s, DType t, const void* x, void* col, const backend::ConvGeometry& g) {
+  check_dtype("im2col", t);
+  const Window3 a = window3(g);
+  const int64_t total = g.batch * g.in_channels * a.kernel_size * a.out_size;
+  if (total <= 0) return;
+  if (t == DType::f32)
+    im2col_kernel<float><<<blocks_for(total), kThreads, 0, s>>>(static_cast<const float*>(x), static_cast<float*>(col), a, total);
+  else
+    im2col_kernel<double><<<blocks_for(total), kThreads, 0, s>>>(static_cast<const double*>(x), static_cast<double*>(col), a, total);
+  check_launch("im2col kernel");
+}
+
+void col2im(Stream s, DType t, const void* col, void* dx, const backend::ConvGeometry& g) {
+  check_dtype("col2im", t);
+  const Window3 a = window3(g);
+  const int64_t total = g.batch * g.in_channels * a.in_size;
+  if (total <= 0 || a.out_size <= 0) return;
+  if (t == DType::f32)
+    col2im_kernel<float><<<blocks_for(total), kThreads, 0, s>>>(static_cast<const float*>(col), static_cast<float*>(dx), a, total);
+  else
+    col2im_kernel<double><<<blocks_for(total), kThreads, 0, s>>>(static_cast<const double*>(col), static_cast<double*>(dx), a, total);
+  check_launch("col2im kernel");
+}
+
+#ifdef FLUX_HAVE_CUDNN
+
+namespace {
+
+enum class Kind : int64_t { forward, backward_data, backward_weight };
+
+constexpr size_t kMaxWorkspace = size_t(1) << 30;  // algorithms wanting more are passed over
+
+using Key = std::array<int64_t, 32>;
+
+Key make_key(int device, DType t, Kind kind, const backend::ConvGeometry& g) {
+  Key k{};
+  size_t i = 0;
+  k[i++] = device, k[i++] = int64_t(t), k[i++] = int64_t(kind), k[i++] = g.spatial, k[i++] = g.batch;
+  k[i++] = g.in_channels, k[i++] = g.out_channels, k[i++] = g.groups;
+  for (int a = 0; a < g.spatial && a < 3; ++a) {
+    k[i++] = g.in[a], k[i++] = g.out[a], k[i++] = g.kernel[a], k[i++] = g.stride[a];
+    k[i++] = g.pad_lo[a], k[i++] = g.pad_hi[a], k[i++] = g.dilation[a];
+  }
+  return k;
+}
+
+/// The cached descriptors and algorithm of one convolution; ok == false: cuDNN cannot do it.
+struct Plan {
+  bool ok = false;
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;  // bias: (1, O, 1...) for bias / dbias
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  int algo = 0;
+  size_t workspace = 0;
+  void release() {
+    if (x) cudnnDestroyTensorDescriptor(x);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (bias) cudnnDestroyTensorDescriptor(bias);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    x = y = bias = nullptr, w = nullptr, conv = nullptr;
+  }
+};
+
+struct Dnn {
+  std::mutex mutex;  // guards the handles and plans and serialises each handle's use
+  std::vector<cudnnHandle_t> handles;
+  std::vector<bool> failed;  // cudnnCreate failed on that device: always the portable path there
+  std::map<Key, std::unique_ptr<Plan>> plans;
+};
+
+Dnn& dnn() {
+  static Dnn* d = new Dnn();  // never destroyed, as the backend
+  return *d;
+}
+
+bool debug() { return std::getenv("FLUX_DEBUG_BACKENDS") != nullptr; }
+
+// The device's handle bound to `s`, created on first use with the device current; null if cuDNN
+// cannot start there. Caller holds dnn().mutex.
+cudnnHandle_t handle_for(Dnn& d, int device, Stream s) {
+  if (size_t(device) >= d.handles.size()) {
+    d.handles.resize(size_t(device) + 1, nullptr);
+    d.failed.resize(size_t(device) + 1, false);
+  }
+  if (d.failed[device]) return nullptr;
+  if (!d.handles[device]) {
+    cudnnStatus_t st = cudnnCreate(&d.handles[device]);
+    if (st != CUDNN_STATUS_SUCCESS) {
+      d.handles[device] = nullptr;
+      d.failed[device] = true;
+      if (debug())
+        std::fprintf(stderr, "[flux:backends] CUDA: cudnnCreate on device %d failed (%s): convolutions take the "
+                             "im2col path\n", device, cudnnGetErrorString(st));
+      return nullptr;
+    }
+  }
+  if (cudnnSetStream(d.handles[device], s) != CUDNN_STATUS_SUCCESS)
+    detail::fail("[conv] cudnnSetStream failed on CUDA:", device);
+  return d.handles[device];
+}
+
+bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
+
+// (N, C, spatial...) as cuDNN dimensions: at least two spatial axes (1-D gets H = 1 in front).
+std::vector<int> activation_dims(const backend::ConvGeometry& g, int64_t channels, const int64_t* sizes, bool& ok) {
+  std::vector<int64_t> d{g.batch, channels};
+  if (g.spatial == 1) d.push_back(1);
+  for (int i = 0; i < g.spatial; ++i) d.push_back(sizes[i]);
+  std::vector<int> out;
+  int64_t numel = 1;
+  for (int64_t v : d) {
+    ok = ok && fits_int(v);
+    numel *= v;
+    out.push_back(int(v));
+  }
+  ok = ok && numel < (int64_t(1) << 31);  // the legacy API's tensor limit
+  return out;
+}
+
+bool tensor_desc(cudnnTensorDescriptor_t& desc, cudnnDataType_t type, const std::vector<int>& dims) {
+  std::vector<int> strides(dims.size());
+  int64_t s = 1;
+  for (size_t i = dims.size(); i-- > 0;) {
+    strides[i] = int(s);
+    s *= dims[i];
+  }
+  return cudnnCreateTensorDescriptor(&desc) == CUDNN_STATUS_SUCCESS &&
+         cudnnSetTensorNdDescriptor(desc, type, int(dims.size()), dims.data(), strides.data()) == CUDNN_STATUS_SUCCESS;
+}
+
+// Picks the first heuristic result that succeeded, is FMA-only for float32, fits the workspace cap,
+// preferring deterministic algorithms; -1 if none.
+template <class Perf> int choose(const Perf* perf, int n, bool f32, cudnnMathType_t& math) {
+  int pick = -1;
+  for (int pass = 0; pass < 2 && pick < 0; ++pass)
+    for (int i = 0; i < n; ++i) {
+      const Perf& p = perf[i];
+      if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kMaxWorkspace) continue;
+      if (f32 && p.mathType != CUDNN_FMA_MATH) continue;
+      if (pass == 0 && p.determinism != CUDNN_DETERMINISTIC) continue;
+      pick = i;
+      break;
+    }
+  if (pick >= 0) math = perf[pick].mathType;
+  return pick < 0 ? -1 : int(perf[pick].algo);
+}
+
+// Fills `p` for the convolution; false (p released) where cuDNN cannot do it.
+bool build_plan(Plan& p, cudnnHandle_t h, DType t, Kind kind, const backend::ConvGeometry& g) {
+  if (t != DType::f32 && t != DType::f64) return false;
+  if (g.spatial < 1 || g.spatial > 3 || g.groups < 1 || g.in_channels % g.groups || g.out_channels % g.groups) return false;
+  const bool f32 = t == DType::f32;
+  const cudnnDataType_t type = f32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
+  bool ok = fits_int(g.groups);
+  std::vector<int> xd = activation_dims(g, g.in_channels, g.in, ok);
+  std::vector<int> yd = activation_dims(g, g.out_channels, g.out, ok);
+  std::vector<int> wd{int(g.out_channels), int(g.in_channels / g.groups)};
+  std::vector<int> pad, stride, dilation;
+  if (g.spatial == 1) wd.push_back(1), pad.push_back(0), stride.push_back(1), dilation.push_back(1);
+  int64_t wnumel = g.out_channels * (g.in_channels / g.groups);
+  for (int i = 0; i < g.spatial; ++i) {
+    for (int64_t v : {g.kernel[i], g.pad_lo[i], g.stride[i], g.dilation[i]}) ok = ok && fits_int(v);
+    wd.push_back(int(g.kernel[i]));
+    pad.push_back(int(g.pad_lo[i]));
+    stride.push_back(int(g.stride[i]));
+    dilation.push_back(int(g.dilation[i]));
+    wnumel *= g.kernel[i];
+  }
+  ok = ok && wnumel < (int64_t(1) << 31);
+  if (!ok) return false;
+  std::vector<int> bd(xd.size(), 1);
+  bd[1] = int(g.out_channels);
+
+  const int nb = int(xd.size());
+  ok = tensor_desc(p.x, type, xd) && tensor_desc(p.y, type, yd) && tensor_desc(p.bias, type, bd) &&
+       cudnnCreateFilterDescriptor(&p.w) == CUDNN_STATUS_SUCCESS &&
+       cudnnSetFilterNdDescriptor(p.w, type, CUDNN_TENSOR_NCHW, nb, wd.data()) == CUDNN_STATUS_SUCCESS &&
+       cudnnCreateConvolutionDescriptor(&p.conv) == CUDNN_STATUS_SUCCESS &&
+       cudnnSetConvolutionNdDescriptor(p.conv, nb - 2, pad.data(), stride.data(), dilation.data(),
+                                       CUDNN_CROSS_CORRELATION, type) == CUDNN_STATUS_SUCCESS &&
+       cudnnSetConvolutionGroupCount(p.conv, int(g.groups)) == CUDNN_STATUS_SUCCESS &&
+       cudnnSetConvolutionMathType(p.conv, f32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH) == CUDNN_STATUS_SUCCESS;
+  // cuDNN pads both sides by pad_lo: usable only when that gives our output size (pad_hi may differ
+  // where the extra cells are never read).
+  std::vector<int> got(size_t(nb), 0);
+  ok = ok && cudnnGetConvolutionNdForwardOutputDim(p.conv, p.x, p.w, nb, got.data()) == CUDNN_STATUS_SUCCESS && got == yd;
+  if (!ok) {
+    p.release();
+    return false;
+  }
+
+  cudnnMathType_t math = f32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+  int algo = -1, n = 0;
+  cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+  if (kind == Kind::forward) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    st = cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf);
+    if (st == CUDNN_STATUS_SUCCESS) algo = choose(perf, n, f32, math);
+    if (algo < 0) algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  } else if (kind == Kind::backward_data) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    st = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n,
+                                                     perf);
+    if (st == CUDNN_STATUS_SUCCESS) algo = choose(perf, n, f32, math);
+    if (algo < 0) algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                       &n, perf);
+    if (st == CUDNN_STATUS_SUCCESS) algo = choose(perf, n, f32, math);
+    if (algo < 0) algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+  }
+  // The workspace size query doubles as the check that the algorithm supports this case.
+  size_t bytes = 0;
+  ok = cudnnSetConvolutionMathType(p.conv, math) == CUDNN_STATUS_SUCCESS;
+  if (kind == Kind::forward)
+    ok = ok && cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, cudnnConvolutionFwdAlgo_t(algo),
+                                                       &bytes) == CUDNN_STATUS_SUCCESS;
+  else if (kind == Kind::backward_data)
+    ok = ok && cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, cudnnConvolutionBwdDataAlgo_t(algo),
+                                                            &bytes) == CUDNN_STATUS_SUCCESS;
+  else
+    ok = ok && cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w,
+                                                              cudnnConvolutionBwdFilterAlgo_t(algo),
+                                                              &bytes) == CUDNN_STATUS_SUCCESS;
+  if (!ok || bytes > kMaxWorkspace) {
+    p.release();
+    return false;
+  }
+  p.algo = algo;
+  p.workspace = bytes;
+  p.ok = true;
+  if (debug())
+    std::fprintf(stderr, "[flux:backends] CUDA: cuDNN %s %dD %s: algorithm %d, workspace %zu bytes\n",
+                 kind == Kind::forward ? "forward" : kind == Kind::backward_data ? "backward data" : "backward filter",
+                 g.spatial, f32 ? "f32" : "f64", algo, bytes);
+  return true;
+}
+
+// The cached plan (built on first use), or null when cuDNN cannot do the case. Caller holds d.mutex.
+Plan* plan_for(Dnn& d, cudnnHandle_t h, int device, DType t, Kind kind, const backend::ConvGeometry& g) {
+  std::unique_ptr<Plan>& slot = d.plans[make_key(device, t, kind, g)];
+  if (!slot) {
+    slot = std::make_unique<Plan>();
+    build_plan(*slot, h, t, kind, g);
+  }
+  return slot->ok ? slot.get() : nullptr;
+}
+
+/// 1 and 0 as cuDNN's scaling factors: double for double data, float otherwise.
+struct Scale {
+  float f1 = 1.f, f0 = 0.f;
+  double d1 = 1.0, d0 = 0.0;
+  bool dbl;
+  explicit Scale(DType t) : dbl(t == DType::f64) {}
+  const void* one() const { return dbl ? static_cast<const void*>(&d1) : static_cast<const void*>(&f1); }
+  const void* zero() const { return dbl ? static_cast<const void*>(&d0) : static_cast<const void*>(&f0); }
+};
+
+// true: done; false: cuDNN reports this case unsupported at run time (the plan is dropped and the
+// core runs the portable path); any other failure throws.
+bool ran(cudnnStatus_t st, Plan& p, const char* what) {
+  if (st == CUDNN_STATUS_SUCCESS) return true;
+  if (st == CUDNN_STATUS_NOT_SUPPORTED) {
+    p.release();
+    p.ok = false;
+    return false;
+  }
+  detail::fail("[conv] ", what, " failed: ", cudnnGetErrorString(st));
+}
+
+}  // namespace
+
+bool conv_forward(backend::Backend& be, int device, Stream s, DType t, const void* x, const void* w, const void* bias,
+                  void* y, const backend::ConvGeometry& g) {
+  Dnn& d = dnn();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  cudnnHandle_t h = handle_for(d, device, s);
+  Plan* p = h ? plan_for(d, h, device, t, Kind::forward, g) : nullptr;
+  if (!p) return false;
+  Scratch ws(be, device, p->workspace);
+  Scale k(t);
+  if (!ran(cudnnConvolutionForward(h, k.one(), p->x, x, p->w, w, p->conv, cudnnConvolutionFwdAlgo_t(p->algo), ws.get(),
+                                   ws.size(), k.zero(), p->y, y),
+           *p, "cudnnConvolutionForward"))
+    return false;
+  if (bias) {
+    cudnnStatus_t st = cudnnAddTensor(h, k.one(), p->bias, bias, k.one(), p->y, y);
+    if (st != CUDNN_STATUS_SUCCESS) detail::fail("[conv] cudnnAddTensor (bias) failed: ", cudnnGetErrorString(st));
+  }
+  return true;
+}
+
+bool conv_backward_data(backend::Backend& be, int device, Stream s, DType t, const void* dy, const void* w, void* dx,
+                        const backend::ConvGeometry& g) {
+  Dnn& d = dnn();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  cudnnHandle_t h = handle_for(d, device, s);
+  Plan* p = h ? plan_for(d, h, device, t, Kind::backward_data, g) : nullptr;
+  if (!p) return false;
+  Scratch ws(be, device, p->workspace);
+  Scale k(t);
+  return ran(cudnnConvolutionBackwardData(h, k.one(), p->w, w, p->y, dy, p->conv, cudnnConvolutionBwdDataAlgo_t(p->algo),
+                                          ws.get(), ws.size(), k.zero(), p->x, dx),
+             *p, "cudnnConvolutionBackwardData");
+}
+
+bool conv_backward_weight(backend::Backend& be, int device, Stream s, DType t, const void* x, const void* dy, void* dw,
+                          void* dbias, const backend::ConvGeometry& g) {
+  Dnn& d = dnn();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  cudnnHandle_t h = handle_for(d, device, s);
+  Plan* p = h ? plan_for(d, h, device, t, Kind::backward_weight, g) : nullptr;
+  if (!p) return false;
+  Scratch ws(be, device, p->workspace);
+  Scale k(t);
+  if (!ran(cudnnConvolutionBackwardFilter(h, k.one(), p->x, x, p->y, dy, p->conv,
+                                          cudnnConvolutionBwdFilterAlgo_t(p->algo), ws.get(), ws.size(), k.zero(), p->w,
+                                          dw),
+           *p, "cudnnConvolutionBackwardFilter"))
+    return false;
+  if (dbias) {
+    cudnnStatus_t st = cudnnConvolutionBackwardBias(h, k.one(), p->y, dy, k.zero(), p->bias, dbias);
+    if (st != CUDNN_STATUS_SUCCESS)
+      detail::fail("[conv] cudnnConvolutionBackwardBias failed: ", cudnnGetErrorString(st));
+  }
+  return true;
+}
+
+std::string dnn_version() {
+  const size_t v = cudnnGetVersion();
+  auto text = [](size_t n) {
+    return std::to_string(n / 10000) + "." + std::to_string(n / 100 % 100) + "." + std::to_string(n % 100);
+  };
+  std::string s = "cuDNN " + text(v);
+  if (v != size_t(CUDNN_VERSION)) s += " (built against " + text(CUDNN_VERSION) + ")";
+  return s + " for conv (legacy API, float32 without TF32)";
+}
+
+#else  // no cuDNN: the core's im2col + matmul path everywhere
+
+bool conv_forward(backend::Backend&, int, Stream, DType, const void*, const void*, const void*, void*,
+                  const backend::ConvGeometry&) {
+  return false;
+}
+bool conv_backward_data(backend::Backend&, int, Stream, DType, const void*, const void*, void*,
+                        const backend::ConvGeometry&) {
+  return false;
+}
+bool conv_backward_weight(backend::Backend&, int, Stream, DType, const void*, const void*, void*, void*,
+                          const backend::ConvGeometry&) {
+  return false;
+}
+
+std::string dnn_version() {
+#ifdef FLUX_HIP
+  return "none (no MIOpen in Debian 12): conv through im2col + GEMM";
+#else
+  return "none (built without cuDNN): conv through im2col + GEMM";
+#endif
+}
+
+#endif
+
+}  // namespace flux::gpu
