@@ -30,4 +30,9 @@ Tensor step_raw(const Tensor& x);
 /// Returns an undefined tensor when the operands do not fit that case (the caller falls back).
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
 
+/// Whether conv/conv_transpose (and the pools) may call the backend's library fast paths (oneDNN,
+/// cuDNN); false forces the portable im2col + GEMM path. Default true; FLUX_LIBRARY_KERNELS=0 disables.
+void set_library_kernels(bool enabled);
+bool library_kernels();
+
 }  // namespace flux::detail

@@ -114,6 +114,24 @@ class CpuBackend final : public backend::Backend {
   void random_uniform(int, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
     cpu::random_uniform(t, ptr(dst), n, seed, offset);
   }
+  void im2col(int, DType t, backend::Buffer x, backend::Buffer col, const backend::ConvGeometry& g) override {
+    cpu::im2col(t, ptr(x), ptr(col), g);
+  }
+  void col2im(int, DType t, backend::Buffer col, backend::Buffer dx, const backend::ConvGeometry& g) override {
+    cpu::col2im(t, ptr(col), ptr(dx), g);
+  }
+  bool conv_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
+                    const backend::ConvGeometry& g) override {
+    return cpu::onednn_conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g);
+  }
+  bool conv_backward_data(int, DType t, backend::Buffer dy, backend::Buffer w, backend::Buffer dx,
+                          const backend::ConvGeometry& g) override {
+    return cpu::onednn_conv_backward_data(t, ptr(dy), ptr(w), ptr(dx), g);
+  }
+  bool conv_backward_weight(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer dw,
+                            backend::Buffer dbias, const backend::ConvGeometry& g) override {
+    return cpu::onednn_conv_backward_weight(t, ptr(x), ptr(dy), ptr(dw), dbias.handle ? ptr(dbias) : nullptr, g);
+  }
 
  private:
   HostPool pool_;

@@ -31,6 +31,12 @@ void scatter_add(DType t, const void* src, const int64_t* idx, void* dst, int64_
 void adam_step(DType t, void* x, const void* g, void* m, void* v, int64_t n, const backend::AdamStep& s);
 /// n counter-based uniforms in [0, 1) (random.cpp), exactly backend.hpp's formula; f32 or f64.
 void random_uniform(DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset);
+// conv.cpp: the portable path's primitives and the oneDNN fast path (false: not available here).
+void im2col(DType t, const void* x, void* col, const backend::ConvGeometry& g);
+void col2im(DType t, const void* col, void* dx, const backend::ConvGeometry& g);
+bool onednn_conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend::ConvGeometry& g);
+bool onednn_conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g);
+bool onednn_conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, const backend::ConvGeometry& g);
 
 }  // namespace flux::cpu
 
