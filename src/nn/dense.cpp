@@ -1,4 +1,4 @@
-// Dense: y = act(x Wᵀ + b), and glorot_uniform.
+// Dense: y = act(x Wᵀ + b).
 #include <cmath>
 #include <cstdio>
 #include <mutex>
@@ -9,20 +9,9 @@
 
 namespace flux {
 
-Tensor glorot_uniform(int64_t out, int64_t in, DType t) {
-  if (out <= 0 || in <= 0) detail::fail("[glorot_uniform] dimensions must be positive; got (", out, ", ", in, ")");
-  double limit = std::sqrt(6.0 / double(in + out));
-  // Uniform on [-limit, limit) in the layer's dtype, one temporary alive at a time: the former float64
-  // expression held four full-size float64 temporaries (512 MiB for a 4096 x 4096 layer) that then
-  // stayed in the CPU caching pool as resident memory.
-  Tensor w = rand(Shape{out, in}, t);
-  w = w * (2.0 * limit);
-  return w - limit;
-}
-
 Dense::Dense(int64_t in, int64_t out, Activation act, DenseOptions options) : activation(std::move(act)) {
   if (in <= 0 || out <= 0) detail::fail("[Dense] sizes must be positive; got Dense(", in, " => ", out, ")");
-  weight = glorot_uniform(out, in, options.dtype);
+  weight = detail::initialise("Dense", options.init, Shape{out, in}, options.dtype);
   if (options.bias) bias = zeros(Shape{out}, options.dtype);
 }
 

@@ -1,17 +1,20 @@
 // Dense(in, out, act = identity; bias = true): y = act(x Wᵀ + b) with x (N, in), W (out, in), b (out,).
-// Weights are Glorot-uniform as in Flux; the layout matches PyTorch's nn.Linear.
+// Weights are Glorot-uniform as in Flux (another initialiser with `.init`, see init.hpp); the layout
+// matches PyTorch's nn.Linear.
 #pragma once
 #include <ostream>
 #include <string>
 
 #include "flux/functor.hpp"
 #include "flux/nn/activations.hpp"
+#include "flux/nn/init.hpp"
 
 namespace flux {
 
 struct DenseOptions {
   bool bias = true;
   DType dtype = DType::f32;
+  Initialiser init = glorot_uniform;  // called as init(Shape{out, in}, dtype)
 };
 
 struct Dense {
@@ -37,7 +40,6 @@ std::string layer_string(const Dense& d);
 /// Flux's display: "Dense(10 => 5, sigmoid)  # 55 parameters".
 std::ostream& operator<<(std::ostream& os, const Dense& d);
 
-/// Glorot (Xavier) uniform init of shape (out, in), as Flux.glorot_uniform.
-Tensor glorot_uniform(int64_t out, int64_t in, DType t = DType::f32);
+// glorot_uniform(out, in, dtype) and the other initialisers live in flux/nn/init.hpp.
 
 }  // namespace flux

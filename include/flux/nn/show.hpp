@@ -23,6 +23,23 @@ template <class T>
 concept Streamable = requires(std::ostream& os, const T& t) { os << t; };
 template <class T>
 concept Named = requires(const T* t) { flux_layer_name(t); };
+/// A layer holding other layers (SkipConnection, Parallel) lists them in display order with an
+/// ADL-visible `flux_show_children(const L&)` (a tuple of references) and names itself with
+/// flux_layer_name; big_show nests them as Flux's _big_show does.
+template <class T>
+concept ShowsChildren = Named<T> && requires(const T& t) { flux_show_children(t); };
+/// Children that Flux prints as leaves (functions: activations, `+`, `vcat`, `flatten`).
+template <class T> inline constexpr bool show_leaflike = requires { T::name; };
+template <class Tuple> struct all_leaflike : std::false_type {};
+template <class... T>
+struct all_leaflike<std::tuple<T...>> : std::bool_constant<(show_leaflike<std::remove_cvref_t<T>> && ...)> {};
+/// Whether a container holds only leaves (then Flux prints it on one line, as a layer).
+template <class L> constexpr bool shows_nested() {
+  if constexpr (ShowsChildren<L>)
+    return !all_leaflike<std::remove_cvref_t<decltype(flux_show_children(std::declval<const L&>()))>>::value;
+  else
+    return false;
+}
 
 template <class L> size_t param_bytes(const L& l) {
   size_t b = 0;
@@ -57,6 +74,13 @@ template <class L> void big_show(std::ostream& os, const L& layer, int indent) {
     std::apply([&](const auto&... ls) { (big_show(os, ls, indent + 2), ...); }, layer.layers);
     os << std::string(indent, ' ') << ")";
     if (indent > 0) os << ",\n";
+  } else if constexpr (shows_nested<L>()) {
+    os << std::string(indent, ' ') << flux_layer_name(&layer) << "(\n";
+    std::apply([&](const auto&... c) { (big_show(os, c, indent + 2), ...); }, flux_show_children(layer));
+    os << std::string(indent, ' ') << ")";
+    if (indent > 0) os << ",\n";
+  } else if (ShowsChildren<L> && indent == 0) {
+    os << one_line(layer);  // a container of functions only: one line, as Flux's _layer_show
   } else {
     std::string str = one_line(layer);
     os << std::string(indent, ' ') << str << ",";
@@ -72,7 +96,10 @@ template <class L> void big_show(std::ostream& os, const L& layer, int indent) {
 }  // namespace show
 
 /// Flux's REPL display of a Chain: one line per layer with its parameter count, then the total.
-template <class... L> std::ostream& operator<<(std::ostream& os, const Chain<L...>& c) {
+/// The same for the other containers (SkipConnection, Parallel).
+template <class M>
+  requires(is_chain<M>::value || show::ShowsChildren<M>)
+std::ostream& operator<<(std::ostream& os, const M& c) {
   show::big_show(os, c, 0);
   auto ps = params(c);
   if (ps.size() > 2) {
