@@ -12,6 +12,7 @@
 
 #include <gmock/gmock.h>
 
+#include "src/ops/ops_internal.hpp"
 #include "test_devices.hpp"
 
 using namespace flux;
@@ -97,6 +98,13 @@ BatchNorm random_bn(int64_t c, Activation act = Activation(), BatchNormOptions o
 }
 
 class Norm : public ::testing::TestWithParam<Device> {};
+
+// Chooses the fused backend kernels (true, the default) or the portable composed ops for its scope.
+struct FusedKernels {
+  bool saved;
+  explicit FusedKernels(bool on) : saved(detail::library_kernels()) { detail::set_library_kernels(on); }
+  ~FusedKernels() { detail::set_library_kernels(saved); }
+};
 
 }  // namespace
 
@@ -270,7 +278,11 @@ TEST(Normalisation, ModeWalkReachesUserLayersAndContainers) {
 }
 
 TEST(Normalisation, FiniteDifferenceGradientsInTraining) {
-  // L = sum(y .* R) with y = BatchNorm(x) in training mode, float64, for x, weight and bias.
+  // L = sum(y .* R) with y = BatchNorm(x) in training mode, float64, for x, weight and bias; on the
+  // fused CPU kernels and on the portable path.
+  for (bool fused_kernels : {true, false}) {
+  SCOPED_TRACE(fused_kernels ? "fused" : "portable");
+  FusedKernels mode(fused_kernels);
   Shape shape{3, 2, 2, 2};
   std::vector<double> x0 = uniform(24, -2, 2, 51), r = uniform(24, 0.5, 1.5, 52);
   std::vector<double> w0 = {1.3, 0.7}, b0 = {0.2, -0.4};
@@ -303,6 +315,98 @@ TEST(Normalisation, FiniteDifferenceGradientsInTraining) {
   for (size_t i = 0; i < x0.size(); ++i) EXPECT_NEAR(gxs[i], numeric(0, i), 1e-6) << "x[" << i << "]";
   for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(gws[i], numeric(1, i), 1e-6) << "weight[" << i << "]";
   for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(gbs[i], numeric(2, i), 1e-6) << "bias[" << i << "]";
+  }
+}
+
+TEST(Normalisation, FiniteDifferenceGradientsInTestMode) {
+  // testmode inside gradient: running statistics, gradients for x, weight and bias, both paths.
+  Shape shape{2, 3, 4};
+  std::vector<double> x0 = uniform(24, -2, 2, 91), r = uniform(24, 0.5, 1.5, 92);
+  Tensor R(r, shape);
+  auto loss = [&](const Tensor& x, const Tensor& w, const Tensor& b) {
+    BatchNorm bn(3, {.dtype = DType::f64});
+    bn.weight = w;
+    bn.bias = b;
+    bn.running_mean = Tensor(std::vector<double>{0.5, -0.2, 0.1}, Shape{3});
+    bn.running_var = Tensor(std::vector<double>{2.0, 0.5, 1.0}, Shape{3});
+    testmode(bn);
+    return sum(bn(x) * R);
+  };
+  std::vector<double> w0 = {1.2, -0.8, 0.6}, b0 = {0.1, 0.2, -0.3};
+  for (bool fused_kernels : {true, false}) {
+    SCOPED_TRACE(fused_kernels ? "fused" : "portable");
+    FusedKernels mode(fused_kernels);
+    auto [gx, gw, gb] = gradient(loss, Tensor(x0, shape), Tensor(w0, Shape{3}), Tensor(b0, Shape{3}));
+    std::vector<std::vector<double>> args = {x0, w0, b0};
+    std::vector<Tensor> grads = {gx, gw, gb};
+    for (size_t which = 0; which < 3; ++which) {
+      std::vector<double> g = grads[which].to_vector<double>();
+      for (size_t i = 0; i < args[which].size(); ++i) {
+        auto plus = args, minus = args;
+        plus[which][i] += 1e-6;
+        minus[which][i] -= 1e-6;
+        auto value = [&](const std::vector<std::vector<double>>& a) {
+          return loss(Tensor(a[0], shape), Tensor(a[1], Shape{3}), Tensor(a[2], Shape{3})).item<double>();
+        };
+        EXPECT_NEAR(g[i], (value(plus) - value(minus)) / 2e-6, 1e-6) << which << "[" << i << "]";
+      }
+    }
+  }
+}
+
+TEST(Normalisation, FusedAndPortablePathsAgree) {
+  for (DType t : {DType::f32, DType::f64}) {
+    for (Shape shape : {Shape{8, 5, 6, 7}, Shape{16, 5}, Shape{3, 5, 11}}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " " + to_string(shape));
+      Tensor x = Tensor(uniform(size_t(shape.numel()), -3, 4, 81), shape).cast(t);
+      Tensor w = Tensor(uniform(5, 0.5, 1.5, 82), Shape{5}).cast(t), b = Tensor(uniform(5, -1, 1, 83), Shape{5}).cast(t);
+      Tensor r = Tensor(uniform(size_t(shape.numel()), 0.5, 1.5, 84), shape).cast(t);
+      auto run = [&](bool fused_kernels) {
+        FusedKernels mode(fused_kernels);
+        Tensor mean, var;
+        Tensor y = batchnorm(x, w, b, 1e-5, &mean, &var);
+        auto [gx, gw, gb] = gradient([&](const Tensor& a, const Tensor& c, const Tensor& d) {
+          return sum(batchnorm(a, c, d, 1e-5) * r);
+        }, x, w, b);
+        // inference form with given statistics, gradients for all five
+        Tensor rm = Tensor(uniform(5, -1, 1, 85), Shape{5}).cast(t), rv = Tensor(uniform(5, 0.5, 2, 86), Shape{5}).cast(t);
+        Tensor yi = batchnorm(x, w, b, rm, rv, 1e-3);
+        auto [ix, iw, ib, im, iv] = gradient([&](const Tensor& a, const Tensor& c, const Tensor& d, const Tensor& e,
+                                                 const Tensor& f) { return sum(batchnorm(a, c, d, e, f, 1e-3) * r); },
+                                             x, w, b, rm, rv);
+        return std::vector<Tensor>{y, mean, var, gx, gw, gb, yi, ix, iw, ib, im, iv};
+      };
+      auto fused = run(true), portable = run(false);
+      double tol = t == DType::f32 ? 1e-5 : 1e-12;
+      for (size_t i = 0; i < fused.size(); ++i) EXPECT_LE(max_rel_error(fused[i], vec(portable[i])), tol) << i;
+    }
+  }
+}
+
+TEST(Normalisation, BatchnormOpGradientsWithoutAffine) {
+  // The op on (N, C) input, weight and bias undefined: central differences in float64.
+  Shape shape{5, 3};
+  std::vector<double> x0 = uniform(15, -2, 2, 55), r = uniform(15, 0.5, 1.5, 56);
+  Tensor R(r, shape);
+  auto value = [&](const std::vector<double>& x) { return sum(batchnorm(Tensor(x, shape), {}, {}, 1e-3) * R).item<double>(); };
+  Tensor g = gradient([&](const Tensor& x) { return sum(batchnorm(x, {}, {}, 1e-3) * R); }, Tensor(x0, shape));
+  std::vector<double> gv = g.to_vector<double>();
+  for (size_t i = 0; i < x0.size(); ++i) {
+    auto plus = x0, minus = x0;
+    plus[i] += 1e-6;
+    minus[i] -= 1e-6;
+    EXPECT_NEAR(gv[i], (value(plus) - value(minus)) / 2e-6, 1e-6) << i;
+  }
+  // statistics come back unrecorded, shape (C,)
+  Tensor mean, var;
+  batchnorm(Tensor(x0, shape), {}, {}, 1e-3, &mean, &var);
+  std::vector<double> want_mean, want_var;
+  batch_stats(x0, layout_of(shape), want_mean, want_var);
+  EXPECT_EQ(mean.shape(), Shape{3});
+  EXPECT_LE(max_rel_error(mean, want_mean), 1e-12);
+  EXPECT_LE(max_rel_error(var, want_var), 1e-12);
+  EXPECT_THAT(error_of([] { batchnorm(zeros({4, 3}), ones({2}), {}, 1e-5); }),
+              HasSubstr("[batchnorm] weight and bias must have shape (3,) for input (4, 3); got (2,)"));
 }
 
 TEST_P(Norm, DeviceGradientsMatchFloat64Cpu) {
@@ -371,6 +475,14 @@ TEST_P(Norm, MovedBySpellsOfFmapAndDev) {
   EXPECT_EQ(f64.running_mean.dtype(), DType::f64);
   BatchNorm g = f64 | gpu;
   EXPECT_EQ(g.num_batches_tracked.dtype(), DType::i64);
+  // tied state stays tied: two layers sharing one BatchNorm's tensors move them once
+  std::tuple<BatchNorm, BatchNorm> tied{bn, bn};
+  EXPECT_EQ(nontrainables(tied).size(), 3u);
+  EXPECT_EQ(params(tied).size(), 2u);
+  auto moved = tied | d;
+  EXPECT_TRUE(std::get<0>(moved).running_mean.same_storage(std::get<1>(moved).running_mean));
+  EXPECT_TRUE(std::get<0>(moved).num_batches_tracked.same_storage(std::get<1>(moved).num_batches_tracked));
+  EXPECT_EQ(std::get<1>(moved).running_var.device(), d);
 }
 
 TEST_P(Norm, SaveLoadRoundTripIncludesRunningStatistics) {

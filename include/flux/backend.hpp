@@ -162,6 +162,34 @@ class Backend {
     detail::fail("[random_uniform] not implemented by the ", name(), " backend");
   }
 
+  // ---- batch normalisation fast paths (src/backends/<name>/normalisation); false = the core composes
+  // portable ops. x, y, dy, dx are (n, c, s) row-major of dtype t (f32/f64); per-channel arrays (c,) of
+  // dtype t; a weight/bias/dweight/dbias handle of nullptr means none (weight 1, bias 0, not wanted). ----
+  /// Training forward: mean[c] and biased var[c] over n and s, then
+  /// y = (x - mean) / sqrt(var + eps) * weight + bias.
+  virtual bool batchnorm_forward(int device, DType t, Buffer x, Buffer weight, Buffer bias, Buffer y, Buffer mean,
+                                 Buffer var, int64_t n, int64_t c, int64_t s, double eps) {
+    (void)device, (void)t, (void)x, (void)weight, (void)bias, (void)y, (void)mean, (void)var, (void)n, (void)c,
+        (void)s, (void)eps;
+    return false;
+  }
+  /// Its adjoint, overwriting dx, dweight = Σ dy (x - mean) / sqrt(var + eps) and dbias = Σ dy; with
+  /// m = n s, inv = 1 / sqrt(var + eps), a = weight inv:
+  /// dx = a dy - a Σdy / m - (x - mean) a inv² Σ(dy (x - mean)) / m.
+  virtual bool batchnorm_backward(int device, DType t, Buffer x, Buffer dy, Buffer weight, Buffer mean, Buffer var,
+                                  Buffer dx, Buffer dweight, Buffer dbias, int64_t n, int64_t c, int64_t s, double eps) {
+    (void)device, (void)t, (void)x, (void)dy, (void)weight, (void)mean, (void)var, (void)dx, (void)dweight,
+        (void)dbias, (void)n, (void)c, (void)s, (void)eps;
+    return false;
+  }
+
+  /// Inference (running statistics folded into per-channel scale and shift): y = x * scale + shift.
+  virtual bool channel_affine(int device, DType t, Buffer x, Buffer scale, Buffer shift, Buffer y, int64_t n,
+                              int64_t c, int64_t s) {
+    (void)device, (void)t, (void)x, (void)scale, (void)shift, (void)y, (void)n, (void)c, (void)s;
+    return false;
+  }
+
   // Library fast paths (oneDNN, cuDNN). Each returns false when the backend has none for this case;
   // the core then runs the portable path built from the primitives above (im2col + matmul).
   /// y = conv(x, w) + bias (bias.handle == nullptr: none).

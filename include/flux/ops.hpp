@@ -167,6 +167,18 @@ Tensor global_meanpool(const Tensor& x);
 /// (N, d1, d2, ...) -> (N, d1 * d2 * ...): Flux's flatten (observations stay on the first axis).
 Tensor flatten_(const Tensor& x);  // also the layer value `flux::flatten`
 
+// ---- normalisation (src/ops/normalisation.cpp) ----
+/// Batch normalisation with the batch's statistics over axis 1 of x (N, C, ...):
+/// y = (x - mean) / sqrt(var + eps) * weight + bias, mean and biased var over every axis but 1;
+/// weight and bias (C,) may be undefined. One recorded op (closed-form backward for x, weight, bias).
+/// `batch_mean`, `batch_var` (optional) receive the statistics, shape (C,), unrecorded.
+Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                 Tensor* batch_mean = nullptr, Tensor* batch_var = nullptr);
+/// Batch normalisation with given statistics (inference: the running mean and var, (C,)):
+/// y = (x - mean) / sqrt(var + eps) * weight + bias; recorded for every tensor argument.
+Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean, const Tensor& var,
+                 double eps);
+
 // ---- random masks ----
 /// Uniform [0, 1) values generated on x's device from the global seed (seed(n)) and a per-call
 /// counter: the same values on every device for the same seed and call sequence.

@@ -1,5 +1,5 @@
-// BatchNorm: batch statistics in training (public ops, so autodiff differentiates through them),
-// running statistics in inference; the running statistics are updated in place, unrecorded.
+// BatchNorm: batch statistics in training (the batchnorm op, src/ops/normalisation.cpp), running
+// statistics in inference; the running statistics are updated in place, unrecorded.
 #include "flux/nn/normalisation.hpp"
 
 #include <algorithm>
@@ -44,45 +44,26 @@ Tensor BatchNorm::operator()(const Tensor& x) const {
     detail::fail("[BatchNorm] input on ", to_string(x.device()), " but the layer's state on ",
                  to_string(any_state.device()), "; move one with to() or | dev");
 
-  // Statistics have shape (1, C, 1, ...) so that they broadcast over x.
-  Shape stat_shape;
-  std::vector<int> axes;
-  for (int a = 0; a < x.ndim(); ++a) {
-    stat_shape.push_back(a == 1 ? channels : 1);
-    if (a != 1) axes.push_back(a);
-  }
   const int64_t m = x.numel() / channels;  // values per channel
   const bool train = training();
-  Tensor scale, shift;                     // y = x * scale + shift, each (1, C, 1, ...)
   if (train || !running_mean.defined()) {
     if (m < 2)
       detail::fail("[BatchNorm] batch statistics need more than 1 value per channel; got input shape ",
                    to_string(x.shape()));
-    Tensor mean = sum(x, axes, true) / double(m);
-    Tensor centred = x - mean;
-    Tensor var = sum(square(centred), axes, true) / double(m);  // biased, as PyTorch normalises
-    Tensor inv_std = 1.0 / sqrt(var + eps);
+    Tensor mean, var;  // (C,), the batch's mean and biased variance
+    Tensor y = batchnorm(x, weight, bias, eps, &mean, &var);
     if (train && running_mean.defined()) {
       // Not recorded: the running statistics are state, not part of the differentiated function.
       autodiff::NoGrad no_grad;
-      Shape flat{channels};
       Tensor rm = running_mean, rv = running_var, nbt = num_batches_tracked;
-      Tensor new_mean = running_mean * (1.0 - momentum) + mean.reshape(flat) * momentum;
-      Tensor unbiased = var.reshape(flat) * (double(m) / double(m - 1));
-      Tensor new_var = running_var * (1.0 - momentum) + unbiased * momentum;
-      copy_(rm, new_mean);
-      copy_(rv, new_var);
+      Tensor unbiased = var * (double(m) / double(m - 1));
+      copy_(rm, running_mean * (1.0 - momentum) + mean * momentum);
+      copy_(rv, running_var * (1.0 - momentum) + unbiased * momentum);
       if (nbt.defined()) copy_(nbt, nbt + 1.0);
     }
-    Tensor y = centred * (weight.defined() ? inv_std * weight.reshape(stat_shape) : inv_std);
-    if (bias.defined()) y = y + bias.reshape(stat_shape);
     return activation(y);
   }
-  Tensor inv_std = 1.0 / sqrt(running_var.reshape(stat_shape) + eps);
-  scale = weight.defined() ? inv_std * weight.reshape(stat_shape) : inv_std;
-  shift = -(running_mean.reshape(stat_shape) * scale);
-  if (bias.defined()) shift = shift + bias.reshape(stat_shape);
-  return activation(x * scale + shift);
+  return activation(batchnorm(x, weight, bias, running_mean, running_var, eps));
 }
 
 std::string layer_string(const BatchNorm& b) {

@@ -117,7 +117,8 @@ struct OptimiserChain : Rule {
   void adjust(double eta) override;
 };
 
-/// The optimiser state of one model: the rule and one LeafState per distinct array, in params() order.
+/// The optimiser state of one model: the rule and one LeafState per distinct trainable array, in
+/// params() order (NonTrainable leaves have none).
 struct State {
   std::shared_ptr<Rule> rule;
   std::vector<LeafState> leaves;
@@ -138,6 +139,8 @@ void update_arrays(State& state, std::vector<Tensor> xs, const std::vector<Tenso
 }
 
 /// One optimiser step: every array of `model` moves by the rule's step for its gradient in `grads`.
+/// Only params() arrays take part: NonTrainable state (BatchNorm's running statistics) is never
+/// read from `grads` nor changed, whatever the gradient holds there.
 template <class M> void update(State& state, M& model, const M& grads) {
   detail::update_arrays(state, params(model), params(grads));
 }

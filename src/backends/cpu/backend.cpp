@@ -114,6 +114,21 @@ class CpuBackend final : public backend::Backend {
   void random_uniform(int, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
     cpu::random_uniform(t, ptr(dst), n, seed, offset);
   }
+  bool batchnorm_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
+                         backend::Buffer mean, backend::Buffer var, int64_t n, int64_t c, int64_t s, double eps) override {
+    return cpu::batchnorm_forward(t, ptr(x), w.handle ? ptr(w) : nullptr, b.handle ? ptr(b) : nullptr, ptr(y), ptr(mean),
+                                  ptr(var), n, c, s, eps);
+  }
+  bool batchnorm_backward(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w, backend::Buffer mean,
+                          backend::Buffer var, backend::Buffer dx, backend::Buffer dw, backend::Buffer db, int64_t n,
+                          int64_t c, int64_t s, double eps) override {
+    return cpu::batchnorm_backward(t, ptr(x), ptr(dy), w.handle ? ptr(w) : nullptr, ptr(mean), ptr(var), ptr(dx),
+                                   dw.handle ? ptr(dw) : nullptr, db.handle ? ptr(db) : nullptr, n, c, s, eps);
+  }
+  bool channel_affine(int, DType t, backend::Buffer x, backend::Buffer scale, backend::Buffer shift, backend::Buffer y,
+                      int64_t n, int64_t c, int64_t s) override {
+    return cpu::channel_affine(t, ptr(x), ptr(scale), shift.handle ? ptr(shift) : nullptr, ptr(y), n, c, s);
+  }
   void im2col(int, DType t, backend::Buffer x, backend::Buffer col, const backend::ConvGeometry& g) override {
     cpu::im2col(t, ptr(x), ptr(col), g);
   }

@@ -31,6 +31,13 @@ void scatter_add(DType t, const void* src, const int64_t* idx, void* dst, int64_
 void adam_step(DType t, void* x, const void* g, void* m, void* v, int64_t n, const backend::AdamStep& s);
 /// n counter-based uniforms in [0, 1) (random.cpp), exactly backend.hpp's formula; f32 or f64.
 void random_uniform(DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset);
+/// Fused batch normalisation over (n, c, s) (normalisation.cpp); null weight/bias/dweight/dbias: none.
+bool batchnorm_forward(DType t, const void* x, const void* weight, const void* bias, void* y, void* mean, void* var,
+                       int64_t n, int64_t c, int64_t s, double eps);
+bool batchnorm_backward(DType t, const void* x, const void* dy, const void* weight, const void* mean, const void* var,
+                        void* dx, void* dweight, void* dbias, int64_t n, int64_t c, int64_t s, double eps);
+bool channel_affine(DType t, const void* x, const void* scale, const void* shift, void* y, int64_t n, int64_t c,
+                    int64_t s);
 // conv.cpp: the portable path's primitives and the oneDNN fast path (false: not available here).
 void im2col(DType t, const void* x, void* col, const backend::ConvGeometry& g);
 void col2im(DType t, const void* col, void* dx, const backend::ConvGeometry& g);

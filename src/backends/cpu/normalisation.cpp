@@ -1,0 +1,149 @@
+// Batch normalisation, fused: the forward reads x twice for the statistics (two-pass, accumulated in
+// float64) and once to write y; the backward reads x and dy once for the two sums and once for dx.
+// Threads split the channels. x, y, dy, dx are (n, c, s) row-major; per-channel arrays are (c,).
+// The portable path (src/ops/normalisation.cpp) composes the same formulas from public ops.
+#include <algorithm>
+#include <cmath>
+
+#include "src/backends/cpu/cpu_backend.hpp"
+
+namespace flux::cpu {
+
+namespace {
+
+// Row sums with eight independent float64 accumulators (vectorisable; float64 for accuracy).
+template <class T> double row_sum(const T* p, int64_t len) {
+  double acc[8] = {};
+  int64_t k = 0;
+  for (; k + 8 <= len; k += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += double(p[k + j]);
+  double total = 0;
+  for (; k < len; ++k) total += double(p[k]);
+  for (double a : acc) total += a;
+  return total;
+}
+template <class T> double row_squared_deviations(const T* p, int64_t len, double mu) {
+  double acc[8] = {};
+  int64_t k = 0;
+  for (; k + 8 <= len; k += 8)
+    for (int j = 0; j < 8; ++j) {
+      double d = double(p[k + j]) - mu;
+      acc[j] += d * d;
+    }
+  double total = 0;
+  for (; k < len; ++k) total += (double(p[k]) - mu) * (double(p[k]) - mu);
+  for (double a : acc) total += a;
+  return total;
+}
+// Σ g and Σ g (p - mu) over one row.
+template <class T> void row_sums_dy(const T* p, const T* g, int64_t len, double mu, double& sum_g, double& sum_g_xc) {
+  double a[8] = {}, b[8] = {};
+  int64_t k = 0;
+  for (; k + 8 <= len; k += 8)
+    for (int j = 0; j < 8; ++j) {
+      a[j] += double(g[k + j]);
+      b[j] += double(g[k + j]) * (double(p[k + j]) - mu);
+    }
+  for (; k < len; ++k) {
+    sum_g += double(g[k]);
+    sum_g_xc += double(g[k]) * (double(p[k]) - mu);
+  }
+  for (int j = 0; j < 8; ++j) sum_g += a[j], sum_g_xc += b[j];
+}
+
+template <class T>
+void forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* var, int64_t n, int64_t c, int64_t s,
+             double eps) {
+  const double m = double(n * s);
+  parallel_for(c, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t ch = c0; ch < c1; ++ch) {
+      double total = 0;
+      for (int64_t i = 0; i < n; ++i) total += row_sum(x + (i * c + ch) * s, s);
+      const double mu = total / m;
+      double squares = 0;
+      for (int64_t i = 0; i < n; ++i) squares += row_squared_deviations(x + (i * c + ch) * s, s, mu);
+      const double v = squares / m;
+      const double scale = (weight ? double(weight[ch]) : 1.0) / std::sqrt(v + eps);
+      const T a = T(scale), b = T((bias ? double(bias[ch]) : 0.0) - mu * scale);
+      for (int64_t i = 0; i < n; ++i) {
+        const T* p = x + (i * c + ch) * s;
+        T* q = y + (i * c + ch) * s;
+        for (int64_t k = 0; k < s; ++k) q[k] = p[k] * a + b;
+      }
+      mean[ch] = T(mu);
+      var[ch] = T(v);
+    }
+  });
+}
+
+template <class T>
+void backward(const T* x, const T* dy, const T* weight, const T* mean, const T* var, T* dx, T* dweight, T* dbias,
+              int64_t n, int64_t c, int64_t s, double eps) {
+  const double m = double(n * s);
+  parallel_for(c, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t ch = c0; ch < c1; ++ch) {
+      const double mu = double(mean[ch]);
+      double sum_dy = 0, sum_dy_xc = 0;
+      for (int64_t i = 0; i < n; ++i) row_sums_dy(x + (i * c + ch) * s, dy + (i * c + ch) * s, s, mu, sum_dy, sum_dy_xc);
+      const double inv = 1.0 / std::sqrt(double(var[ch]) + eps);
+      const double a = (weight ? double(weight[ch]) : 1.0) * inv;
+      const double k_xc = a * inv * inv * sum_dy_xc / m;
+      // dx = a dy - k_xc (x - mu) - a sum_dy / m = a dy - k_xc x + (k_xc mu - a sum_dy / m)
+      const T ta = T(a), tk = T(k_xc), tb = T(k_xc * mu - a * sum_dy / m);
+      for (int64_t i = 0; i < n; ++i) {
+        const T* p = x + (i * c + ch) * s;
+        const T* g = dy + (i * c + ch) * s;
+        T* q = dx + (i * c + ch) * s;
+        for (int64_t k = 0; k < s; ++k) q[k] = g[k] * ta - p[k] * tk + tb;
+      }
+      if (dweight) dweight[ch] = T(inv * sum_dy_xc);
+      if (dbias) dbias[ch] = T(sum_dy);
+    }
+  });
+}
+
+template <class T>
+void affine(const T* x, const T* scale, const T* shift, T* y, int64_t n, int64_t c, int64_t s) {
+  parallel_for(n * c, std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, s)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {  // row r = (i, ch)
+      const int64_t ch = r % c;
+      const T a = scale[ch], b = shift ? shift[ch] : T(0);
+      const T* p = x + r * s;
+      T* q = y + r * s;
+      for (int64_t k = 0; k < s; ++k) q[k] = p[k] * a + b;
+    }
+  });
+}
+
+template <class T> const T* in(const void* p) { return static_cast<const T*>(p); }
+template <class T> T* out(void* p) { return static_cast<T*>(p); }
+
+}  // namespace
+
+bool batchnorm_forward(DType t, const void* x, const void* weight, const void* bias, void* y, void* mean, void* var,
+                       int64_t n, int64_t c, int64_t s, double eps) {
+  if (t == DType::f32) forward(in<float>(x), in<float>(weight), in<float>(bias), out<float>(y), out<float>(mean), out<float>(var), n, c, s, eps);
+  else if (t == DType::f64) forward(in<double>(x), in<double>(weight), in<double>(bias), out<double>(y), out<double>(mean), out<double>(var), n, c, s, eps);
+  else return false;
+  return true;
+}
+
+bool batchnorm_backward(DType t, const void* x, const void* dy, const void* weight, const void* mean, const void* var,
+                        void* dx, void* dweight, void* dbias, int64_t n, int64_t c, int64_t s, double eps) {
+  if (t == DType::f32)
+    backward(in<float>(x), in<float>(dy), in<float>(weight), in<float>(mean), in<float>(var), out<float>(dx), out<float>(dweight), out<float>(dbias), n, c, s, eps);
+  else if (t == DType::f64)
+    backward(in<double>(x), in<double>(dy), in<double>(weight), in<double>(mean), in<double>(var), out<double>(dx), out<double>(dweight), out<double>(dbias), n, c, s, eps);
+  else return false;
+  return true;
+}
+
+bool channel_affine(DType t, const void* x, const void* scale, const void* shift, void* y, int64_t n, int64_t c,
+                    int64_t s) {
+  if (t == DType::f32) affine(in<float>(x), in<float>(scale), in<float>(shift), out<float>(y), n, c, s);
+  else if (t == DType::f64) affine(in<double>(x), in<double>(scale), in<double>(shift), out<double>(y), n, c, s);
+  else return false;
+  return true;
+}
+
+}  // namespace flux::cpu

@@ -1,0 +1,155 @@
+// batchnorm with batch statistics: forward and its closed-form backward, through the backend's fused
+// kernels (batchnorm_forward/backward) when it has them, else composed from public ops (the portable
+// path, also taken with FLUX_LIBRARY_KERNELS=0).
+// Shapes: x is viewed as (N, C, S), S = the product of the spatial axes (1 for (N, C) input);
+// per-channel tensors are (1, C, 1) so that they broadcast; m = N * S values per channel.
+// Backward (Ioffe & Szegedy 2015, as PyTorch's batch_norm_backward with training = true), with
+// xc = x - mean, inv = 1 / sqrt(var + eps), a = weight * inv:
+//   dbias = Σ dy,  dweight = inv Σ dy xc,  dx = a dy - a Σdy / m - xc a inv² Σ(dy xc) / m.
+#include <algorithm>
+
+#include "flux/autodiff.hpp"
+#include "flux/ops.hpp"
+#include "src/ops/ops_internal.hpp"
+
+namespace flux {
+
+namespace {
+using Grads = std::vector<Tensor>;
+// Σ over axes 0 and 2 of (N, C, S), kept as (1, C, 1).
+Tensor channel_sum(const Tensor& t3) { return sum(sum(t3, 2, true), 0, true); }
+}  // namespace
+
+Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor* batch_mean,
+                 Tensor* batch_var) {
+  detail::check_defined("batchnorm", x);
+  if (x.ndim() < 2)
+    detail::fail("[batchnorm] expects input (N, C, ...) with at least 2 dimensions; got shape ", to_string(x.shape()));
+  if (!is_floating(x.dtype())) detail::fail("[batchnorm] needs a floating-point input; got ", summary(x));
+  const int64_t n = x.shape()[0], c = x.shape()[1], s = x.numel() / std::max<int64_t>(1, n * c);
+  for (const Tensor* p : {&weight, &bias}) {
+    if (!p->defined()) continue;
+    if (p->shape() != Shape{c})
+      detail::fail("[batchnorm] weight and bias must have shape (", c, ",) for input ", to_string(x.shape()), "; got ",
+                   to_string(p->shape()));
+    detail::check_same_device("batchnorm", x, *p);
+  }
+  const int64_t m = n * s;
+  if (m < 2)
+    detail::fail("[batchnorm] batch statistics need more than 1 value per channel; got input shape ", to_string(x.shape()));
+  const Shape stat{1, c, 1};
+  const DType t = x.dtype();
+  backend::Backend& be = x.backend();
+  const int dev = x.device().index();
+  // The fused backend kernels take one dtype throughout; other mixes take the portable path.
+  const bool fusable = detail::library_kernels() && (t == DType::f32 || t == DType::f64) &&
+                       (!weight.defined() || weight.dtype() == t) && (!bias.defined() || bias.dtype() == t);
+  auto buffer_or_none = [](const Tensor& p) { return p.defined() ? p.buffer() : backend::Buffer{}; };
+  Tensor y, mean, var, xc, inv, a;  // mean, var (C,); xc, inv, a are the portable path's saved values
+  bool fused = false;
+  if (fusable) {
+    y = Tensor::empty(x.shape(), t, x.device());
+    mean = Tensor::empty(Shape{c}, t, x.device());
+    var = Tensor::empty(Shape{c}, t, x.device());
+    fused = be.batchnorm_forward(dev, t, x.buffer(), buffer_or_none(weight), buffer_or_none(bias), y.buffer(),
+                                 mean.buffer(), var.buffer(), n, c, s, eps);
+  }
+  if (!fused) {
+    autodiff::NoGrad no_grad;  // recorded once, below
+    Tensor x3 = x.reshape(Shape{n, c, s});
+    Tensor mean3 = channel_sum(x3) / double(m);
+    xc = x3 - mean3;
+    Tensor var3 = channel_sum(square(xc)) / double(m);
+    inv = 1.0 / sqrt(var3 + eps);
+    a = weight.defined() ? inv * weight.reshape(stat) : inv;
+    y = xc * a;
+    if (bias.defined()) y = y + bias.reshape(stat);
+    y = y.reshape(x.shape());
+    mean = mean3.reshape(Shape{c});
+    var = var3.reshape(Shape{c});
+  }
+  if (batch_mean) *batch_mean = mean;
+  if (batch_var) *batch_var = var;
+  Shape xshape = x.shape();
+  bool has_weight = weight.defined(), has_bias = bias.defined();
+  Tensor x_saved = fused ? x : Tensor(), w_saved = fused ? weight : Tensor();
+  autodiff::record(y, {&x, &weight, &bias}, [=](const Tensor& g) {
+    if (fused && g.dtype() == t) {
+      Tensor dx = Tensor::empty(xshape, t, g.device());
+      Tensor dweight = has_weight ? Tensor::empty(Shape{c}, t, g.device()) : Tensor();
+      Tensor dbias = has_bias ? Tensor::empty(Shape{c}, t, g.device()) : Tensor();
+      backend::Backend& b = g.backend();
+      if (b.batchnorm_backward(g.device().index(), t, x_saved.buffer(), g.buffer(), buffer_or_none(w_saved), mean.buffer(),
+                               var.buffer(), dx.buffer(), buffer_or_none(dweight), buffer_or_none(dbias), n, c, s, eps))
+        return Grads{dx, dweight, dbias};
+    }
+    // Portable: the same formulas from public ops.
+    Tensor xc_ = fused ? x_saved.reshape(Shape{n, c, s}) - mean.reshape(stat) : xc;
+    Tensor inv_ = fused ? 1.0 / sqrt(var.reshape(stat) + eps) : inv;
+    Tensor a_ = fused ? (has_weight ? inv_ * w_saved.reshape(stat) : inv_) : a;
+    Tensor dy = g.reshape(Shape{n, c, s});
+    Tensor sum_dy = channel_sum(dy);
+    Tensor sum_dy_xc = channel_sum(dy * xc_);
+    Tensor k = a_ * square(inv_) * (sum_dy_xc / double(m));
+    Tensor dx = (dy * a_ - xc_ * k - a_ * (sum_dy / double(m))).reshape(xshape);
+    Tensor dweight = has_weight ? (inv_ * sum_dy_xc).reshape(Shape{c}) : Tensor();
+    Tensor dbias = has_bias ? sum_dy.reshape(Shape{c}) : Tensor();
+    return Grads{dx, dweight, dbias};
+  });
+  return y;
+}
+
+namespace {
+// y = x * scale + shift per channel of x viewed as (n, c, s); scale, shift (C,) of x's dtype.
+Tensor channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, int64_t n, int64_t c, int64_t s) {
+  const Shape stat{1, c, 1};
+  const DType t = x.dtype();
+  Tensor y;
+  bool fused = false;
+  if (detail::library_kernels() && (t == DType::f32 || t == DType::f64) && scale.dtype() == t && shift.dtype() == t) {
+    y = Tensor::empty(x.shape(), t, x.device());
+    fused = x.backend().channel_affine(x.device().index(), t, x.buffer(), scale.buffer(), shift.buffer(), y.buffer(), n,
+                                       c, s);
+  }
+  if (!fused) {
+    autodiff::NoGrad no_grad;
+    y = (x.reshape(Shape{n, c, s}) * scale.reshape(stat) + shift.reshape(stat)).reshape(x.shape());
+  }
+  autodiff::record(y, {&x, &scale, &shift}, [=](const Tensor& g) {
+    Tensor dx = channel_affine(g, scale, zeros(Shape{c}, scale.dtype(), g.device()), n, c, s);
+    Tensor g3 = g.reshape(Shape{n, c, s});
+    Tensor dscale = channel_sum(g3 * x.reshape(Shape{n, c, s})).reshape(Shape{c});
+    Tensor dshift = channel_sum(g3).reshape(Shape{c});
+    return Grads{dx, dscale, dshift};
+  });
+  return y;
+}
+}  // namespace
+
+Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean, const Tensor& var,
+                 double eps) {
+  detail::check_defined("batchnorm", x);
+  detail::check_defined("batchnorm", mean);
+  detail::check_defined("batchnorm", var);
+  if (x.ndim() < 2)
+    detail::fail("[batchnorm] expects input (N, C, ...) with at least 2 dimensions; got shape ", to_string(x.shape()));
+  if (!is_floating(x.dtype())) detail::fail("[batchnorm] needs a floating-point input; got ", summary(x));
+  const int64_t n = x.shape()[0], c = x.shape()[1], s = x.numel() / std::max<int64_t>(1, n * c);
+  for (const Tensor* p : {&weight, &bias, &mean, &var}) {
+    if (!p->defined()) continue;
+    if (p->shape() != Shape{c})
+      detail::fail("[batchnorm] weight, bias, mean and var must have shape (", c, ",) for input ", to_string(x.shape()),
+                   "; got ", to_string(p->shape()));
+    detail::check_same_device("batchnorm", x, *p);
+  }
+  // Fold the statistics into per-channel scale and shift (small recorded ops), then one pass over x.
+  Tensor scale = 1.0 / sqrt(var + eps);
+  if (weight.defined()) scale = scale * weight;
+  Tensor shift = -(mean * scale);
+  if (bias.defined()) shift = shift + bias;
+  if (scale.dtype() != x.dtype()) scale = scale.cast(x.dtype());
+  if (shift.dtype() != x.dtype()) shift = shift.cast(x.dtype());
+  return channel_affine(x, scale, shift, n, c, s);
+}
+
+}  // namespace flux
