@@ -277,6 +277,32 @@ TEST(Normalisation, ModeWalkReachesUserLayersAndContainers) {
   EXPECT_EQ(params(b).size(), 4u);
 }
 
+TEST(Normalisation, ModesAndStateThroughSkipConnectionAndParallel) {
+  auto model = Chain(SkipConnection(Chain(Dense(3, 3), BatchNorm(3, relu), Dropout(0.5)), plus),
+                     Parallel(vcat, BatchNorm(3), Dropout(0.25)));
+  trainmode(model);
+  EXPECT_EQ(model.get<0>().layers.get<1>().active, std::optional<bool>(true));
+  EXPECT_EQ(model.get<0>().layers.get<2>().active, std::optional<bool>(true));
+  EXPECT_EQ(model.get<1>().get<0>().active, std::optional<bool>(true));
+  EXPECT_EQ(model.get<1>().get<1>().active, std::optional<bool>(true));
+  automode(model);
+  EXPECT_EQ(model.get<1>().get<0>().active, std::nullopt);
+  EXPECT_EQ(params(model).size(), 6u);
+  EXPECT_EQ(nontrainable_count(model), 12);
+  std::vector<std::string> names;
+  for (auto& [name, t] : pytorch_state(model)) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.layers.0.weight", "0.layers.0.bias", "0.layers.1.weight",
+                                             "0.layers.1.bias", "0.layers.1.running_mean", "0.layers.1.running_var",
+                                             "0.layers.1.num_batches_tracked", "1.layers.0.weight", "1.layers.0.bias",
+                                             "1.layers.0.running_mean", "1.layers.0.running_var",
+                                             "1.layers.0.num_batches_tracked"}));
+  // inside gradient both BatchNorms train: their counters move once per call
+  Tensor x(uniform(12, -1, 1, 95), Shape{4, 3});
+  gradient([&](const auto& m) { return sum(m(x.f32())); }, model);
+  EXPECT_EQ(model.get<0>().layers.get<1>().num_batches_tracked.item<int64_t>(), 1);
+  EXPECT_EQ(model.get<1>().get<0>().num_batches_tracked.item<int64_t>(), 1);
+}
+
 TEST(Normalisation, FiniteDifferenceGradientsInTraining) {
   // L = sum(y .* R) with y = BatchNorm(x) in training mode, float64, for x, weight and bias; on the
   // fused CPU kernels and on the portable path.
