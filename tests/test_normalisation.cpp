@@ -259,6 +259,34 @@ struct Block {  // a user layer: the mode walk reaches layers through FLUX_LAYER
 FLUX_LAYER(Block, dense, norm, drops)
 }  // namespace
 
+namespace {
+struct Scaled {  // a user layer with its own non-trainable state
+  Tensor weight;
+  NonTrainable scale;
+  Tensor operator()(const Tensor& x) const { return x * weight * scale; }
+};
+FLUX_LAYER(Scaled, weight, scale)
+}  // namespace
+
+TEST_P(Norm, NonTrainableFieldsOfUserLayers) {
+  Device d = GetParam();
+  Scaled layer{ones({3}), full({3}, 2.0)};
+  Scaled m = layer | d;
+  EXPECT_EQ(m.scale.device(), d);
+  EXPECT_EQ(params(m).size(), 1u);
+  EXPECT_EQ(nontrainables(m).size(), 1u);
+  ASSERT_EQ(state(m).size(), 2u);
+  EXPECT_EQ(state(m)[1].first, "scale");
+  Tensor x = to(Tensor(std::vector<float>{1, 2, 3}, Shape{3}), d);
+  Scaled g = gradient([&](const Scaled& l) { return sum(l(x)); }, m);
+  EXPECT_EQ(vec(g.weight), (std::vector<double>{2, 4, 6}));
+  EXPECT_EQ(vec(g.scale), (std::vector<double>{1, 2, 3}));  // a gradient exists, but update ignores it
+  auto opt = optimisers::setup(optimisers::Descent(0.5), m);
+  optimisers::update(opt, m, g);
+  EXPECT_EQ(vec(m.weight), (std::vector<double>{0, -1, -2}));
+  EXPECT_EQ(vec(m.scale), (std::vector<double>{2, 2, 2}));
+}
+
 TEST(Normalisation, ModeWalkReachesUserLayersAndContainers) {
   Block b{Dense(2, 3), BatchNorm(3), {Dropout(0.1), Dropout(0.2)}};
   std::tuple<Block, BatchNorm> t{b, BatchNorm(1)};
