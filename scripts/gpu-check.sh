@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# GPU check: on a machine with an NVIDIA GPU, builds everything (CUDA plugin ON), runs the whole ctest
-# suite (the device-parameterised suites then include CUDA:0.. against the float64 CPU reference, and
-# FLUX_EXPECT_GPU=CUDA makes "not functional" a failure), runs GPU benchmarks when flux_bench has a
-# CUDA mode, and prints a short table.
+# GPU check: on a machine with an NVIDIA GPU, builds everything (CUDA plugin ON, cuDNN when the
+# toolkit has it), runs the whole ctest suite (the device-parameterised suites then include CUDA:0..
+# against the float64 CPU reference, and FLUX_EXPECT_GPU=CUDA makes "not functional" a failure),
+# prints the conv / pool / norm / dropout rows on CUDA_0, reruns those suites on CUDA:0 with
+# FLUX_LIBRARY_KERNELS=0 (the im2col path instead of cuDNN), trains the CNN examples on CUDA:0 and
+# prints their test accuracies, runs GPU benchmarks when flux_bench has a CUDA mode, and prints a
+# short table. Meant to finish well inside 10 minutes on a 16-core H200 machine.
 #
-#   scripts/gpu-check.sh --fetch-deps   (here, with network) download the Debian 12 .debs it needs into
-#                                       .gpu-deps/ (git-ignored via .git/info/exclude)
+#   scripts/gpu-check.sh --fetch-deps [--with-fashion-mnist]
+#                                       (here, with network) download the Debian 12 .debs it needs into
+#                                       .gpu-deps/ (git-ignored via .git/info/exclude); with the flag
+#                                       also dataset-fashion-mnist (31 MB) into .gpu-deps/data/
 #   scripts/gpu-check.sh                (there) unpack .gpu-deps/*.deb into a private prefix if the
 #                                       system lacks them, build in build-gpu/, test, print the table
 #
@@ -28,6 +33,10 @@ if [ "${1:-}" = "--fetch-deps" ]; then
   mkdir -p "$DEPS_DIR"
   grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || echo '/.gpu-deps/' >> .git/info/exclude
   (cd "$DEPS_DIR" && apt-get download "${DEBS[@]}") || { echo "[gpu-check] apt-get download failed"; exit 1; }
+  if [ "${2:-}" = "--with-fashion-mnist" ]; then
+    mkdir -p "$DEPS_DIR/data"
+    (cd "$DEPS_DIR/data" && apt-get download dataset-fashion-mnist) || { echo "[gpu-check] apt-get download dataset-fashion-mnist failed"; exit 1; }
+  fi
   du -sh "$DEPS_DIR"
   echo "[gpu-check] now run scripts/gpu-check.sh on the GPU machine, carrying .gpu-deps"
   exit 0
@@ -93,18 +102,84 @@ build_s=$(( $(date +%s) - tb ))
 cuda_line=$(grep -m1 '^CUDA:' "$BUILD.info.log")
 dev_line=$(grep -m1 -A4 '^CUDA:' "$BUILD.info.log" | grep -m1 '^  0:' | sed 's/^  0: //')
 
+dnn_line=$(grep -m1 -A6 '^CUDA:' "$BUILD.info.log" | grep -m1 'DNN:' | sed 's/^ *DNN: //')
+
+# Fashion-MNIST: Debian's folder, else the carried .deb unpacked into $PREFIX.
+FASHION=/usr/share/datasets/fashion-mnist
+if [ ! -d "$FASHION" ] && ls "$DEPS_DIR"/data/dataset-fashion-mnist*.deb >/dev/null 2>&1; then
+  mkdir -p "$PREFIX"
+  for deb in "$DEPS_DIR"/data/dataset-fashion-mnist*.deb; do dpkg-deb -x "$deb" "$PREFIX" 2>/dev/null || dpkg -x "$deb" "$PREFIX"; done
+  FASHION=$PREFIX/usr/share/datasets/fashion-mnist
+fi
+[ -d "$FASHION" ] || FASHION=
+
 # ---- 4. the whole suite, CUDA included ----
+# The CNN examples' CUDA_0 entries run in step 5 instead (their accuracies go into the table); the
+# Fashion-MNIST entries read Debian's folder, so they are left out when the data is elsewhere or absent.
 tt=$(date +%s)
 export FLUX_EXPECT_GPU=CUDA
 export POCL_CACHE_DIR=$BUILD/pocl-cache
-(cd "$BUILD" && ctest --output-on-failure -j"$(nproc)" --timeout 900) > "$BUILD.ctest.log" 2>&1
+exclude='^examples\.(digits_lenet|fashion_mnist_cnn)\.CUDA_0$'
+[ "$FASHION" = /usr/share/datasets/fashion-mnist ] || exclude='^examples\.(digits_lenet\.CUDA_0|fashion_mnist_cnn\.(CPU|OpenCL_0|CUDA_0))$'
+(cd "$BUILD" && ctest --output-on-failure -j"$(nproc)" --timeout 300 -E "$exclude") > "$BUILD.ctest.log" 2>&1
 ctest_rc=$?
 test_s=$(( $(date +%s) - tt ))
 summary=$(grep -E 'tests passed|tests failed' "$BUILD.ctest.log" | tail -1)
 cuda_total=$(grep -cE 'Test +#[0-9]+: .*CUDA_[0-9]' "$BUILD.ctest.log")
 cuda_failed=$(grep -E 'Test +#[0-9]+: .*CUDA_[0-9]' "$BUILD.ctest.log" | grep -vc 'Passed')
 
-# ---- 5. GPU benchmarks, where flux_bench has a CUDA mode ----
+# Rows per test family on CUDA_0: "passed/run" and the first failures' names.
+family_row() {  # label, regex of suite names
+  local lines run passed failed
+  lines=$(grep -E "Test +#[0-9]+: ([^ /]+/)?($2)\.[^ ]*/CUDA_0 " "$BUILD.ctest.log")
+  run=$(printf '%s' "$lines" | grep -c 'Test')
+  passed=$(printf '%s' "$lines" | grep -c ' Passed')
+  failed=$(printf '%s\n' "$lines" | grep -v ' Passed' | grep -oE '#[0-9]+: [^ ]+' | sed 's/^#[0-9]*: //' | head -3 | tr '\n' ' ')
+  family_rows+=("$1 (CUDA_0)|$passed/$run passed${failed:+; not passed: $failed}")
+}
+family_rows=()
+family_row "conv" 'ConvDevice|ConvKernels|ConvLayers'
+family_row "pool" 'Pooling|PoolKernels'
+family_row "norm" 'Norm'
+family_row "dropout/random" 'Random|RandomKernels'
+family_row "layers" 'Layers'
+
+# The same suites on CUDA:0 through the portable im2col + GEMM path (no cuDNN): one gtest run.
+tp=$(date +%s)
+FLUX_LIBRARY_KERNELS=0 FLUX_TEST_DEVICES=CUDA:0 timeout 240 "$BUILD/bin/flux_tests" \
+  --gtest_filter='*/ConvDevice.*:*/ConvKernels.*:*/ConvLayers.*:*/Pooling.*:*/PoolKernels.*:*/Norm.*' \
+  > "$BUILD.portable.log" 2>&1
+portable_rc=$?
+portable_row="$(grep -E '^\[  PASSED  \]' "$BUILD.portable.log" | sed 's/\[  PASSED  \] //') $(grep -E '^\[  FAILED  \] [0-9]+ test' "$BUILD.portable.log" | sed 's/\[  FAILED  \] /failed: /') (rc $portable_rc, $(( $(date +%s) - tp )) s)"
+
+# ---- 5. the CNN examples on CUDA:0, accuracies ----
+example_rows=()
+run_example() {  # label, log name, command...
+  local label=$1 log=$BUILD.$2.log; shift 2
+  local te rc acc
+  te=$(date +%s)
+  timeout 200 "$@" > "$log" 2>&1
+  rc=$?
+  acc=$(grep -m1 -E '^test accuracy [0-9.]+ ' "$log")
+  example_rows+=("$label|${acc:-no accuracy line} (rc $rc, $(( $(date +%s) - te )) s)")
+}
+run_example "digits_lenet CUDA:0" lenet "$BUILD/bin/digits_lenet" --device CUDA:0 --epochs 15 --min-accuracy 0.98 \
+  "$ROOT/data/digits.csv.gz"
+if [ -n "$FASHION" ]; then
+  run_example "fashion_mnist_cnn CI CUDA:0" fashion-ci "$BUILD/bin/fashion_mnist_cnn" --device CUDA:0 --epochs 1 \
+    --train-limit 6000 --test-limit 2000 --min-accuracy 0.70 --save "$BUILD/fashion_ci.safetensors" "$FASHION"
+  # The full run (60,000 images, 5 epochs, bar 0.90) while the check is still well inside its time.
+  if [ $(( $(date +%s) - t0 )) -lt 330 ]; then
+    run_example "fashion_mnist_cnn full CUDA:0" fashion-full "$BUILD/bin/fashion_mnist_cnn" --device CUDA:0 \
+      --epochs 5 --min-accuracy 0.90 --save "$BUILD/fashion_full.safetensors" "$FASHION"
+  else
+    example_rows+=("fashion_mnist_cnn full CUDA:0|skipped: $(( $(date +%s) - t0 )) s already spent")
+  fi
+else
+  example_rows+=("fashion_mnist_cnn CUDA:0|skipped: no Fashion-MNIST (carry .gpu-deps/data from --fetch-deps --with-fashion-mnist)")
+fi
+
+# ---- 6. GPU benchmarks, where flux_bench has a CUDA mode ----
 bench_rows=()
 if grep -q '"cuda"' bench/flux_bench.cpp 2>/dev/null; then
   cmake -S . -B "$BUILD" -DFLUX_BENCH=ON >/dev/null 2>&1 && cmake --build "$BUILD" -j"$(nproc)" --target flux_bench >/dev/null 2>&1
@@ -116,17 +191,23 @@ else
   bench_rows+=("benchmarks|skipped: bench/flux_bench.cpp has no CUDA device mode yet")
 fi
 
-# ---- 6. the table ----
+# ---- 7. the table ----
 echo
 echo "flux-cpp GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null)"
 printf '%-28s %s\n' "GPU" "$gpu_name"
 printf '%-28s %s\n' "CUDA plugin" "${cuda_line:-missing}"
 printf '%-28s %s\n' "CUDA:0" "${dev_line:-none}"
+printf '%-28s %s\n' "DNN" "${dnn_line:-unknown}"
 printf '%-28s %s s\n' "build (all, -j$(nproc))" "$build_s"
 printf '%-28s %s (%s s, rc %s)\n' "ctest (whole suite)" "${summary:-no summary}" "$test_s" "$ctest_rc"
 printf '%-28s %s run, %s not passed\n' "ctest entries on CUDA_*" "$cuda_total" "$cuda_failed"
+for row in "${family_rows[@]}"; do printf '%-28s %s\n' "${row%%|*}" "${row#*|}"; done
+printf '%-28s %s\n' "conv/pool/norm, im2col path" "$portable_row"
+for row in "${example_rows[@]}"; do printf '%-28s %s\n' "${row%%|*}" "${row#*|}"; done
 for row in "${bench_rows[@]}"; do printf '%-28s %s\n' "${row%%|*}" "${row#*|}"; done
 printf '%-28s %s s\n' "total" "$(( $(date +%s) - t0 ))"
-echo "logs: $BUILD.{configure,build,info,ctest}.log"
+echo "logs: $BUILD.{configure,build,info,ctest,portable,lenet,fashion-ci,fashion-full}.log"
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp "$BUILD".*.log "$OUT"/ 2>/dev/null; fi
-[ "$ctest_rc" -eq 0 ] && [ "$cuda_total" -gt 0 ]
+examples_ok=1
+for row in "${example_rows[@]}"; do case "$row" in *"(rc 0,"*|*skipped*) ;; *) examples_ok=0 ;; esac; done
+[ "$ctest_rc" -eq 0 ] && [ "$cuda_total" -gt 0 ] && [ "$portable_rc" -eq 0 ] && [ "$examples_ok" -eq 1 ]

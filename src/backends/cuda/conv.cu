@@ -84,15 +84,10 @@ template <class T> __global__ void col2im_kernel(const T* col, T* dx, Window3 a,
   }
 }
 
-void check_dtype(const char* api, DType t) {
-  if (t != DType::f32 && t != DType::f64)
-    detail::fail("[", api, "] " FLUX_GPU_BACKEND_NAME " kernel supports Float32 and Float64; got ", dtype_name(t));
-}
-
 }  // namespace
 
 void im2col(Stream s, DType t, const void* x, void* col, const backend::ConvGeometry& g) {
-  check_dtype("im2col", t);
+  check_window("im2col", t, g);
   const Window3 a = window3(g);
   const int64_t total = g.batch * g.in_channels * a.kernel_size * a.out_size;
   if (total <= 0) return;
@@ -104,7 +99,7 @@ void im2col(Stream s, DType t, const void* x, void* col, const backend::ConvGeom
 }
 
 void col2im(Stream s, DType t, const void* col, void* dx, const backend::ConvGeometry& g) {
-  check_dtype("col2im", t);
+  check_window("col2im", t, g);
   const Window3 a = window3(g);
   const int64_t total = g.batch * g.in_channels * a.in_size;
   if (total <= 0 || a.out_size <= 0) return;

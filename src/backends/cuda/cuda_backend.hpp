@@ -57,6 +57,19 @@ struct Window3 {
   int64_t in_size, out_size, kernel_size;  // products over the three axes
 };
 
+/// The checks every window launcher makes before it launches: float dtype, 1 to 3 spatial axes, and
+/// kernel, stride, dilation >= 1 (a zero stride would divide by zero on the device).
+inline void check_window(const char* api, DType t, const backend::ConvGeometry& g) {
+  if (t != DType::f32 && t != DType::f64)
+    detail::fail("[", api, "] " FLUX_GPU_BACKEND_NAME " kernel supports Float32 and Float64; got ", dtype_name(t));
+  if (g.spatial < 1 || g.spatial > 3) detail::fail("[", api, "] expected 1 to 3 spatial axes; got ", g.spatial);
+  for (int i = 0; i < g.spatial; ++i)
+    if (g.stride[i] < 1 || g.dilation[i] < 1 || g.kernel[i] < 1 || g.in[i] < 0 || g.out[i] < 0)
+      detail::fail("[", api, "] invalid window on spatial axis ", i, ": in ", g.in[i], ", out ", g.out[i], ", kernel ",
+                   g.kernel[i], ", stride ", g.stride[i], ", dilation ", g.dilation[i],
+                   " (expected kernel, stride, dilation >= 1)");
+}
+
 inline Window3 window3(const backend::ConvGeometry& g) {
   Window3 a{};
   a.in_size = a.out_size = a.kernel_size = 1;

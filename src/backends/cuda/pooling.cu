@@ -136,15 +136,10 @@ void backward_typed(Stream s, PoolOp op, const void* x, const void* y, const voi
   }
 }
 
-void check_dtype(const char* api, DType t) {
-  if (t != DType::f32 && t != DType::f64)
-    detail::fail("[", api, "] " FLUX_GPU_BACKEND_NAME " kernel supports Float32 and Float64; got ", dtype_name(t));
-}
-
 }  // namespace
 
 void pool_forward(Stream s, PoolOp op, DType t, const void* x, void* y, const backend::ConvGeometry& g) {
-  check_dtype("pool", t);
+  check_window("pool", t, g);
   const Window3 a = window3(g);
   const int64_t total = g.batch * g.in_channels * a.out_size;
   if (total <= 0) return;
@@ -155,7 +150,7 @@ void pool_forward(Stream s, PoolOp op, DType t, const void* x, void* y, const ba
 
 void pool_backward(backend::Backend& be, int device, Stream s, PoolOp op, DType t, const void* x, const void* y,
                    const void* dy, void* dx, const backend::ConvGeometry& g) {
-  check_dtype("pool backward", t);
+  check_window("pool backward", t, g);
   const Window3 a = window3(g);
   const int64_t planes = g.batch * g.in_channels, outputs = planes * a.out_size, inputs = planes * a.in_size;
   if (outputs <= 0 || inputs <= 0) return;

@@ -30,7 +30,7 @@ template <class T> __global__ void uniform_kernel(T* out, int64_t n, uint64_t se
 
 void random_uniform(Stream s, DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset) {
   if (t != DType::f32 && t != DType::f64)
-    detail::fail("[random_uniform] needs Float32 or Float64; got ", dtype_name(t));
+    detail::fail("[random_uniform] " FLUX_GPU_BACKEND_NAME " kernel supports Float32 and Float64; got ", dtype_name(t));
   if (n <= 0) return;
   if (t == DType::f32) uniform_kernel<float><<<blocks_for(n), kThreads, 0, s>>>(static_cast<float*>(dst), n, seed, offset);
   else uniform_kernel<double><<<blocks_for(n), kThreads, 0, s>>>(static_cast<double*>(dst), n, seed, offset);
