@@ -410,10 +410,12 @@ TEST(Normalisation, FiniteDifferenceGradientsInTestMode) {
 
 TEST(Normalisation, FusedAndPortablePathsAgree) {
   for (DType t : {DType::f32, DType::f64}) {
-    for (Shape shape : {Shape{8, 5, 6, 7}, Shape{16, 5}, Shape{3, 5, 11}}) {
+    for (Shape shape : {Shape{8, 5, 6, 7}, Shape{16, 5}, Shape{3, 5, 11}, Shape{40, 150}}) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " " + to_string(shape));
+      const int64_t ch = shape[1];
+      const size_t nc = size_t(ch);
       Tensor x = Tensor(uniform(size_t(shape.numel()), -3, 4, 81), shape).cast(t);
-      Tensor w = Tensor(uniform(5, 0.5, 1.5, 82), Shape{5}).cast(t), b = Tensor(uniform(5, -1, 1, 83), Shape{5}).cast(t);
+      Tensor w = Tensor(uniform(nc, 0.5, 1.5, 82), Shape{ch}).cast(t), b = Tensor(uniform(nc, -1, 1, 83), Shape{ch}).cast(t);
       Tensor r = Tensor(uniform(size_t(shape.numel()), 0.5, 1.5, 84), shape).cast(t);
       auto run = [&](bool fused_kernels) {
         FusedKernels mode(fused_kernels);
@@ -423,7 +425,7 @@ TEST(Normalisation, FusedAndPortablePathsAgree) {
           return sum(batchnorm(a, c, d, 1e-5) * r);
         }, x, w, b);
         // inference form with given statistics, gradients for all five
-        Tensor rm = Tensor(uniform(5, -1, 1, 85), Shape{5}).cast(t), rv = Tensor(uniform(5, 0.5, 2, 86), Shape{5}).cast(t);
+        Tensor rm = Tensor(uniform(nc, -1, 1, 85), Shape{ch}).cast(t), rv = Tensor(uniform(nc, 0.5, 2, 86), Shape{ch}).cast(t);
         Tensor yi = batchnorm(x, w, b, rm, rv, 1e-3);
         auto [ix, iw, ib, im, iv] = gradient([&](const Tensor& a, const Tensor& c, const Tensor& d, const Tensor& e,
                                                  const Tensor& f) { return sum(batchnorm(a, c, d, e, f, 1e-3) * r); },

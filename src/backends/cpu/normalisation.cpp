@@ -4,6 +4,7 @@
 // The portable path (src/ops/normalisation.cpp) composes the same formulas from public ops.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "src/backends/cpu/cpu_backend.hpp"
 
@@ -51,9 +52,70 @@ template <class T> void row_sums_dy(const T* p, const T* g, int64_t len, double 
   for (int j = 0; j < 8; ++j) sum_g += a[j], sum_g_xc += b[j];
 }
 
+// (n, c) input (s == 1, e.g. after Dense): threads take blocks of channels and walk the rows, so each
+// row segment is read contiguously (the per-channel loops below would stride by c).
+template <class T>
+void forward_rows(const T* x, const T* weight, const T* bias, T* y, T* mean, T* var, int64_t n, int64_t c, double eps) {
+  parallel_for(c, 64, [&](int64_t c0, int64_t c1) {
+    const int64_t w = c1 - c0;
+    std::vector<double> mu(static_cast<size_t>(w), 0.0), sq(static_cast<size_t>(w), 0.0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < w; ++j) mu[j] += double(x[i * c + c0 + j]);
+    for (int64_t j = 0; j < w; ++j) mu[j] /= double(n);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < w; ++j) {
+        double d = double(x[i * c + c0 + j]) - mu[j];
+        sq[j] += d * d;
+      }
+    std::vector<T> a(static_cast<size_t>(w)), b(static_cast<size_t>(w));
+    for (int64_t j = 0; j < w; ++j) {
+      const int64_t ch = c0 + j;
+      const double v = sq[j] / double(n), scale = (weight ? double(weight[ch]) : 1.0) / std::sqrt(v + eps);
+      a[j] = T(scale);
+      b[j] = T((bias ? double(bias[ch]) : 0.0) - mu[j] * scale);
+      mean[ch] = T(mu[j]);
+      var[ch] = T(v);
+    }
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < w; ++j) y[i * c + c0 + j] = x[i * c + c0 + j] * a[j] + b[j];
+  });
+}
+
+template <class T>
+void backward_rows(const T* x, const T* dy, const T* weight, const T* mean, const T* var, T* dx, T* dweight, T* dbias,
+                   int64_t n, int64_t c, double eps) {
+  parallel_for(c, 64, [&](int64_t c0, int64_t c1) {
+    const int64_t w = c1 - c0;
+    std::vector<double> sum_dy(static_cast<size_t>(w), 0.0), sum_dy_xc(static_cast<size_t>(w), 0.0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < w; ++j) {
+        const int64_t at = i * c + c0 + j;
+        sum_dy[j] += double(dy[at]);
+        sum_dy_xc[j] += double(dy[at]) * (double(x[at]) - double(mean[c0 + j]));
+      }
+    std::vector<T> ta(static_cast<size_t>(w)), tk(static_cast<size_t>(w)), tb(static_cast<size_t>(w));
+    for (int64_t j = 0; j < w; ++j) {
+      const int64_t ch = c0 + j;
+      const double inv = 1.0 / std::sqrt(double(var[ch]) + eps), a = (weight ? double(weight[ch]) : 1.0) * inv;
+      const double k_xc = a * inv * inv * sum_dy_xc[j] / double(n);
+      ta[j] = T(a);
+      tk[j] = T(k_xc);
+      tb[j] = T(k_xc * double(mean[ch]) - a * sum_dy[j] / double(n));
+      if (dweight) dweight[ch] = T(inv * sum_dy_xc[j]);
+      if (dbias) dbias[ch] = T(sum_dy[j]);
+    }
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < w; ++j) {
+        const int64_t at = i * c + c0 + j;
+        dx[at] = dy[at] * ta[j] - x[at] * tk[j] + tb[j];
+      }
+  });
+}
+
 template <class T>
 void forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* var, int64_t n, int64_t c, int64_t s,
              double eps) {
+  if (s == 1) return forward_rows(x, weight, bias, y, mean, var, n, c, eps);
   const double m = double(n * s);
   parallel_for(c, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t ch = c0; ch < c1; ++ch) {
@@ -79,6 +141,7 @@ void forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* var, 
 template <class T>
 void backward(const T* x, const T* dy, const T* weight, const T* mean, const T* var, T* dx, T* dweight, T* dbias,
               int64_t n, int64_t c, int64_t s, double eps) {
+  if (s == 1) return backward_rows(x, dy, weight, mean, var, dx, dweight, dbias, n, c, eps);
   const double m = double(n * s);
   parallel_for(c, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t ch = c0; ch < c1; ++ch) {
