@@ -59,8 +59,10 @@ Tensor dropout(const Tensor& x, double p, const std::vector<int>& dims) {
   {
     autodiff::NoGrad no_grad;
     Tensor u = uniform_raw(mask_shape, t, x.device());
-    Tensor keep = lt(u, full(Shape{}, 1.0 - p, t, x.device()));
-    mask = where(keep, full(Shape{}, 1.0 / (1.0 - p), t, x.device()), zeros(Shape{}, t, x.device()));
+    // keep = u < 1 - p, computed as step((1 - p) - u): the rounded difference of two floats has the
+    // sign of the exact one, so this is the same comparison, with contiguous kernels only.
+    Tensor keep = detail::step_raw(full(Shape{}, 1.0 - p, t, x.device()) - u);
+    mask = keep * (1.0 / (1.0 - p));
     if (mask.dtype() != x.dtype()) mask = detail::raw_cast(mask, x.dtype());  // f16/bf16 keep their dtype
   }
   return mul(x, mask);
