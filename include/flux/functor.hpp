@@ -201,7 +201,9 @@ template <class M> void set_mode(M& m, std::optional<bool> active) {
 
 /// Flux's trainmode!: every layer with a mode (BatchNorm, Dropout, ...) behaves as in training,
 /// also outside gradient(); `trainmode(m, std::nullopt)` returns them to automatic. Modifies m.
-template <class M> M& trainmode(M& m, std::optional<bool> active = true) {
+template <class M>
+  requires(!std::is_const_v<M>)
+M& trainmode(M& m, std::optional<bool> active = true) {
   functor::set_mode(m, active);
   return m;
 }
@@ -213,7 +215,9 @@ M trainmode(M&& m, std::optional<bool> active = true) {
 }
 /// Flux's testmode!: inference behaviour (running statistics, no dropout), also inside gradient();
 /// `testmode(m, false)` is trainmode(m), `testmode(m, std::nullopt)` automatic. Modifies m.
-template <class M> M& testmode(M& m, std::optional<bool> inactive = true) {
+template <class M>
+  requires(!std::is_const_v<M>)
+M& testmode(M& m, std::optional<bool> inactive = true) {
   functor::set_mode(m, inactive ? std::optional<bool>(!*inactive) : std::nullopt);
   return m;
 }
@@ -224,7 +228,9 @@ M testmode(M&& m, std::optional<bool> inactive = true) {
   return std::move(m);
 }
 /// Back to Flux's automatic mode: training behaviour inside gradient()/withgradient() only.
-template <class M> M& automode(M& m) {
+template <class M>
+  requires(!std::is_const_v<M>)
+M& automode(M& m) {
   functor::set_mode(m, std::nullopt);
   return m;
 }
