@@ -3,8 +3,15 @@
 //   x (N, C, in...), w (O, C / G, k...) = (G, O / G, C / G, k...), y (N, O, out...), all plain
 //   row-major (oneDNN's ncw/nchw/ncdhw and (g)oi(h)(w)); up to 3 spatial axes, unused ones 1.
 // oneDNN primitives are created once per geometry and cached (creation costs more than a small conv).
-// Each primitive is created with plain memory descriptors unless FLUX_ONEDNN_LAYOUT=any, which lets
-// oneDNN choose its layout and reorders the operands into and out of it on every call.
+// Layout: with plain memory descriptors oneDNN 2.6 picks its gemm kernel; with format_tag::any it
+// picks blocked direct kernels and we reorder the operands into and out of its layout on every call.
+// Measured (LeNet, batch 128, 1 thread, AVX2): 6 -> 16 channels 5x5 fwd+bwd 6.6 ms plain, 3.9 ms any;
+// 1 -> 6 channels 5x5 16 ms plain, 24 ms any (the 128x6x24x24 output reorder alone ~7 ms). So "auto"
+// (default) asks for any when C / G * prod(kernel) >= 64; FLUX_ONEDNN_LAYOUT=plain|any forces one.
+// Threads: Debian's oneDNN runs on libgomp, whose idle team threads spin (OMP_WAIT_POLICY unset) and
+// fought cpu::parallel_for and OpenBLAS on 2 cores (LeNet conv fwd+bwd: 1 s instead of 28 ms per
+// step with a 2-thread team). So each call splits its batch over our pool, one oneDNN call per
+// thread on a one-thread OpenMP team, which creates no OpenMP threads at all.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -134,19 +141,28 @@ struct Operand {
 struct Entry {
   dnnl::primitive primitive;
   std::vector<Operand> operands;
+  memory scratchpad;  // its own (scratchpad_mode::user): chunks run concurrently on pool threads
 };
+
+dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
 
 struct Dnnl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
-  std::mutex mutex;  // guards the cache and serialises execution (one scratchpad per primitive)
+  std::mutex mutex;  // guards the cache and serialises the calls
   std::map<Key, std::unique_ptr<Entry>> cache;
-  bool any_layout = false;
+  int layout = 0;  // FLUX_ONEDNN_LAYOUT: 0 auto, 1 plain, 2 any
+  bool pool_threading = true;  // false (FLUX_ONEDNN_THREADING=omp): one call on an OpenMP team
   void (*omp_set_num_threads)(int) = nullptr;
   Dnnl() {
     const char* v = std::getenv("FLUX_ONEDNN_LAYOUT");
-    any_layout = v && std::strcmp(v, "any") == 0;
-    // Debian's oneDNN runs on libgomp's OpenMP; its team size follows our pool's (FLUX_NUM_THREADS).
+    layout = !v ? 0 : std::strcmp(v, "plain") == 0 ? 1 : std::strcmp(v, "any") == 0 ? 2 : 0;
+    const char* t = std::getenv("FLUX_ONEDNN_THREADING");
+    pool_threading = !(t && std::strcmp(t, "omp") == 0);
+    // Debian's oneDNN runs on libgomp's OpenMP: we set each calling thread's team size.
     omp_set_num_threads = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
   }
 };
@@ -202,7 +218,7 @@ dnnl::convolution_forward::primitive_desc forward_pd(Dnnl& s, const Descs& d, bo
                              d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
                    : F::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src, d.weights,
                              d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
-  return F::primitive_desc(desc, s.engine);
+  return F::primitive_desc(desc, user_scratchpad(), s.engine);
 }
 
 Operand make_operand(Dnnl& s, int arg, bool input, const memory::desc& plain, const memory::desc& chosen) {
@@ -223,10 +239,17 @@ Operand make_operand(Dnnl& s, int arg, bool input, const memory::desc& plain, co
 std::unique_ptr<Entry> create(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g) {
   auto e = std::make_unique<Entry>();
   Descs plain = make_descs(g, false, bias);
-  Descs asked = make_descs(g, s.any_layout, bias);
+  // oneDNN's blocked kernels (jit:avx2/avx512 on nChw8c/16c) beat its plain-layout gemm kernel when
+  // the work per pixel (C / G * prod(kernel)) repays reordering the activations; below that (a
+  // first layer on 1 channel, depthwise) the reorders cost more than they save. See the header.
+  int64_t per_pixel = g.in_channels / g.groups;
+  for (int i = 0; i < g.spatial; ++i) per_pixel *= g.kernel[i];
+  bool any = s.layout == 2 || (s.layout == 0 && per_pixel >= 64);
+  Descs asked = make_descs(g, any, bias);
   if (kind == Kind::forward) {
     auto pd = forward_pd(s, asked, bias);
     e->primitive = dnnl::convolution_forward(pd);
+    e->scratchpad = memory(pd.scratchpad_desc(), s.engine);
     e->operands.push_back(make_operand(s, DNNL_ARG_SRC, true, plain.src, pd.src_desc()));
     e->operands.push_back(make_operand(s, DNNL_ARG_WEIGHTS, true, plain.weights, pd.weights_desc()));
     if (bias) e->operands.push_back(make_operand(s, DNNL_ARG_BIAS, true, plain.bias, pd.bias_desc()));
@@ -236,8 +259,9 @@ std::unique_ptr<Entry> create(Dnnl& s, Kind kind, bool bias, const backend::Conv
     auto hint = forward_pd(s, asked, false);
     B::desc desc(dnnl::algorithm::convolution_direct, asked.src, asked.weights, asked.dst, asked.strides,
                  asked.dilates, asked.pad_l, asked.pad_r);
-    B::primitive_desc pd(desc, s.engine, hint);
+    B::primitive_desc pd(desc, user_scratchpad(), s.engine, hint);
     e->primitive = B(pd);
+    e->scratchpad = memory(pd.scratchpad_desc(), s.engine);
     e->operands.push_back(make_operand(s, DNNL_ARG_DIFF_DST, true, plain.dst, pd.diff_dst_desc()));
     e->operands.push_back(make_operand(s, DNNL_ARG_WEIGHTS, true, plain.weights, pd.weights_desc()));
     e->operands.push_back(make_operand(s, DNNL_ARG_DIFF_SRC, false, plain.src, pd.diff_src_desc()));
@@ -248,8 +272,9 @@ std::unique_ptr<Entry> create(Dnnl& s, Kind kind, bool bias, const backend::Conv
                                asked.strides, asked.dilates, asked.pad_l, asked.pad_r)
                      : B::desc(dnnl::algorithm::convolution_direct, asked.src, asked.weights, asked.dst,
                                asked.strides, asked.dilates, asked.pad_l, asked.pad_r);
-    B::primitive_desc pd(desc, s.engine, hint);
+    B::primitive_desc pd(desc, user_scratchpad(), s.engine, hint);
     e->primitive = B(pd);
+    e->scratchpad = memory(pd.scratchpad_desc(), s.engine);
     e->operands.push_back(make_operand(s, DNNL_ARG_SRC, true, plain.src, pd.src_desc()));
     e->operands.push_back(make_operand(s, DNNL_ARG_DIFF_DST, true, plain.dst, pd.diff_dst_desc()));
     e->operands.push_back(make_operand(s, DNNL_ARG_DIFF_WEIGHTS, false, plain.weights, pd.diff_weights_desc()));
@@ -258,39 +283,101 @@ std::unique_ptr<Entry> create(Dnnl& s, Kind kind, bool bias, const backend::Conv
   return e;
 }
 
-/// Runs the cached primitive for (kind, g) on the given buffers (in the order of Entry::operands);
-/// false when oneDNN has no implementation for this case.
-bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_list<void*> buffers) {
-  if (g.spatial < 1 || g.spatial > 3) return false;
-  Dnnl& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
+/// The cached entry for (kind, bias, g, chunk), created on first use; null when oneDNN refuses the
+/// case (remembered, so the portable path runs without asking again). Called under the mutex.
+Entry* lookup(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g, int64_t chunk) {
   Key key = make_key(kind, bias, g);
+  key[key.size() - 1] = chunk;  // one entry per chunk: chunks run at once and each binds its own memories
   auto it = s.cache.find(key);
   if (it == s.cache.end()) {
     std::unique_ptr<Entry> e;
     try {
       e = create(s, kind, bias, g);
     } catch (const dnnl::error&) {
-      e = nullptr;  // remembered: this geometry takes the portable path
+      e = nullptr;
     }
     if (s.cache.size() >= 512) s.cache.clear();  // a bound for programs that sweep many shapes
     it = s.cache.emplace(key, std::move(e)).first;
   }
-  Entry* e = it->second.get();
-  if (!e) return false;
-  if (s.omp_set_num_threads) s.omp_set_num_threads(num_threads());
+  return it->second.get();
+}
+
+void execute(Dnnl& s, Entry& e, const std::vector<void*>& buffers) {
+  thread_local dnnl::stream stream(s.engine);  // one stream per pool thread
+  if (s.omp_set_num_threads) s.omp_set_num_threads(s.pool_threading ? 1 : num_threads());
   std::unordered_map<int, memory> args;
-  size_t i = 0;
-  for (void* p : buffers) {
-    Operand& op = e->operands[i++];
-    op.user.set_data_handle(p);
-    if (op.reordered && op.input) op.reorder.execute(s.stream, op.user, op.inner);
+  for (size_t i = 0; i < e.operands.size(); ++i) {
+    Operand& op = e.operands[i];
+    op.user.set_data_handle(buffers[i]);
+    if (op.reordered && op.input) op.reorder.execute(stream, op.user, op.inner);
     args[op.arg] = op.inner;
   }
-  e->primitive.execute(s.stream, args);
-  for (Operand& op : e->operands)
-    if (op.reordered && !op.input) op.reorder.execute(s.stream, op.inner, op.user);
-  s.stream.wait();
+  args[DNNL_ARG_SCRATCHPAD] = e.scratchpad;
+  e.primitive.execute(stream, args);
+  for (Operand& op : e.operands)
+    if (op.reordered && !op.input) op.reorder.execute(stream, op.inner, op.user);
+  stream.wait();
+}
+
+/// Runs (kind, g) on the buffers, given in the order of Entry::operands; false when oneDNN has no
+/// implementation for this case. The batch is split over our pool's threads, each running oneDNN on
+/// one OpenMP thread (libgomp's idle threads spin and fought our pool and OpenBLAS: see the header);
+/// weight gradients of the later chunks go to scratch rows and are summed into the first.
+bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_list<void*> list) {
+  if (g.spatial < 1 || g.spatial > 3) return false;
+  Dnnl& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  std::vector<void*> buffers(list);
+  int64_t in_size = g.in_channels, out_size = g.out_channels;
+  for (int i = 0; i < g.spatial; ++i) in_size *= g.in[i], out_size *= g.out[i];
+  int64_t flops = 2 * g.batch * out_size * (g.in_channels / g.groups);
+  for (int i = 0; i < g.spatial; ++i) flops *= g.kernel[i];
+  int64_t chunks = s.pool_threading ? std::min<int64_t>({num_threads(), g.batch, std::max<int64_t>(1, flops >> 21)}) : 1;
+  std::vector<Entry*> entries;
+  std::vector<std::vector<void*>> args;
+  int64_t weight_size = (g.in_channels / g.groups) * g.out_channels;
+  for (int i = 0; i < g.spatial; ++i) weight_size *= g.kernel[i];
+  size_t partial_size = size_t(weight_size + (bias ? g.out_channels : 0));
+  std::vector<std::vector<float>> partials(size_t(chunks > 1 && kind == Kind::backward_weight ? chunks - 1 : 0));
+  for (int64_t c = 0; c < chunks; ++c) {
+    int64_t b0 = g.batch * c / chunks, b1 = g.batch * (c + 1) / chunks;
+    backend::ConvGeometry part = g;
+    part.batch = b1 - b0;
+    Entry* e = lookup(s, kind, bias, part, chunks > 1 ? c : -1);
+    if (!e) return false;
+    entries.push_back(e);
+    std::vector<void*> a = buffers;
+    auto shift = [](void* p, int64_t elements) { return static_cast<void*>(static_cast<float*>(p) + elements); };
+    if (kind == Kind::forward) {
+      a[0] = shift(a[0], b0 * in_size), a.back() = shift(a.back(), b0 * out_size);
+    } else if (kind == Kind::backward_data) {
+      a[0] = shift(a[0], b0 * out_size), a[2] = shift(a[2], b0 * in_size);
+    } else {
+      a[0] = shift(a[0], b0 * in_size), a[1] = shift(a[1], b0 * out_size);
+      if (c > 0) {
+        std::vector<float>& row = partials[size_t(c - 1)];
+        row.resize(partial_size);
+        a[2] = row.data();
+        if (bias) a[3] = row.data() + weight_size;
+      }
+    }
+    args.push_back(std::move(a));
+  }
+  if (chunks == 1) {
+    execute(s, *entries[0], args[0]);
+    return true;
+  }
+  parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) execute(s, *entries[size_t(c)], args[size_t(c)]);
+  });
+  if (kind == Kind::backward_weight) {
+    float* dw = static_cast<float*>(buffers[2]);
+    float* db = bias ? static_cast<float*>(buffers[3]) : nullptr;
+    for (const std::vector<float>& row : partials) {
+      for (int64_t i = 0; i < weight_size; ++i) dw[i] += row[size_t(i)];
+      for (int64_t i = 0; db && i < g.out_channels; ++i) db[i] += row[size_t(weight_size + i)];
+    }
+  }
   return true;
 }
 
