@@ -327,6 +327,8 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
   if (g.spatial < 1 || g.spatial > 3) return false;
   Dnnl& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
+  // Before creating primitives too: oneDNN fixes some kernels' thread count when it creates them.
+  if (s.omp_set_num_threads) s.omp_set_num_threads(s.pool_threading ? 1 : num_threads());
   std::vector<void*> buffers(list);
   int64_t in_size = g.in_channels, out_size = g.out_channels;
   for (int i = 0; i < g.spatial; ++i) in_size *= g.in[i], out_size *= g.out[i];
