@@ -9,9 +9,10 @@
 // 1 -> 6 channels 5x5 16 ms plain, 24 ms any (the 128x6x24x24 output reorder alone ~7 ms). So "auto"
 // (default) asks for any when C / G * prod(kernel) >= 64; FLUX_ONEDNN_LAYOUT=plain|any forces one.
 // Threads: Debian's oneDNN runs on libgomp, whose idle team threads spin (OMP_WAIT_POLICY unset) and
-// fought cpu::parallel_for and OpenBLAS on 2 cores (LeNet conv fwd+bwd: 1 s instead of 28 ms per
-// step with a 2-thread team). So each call splits its batch over our pool, one oneDNN call per
-// thread on a one-thread OpenMP team, which creates no OpenMP threads at all.
+// burn the cores that cpu::parallel_for and OpenBLAS need: on 2 loaded cores (load average ~8) the
+// LeNet conv pair fwd+bwd took ~460-1050 ms per step on a 2-thread team against ~26 ms split over
+// our pool (on quiet cores the two are close, 6.5-8.5 ms). So each call splits its batch over our
+// pool, one oneDNN call per thread on a one-thread OpenMP team, which starts no OpenMP threads.
 #include <dlfcn.h>
 
 #include <algorithm>
