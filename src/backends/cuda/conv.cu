@@ -31,57 +31,13 @@ namespace flux::gpu {
 
 namespace {
 
-// Splits a flat index over (planes, D, H, W) of sizes `size` into the plane and the three positions.
-__device__ inline int64_t split3(int64_t k, const int64_t size[3], int64_t at[3]) {
-  at[2] = k % size[2];
-  k /= size[2];
-  at[1] = k % size[1];
-  k /= size[1];
-  at[0] = k % size[0];
-  return k / size[0];
-}
-
-// col[(r * K + kk) * P + p] = x[r, p * stride - pad + kk * dilation] (0 outside), r = n * C + c.
+// One thread per element of col (im2col) or of dx (col2im); the index math is in window.hpp.
 template <class T> __global__ void im2col_kernel(const T* x, T* col, Window3 a, int64_t total) {
-  for (int64_t k = thread_index(); k < total; k += thread_stride()) {
-    int64_t o[3], w[3];
-    const int64_t r = split3(k / a.out_size, a.kernel, w);  // row block r, kernel offset w
-    split3(k % a.out_size, a.out, o);
-    bool inside = true;
-    int64_t at = 0;
-    for (int i = 0; i < 3; ++i) {
-      const int64_t p = o[i] * a.stride[i] - a.pad[i] + w[i] * a.dilation[i];
-      inside = inside && p >= 0 && p < a.in[i];
-      at = at * a.in[i] + p;
-    }
-    col[k] = inside ? x[r * a.in_size + at] : T(0);
-  }
+  for (int64_t k = thread_index(); k < total; k += thread_stride()) col[k] = im2col_value(x, a, k);
 }
 
-// dx[r, q] += sum over kernel offsets kk (in order) of col[(r * K + kk) * P + p] where p reaches q.
 template <class T> __global__ void col2im_kernel(const T* col, T* dx, Window3 a, int64_t total) {
-  for (int64_t j = thread_index(); j < total; j += thread_stride()) {
-    int64_t q[3];
-    const int64_t r = split3(j, a.in, q);
-    const T* c = col + r * a.kernel_size * a.out_size;
-    T acc = dx[j];
-    for (int64_t k0 = 0; k0 < a.kernel[0]; ++k0) {
-      const int64_t t0 = q[0] + a.pad[0] - k0 * a.dilation[0];
-      if (t0 < 0 || t0 % a.stride[0] || t0 / a.stride[0] >= a.out[0]) continue;
-      for (int64_t k1 = 0; k1 < a.kernel[1]; ++k1) {
-        const int64_t t1 = q[1] + a.pad[1] - k1 * a.dilation[1];
-        if (t1 < 0 || t1 % a.stride[1] || t1 / a.stride[1] >= a.out[1]) continue;
-        for (int64_t k2 = 0; k2 < a.kernel[2]; ++k2) {
-          const int64_t t2 = q[2] + a.pad[2] - k2 * a.dilation[2];
-          if (t2 < 0 || t2 % a.stride[2] || t2 / a.stride[2] >= a.out[2]) continue;
-          const int64_t kk = (k0 * a.kernel[1] + k1) * a.kernel[2] + k2;
-          const int64_t p = (t0 / a.stride[0] * a.out[1] + t1 / a.stride[1]) * a.out[2] + t2 / a.stride[2];
-          acc += c[kk * a.out_size + p];
-        }
-      }
-    }
-    dx[j] = acc;
-  }
+  for (int64_t j = thread_index(); j < total; j += thread_stride()) dx[j] = col2im_value(col, dx, a, j);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "flux/backend.hpp"
 #include "src/backends/cuda/gpu_runtime.hpp"
+#include "src/backends/cuda/window.hpp"
 
 namespace flux::gpu {
 
@@ -50,13 +51,6 @@ class Scratch {
   backend::Buffer buffer_{};
 };
 
-/// A ConvGeometry on exactly three spatial axes (D, H, W), unused leading axes of length 1, so 1-D and
-/// 2-D windows run the 3-D kernels. Plain data: kernels take it by value.
-struct Window3 {
-  int64_t in[3], out[3], kernel[3], stride[3], pad[3], dilation[3];
-  int64_t in_size, out_size, kernel_size;  // products over the three axes
-};
-
 /// The checks every window launcher makes before it launches: float dtype, 1 to 3 spatial axes, and
 /// kernel, stride, dilation >= 1 (a zero stride would divide by zero on the device).
 inline void check_window(const char* api, DType t, const backend::ConvGeometry& g) {
@@ -68,26 +62,6 @@ inline void check_window(const char* api, DType t, const backend::ConvGeometry& 
       detail::fail("[", api, "] invalid window on spatial axis ", i, ": in ", g.in[i], ", out ", g.out[i], ", kernel ",
                    g.kernel[i], ", stride ", g.stride[i], ", dilation ", g.dilation[i],
                    " (expected kernel, stride, dilation >= 1)");
-}
-
-inline Window3 window3(const backend::ConvGeometry& g) {
-  Window3 a{};
-  a.in_size = a.out_size = a.kernel_size = 1;
-  const int shift = 3 - g.spatial;
-  for (int i = 0; i < 3; ++i) {
-    const int j = i - shift;
-    const bool used = j >= 0;
-    a.in[i] = used ? g.in[j] : 1;
-    a.out[i] = used ? g.out[j] : 1;
-    a.kernel[i] = used ? g.kernel[j] : 1;
-    a.stride[i] = used ? g.stride[j] : 1;
-    a.pad[i] = used ? g.pad_lo[j] : 0;
-    a.dilation[i] = used ? g.dilation[j] : 1;
-    a.in_size *= a.in[i];
-    a.out_size *= a.out[i];
-    a.kernel_size *= a.kernel[i];
-  }
-  return a;
 }
 
 // ---- convolution, pooling, random (conv.cu, pooling.cu, random.cu); f32 and f64 ----
