@@ -151,7 +151,7 @@ Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias = Ten
                       const ConvTransposeParams& p = {});
 
 struct PoolParams {
-  std::optional<Dims> stride;  // default: the window (non-overlapping), as Flux
+  std::optional<Dims> stride = std::nullopt;  // default: the window (non-overlapping), as Flux
   Padding pad = 0;
 };
 /// Max over each window (padding never wins): x (N, C, in...) -> (N, C, out...).

@@ -1,4 +1,5 @@
-// Shape and indexing ops: broadcast_to, sum_to, permute, slice, concat, stack, index_select, onehot.
+// Shape and indexing ops: broadcast_to, sum_to, permute, slice, concat, stack, index_select, onehot,
+// flatten.
 #include <algorithm>
 #include <numeric>
 
@@ -272,6 +273,14 @@ Tensor onehot(const Tensor& labels, int64_t nclasses, DType t) {
   Tensor l = raw_cast(labels, DType::i64).reshape(Shape{labels.numel(), 1});
   Tensor classes = arange(nclasses, DType::i64, labels.device()).reshape(Shape{1, nclasses});
   return raw_cast(eq(l, classes), t);
+}
+
+Tensor flatten_(const Tensor& x) {
+  check_defined("flatten", x);
+  if (x.ndim() == 0) fail("[flatten] needs at least 1 dimension (observations on the first); got a 0-dimensional tensor");
+  int64_t rest = 1;
+  for (int i = 1; i < x.ndim(); ++i) rest *= x.shape()[i];
+  return x.reshape(Shape{x.shape()[0], rest});  // recorded by reshape; shares storage
 }
 
 Tensor onecold(const Tensor& scores) {

@@ -147,6 +147,14 @@ class CpuBackend final : public backend::Backend {
                             backend::Buffer dbias, const backend::ConvGeometry& g) override {
     return cpu::onednn_conv_backward_weight(t, ptr(x), ptr(dy), ptr(dw), dbias.handle ? ptr(dbias) : nullptr, g);
   }
+  void pool_forward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y,
+                    const backend::ConvGeometry& g) override {
+    cpu::pool_forward(op, t, ptr(x), ptr(y), g);
+  }
+  void pool_backward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y, backend::Buffer dy,
+                     backend::Buffer dx, const backend::ConvGeometry& g) override {
+    cpu::pool_backward(op, t, ptr(x), ptr(y), ptr(dy), ptr(dx), g);
+  }
 
  private:
   HostPool pool_;

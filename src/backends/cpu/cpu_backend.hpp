@@ -44,6 +44,10 @@ void col2im(DType t, const void* col, void* dx, const backend::ConvGeometry& g);
 bool onednn_conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend::ConvGeometry& g);
 bool onednn_conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g);
 bool onednn_conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, const backend::ConvGeometry& g);
+/// Pooling over (N, C, spatial...) (pooling.cpp): y from x; dx (pre-filled) += the adjoint of dy.
+void pool_forward(backend::PoolOp op, DType t, const void* x, void* y, const backend::ConvGeometry& g);
+void pool_backward(backend::PoolOp op, DType t, const void* x, const void* y, const void* dy, void* dx,
+                   const backend::ConvGeometry& g);
 
 }  // namespace flux::cpu
 

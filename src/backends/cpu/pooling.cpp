@@ -1,0 +1,280 @@
+// CPU pooling kernels: pool_forward / pool_backward over (N, C, spatial...) with 1 to 3 spatial axes,
+// float32 and float64, threaded over the N * C planes (each plane is one task, so the backward's
+// accumulation into overlapping windows never races).
+//
+// Shapes: x (N, C, in...), y and dy (N, C, out...), dx (N, C, in...). Spatial axes are normalised to
+// three (D, H, W) with leading length-1 axes, so 1-D and 2-D run the same loops.
+// Semantics (backend.hpp, NNlib / PyTorch): a window starts at o * stride - pad_lo; max never takes
+// padding (a window that is all padding gives -inf; the ops forbid it); mean divides by the full
+// window size (count_include_pad = True). Max propagates NaN (as PyTorch) and its backward sends dy to
+// the first position in window order (d, then h, then w) that holds y.
+//
+// Two paths: a reference loop that clips every window to the input, and, for 2-D windows of 2x2 and
+// 3x3 with stride 2 (LeNet's MaxPool((2, 2)), ResNet's MaxPool((3, 3), stride 2, pad 1)), a version
+// with the window and stride fixed at compile time on the windows that lie inside the input (the
+// border cells still take the reference loop). Timings are in the report of the commit that added it.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "src/backends/cpu/cpu_backend.hpp"
+
+namespace flux::cpu {
+
+namespace {
+
+using backend::ConvGeometry;
+using backend::PoolOp;
+
+// The geometry on three axes (D, H, W), unused leading axes of length 1.
+struct Axes {
+  int64_t in[3], out[3], k[3], s[3], lo[3];
+  int64_t in_plane = 1, out_plane = 1, window = 1;
+};
+
+Axes axes_of(const ConvGeometry& g) {
+  Axes a;
+  int shift = 3 - g.spatial;
+  for (int i = 0; i < 3; ++i) {
+    int j = i - shift;
+    bool used = j >= 0;
+    a.in[i] = used ? g.in[j] : 1;
+    a.out[i] = used ? g.out[j] : 1;
+    a.k[i] = used ? g.kernel[j] : 1;
+    a.s[i] = used ? g.stride[j] : 1;
+    a.lo[i] = used ? g.pad_lo[j] : 0;
+    a.in_plane *= a.in[i];
+    a.out_plane *= a.out[i];
+    a.window *= a.k[i];
+  }
+  return a;
+}
+
+// [begin, end) of the window of output position o along axis i, clipped to the input.
+inline void clip(const Axes& a, int i, int64_t o, int64_t& begin, int64_t& end) {
+  int64_t start = o * a.s[i] - a.lo[i];
+  begin = std::max<int64_t>(start, 0);
+  end = std::min<int64_t>(start + a.k[i], a.in[i]);
+}
+
+template <class T>
+inline T take_max(T m, T v) {
+  return (v > m || v != v) ? v : m;  // NaN wins and stays
+}
+template <class T>
+inline bool holds(T v, T y) {
+  return v == y || (v != v && y != y);
+}
+
+// ---- the reference: one output cell at a time over its clipped window ----
+
+template <class T, PoolOp op>
+T cell_forward(const Axes& a, const T* x, int64_t od, int64_t oh, int64_t ow) {
+  int64_t d0, d1, h0, h1, w0, w1;
+  clip(a, 0, od, d0, d1), clip(a, 1, oh, h0, h1), clip(a, 2, ow, w0, w1);
+  if constexpr (op == PoolOp::max) {
+    T m = -std::numeric_limits<T>::infinity();
+    for (int64_t d = d0; d < d1; ++d)
+      for (int64_t h = h0; h < h1; ++h) {
+        const T* row = x + (d * a.in[1] + h) * a.in[2];
+        for (int64_t w = w0; w < w1; ++w) m = take_max(m, row[w]);
+      }
+    return m;
+  } else {
+    T sum = 0;
+    for (int64_t d = d0; d < d1; ++d)
+      for (int64_t h = h0; h < h1; ++h) {
+        const T* row = x + (d * a.in[1] + h) * a.in[2];
+        for (int64_t w = w0; w < w1; ++w) sum += row[w];
+      }
+    return sum / T(a.window);
+  }
+}
+
+template <class T, PoolOp op>
+void cell_backward(const Axes& a, const T* x, T y, T dy, T* dx, int64_t od, int64_t oh, int64_t ow) {
+  int64_t d0, d1, h0, h1, w0, w1;
+  clip(a, 0, od, d0, d1), clip(a, 1, oh, h0, h1), clip(a, 2, ow, w0, w1);
+  if constexpr (op == PoolOp::max) {
+    for (int64_t d = d0; d < d1; ++d)
+      for (int64_t h = h0; h < h1; ++h) {
+        int64_t base = (d * a.in[1] + h) * a.in[2];
+        for (int64_t w = w0; w < w1; ++w)
+          if (holds(x[base + w], y)) {
+            dx[base + w] += dy;
+            return;
+          }
+      }
+  } else {
+    T g = dy / T(a.window);
+    for (int64_t d = d0; d < d1; ++d)
+      for (int64_t h = h0; h < h1; ++h) {
+        T* row = dx + (d * a.in[1] + h) * a.in[2];
+        for (int64_t w = w0; w < w1; ++w) row[w] += g;
+      }
+  }
+}
+
+template <class T, PoolOp op>
+void reference_forward(const Axes& a, const T* x, T* y) {
+  for (int64_t od = 0; od < a.out[0]; ++od)
+    for (int64_t oh = 0; oh < a.out[1]; ++oh)
+      for (int64_t ow = 0; ow < a.out[2]; ++ow) *y++ = cell_forward<T, op>(a, x, od, oh, ow);
+}
+
+template <class T, PoolOp op>
+void reference_backward(const Axes& a, const T* x, const T* y, const T* dy, T* dx) {
+  for (int64_t od = 0; od < a.out[0]; ++od)
+    for (int64_t oh = 0; oh < a.out[1]; ++oh)
+      for (int64_t ow = 0; ow < a.out[2]; ++ow, ++y, ++dy) cell_backward<T, op>(a, x, *y, *dy, dx, od, oh, ow);
+}
+
+// ---- 2-D windows K x K with stride S fixed at compile time on the interior ----
+
+// The output columns [first, last) whose windows lie inside the input row.
+inline void interior_columns(const Axes& a, int64_t K, int64_t S, int64_t& first, int64_t& last) {
+  first = std::min<int64_t>((a.lo[2] + S - 1) / S, a.out[2]);
+  last = a.in[2] + a.lo[2] >= K ? std::min<int64_t>((a.in[2] + a.lo[2] - K) / S + 1, a.out[2]) : 0;
+  last = std::max(last, first);
+}
+
+template <class T, PoolOp op, int K, int S>
+void fixed_forward(const Axes& a, const T* x, T* y) {
+  const int64_t W = a.in[2], OW = a.out[2];
+  int64_t first, last;
+  interior_columns(a, K, S, first, last);
+  const T scale = T(1) / T(K * K);
+  for (int64_t oh = 0; oh < a.out[1]; ++oh, y += OW) {
+    int64_t h0 = oh * S - a.lo[1];
+    if (h0 < 0 || h0 + K > a.in[1]) {
+      for (int64_t ow = 0; ow < OW; ++ow) y[ow] = cell_forward<T, op>(a, x, 0, oh, ow);
+      continue;
+    }
+    for (int64_t ow = 0; ow < first; ++ow) y[ow] = cell_forward<T, op>(a, x, 0, oh, ow);
+    const T* base = x + h0 * W - a.lo[2];
+    for (int64_t ow = first; ow < last; ++ow) {
+      const T* p = base + ow * S;
+      if constexpr (op == PoolOp::max) {
+        T m = p[0];
+        for (int r = 0; r < K; ++r)
+          for (int c = 0; c < K; ++c) m = take_max(m, p[r * W + c]);
+        y[ow] = m;
+      } else {
+        T sum = 0;
+        for (int r = 0; r < K; ++r)
+          for (int c = 0; c < K; ++c) sum += p[r * W + c];
+        y[ow] = sum * scale;
+      }
+    }
+    for (int64_t ow = last; ow < OW; ++ow) y[ow] = cell_forward<T, op>(a, x, 0, oh, ow);
+  }
+}
+
+template <class T, PoolOp op, int K, int S>
+void fixed_backward(const Axes& a, const T* x, const T* y, const T* dy, T* dx) {
+  const int64_t W = a.in[2], OW = a.out[2];
+  int64_t first, last;
+  interior_columns(a, K, S, first, last);
+  const T scale = T(1) / T(K * K);
+  for (int64_t oh = 0; oh < a.out[1]; ++oh, y += OW, dy += OW) {
+    int64_t h0 = oh * S - a.lo[1];
+    if (h0 < 0 || h0 + K > a.in[1]) {
+      for (int64_t ow = 0; ow < OW; ++ow) cell_backward<T, op>(a, x, y[ow], dy[ow], dx, 0, oh, ow);
+      continue;
+    }
+    for (int64_t ow = 0; ow < first; ++ow) cell_backward<T, op>(a, x, y[ow], dy[ow], dx, 0, oh, ow);
+    int64_t offset = h0 * W - a.lo[2];
+    for (int64_t ow = first; ow < last; ++ow) {
+      int64_t at = offset + ow * S;
+      if constexpr (op == PoolOp::max) {
+        int64_t hit = -1;
+        for (int r = 0; r < K && hit < 0; ++r)
+          for (int c = 0; c < K; ++c)
+            if (holds(x[at + r * W + c], y[ow])) {
+              hit = at + r * W + c;
+              break;
+            }
+        if (hit >= 0) dx[hit] += dy[ow];
+      } else {
+        T g = dy[ow] * scale;
+        for (int r = 0; r < K; ++r)
+          for (int c = 0; c < K; ++c) dx[at + r * W + c] += g;
+      }
+    }
+    for (int64_t ow = last; ow < OW; ++ow) cell_backward<T, op>(a, x, y[ow], dy[ow], dx, 0, oh, ow);
+  }
+}
+
+// 0: reference, 2: 2x2 stride 2, 3: 3x3 stride 2 (2-D windows only).
+int fixed_case(const Axes& a) {
+  if (a.k[0] != 1 || a.in[0] != 1 || a.s[1] != 2 || a.s[2] != 2 || a.k[1] != a.k[2]) return 0;
+  return a.k[1] == 2 || a.k[1] == 3 ? int(a.k[1]) : 0;
+}
+
+// Planes per task so that small pools run inline (about 32K window reads per task at least).
+int64_t grain_of(const Axes& a) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, a.out_plane * a.window)); }
+
+template <class T, PoolOp op>
+void forward_typed(const Axes& a, int64_t planes, const T* x, T* y) {
+  int fixed = fixed_case(a);
+  parallel_for(planes, grain_of(a), [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const T* xp = x + p * a.in_plane;
+      T* yp = y + p * a.out_plane;
+      if (fixed == 2) fixed_forward<T, op, 2, 2>(a, xp, yp);
+      else if (fixed == 3) fixed_forward<T, op, 3, 2>(a, xp, yp);
+      else reference_forward<T, op>(a, xp, yp);
+    }
+  });
+}
+
+template <class T, PoolOp op>
+void backward_typed(const Axes& a, int64_t planes, const T* x, const T* y, const T* dy, T* dx) {
+  int fixed = fixed_case(a);
+  parallel_for(planes, grain_of(a), [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const T* xp = x + p * a.in_plane;
+      const T* yp = y + p * a.out_plane;
+      const T* dyp = dy + p * a.out_plane;
+      T* dxp = dx + p * a.in_plane;
+      if (fixed == 2) fixed_backward<T, op, 2, 2>(a, xp, yp, dyp, dxp);
+      else if (fixed == 3) fixed_backward<T, op, 3, 2>(a, xp, yp, dyp, dxp);
+      else reference_backward<T, op>(a, xp, yp, dyp, dxp);
+    }
+  });
+}
+
+template <class T>
+void forward_dispatch(PoolOp op, const Axes& a, int64_t planes, const void* x, void* y) {
+  if (op == PoolOp::max) forward_typed<T, PoolOp::max>(a, planes, static_cast<const T*>(x), static_cast<T*>(y));
+  else forward_typed<T, PoolOp::mean>(a, planes, static_cast<const T*>(x), static_cast<T*>(y));
+}
+
+template <class T>
+void backward_dispatch(PoolOp op, const Axes& a, int64_t planes, const void* x, const void* y, const void* dy,
+                       void* dx) {
+  auto xs = static_cast<const T*>(x), ys = static_cast<const T*>(y), dys = static_cast<const T*>(dy);
+  auto dxs = static_cast<T*>(dx);
+  if (op == PoolOp::max) backward_typed<T, PoolOp::max>(a, planes, xs, ys, dys, dxs);
+  else backward_typed<T, PoolOp::mean>(a, planes, xs, ys, dys, dxs);
+}
+
+}  // namespace
+
+void pool_forward(PoolOp op, DType t, const void* x, void* y, const ConvGeometry& g) {
+  Axes a = axes_of(g);
+  int64_t planes = g.batch * g.in_channels;
+  if (t == DType::f32) forward_dispatch<float>(op, a, planes, x, y);
+  else if (t == DType::f64) forward_dispatch<double>(op, a, planes, x, y);
+  else detail::fail("[pool] CPU kernel supports Float32 and Float64; got ", dtype_name(t));
+}
+
+void pool_backward(PoolOp op, DType t, const void* x, const void* y, const void* dy, void* dx, const ConvGeometry& g) {
+  Axes a = axes_of(g);
+  int64_t planes = g.batch * g.in_channels;
+  if (t == DType::f32) backward_dispatch<float>(op, a, planes, x, y, dy, dx);
+  else if (t == DType::f64) backward_dispatch<double>(op, a, planes, x, y, dy, dx);
+  else detail::fail("[pool backward] CPU kernel supports Float32 and Float64; got ", dtype_name(t));
+}
+
+}  // namespace flux::cpu
