@@ -6,7 +6,6 @@
 #include <string>
 
 #include "flux/dtype.hpp"
-#include "flux/error.hpp"
 
 namespace flux::backend {
 
@@ -132,35 +131,20 @@ class Backend {
   // ---- convolution, pooling, random (src/backends/<name>/conv, pooling, random) ----
   /// col (batch, groups, (in_channels / groups) * prod(kernel), prod(out)) from x (batch, in_channels,
   /// in...): col[n, g, (c, k...), (o...)] = x[n, g * C/g + c, o * stride - pad_lo + k * dilation], 0 outside.
-  virtual void im2col(int device, DType t, Buffer x, Buffer col, const ConvGeometry& g) {
-    (void)device, (void)t, (void)x, (void)col, (void)g;
-    detail::fail("[im2col] not implemented by the ", name(), " backend");
-  }
+  virtual void im2col(int device, DType t, Buffer x, Buffer col, const ConvGeometry& g) = 0;
   /// The adjoint of im2col: dx (pre-filled by the caller) += the columns summed back into place.
-  virtual void col2im(int device, DType t, Buffer col, Buffer dx, const ConvGeometry& g) {
-    (void)device, (void)t, (void)col, (void)dx, (void)g;
-    detail::fail("[col2im] not implemented by the ", name(), " backend");
-  }
+  virtual void col2im(int device, DType t, Buffer col, Buffer dx, const ConvGeometry& g) = 0;
   /// y (batch, C, out...) from x (batch, C, in...) over each window.
-  virtual void pool_forward(int device, PoolOp op, DType t, Buffer x, Buffer y, const ConvGeometry& g) {
-    (void)device, (void)op, (void)t, (void)x, (void)y, (void)g;
-    detail::fail("[pool] not implemented by the ", name(), " backend");
-  }
+  virtual void pool_forward(int device, PoolOp op, DType t, Buffer x, Buffer y, const ConvGeometry& g) = 0;
   /// dx (pre-filled by the caller) += the pooling adjoint of dy; max sends each window's gradient to
   /// the first position (in window order) that holds the maximum y.
   virtual void pool_backward(int device, PoolOp op, DType t, Buffer x, Buffer y, Buffer dy, Buffer dx,
-                             const ConvGeometry& g) {
-    (void)device, (void)op, (void)t, (void)x, (void)y, (void)dy, (void)dx, (void)g;
-    detail::fail("[pool backward] not implemented by the ", name(), " backend");
-  }
+                             const ConvGeometry& g) = 0;
   /// n uniform values in [0, 1) of float dtype t (f32 or f64), counter-based and identical on every
   /// backend: with z = splitmix64(seed + (offset + i) * 0x9E3779B97F4A7C15), element i is
   /// (z >> 40) * 2^-24 for f32 and (z >> 11) * 2^-53 for f64, where splitmix64(z) is
   ///   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9; z = (z ^ (z >> 27)) * 0x94D049BB133111EB; z ^ (z >> 31).
-  virtual void random_uniform(int device, DType t, Buffer dst, int64_t n, uint64_t seed, uint64_t offset) {
-    (void)device, (void)t, (void)dst, (void)n, (void)seed, (void)offset;
-    detail::fail("[random_uniform] not implemented by the ", name(), " backend");
-  }
+  virtual void random_uniform(int device, DType t, Buffer dst, int64_t n, uint64_t seed, uint64_t offset) = 0;
 
   // ---- batch normalisation fast paths (src/backends/<name>/normalisation); false = the core composes
   // portable ops. x, y, dy, dx are (n, c, s) row-major of dtype t (f32/f64); per-channel arrays (c,) of
