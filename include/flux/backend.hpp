@@ -6,6 +6,7 @@
 #include <string>
 
 #include "flux/dtype.hpp"
+#include "flux/error.hpp"  // detail::fail, used by every backend
 
 namespace flux::backend {
 
