@@ -4,6 +4,7 @@
 #include "flux/data/dataloader.hpp"
 #include "flux/data/device_loader.hpp"
 #include "flux/data/idx.hpp"
+#include "flux/data/text.hpp"
 #include "flux/device.hpp"
 #include "flux/dtype.hpp"
 #include "flux/error.hpp"
