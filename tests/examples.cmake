@@ -27,6 +27,25 @@ if(TARGET digits_mlp)
   add_test(NAME examples.digits_mlp.corrupt_data COMMAND digits_mlp ${PROJECT_SOURCE_DIR}/data/LICENSE-digits)
   set_tests_properties(examples.digits_mlp.corrupt_data PROPERTIES LABELS examples
                        PASS_REGULAR_EXPRESSION "data error: .*LICENSE-digits. line 1: field 1 is")
+
+  # --plot (what ./scripts/demo shows at the end): the CSV, the gnuplot script, and the PNG when gnuplot
+  # is installed (scripts/deps.sh plot; CI has it); without gnuplot on PATH, the CSV and the command.
+  find_program(FLUX_GNUPLOT gnuplot)
+  set(plot_check ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:digits_mlp> -DDATA=${FLUX_DIGITS_DATA} -DEPOCHS=3
+                 -DGNUPLOT=${FLUX_GNUPLOT})
+  if(FLUX_GNUPLOT)
+    add_test(NAME examples.digits_mlp.plot
+             COMMAND ${plot_check} -DPREFIX=${CMAKE_CURRENT_BINARY_DIR}/plot/digits_mlp
+                     -P ${CMAKE_CURRENT_SOURCE_DIR}/plot/check_plot.cmake)
+    set_tests_properties(examples.digits_mlp.plot PROPERTIES TIMEOUT 120 LABELS examples)
+  endif()
+  add_test(NAME examples.digits_mlp.plot_without_gnuplot
+           COMMAND ${plot_check} -DPREFIX=${CMAKE_CURRENT_BINARY_DIR}/plot-no-gnuplot/digits_mlp -DNO_GNUPLOT=1
+                   -P ${CMAKE_CURRENT_SOURCE_DIR}/plot/check_plot.cmake)
+  set_tests_properties(examples.digits_mlp.plot_without_gnuplot PROPERTIES TIMEOUT 120 LABELS examples)
+  add_test(NAME examples.digits_mlp.plot_bad_prefix COMMAND digits_mlp --plot= ${FLUX_DIGITS_DATA})
+  set_tests_properties(examples.digits_mlp.plot_bad_prefix PROPERTIES LABELS examples
+                       PASS_REGULAR_EXPRESSION "--plot expects a path prefix")
 endif()
 
 # The convolutional examples (issue 11). Times are for this 2-core CI machine; PoCL runs each op on

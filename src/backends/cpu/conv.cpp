@@ -24,7 +24,9 @@
 #include <mutex>
 #include <unordered_map>
 
+#if FLUX_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
+#endif
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
@@ -106,6 +108,7 @@ void col2im(DType t, const void* col, void* dx, const backend::ConvGeometry& g) 
 }
 
 // ---- oneDNN ----
+#if FLUX_HAVE_ONEDNN
 
 namespace {
 
@@ -402,5 +405,13 @@ bool onednn_conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbi
   if (dbias) return run(Kind::backward_weight, true, g, {x, dy, dw, dbias});
   return run(Kind::backward_weight, false, g, {x, dy, dw});
 }
+
+#else  // built without oneDNN (FLUX_ONEDNN=OFF or libdnnl-dev missing): the portable path only
+
+bool onednn_conv_forward(DType, void*, void*, void*, void*, const backend::ConvGeometry&) { return false; }
+bool onednn_conv_backward_data(DType, void*, void*, void*, const backend::ConvGeometry&) { return false; }
+bool onednn_conv_backward_weight(DType, void*, void*, void*, void*, const backend::ConvGeometry&) { return false; }
+
+#endif  // FLUX_HAVE_ONEDNN
 
 }  // namespace flux::cpu
