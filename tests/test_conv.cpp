@@ -68,13 +68,12 @@ Geo geometry(const Spec& c, bool transpose) {
     g.in[i] = c.in[size_t(i)], g.k[i] = c.kernel[size_t(i)], g.s[i] = s[size_t(i)], g.d[i] = d[size_t(i)];
     int64_t eff = g.d[i] * (g.k[i] - 1) + 1;
     const auto& p = c.pad.values;
-    if (c.pad.same && !transpose) {  // out = ceil(in / stride), the odd pixel on the high side
-      int64_t out = (g.in[i] + g.s[i] - 1) / g.s[i];
-      int64_t total = std::max<int64_t>(0, (out - 1) * g.s[i] + eff - g.in[i]);
-      g.lo[i] = total / 2, g.hi[i] = total - total / 2;
-    } else if (c.pad.same) {  // Flux: out = in * stride
+    if (c.pad.same && !transpose) {  // Flux: total d (k - 1), the odd pixel on the low side
+      int64_t total = eff - 1;
+      g.lo[i] = total - total / 2, g.hi[i] = total / 2;
+    } else if (c.pad.same) {  // Flux: a conv's SamePad with kernel k - stride + 1, out = in * stride
       int64_t total = std::max<int64_t>(0, g.d[i] * (g.k[i] - g.s[i]));
-      g.lo[i] = total / 2, g.hi[i] = total - total / 2;
+      g.lo[i] = total - total / 2, g.hi[i] = total / 2;
     } else if (p.size() == 1) {
       g.lo[i] = g.hi[i] = p[0];
     } else if (int(p.size()) == g.n) {
@@ -390,6 +389,24 @@ struct LibraryKernels {
   bool saved;
 };
 
+// The op's SamePad and the Conv layer's resolved padding are the same (Flux's calc_padding): with an
+// even kernel the odd pixel goes to the low side, so the op equals explicit (lo, hi) padding.
+TEST(ConvSamePad, OpEqualsFluxExplicitPadding) {
+  Tensor x = rand({1, 2, 7, 8}).f64(), w = rand({3, 2, 2, 4}).f64();
+  Tensor same = conv(x, w, Tensor(), {.pad = SamePad()});
+  Tensor explicit_pad = conv(x, w, Tensor(), {.pad = {1, 0, 2, 1}});
+  ASSERT_EQ(same.shape(), (Shape{1, 3, 7, 8}));
+  EXPECT_EQ(same.to_vector<double>(), explicit_pad.to_vector<double>());
+  EXPECT_NE(same.to_vector<double>(), conv(x, w, Tensor(), {.pad = {0, 1, 1, 2}}).to_vector<double>());
+  // stride 2 keeps out = ceil(in / stride)
+  EXPECT_EQ(conv(x, w, Tensor(), {.stride = 2, .pad = SamePad()}).shape(), (Shape{1, 3, 4, 4}));
+  // ConvTranspose: a conv's SamePad with kernel k - stride + 1 (k = 3, s = 2: one pixel, low side)
+  Tensor wt = rand({2, 3, 3, 3}).f64();
+  EXPECT_EQ(conv_transpose(x, wt, Tensor(), {.stride = 2, .pad = SamePad()}).to_vector<double>(),
+            conv_transpose(x, wt, Tensor(), {.stride = 2, .pad = {1, 0, 1, 0}}).to_vector<double>());
+  EXPECT_EQ(conv_transpose(x, wt, Tensor(), {.stride = 2, .pad = SamePad()}).shape(), (Shape{1, 3, 14, 16}));
+}
+
 TEST(ConvLibrary, OneDnnMatchesPortablePath) {
   for (bool transpose : {false, true})
     for (const Spec& c : specs()) {
@@ -497,3 +514,82 @@ TEST_P(ConvDevice, DevicesMustMatch) {
 }
 
 }  // namespace
+
+// ---- conv with a fused relu (what Conv(..., relu) runs): oneDNN's post-op on the CPU, conv then relu
+// elsewhere; values and gradients equal relu(conv(...)) on every device ----
+
+struct FusedReluCase {
+  Tensor x, w, b, u;
+  ConvParams p{.stride = Dims{1, 2}, .pad = 1};
+};
+
+FusedReluCase fused_relu_case(DType t, Device d) {
+  seed(7);
+  FusedReluCase c;
+  c.x = to(randn({4, 3, 9, 8}).cast(t), d), c.w = to(randn({5, 3, 3, 3}).cast(t), d);
+  c.b = to(randn({5}).cast(t), d), c.u = to(randn({4, 5, 9, 4}).cast(t), d);
+  return c;
+}
+
+std::vector<Tensor> fused_relu_grads(const FusedReluCase& c, bool fused) {
+  auto f = [&](const std::vector<Tensor>& v) {
+    Tensor y = fused ? detail::conv_relu(v[0], v[1], v[2], c.p) : relu(conv(v[0], v[1], v[2], c.p));
+    return sum(y * c.u);
+  };
+  std::vector<Tensor> out{fused ? detail::conv_relu(c.x, c.w, c.b, c.p) : relu(conv(c.x, c.w, c.b, c.p))};
+  for (Tensor& g : gradient(f, std::vector<Tensor>{c.x, c.w, c.b})) out.push_back(g);
+  return out;
+}
+
+TEST_P(ConvDevice, FusedReluMatchesConvThenRelu) {
+  for (DType t : {DType::f32, DType::f64}) {
+    SCOPED_TRACE(dtype_name(t));
+    FusedReluCase c = fused_relu_case(t, GetParam());
+    auto fused = fused_relu_grads(c, true), plain = fused_relu_grads(c, false);
+    auto want = fused_relu_grads(fused_relu_case(DType::f64, Device()), false);  // float64 CPU reference
+    for (size_t i = 0; i < fused.size(); ++i) {
+      SCOPED_TRACE("output " + std::to_string(i));
+      ASSERT_EQ(fused[i].shape(), plain[i].shape());
+      EXPECT_EQ(fused[i].device(), GetParam());
+      EXPECT_LT(normwise_error(fused[i], plain[i]), t == DType::f32 ? 1e-6 : 1e-14);
+      EXPECT_LT(normwise_error(fused[i], want[i]), t == DType::f32 ? 1e-5 : 1e-14);
+    }
+    EXPECT_EQ(min(fused[0]).item<double>(), 0.0);  // relu ran
+  }
+}
+
+TEST(ConvGradients, FusedReluFiniteDifferences) {
+  FusedReluCase c = fused_relu_case(DType::f64, Device());
+  auto analytic = fused_relu_grads(c, true);
+  std::vector<Tensor> inputs{c.x, c.w, c.b};
+  const double h = 1e-5;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<double> host = inputs[i].to_vector<double>(), g = analytic[i + 1].to_vector<double>();
+    auto value = [&](size_t k, double v) {
+      std::vector<double> moved = host;
+      moved[k] = v;
+      std::vector<Tensor> in = inputs;
+      in[i] = Tensor(moved, inputs[i].shape());
+      return sum(detail::conv_relu(in[0], in[1], in[2], c.p) * c.u).item<double>();
+    };
+    for (size_t k = 0; k < host.size(); k += 3) {
+      double numeric = (value(k, host[k] + h) - value(k, host[k] - h)) / (2 * h);
+      EXPECT_NEAR(g[k], numeric, 1e-6 * (1 + std::abs(numeric))) << "input " << i << " element " << k;
+    }
+  }
+}
+
+// On the CPU the fused float32 path is oneDNN's post-op; it equals the portable im2col path + relu.
+TEST(ConvLibrary, FusedReluOneDnnMatchesPortablePath) {
+  FusedReluCase c = fused_relu_case(DType::f32, Device());
+  std::vector<Tensor> fast, portable;
+  {
+    LibraryKernels on(true);
+    fast = fused_relu_grads(c, true);
+  }
+  {
+    LibraryKernels off(false);
+    portable = fused_relu_grads(c, true);
+  }
+  for (size_t i = 0; i < fast.size(); ++i) EXPECT_LT(normwise_error(fast[i], portable[i]), 1e-6) << "output " << i;
+}

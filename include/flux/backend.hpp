@@ -10,7 +10,7 @@
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 2;
+inline constexpr int kBackendAbiVersion = 3;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
@@ -179,6 +179,13 @@ class Backend {
   // the core then runs the portable path built from the primitives above (im2col + matmul).
   /// y = conv(x, w) + bias (bias.handle == nullptr: none).
   virtual bool conv_forward(int device, DType t, Buffer x, Buffer w, Buffer bias, Buffer y, const ConvGeometry& g) {
+    (void)device, (void)t, (void)x, (void)w, (void)bias, (void)y, (void)g;
+    return false;
+  }
+  /// y = relu(conv(x, w) + bias) in one pass (oneDNN's eltwise post-op). false: the core runs
+  /// conv_forward (or the portable path) and then relu.
+  virtual bool conv_forward_relu(int device, DType t, Buffer x, Buffer w, Buffer bias, Buffer y,
+                                 const ConvGeometry& g) {
     (void)device, (void)t, (void)x, (void)w, (void)bias, (void)y, (void)g;
     return false;
   }

@@ -114,7 +114,8 @@ struct Dims {
   Dims(std::initializer_list<int64_t> v) : values(v) {}
   Dims(std::vector<int64_t> v) : values(std::move(v)) {}
 };
-/// Flux's SamePad(): output size = ceil(input / stride), the extra pad going to the high side.
+/// Flux's SamePad(): a total pad of dilation * (k - 1) per axis, the odd pixel on the LOW side (Flux's
+/// calc_padding; PyTorch's padding='same' puts it high), so out = ceil(input / stride).
 struct SamePad {};
 /// Padding: one value for every side (`1`), one per spatial axis (`{1, 2}`), a (lo, hi) pair per
 /// axis in axis order (`{top, bottom, left, right}` for 2-D), or SamePad().

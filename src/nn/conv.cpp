@@ -134,6 +134,8 @@ Tensor Conv::operator()(const Tensor& x) const {
   p.pad = Padding(pad);
   p.dilation = Dims(dilation);
   p.groups = groups;
+  // relu is fused into the convolution where the backend can (oneDNN's post-op on the CPU).
+  if (activation.is<Relu>()) return detail::conv_relu(x, weight, bias, p);
   return activation(conv(x, weight, bias, p));
 }
 

@@ -145,25 +145,32 @@ Tensor im2col_raw(const Tensor& x, const ConvGeometry& g) {
 }
 
 /// y = conv(x, w) + bias (bias may be undefined) for the geometry g.
-Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvGeometry& g) {
+/// y = conv(x, w) + bias, followed by relu when `relu` (fused by the backend where it can).
+Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvGeometry& g,
+                        bool relu = false) {
   Tensor y = Tensor::empty(output_shape(g), x.dtype(), x.device());
   if (y.numel() == 0) return y;
   backend::Backend& be = x.backend();
   int dev = x.device().index();
+  backend::Buffer b = bias.defined() ? bias.buffer() : backend::Buffer{};
+  auto finish = [&] {
+    if (relu) be.unary(dev, backend::UnaryOp::relu, y.dtype(), y.buffer(), y.buffer(), y.numel(), 0);
+    return y;
+  };
   if (x.numel() == 0 || w.numel() == 0) {  // no input channels: the bias alone
     if (bias.defined()) fill_with_bias(y, bias);
     else be.fill(dev, y.dtype(), y.buffer(), y.numel(), 0.0);
-    return y;
+    return finish();
   }
-  if (library_kernels() &&
-      be.conv_forward(dev, x.dtype(), x.buffer(), w.buffer(), bias.defined() ? bias.buffer() : backend::Buffer{},
-                      y.buffer(), g))
-    return y;
+  if (library_kernels()) {
+    if (relu && be.conv_forward_relu(dev, x.dtype(), x.buffer(), w.buffer(), b, y.buffer(), g)) return y;
+    if (be.conv_forward(dev, x.dtype(), x.buffer(), w.buffer(), b, y.buffer(), g)) return finish();
+  }
   Tensor col = im2col_raw(x, g);
   if (bias.defined()) fill_with_bias(y, bias);  // the GEMM accumulates onto it (beta = 1)
   int64_t cgk = col.shape()[2], p = col.shape()[3];
   grouped_gemm(w, col, y, g.batch, g.groups, g.out_channels / g.groups, p, cgk, false, bias.defined() ? 1.0 : 0.0);
-  return y;
+  return finish();
 }
 
 /// dx (N, C, in...) = the gradient of conv(x, w) for the output gradient dy (N, O, out...), plus
@@ -288,7 +295,8 @@ ConvGeometry check_operands(const char* api, const Tensor& x, const Tensor& w, c
 
 }  // namespace
 
-Tensor conv(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p) {
+namespace {
+Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p, bool relu) {
   const char* api = "conv";
   ConvGeometry g = check_operands(api, x, w, bias, p.groups, false);
   int n = g.spatial;
@@ -301,11 +309,14 @@ Tensor conv(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvPara
   }
   resolve_padding(api, p.pad, g);
   compute_output_size(api, g);
-  Tensor y = conv_forward_raw(x, w, bias, g);
+  Tensor y = conv_forward_raw(x, w, bias, g, relu);
   bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
   if (need_x || need_w || need_b) {
     Tensor keep_x = need_w ? x : Tensor(), keep_w = need_x ? w : Tensor();
-    autodiff::record(y, {&x, &w, &bias}, [keep_x, keep_w, g, need_x, need_w, need_b](const Tensor& gy) {
+    // relu's derivative from its output: y > 0 exactly where conv(x, w) + bias > 0.
+    Tensor keep_y = relu ? y : Tensor();
+    autodiff::record(y, {&x, &w, &bias}, [keep_x, keep_w, keep_y, g, need_x, need_w, need_b](const Tensor& gy_in) {
+      Tensor gy = keep_y.defined() ? gy_in * step_raw(keep_y) : gy_in;
       Tensor dx, dw, db;
       if (need_x) dx = conv_data_raw(gy, keep_w, g);
       if (need_w) std::tie(dw, db) = conv_weight_raw(keep_x, gy, g, true, need_b);
@@ -314,6 +325,15 @@ Tensor conv(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvPara
     });
   }
   return y;
+}
+}  // namespace
+
+Tensor conv(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p) {
+  return conv_impl(x, w, bias, p, false);
+}
+
+Tensor detail::conv_relu(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p) {
+  return conv_impl(x, w, bias, p, true);
 }
 
 Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvTransposeParams& p) {
@@ -330,11 +350,11 @@ Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, cons
   }
   if (p.pad.same) {
     // Flux's SamePad for ConvTranspose: out = in * stride (dilation 1), the pad of a conv with kernel
-    // k - stride + 1; the odd pixel on the high side, as for conv.
+    // k - stride + 1; the odd pixel on the low side, as for conv.
     for (int i = 0; i < n; ++i) {
       int64_t total = std::max<int64_t>(0, g.dilation[i] * (g.kernel[i] - g.stride[i]));
-      g.pad_lo[i] = total / 2;
-      g.pad_hi[i] = total - total / 2;
+      g.pad_lo[i] = total - total / 2;
+      g.pad_hi[i] = total / 2;
     }
   } else {
     resolve_padding(api, p.pad, g);

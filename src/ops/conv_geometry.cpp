@@ -26,12 +26,12 @@ std::vector<int64_t> expand_dims(const char* api, const char* what, const Dims& 
 void resolve_padding(const char* api, const Padding& p, backend::ConvGeometry& g) {
   const int n = g.spatial;
   if (p.same) {
+    // Flux's calc_padding(SamePad()): a total of dilation * (k - 1) per axis, the odd pixel on the
+    // low side (cld low, fld high); independent of the input size, out = ceil(in / stride).
     for (int i = 0; i < n; ++i) {
-      int64_t out = (g.in[i] + g.stride[i] - 1) / g.stride[i];
-      int64_t effective = g.dilation[i] * (g.kernel[i] - 1) + 1;
-      int64_t total = std::max<int64_t>(0, (out - 1) * g.stride[i] + effective - g.in[i]);
-      g.pad_lo[i] = total / 2;
-      g.pad_hi[i] = total - total / 2;
+      int64_t total = std::max<int64_t>(0, g.dilation[i] * (g.kernel[i] - 1));
+      g.pad_lo[i] = total - total / 2;
+      g.pad_hi[i] = total / 2;
     }
     return;
   }

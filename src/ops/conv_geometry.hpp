@@ -15,7 +15,7 @@ std::vector<int64_t> expand_dims(const char* api, const char* what, const Dims& 
 
 /// Fills g.pad_lo / g.pad_hi from `p` for the sizes already in g (in, kernel, stride, dilation).
 /// Padding takes 1 value (every side), `spatial` values (both sides of each axis) or 2 * spatial
-/// values (lo, hi per axis). SamePad gives out = ceil(in / stride), the odd pixel on the high side.
+/// values (lo, hi per axis). SamePad is Flux's: total d (k - 1), the odd pixel low; out = ceil(in / stride).
 void resolve_padding(const char* api, const Padding& p, backend::ConvGeometry& g);
 
 /// Checks that x is (N, C, spatial...) with 1 to 3 spatial axes, float32 or float64; returns the

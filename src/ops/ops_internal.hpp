@@ -3,6 +3,7 @@
 #include <initializer_list>
 
 #include "flux/backend.hpp"
+#include "flux/ops.hpp"
 #include "flux/tensor.hpp"
 
 namespace flux::detail {
@@ -29,6 +30,10 @@ Tensor step_raw(const Tensor& x);
 /// broadcast into the output and the GEMM accumulates onto it (beta = 1), so no separate add runs.
 /// Returns an undefined tensor when the operands do not fit that case (the caller falls back).
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
+
+/// relu(conv(x, w, bias, p)) as one op: the backend's fused kernel where it has one (oneDNN post-op on
+/// the CPU), else conv then relu in place. The backward masks the output gradient with y > 0.
+Tensor conv_relu(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p);
 
 /// Whether conv/conv_transpose (and the pools) may call the backend's library fast paths (oneDNN,
 /// cuDNN); false forces the portable im2col + GEMM path. Default true; FLUX_LIBRARY_KERNELS=0 disables.

@@ -89,6 +89,8 @@ class Activation {
   }
   const std::string& name() const { return name_; }
   bool is_identity() const { return !object_ && !fn_; }
+  /// Whether this holds the activation value of type A (e.g. is<Relu>()): layers use it to fuse.
+  template <class A> bool is() const { return dynamic_cast<const Holder<A>*>(object_.get()) != nullptr; }
 
  private:
   struct Base {

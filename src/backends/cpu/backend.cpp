@@ -139,6 +139,10 @@ class CpuBackend final : public backend::Backend {
                     const backend::ConvGeometry& g) override {
     return cpu::onednn_conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g);
   }
+  bool conv_forward_relu(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
+                         const backend::ConvGeometry& g) override {
+    return cpu::onednn_conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g, true);
+  }
   bool conv_backward_data(int, DType t, backend::Buffer dy, backend::Buffer w, backend::Buffer dx,
                           const backend::ConvGeometry& g) override {
     return cpu::onednn_conv_backward_data(t, ptr(dy), ptr(w), ptr(dx), g);

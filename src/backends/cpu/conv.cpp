@@ -115,7 +115,7 @@ namespace {
 using dnnl::memory;
 using Tag = memory::format_tag;
 
-enum class Kind : int64_t { forward, backward_data, backward_weight };
+enum class Kind : int64_t { forward, forward_relu, backward_data, backward_weight };
 
 using Key = std::array<int64_t, 32>;
 
@@ -216,13 +216,20 @@ Descs make_descs(const backend::ConvGeometry& g, bool any, bool bias) {
   return d;
 }
 
-dnnl::convolution_forward::primitive_desc forward_pd(Dnnl& s, const Descs& d, bool bias) {
+/// relu: oneDNN's eltwise post-op, applied to conv + bias before the result is written.
+dnnl::convolution_forward::primitive_desc forward_pd(Dnnl& s, const Descs& d, bool bias, bool relu = false) {
   using F = dnnl::convolution_forward;
   auto desc = bias ? F::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src, d.weights,
                              d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
                    : F::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src, d.weights,
                              d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
-  return F::primitive_desc(desc, user_scratchpad(), s.engine);
+  dnnl::primitive_attr attr = user_scratchpad();
+  if (relu) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(ops);
+  }
+  return F::primitive_desc(desc, attr, s.engine);
 }
 
 Operand make_operand(Dnnl& s, int arg, bool input, const memory::desc& plain, const memory::desc& chosen) {
@@ -250,8 +257,8 @@ std::unique_ptr<Entry> create(Dnnl& s, Kind kind, bool bias, const backend::Conv
   for (int i = 0; i < g.spatial; ++i) per_pixel *= g.kernel[i];
   bool any = s.layout == 2 || (s.layout == 0 && per_pixel >= 64);
   Descs asked = make_descs(g, any, bias);
-  if (kind == Kind::forward) {
-    auto pd = forward_pd(s, asked, bias);
+  if (kind == Kind::forward || kind == Kind::forward_relu) {
+    auto pd = forward_pd(s, asked, bias, kind == Kind::forward_relu);
     e->primitive = dnnl::convolution_forward(pd);
     e->scratchpad = memory(pd.scratchpad_desc(), s.engine);
     e->operands.push_back(make_operand(s, DNNL_ARG_SRC, true, plain.src, pd.src_desc()));
@@ -354,7 +361,7 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
     entries.push_back(e);
     std::vector<void*> a = buffers;
     auto shift = [](void* p, int64_t elements) { return static_cast<void*>(static_cast<float*>(p) + elements); };
-    if (kind == Kind::forward) {
+    if (kind == Kind::forward || kind == Kind::forward_relu) {
       a[0] = shift(a[0], b0 * in_size), a.back() = shift(a.back(), b0 * out_size);
     } else if (kind == Kind::backward_data) {
       a[0] = shift(a[0], b0 * out_size), a[2] = shift(a[2], b0 * in_size);
@@ -389,10 +396,11 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
 
 }  // namespace
 
-bool onednn_conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend::ConvGeometry& g) {
+bool onednn_conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend::ConvGeometry& g, bool relu) {
   if (t != DType::f32) return false;
-  if (bias) return run(Kind::forward, true, g, {x, w, bias, y});
-  return run(Kind::forward, false, g, {x, w, y});
+  Kind kind = relu ? Kind::forward_relu : Kind::forward;
+  if (bias) return run(kind, true, g, {x, w, bias, y});
+  return run(kind, false, g, {x, w, y});
 }
 
 bool onednn_conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g) {

@@ -41,7 +41,8 @@ bool channel_affine(DType t, const void* x, const void* scale, const void* shift
 // conv.cpp: the portable path's primitives and the oneDNN fast path (false: not available here).
 void im2col(DType t, const void* x, void* col, const backend::ConvGeometry& g);
 void col2im(DType t, const void* col, void* dx, const backend::ConvGeometry& g);
-bool onednn_conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend::ConvGeometry& g);
+bool onednn_conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend::ConvGeometry& g,
+                         bool relu = false);
 bool onednn_conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g);
 bool onednn_conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, const backend::ConvGeometry& g);
 /// Pooling over (N, C, spatial...) (pooling.cpp): y from x; dx (pre-filled) += the adjoint of dy.
