@@ -7,7 +7,10 @@
 // picks blocked direct kernels and we reorder the operands into and out of its layout on every call.
 // Measured (LeNet, batch 128, 1 thread, AVX2): 6 -> 16 channels 5x5 fwd+bwd 6.6 ms plain, 3.9 ms any;
 // 1 -> 6 channels 5x5 16 ms plain, 24 ms any (the 128x6x24x24 output reorder alone ~7 ms). So "auto"
-// (default) asks for any when C / G * prod(kernel) >= 64; FLUX_ONEDNN_LAYOUT=plain|any forces one.
+// (default) asks for any when C / G * prod(kernel) >= 64, and for a dense conv on 1-3 channels keeps
+// the source plain and lets oneDNN choose dst/weights (LibTorch's choice: LeNet's 1 -> 6 conv fwd +
+// weight grad 12.8 ms with gemm:jit -> 1.4 ms + 0.9 ms of output reorders, AVX-512, 1 thread, loaded
+// machine). FLUX_ONEDNN_LAYOUT=plain|any|plain-src forces one.
 // Threads: Debian's oneDNN runs on libgomp, whose idle team threads spin (OMP_WAIT_POLICY unset) and
 // burn the cores that cpu::parallel_for and OpenBLAS need: on 2 loaded cores (load average ~8) the
 // LeNet conv pair fwd+bwd took ~460-1050 ms per step on a 2-thread team against ~26 ms split over
@@ -158,12 +161,16 @@ struct Dnnl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   std::mutex mutex;  // guards the cache and serialises the calls
   std::map<Key, std::unique_ptr<Entry>> cache;
-  int layout = 0;  // FLUX_ONEDNN_LAYOUT: 0 auto, 1 plain, 2 any
+  int layout = 0;  // FLUX_ONEDNN_LAYOUT: 0 auto, 1 plain, 2 any, 3 plain-src (dst/weights any)
   bool pool_threading = true;  // false (FLUX_ONEDNN_THREADING=omp): one call on an OpenMP team
   void (*omp_set_num_threads)(int) = nullptr;
   Dnnl() {
     const char* v = std::getenv("FLUX_ONEDNN_LAYOUT");
-    layout = !v ? 0 : std::strcmp(v, "plain") == 0 ? 1 : std::strcmp(v, "any") == 0 ? 2 : 0;
+    layout = !v                              ? 0
+             : std::strcmp(v, "plain") == 0     ? 1
+             : std::strcmp(v, "any") == 0       ? 2
+             : std::strcmp(v, "plain-src") == 0 ? 3
+                                                : 0;
     const char* t = std::getenv("FLUX_ONEDNN_THREADING");
     pool_threading = !(t && std::strcmp(t, "omp") == 0);
     // Debian's oneDNN runs on libgomp's OpenMP: we set each calling thread's team size.
@@ -200,10 +207,12 @@ struct Descs {
   memory::dims strides, dilates, pad_l, pad_r;
 };
 
-Descs make_descs(const backend::ConvGeometry& g, bool any, bool bias) {
+/// any: oneDNN chooses the layouts of dst and weights, and of src too unless plain_src.
+Descs make_descs(const backend::ConvGeometry& g, bool any, bool bias, bool plain_src = false) {
   Descs d;
   Tag act = any ? Tag::any : activation_tag(g.spatial);
-  d.src = memory::desc(activation_dims(g, g.in_channels, g.in), memory::data_type::f32, act);
+  d.src = memory::desc(activation_dims(g, g.in_channels, g.in), memory::data_type::f32,
+                       plain_src ? activation_tag(g.spatial) : act);
   d.dst = memory::desc(activation_dims(g, g.out_channels, g.out), memory::data_type::f32, act);
   d.weights = weight_desc(g, any);
   if (bias) d.bias = memory::desc({g.out_channels}, memory::data_type::f32, Tag::x);
@@ -255,8 +264,13 @@ std::unique_ptr<Entry> create(Dnnl& s, Kind kind, bool bias, const backend::Conv
   // first layer on 1 channel, depthwise) the reorders cost more than they save. See the header.
   int64_t per_pixel = g.in_channels / g.groups;
   for (int i = 0; i < g.spatial; ++i) per_pixel *= g.kernel[i];
-  bool any = s.layout == 2 || (s.layout == 0 && per_pixel >= 64);
-  Descs asked = make_descs(g, any, bias);
+  // A few-channel dense conv (a first layer: 1-3 channels) keeps its source plain and lets oneDNN
+  // choose blocked dst/weights, as LibTorch does: its direct kernels read a plain source with few
+  // channels, and the source is not padded to 8/16 channels by a reorder.
+  bool few = g.groups == 1 && g.in_channels < 4;
+  bool any = s.layout == 2 || s.layout == 3 || (s.layout == 0 && (per_pixel >= 64 || few));
+  bool plain_src = s.layout == 3 || (s.layout == 0 && per_pixel < 64 && few);
+  Descs asked = make_descs(g, any, bias, plain_src);
   if (kind == Kind::forward || kind == Kind::forward_relu) {
     auto pd = forward_pd(s, asked, bias, kind == Kind::forward_relu);
     e->primitive = dnnl::convolution_forward(pd);

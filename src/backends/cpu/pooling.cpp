@@ -14,7 +14,10 @@
 // with the window and stride fixed at compile time on the windows that lie inside the input (the
 // border cells still take the reference loop). Timings are in the report of the commit that added it.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 #include <limits>
 
 #include "src/backends/cpu/cpu_backend.hpp"
@@ -63,7 +66,7 @@ inline T take_max(T m, T v) {
 }
 template <class T>
 inline bool holds(T v, T y) {
-  return v == y || (v != v && y != y);
+  return (v == y) | ((v != v) & (y != y));  // bitwise: no branches in the backward's inner loops
 }
 
 // ---- the reference: one output cell at a time over its clipped window ----
@@ -187,14 +190,19 @@ void fixed_backward(const Axes& a, const T* x, const T* y, const T* dy, T* dx) {
     for (int64_t ow = first; ow < last; ++ow) {
       int64_t at = offset + ow * S;
       if constexpr (op == PoolOp::max) {
-        int64_t hit = -1;
-        for (int r = 0; r < K && hit < 0; ++r)
-          for (int c = 0; c < K; ++c)
-            if (holds(x[at + r * W + c], y[ow])) {
-              hit = at + r * W + c;
-              break;
-            }
-        if (hit >= 0) dx[hit] += dy[ow];
+        // dy goes to the first cell in window order that holds y. Written as selects over the whole
+        // window (no data-dependent branch: the cells hit are random, and mispredictions made this
+        // loop ~6x slower than the forward), so the compiler if-converts it.
+        using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+        const T yv = y[ow];
+        const Bits g = std::bit_cast<Bits>(dy[ow]);
+        Bits free = ~Bits(0);  // all ones until the first hit
+        for (int r = 0; r < K; ++r)
+          for (int c = 0; c < K; ++c) {
+            Bits here = free & (Bits(0) - Bits(holds(x[at + r * W + c], yv)));
+            free &= ~here;
+            dx[at + r * W + c] += std::bit_cast<T>(g & here);  // dy where hit, +0 elsewhere
+          }
       } else {
         T g = dy[ow] * scale;
         for (int r = 0; r < K; ++r)
