@@ -31,7 +31,25 @@ Tensor per_observation(const Tensor& elementwise, Agg agg) {
   return aggregate(l, agg);
 }
 Tensor target_like(const Tensor& yhat, const Tensor& y) { return y.dtype() == yhat.dtype() ? y : y.cast(yhat.dtype()); }
+// xlogy(x, y) = x log y with 0 where x == 0 (also for y = 0 or y = inf), as LogExpFunctions.xlogy.
+// The log reads 1 where x == 0, so no NaN or inf reaches the gradient through the unused branch.
+Tensor xlogy(const Tensor& x, const Tensor& y) {
+  Tensor zero = zeros(Shape{}, x.dtype(), x.device()), one = ones(Shape{}, x.dtype(), x.device());
+  Tensor is_zero = x == zero;
+  return where(is_zero, zero, x * log(where(is_zero, one, y)));
+}
+double eps_or_default(const Tensor& yhat, std::optional<double> eps) { return eps ? *eps : epseltype(yhat.dtype()); }
 }  // namespace
+
+double epseltype(DType t) {
+  switch (t) {
+    case DType::f64: return 0x1p-52;
+    case DType::f32: return 0x1p-23;
+    case DType::f16: return 0x1p-10;
+    case DType::bf16: return 0x1p-7;
+    default: detail::fail("[epseltype] needs a floating-point dtype, got ", dtype_name(t));
+  }
+}
 
 Tensor mse(const Tensor& yhat, const Tensor& y, LossOptions o) {
   check_pair("mse", yhat, y);
@@ -43,10 +61,10 @@ Tensor mae(const Tensor& yhat, const Tensor& y, LossOptions o) {
   return aggregate(abs(yhat - target_like(yhat, y)), o.agg);
 }
 
-Tensor crossentropy(const Tensor& yhat, const Tensor& y, LossOptions o, double eps) {
+Tensor crossentropy(const Tensor& yhat, const Tensor& y, LossOptions o, std::optional<double> eps) {
   check_pair("crossentropy", yhat, y);
   Tensor t = target_like(yhat, y);
-  return per_observation(-(t * log(yhat + eps)), o.agg);
+  return per_observation(-xlogy(t, yhat + eps_or_default(yhat, eps)), o.agg);
 }
 
 Tensor logitcrossentropy(const Tensor& logits, const Tensor& y, LossOptions o) {
@@ -55,10 +73,11 @@ Tensor logitcrossentropy(const Tensor& logits, const Tensor& y, LossOptions o) {
   return per_observation(-(t * logsoftmax_(logits, -1)), o.agg);
 }
 
-Tensor binarycrossentropy(const Tensor& yhat, const Tensor& y, LossOptions o, double eps) {
+Tensor binarycrossentropy(const Tensor& yhat, const Tensor& y, LossOptions o, std::optional<double> eps) {
   check_pair("binarycrossentropy", yhat, y);
   Tensor t = target_like(yhat, y);
-  return aggregate(-(t * log(yhat + eps)) - (1.0 - t) * log(1.0 - yhat + eps), o.agg);
+  double e = eps_or_default(yhat, eps);
+  return aggregate(-xlogy(t, yhat + e) - xlogy(1.0 - t, 1.0 - yhat + e), o.agg);
 }
 
 Tensor logitbinarycrossentropy(const Tensor& logits, const Tensor& y, LossOptions o) {
@@ -78,11 +97,11 @@ Tensor huber(const Tensor& yhat, const Tensor& y, LossOptions o, double delta) {
   return aggregate(where(small, quad, lin), o.agg);
 }
 
-Tensor kldivergence(const Tensor& yhat, const Tensor& y, LossOptions o, double eps) {
+Tensor kldivergence(const Tensor& yhat, const Tensor& y, LossOptions o, std::optional<double> eps) {
   check_pair("kldivergence", yhat, y);
   Tensor t = target_like(yhat, y);
-  Tensor entropy = t * log(t + eps);
-  Tensor cross = -(t * log(yhat + eps));
+  Tensor entropy = xlogy(t, t);  // xlogx(y): no eps
+  Tensor cross = -xlogy(t, yhat + eps_or_default(yhat, eps));
   return per_observation(entropy + cross, o.agg);
 }
 

@@ -11,7 +11,7 @@ using namespace flux;
 using flux::testing::max_rel_error;
 
 namespace {
-constexpr double kEps = 1e-7;
+constexpr double kEps = 0x1p-23;  // Flux's default eps for Float32 predictions: epseltype = eps(Float32)
 constexpr int64_t N = 5, C = 4;
 
 std::vector<double> random_vec(size_t n, double lo, double hi, uint64_t s) {

@@ -346,18 +346,25 @@ Tensor leakyrelu_op(const Tensor& x, double a) {
     return g * (s * (1.0 - a) + a);
   });
 }
+// Backward formulas avoid cancellation where the forward saturates: elu's a exp(x) rather than
+// y + a, gelu's and swish's sigmoid(-u) rather than 1 - sigmoid(u) (NNlib's deriv_gelu uses the
+// sigmoid form), so the gradients stay exact in the tails whatever the last ulp of the device's
+// exp/tanh. sigmoid' = y (1 - y) and tanh' = 1 - y^2 (as NNlib and PyTorch) have no large factor:
+// their error is at most ~1 ulp of 1, and 0 where y is exactly 1 (the kernels saturate exactly).
 Tensor elu_op(const Tensor& x, double a) {
-  return unary("elu", UnaryOp::elu, x, a, [a](const Tensor& x, const Tensor& y, const Tensor& g) {
-    return where(x > 0.0, g, g * (y + a));
+  return unary("elu", UnaryOp::elu, x, a, [a](const Tensor& x, auto&, const Tensor& g) {
+    return where(x > 0.0, g, g * exp(x) * a);
   });
 }
 Tensor gelu_op(const Tensor& x) {
   return unary("gelu", UnaryOp::gelu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
-    const double c = 0.7978845608028654, k = 0.044715;
-    Tensor inner = (x + x * x * x * k) * c;
-    Tensor th = tanh_(inner);
-    Tensor d = 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * c * (1.0 + 3.0 * k * x * x);
-    return g * d;
+    // gelu(x) = x s(u), u = c2 x (1 + k x^2), c2 = 2 sqrt(2 / pi):
+    // gelu'(x) = s(u) + x s(u) s(-u) c2 (1 + 3 k x^2)
+    const double c2 = 1.5957691216057308, k = 0.044715;
+    Tensor x2 = x * x;
+    Tensor u = x * (1.0 + x2 * k) * c2;
+    Tensor s = sigmoid_op(u);
+    return g * (s + x * s * sigmoid_op(-u) * (1.0 + x2 * (3.0 * k)) * c2);
   });
 }
 Tensor softplus_op(const Tensor& x) {
@@ -365,8 +372,8 @@ Tensor softplus_op(const Tensor& x) {
 }
 Tensor swish_op(const Tensor& x) {
   return unary("swish", UnaryOp::swish, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
-    Tensor s = sigmoid_op(x);
-    return g * (s + x * s * (1.0 - s));
+    Tensor s = sigmoid_op(x);  // swish'(x) = s + x s (1 - s), with 1 - s = sigmoid(-x): exact for large x
+    return g * (s + x * s * sigmoid_op(-x));
   });
 }
 Tensor step_raw(const Tensor& x) { return unary_raw(UnaryOp::step, x); }

@@ -19,8 +19,9 @@ template <class T> void softmax_typed(const T* s, T* d, int64_t outer, int64_t l
       double total = 0;
       for (int64_t j = 0; j < len; ++j) total += std::exp(double(x[j * inner] - m));
       if (log) {
-        T lse = T(std::log(total)) + m;
-        for (int64_t j = 0; j < len; ++j) y[j * inner] = x[j * inner] - lse;
+        // (x - m) - log(total), not x - (m + log(total)): m + log(total) rounds at m's magnitude
+        T log_total = T(std::log(total));
+        for (int64_t j = 0; j < len; ++j) y[j * inner] = (x[j * inner] - m) - log_total;
       } else {
         T inv = T(1.0 / total);
         for (int64_t j = 0; j < len; ++j) y[j * inner] = std::exp(x[j * inner] - m) * inv;

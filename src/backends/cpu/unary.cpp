@@ -23,10 +23,12 @@ template <class T> inline T apply(UnaryOp op, T x, double alpha) {
       case UnaryOp::sigmoid: return x >= 0 ? T(1) / (T(1) + std::exp(-x)) : std::exp(x) / (T(1) + std::exp(x));
       case UnaryOp::relu: return x > 0 ? x : T(0);
       case UnaryOp::leakyrelu: return x > 0 ? x : a * x;
-      case UnaryOp::elu: return x > 0 ? x : a * (std::exp(x) - T(1));
-      case UnaryOp::gelu: {  // tanh approximation, as Flux/NNlib's gelu
-        const T c = T(0.7978845608028654);
-        return T(0.5) * x * (T(1) + std::tanh(c * (x + T(0.044715) * x * x * x)));
+      case UnaryOp::elu: return x > 0 ? x : a * std::expm1(x);
+      case UnaryOp::gelu: {  // Flux/NNlib's gelu (tanh approximation), 0.5 x (1 + tanh(u)) = x sigmoid(2u):
+        // exact 0 and x in the tails whatever the last ulp of tanh
+        const T c2 = T(1.5957691216057308);  // 2 sqrt(2 / pi)
+        const T u2 = c2 * x * (T(1) + T(0.044715) * x * x);
+        return x * (u2 >= 0 ? T(1) / (T(1) + std::exp(-u2)) : std::exp(u2) / (T(1) + std::exp(u2)));
       }
       case UnaryOp::softplus: return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
       case UnaryOp::swish: return x * (x >= 0 ? T(1) / (T(1) + std::exp(-x)) : std::exp(x) / (T(1) + std::exp(x)));

@@ -22,8 +22,8 @@ __kernel void softmax(__global uchar* src, ulong src_off, __global uchar* dst, u
     ACC total = 0;
     for (long j = 0; j < len; ++j) total += exp((ACC)(x[j * inner] - m));
     if (log_softmax) {
-      T lse = (T)log(total) + m;
-      for (long j = 0; j < len; ++j) y[j * inner] = x[j * inner] - lse;
+      T log_total = (T)log(total);  // (x - m) - log(total): m + log(total) would round at m's magnitude
+      for (long j = 0; j < len; ++j) y[j * inner] = (x[j * inner] - m) - log_total;
     } else {
       T inv = (T)((ACC)1 / total);
       for (long j = 0; j < len; ++j) y[j * inner] = exp(x[j * inner] - m) * inv;
