@@ -69,10 +69,19 @@ flux_install_packages() {
   [ ${#missing[@]} -eq 0 ] && return 0
   echo "[deps] installing ${#missing[@]} Debian packages: ${missing[*]}"
   local sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null; then
+      echo "[deps] not root and no sudo: as root, run  apt-get install ${missing[*]}" >&2
+      return 1
+    fi
+    sudo="sudo"
+  fi
   local t0=$SECONDS
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if ! { $sudo apt-get update -qq &&
+         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }; then
+    echo "[deps] apt-get failed (offline? not Debian 12?); the packages needed: ${missing[*]}" >&2
+    return 1
+  fi
   echo "[deps] installed in $((SECONDS - t0)) s"
 }
 
@@ -86,7 +95,7 @@ flux_install_groups() {
       echo "[deps] group cuda: nothing to install from Debian; libflux-cuda.so needs NVIDIA's CUDA toolkit (nvcc), not found"
     fi
   done
-  [ ${#pkgs[@]} -gt 0 ] && flux_install_packages "${pkgs[@]}"
+  if [ ${#pkgs[@]} -gt 0 ]; then flux_install_packages "${pkgs[@]}" || return 1; fi
   return 0
 }
 
