@@ -35,8 +35,8 @@ template <class T> __global__ void softmax_rows(const T* src, T* dst, int64_t ou
     }
     total = sums[0];
     if (log_out) {
-      T lse = T(log(total)) + m;
-      for (int64_t j = threadIdx.x; j < len; j += blockDim.x) y[j] = x[j] - lse;
+      T log_total = T(log(total));  // (x - m) - log(total): m + log(total) would round at m's magnitude
+      for (int64_t j = threadIdx.x; j < len; j += blockDim.x) y[j] = (x[j] - m) - log_total;
     } else {
       T inv = T(1.0 / total);
       for (int64_t j = threadIdx.x; j < len; j += blockDim.x) y[j] = exp(x[j] - m) * inv;
@@ -57,8 +57,8 @@ template <class T> __global__ void softmax_columns(const T* src, T* dst, int64_t
     double total = 0;
     for (int64_t j = 0; j < len; ++j) total += double(exp(x[j * inner] - m));
     if (log_out) {
-      T lse = T(log(total)) + m;
-      for (int64_t j = 0; j < len; ++j) y[j * inner] = x[j * inner] - lse;
+      T log_total = T(log(total));
+      for (int64_t j = 0; j < len; ++j) y[j * inner] = (x[j * inner] - m) - log_total;
     } else {
       T inv = T(1.0 / total);
       for (int64_t j = 0; j < len; ++j) y[j * inner] = exp(x[j * inner] - m) * inv;
