@@ -27,6 +27,7 @@ debootstrap --variant=minbase bookworm "$ROOT" http://deb.debian.org/debian > "$
   { tail -20 "$ROOT.debootstrap.log"; echo "[first-run] debootstrap failed"; exit 1; }
 echo "[first-run] debootstrap: $((SECONDS - t0)) s (not part of the measurement: a Debian 12 image)"
 git clone -q "$PWD" "$ROOT/root/flux"
+git log --oneline -1 | cut -c1-72 > "$ROOT/root/commit.txt"  # git is not in the chroot (nor in core)
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
 mount -t proc proc "$ROOT/proc"
 
@@ -36,7 +37,7 @@ export DEBIAN_FRONTEND=noninteractive LC_ALL=C HOME=/root
 cd /root/flux
 now() { date +%s.%N; }
 since() { awk "BEGIN { printf \"%.1f\", $(now) - $1 }"; }
-echo "[first-run] commit $(git log --oneline -1 | cut -c1-72)"
+echo "[first-run] commit $(cat /root/commit.txt)"
 echo "[first-run] load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 t=$(now); apt-get clean; apt-get update -qq; echo "[first-run] apt-get update: $(since $t) s"
 sizes() { apt-get install --assume-no --no-install-recommends "$@" 2>&1 | grep -E 'newly installed|Need to get|After this' | sed 's/^/    /' || true; }
