@@ -66,12 +66,38 @@ void Tape::backward(const Tensor& output) {
     detail::fail("[gradient] the function returned a tensor of dtype ", dtype_name(output.dtype()),
                  "; a floating-point loss is needed");
   grads_.assign(nodes_.size(), Tensor());
+  // For on_gradient_final: the leaves (nodes without inputs) grouped by the node that uses them
+  // first; a leaf's gradient is final once backward has passed that node. -1: never used.
+  std::vector<std::vector<int64_t>> final_after;
+  if (on_final_) {
+    std::vector<int64_t> first_use(nodes_.size(), -1);
+    for (int64_t i = int64_t(nodes_.size()) - 1; i >= 0; --i)
+      for (int64_t id : nodes_[i].inputs)
+        if (id >= 0) first_use[id] = i;
+    int64_t output_id = tracked(output) ? output.impl()->tape_id : -1;
+    final_after.resize(nodes_.size());
+    std::vector<int64_t> unused;
+    for (int64_t id = 0; id < int64_t(nodes_.size()); ++id) {
+      if (nodes_[id].backward || !nodes_[id].inputs.empty()) continue;  // an op, not a leaf
+      if (id == output_id) final_after[id].push_back(id);  // f returned this leaf itself
+      else if (first_use[id] < 0 || first_use[id] > output_id) unused.push_back(id);
+      else final_after[first_use[id]].push_back(id);
+    }
+    for (int64_t id : unused) on_final_(id);
+  }
+  auto report_final = [&](int64_t i) {
+    if (on_final_)
+      for (int64_t id : final_after[i]) on_final_(id);
+  };
   if (!tracked(output)) return;  // output does not depend on the inputs: all gradients are zero
   NoGrad no_grad;
   grads_[output.impl()->tape_id] = ones(output.shape(), output.dtype(), output.device());
   for (int64_t i = int64_t(nodes_.size()) - 1; i >= 0; --i) {
     Node& node = nodes_[i];
-    if (!node.backward || !grads_[i].defined()) continue;
+    if (!node.backward || !grads_[i].defined()) {
+      report_final(i);
+      continue;
+    }
     std::vector<Tensor> input_grads = node.backward(grads_[i]);
     for (size_t k = 0; k < node.inputs.size() && k < input_grads.size(); ++k) {
       int64_t id = node.inputs[k];
@@ -81,6 +107,7 @@ void Tape::backward(const Tensor& output) {
     }
     node.backward = nullptr;  // free captured tensors early
     grads_[i] = Tensor();
+    report_final(i);
   }
 }
 

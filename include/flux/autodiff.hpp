@@ -22,6 +22,10 @@ class Tape {
   void backward(const Tensor& output);
   /// The gradient of a tracked tensor (zeros of its shape when it did not influence the output).
   Tensor grad(const Tensor& tracked) const;
+  /// During backward(), calls f(tape_id) once per leaf as soon as its gradient is final (no op left
+  /// to add to it; grad() then holds it): leaves that did not influence the output first, the
+  /// others as backward passes their first use. Lets communication overlap the rest of backward.
+  void on_gradient_final(std::function<void(int64_t tape_id)> f) { on_final_ = std::move(f); }
 
   struct Node {
     std::vector<int64_t> inputs;  // tape ids, -1 for inputs that are not recorded
@@ -35,6 +39,7 @@ class Tape {
   Tape* previous_;
   std::vector<Node> nodes_;
   std::vector<Tensor> grads_;
+  std::function<void(int64_t)> on_final_;
 };
 
 /// True while a tape records on this thread (inside gradient()/withgradient(), outside NoGrad):

@@ -6,6 +6,7 @@
 #include "flux/data/idx.hpp"
 #include "flux/data/text.hpp"
 #include "flux/device.hpp"
+#include "flux/distributed.hpp"
 #include "flux/dtype.hpp"
 #include "flux/error.hpp"
 #include "flux/functor.hpp"

@@ -1,11 +1,20 @@
 // DataLoader: batches of tensors sliced along the first (observation) axis.
 //   DataLoader loader({X, Y}, {.batchsize = 64, .shuffle = true});
 //   for (auto [x, y] : loader) ...
+// Sharded across ranks (.shard = comm, data-parallel training): batch i of the epoch is the global
+// batch of observations order[i*G, (i+1)*G) with G = batchsize * comm.size(), and rank r gets rows
+// [r*batchsize, (r+1)*batchsize) of it, so the ranks' shards are disjoint and together are the
+// batch a single process with batchsize G would see. Shuffling draws every epoch's order from one
+// seed shared by all ranks (taken from rank 0's generator when the loader is made). The last,
+// uneven global batch of m < G observations is dropped when partial = false; otherwise it is
+// padded with the epoch's first observations to a multiple of comm.size() and split evenly, so
+// every rank runs the same number of equally sized steps.
 #pragma once
 #include <array>
 #include <cstdint>
 #include <vector>
 
+#include "flux/distributed.hpp"
 #include "flux/ops.hpp"
 
 namespace flux {
@@ -14,6 +23,8 @@ struct DataLoaderOptions {
   int64_t batchsize = 1;
   bool shuffle = false;
   bool partial = true;  // keep the last, smaller batch
+  /// Each rank of this communicator sees its own disjoint shard (see above); one rank: no sharding.
+  distributed::Communicator shard = {};
 };
 
 namespace detail {
@@ -22,6 +33,14 @@ std::vector<int64_t> epoch_order(int64_t n, bool shuffle);
 /// Rows `order[begin:end]` of x (a view when they are consecutive).
 Tensor take_rows(const Tensor& x, const std::vector<int64_t>& order, int64_t begin, int64_t end, bool consecutive);
 void check_loader(const Tensor* data, size_t count, const DataLoaderOptions& o);
+/// The shuffling seed every rank of o.shard shares (rank 0's draw); 0 without sharding.
+uint64_t shared_shuffle_seed(int64_t nobs, const DataLoaderOptions& o);
+/// Epoch `epoch`'s permutation of 0..n-1 from `seed` (the same on every rank).
+std::vector<int64_t> seeded_order(int64_t n, uint64_t seed, int64_t epoch);
+/// The observations of this rank's part of batch i (see the comment at the top).
+std::vector<int64_t> shard_rows(const std::vector<int64_t>& order, int64_t i, const DataLoaderOptions& o);
+/// True when rows are k, k+1, k+2, ... (then a batch is a view).
+bool consecutive(const std::vector<int64_t>& rows);
 }  // namespace detail
 
 template <size_t N> class DataLoader {
@@ -31,15 +50,17 @@ template <size_t N> class DataLoader {
   DataLoader(const Tensor (&data)[N], DataLoaderOptions options = {}) : options_(options) {
     for (size_t i = 0; i < N; ++i) data_[i] = data[i];
     detail::check_loader(data_.data(), N, options_);
+    seed_ = detail::shared_shuffle_seed(nobs(), options_);
   }
   DataLoader(const std::array<Tensor, N>& data, DataLoaderOptions options = {}) : data_(data), options_(options) {
     detail::check_loader(data_.data(), N, options_);
+    seed_ = detail::shared_shuffle_seed(nobs(), options_);
   }
 
   int64_t nobs() const { return data_[0].shape()[0]; }
   /// Batches per epoch.
   int64_t size() const {
-    int64_t n = nobs(), b = options_.batchsize;
+    int64_t n = nobs(), b = options_.batchsize * options_.shard.size();
     return options_.partial ? (n + b - 1) / b : n / b;
   }
   const DataLoaderOptions& options() const { return options_; }
@@ -48,7 +69,7 @@ template <size_t N> class DataLoader {
   class iterator {
    public:
     iterator(const DataLoader* loader, int64_t batch) : loader_(loader), batch_(batch) {
-      if (loader_) order_ = detail::epoch_order(loader_->nobs(), loader_->options_.shuffle);
+      if (loader_) order_ = loader_->epoch_order();
     }
     Batch operator*() const { return loader_->batch(order_, batch_); }
     iterator& operator++() {
@@ -67,10 +88,23 @@ template <size_t N> class DataLoader {
   iterator begin() const { return iterator(this, 0); }
   iterator end() const { return iterator(nullptr, size()); }
 
-  /// Batch number i of the epoch with observation order `order`.
+  /// The observation order of the next epoch (a fresh permutation when shuffling; each call starts
+  /// an epoch).
+  std::vector<int64_t> epoch_order() const {
+    if (options_.shard.size() > 1 && options_.shuffle) return detail::seeded_order(nobs(), seed_, epoch_++);
+    return detail::epoch_order(nobs(), options_.shuffle);
+  }
+
+  /// Batch number i of the epoch with observation order `order` (this rank's shard of it).
   Batch batch(const std::vector<int64_t>& order, int64_t i) const {
-    int64_t b = options_.batchsize, start = i * b, stop = std::min(nobs(), start + b);
     Batch out;
+    if (options_.shard.size() > 1) {
+      std::vector<int64_t> rows = detail::shard_rows(order, i, options_);
+      bool consecutive = detail::consecutive(rows);
+      for (size_t k = 0; k < N; ++k) out[k] = detail::take_rows(data_[k], rows, 0, int64_t(rows.size()), consecutive);
+      return out;
+    }
+    int64_t b = options_.batchsize, start = i * b, stop = std::min(nobs(), start + b);
     for (size_t k = 0; k < N; ++k) out[k] = detail::take_rows(data_[k], order, start, stop, !options_.shuffle);
     return out;
   }
@@ -78,6 +112,8 @@ template <size_t N> class DataLoader {
  private:
   std::array<Tensor, N> data_;
   DataLoaderOptions options_;
+  uint64_t seed_ = 0;
+  mutable int64_t epoch_ = 0;
 };
 
 /// A loader over one tensor yields one-element arrays: for (auto [x] : DataLoader(X, ...)).

@@ -114,7 +114,7 @@ template <size_t N> class DeviceLoader {
   iterator begin() const {
     iterator it;
     it.loader_ = loader_;
-    std::vector<int64_t> order = detail::epoch_order(loader_->nobs(), loader_->options().shuffle);
+    std::vector<int64_t> order = loader_->epoch_order();
     if (!moves_) {
       it.order_ = std::move(order);
       return it;

@@ -1,0 +1,52 @@
+// The transport under distributed.hpp (not installed): host-memory collectives over Open MPI, each
+// non-blocking underneath and waited for with the communicator's timeout. Without MPI (or without
+// mpirun) the communicator has one rank and these calls return at once.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "flux/distributed.hpp"
+
+namespace flux::distributed::detail {
+
+struct CommunicatorState {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  double timeout = 60;
+  std::string backend = "single";
+  struct Mpi;                 // MPI_Comm and friends (communicator.cpp)
+  std::unique_ptr<Mpi> mpi;   // null for the single-process communicator
+  CommunicatorState();
+  ~CommunicatorState();
+};
+
+/// One non-blocking collective in flight.
+class InFlight {
+ public:
+  InFlight();
+  ~InFlight();
+  InFlight(InFlight&&) noexcept;
+  InFlight& operator=(InFlight&&) noexcept;
+  /// Lets MPI progress; true once the collective has completed.
+  bool test();
+  /// Blocks until it completes; fails (and marks the job for MPI_Abort at exit) after `timeout` s.
+  void wait(const char* api, double timeout);
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
+
+/// In-place sum of `count` host elements of dtype t (f32, f64, i32, i64, u8) over all ranks.
+InFlight start_allreduce_sum(CommunicatorState& s, void* data, int64_t count, DType t);
+/// Blocking forms (with the timeout): in-place sum, root's bytes to all, every rank's bytes in rank order.
+void allreduce_sum(CommunicatorState& s, void* data, int64_t count, DType t, const char* api);
+void broadcast_bytes(CommunicatorState& s, void* data, size_t bytes, int root, const char* api);
+void allgather_bytes(CommunicatorState& s, const void* send, void* recv, size_t bytes_per_rank, const char* api);
+void barrier(CommunicatorState& s, const char* api);
+
+/// Fails on every rank when `desc` (e.g. "(3, 4) Float32") differs between ranks, listing each
+/// rank's value; a no-op on one rank.
+void check_same_on_all_ranks(CommunicatorState& s, const std::string& desc, const char* api, const char* what);
+
+}  // namespace flux::distributed::detail

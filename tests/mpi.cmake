@@ -1,0 +1,56 @@
+# Data-parallel tests under mpirun (included by tests/CMakeLists.txt; issue 13). flux_mpi_tests runs
+# with 2 ranks, with 3 on the 2 cores (--oversubscribe), and without mpirun (one rank); the fault
+# entries kill or stall one rank and expect the others to end with a clear error within the
+# timeout. One BLAS / PoCL thread per rank: the ranks share the 2 cores. Together ~40 s here.
+find_program(FLUX_MPIRUN mpirun)
+if(NOT FLUX_HAVE_MPI OR NOT FLUX_MPIRUN)
+  return()
+endif()
+
+add_executable(flux_mpi_tests ${CMAKE_CURRENT_SOURCE_DIR}/mpi/test_mpi.cpp)
+target_link_libraries(flux_mpi_tests PRIVATE flux GTest::gtest GTest::gmock)
+target_include_directories(flux_mpi_tests PRIVATE ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+target_compile_options(flux_mpi_tests PRIVATE ${FLUX_WARNINGS})
+if(TARGET flux-opencl)
+  add_dependencies(flux_mpi_tests flux-opencl)
+endif()
+add_executable(flux_mpi_fault ${CMAKE_CURRENT_SOURCE_DIR}/mpi/fault.cpp)
+target_link_libraries(flux_mpi_fault PRIVATE flux)
+target_compile_options(flux_mpi_fault PRIVATE ${FLUX_WARNINGS})
+
+set(FLUX_MPI_ENV "OPENBLAS_NUM_THREADS=1;POCL_MAX_PTHREAD_COUNT=1;POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache;FLUX_DISTRIBUTED_TIMEOUT=30")
+set(FLUX_MPIRUN_ARGS --allow-run-as-root -x OPENBLAS_NUM_THREADS -x POCL_MAX_PTHREAD_COUNT -x POCL_CACHE_DIR)
+
+add_test(NAME mpi.np2 COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -np 2 $<TARGET_FILE:flux_mpi_tests>)
+add_test(NAME mpi.np3 COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -np 3 --oversubscribe $<TARGET_FILE:flux_mpi_tests>)
+add_test(NAME mpi.without_mpirun COMMAND $<TARGET_FILE:flux_mpi_tests>)
+set_tests_properties(mpi.np2 mpi.np3 mpi.without_mpirun PROPERTIES ENVIRONMENT "${FLUX_MPI_ENV}" TIMEOUT 300 LABELS mpi RUN_SERIAL TRUE
+                     FAIL_REGULAR_EXPRESSION "FAILED|Running 0 tests")
+
+# Faults, with a 3 s timeout: each entry must end well inside its ctest TIMEOUT (no hang).
+set(FLUX_MPI_FAULT_ENV "OPENBLAS_NUM_THREADS=1;FLUX_DISTRIBUTED_TIMEOUT=3")
+# A rank that stops answering mid-run: rank 0 reports the timeout, then the job is aborted.
+add_test(NAME mpi.fault.rank_hangs COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -np 2 $<TARGET_FILE:flux_mpi_fault> hang)
+set_tests_properties(mpi.fault.rank_hangs PROPERTIES PASS_REGULAR_EXPRESSION
+  "rank 0: error: \\[distributed::withgradient\\] no answer from the other ranks within 3 s: a rank died, hangs or never joined")
+# A rank that never joins: rank 0's start-up gives up after the timeout.
+add_test(NAME mpi.fault.rank_never_joins COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -np 2 $<TARGET_FILE:flux_mpi_fault> late)
+set_tests_properties(mpi.fault.rank_never_joins PROPERTIES PASS_REGULAR_EXPRESSION
+  "\\[distributed::initialize\\] MPI start-up did not complete within 3 s: a rank died or never joined")
+# A rank killed mid-run (SIGKILL): the job ends, mpirun naming the dead rank (or rank 0 its timeout).
+add_test(NAME mpi.fault.rank_killed COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -np 2 $<TARGET_FILE:flux_mpi_fault> kill)
+set_tests_properties(mpi.fault.rank_killed PROPERTIES PASS_REGULAR_EXPRESSION
+  "rank 1 with PID [0-9]+ on node [^ ]+ exited on signal 9|no answer from the other ranks within 3 s")
+set_tests_properties(mpi.fault.rank_hangs mpi.fault.rank_never_joins mpi.fault.rank_killed PROPERTIES
+  ENVIRONMENT "${FLUX_MPI_FAULT_ENV}" TIMEOUT 45 LABELS mpi)
+
+# The example under mpirun: 2 ranks, 4,000 images, one epoch (~3 s of training here; 0.755 measured).
+if(TARGET distributed_mnist)
+  add_test(NAME examples.distributed_mnist.np2
+           COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -np 2 $<TARGET_FILE:distributed_mnist> --epochs 1
+                   --train-limit 4000 --test-limit 1000 --min-accuracy 0.65
+                   --save ${CMAKE_CURRENT_BINARY_DIR}/distributed_mnist.safetensors)
+  set_tests_properties(examples.distributed_mnist.np2 PROPERTIES ENVIRONMENT "${FLUX_MPI_ENV}" TIMEOUT 300
+                       LABELS "mpi;examples" RUN_SERIAL TRUE PASS_REGULAR_EXPRESSION "test accuracy: 0\\.[6-9]"
+                       FAIL_REGULAR_EXPRESSION "below --min-accuracy|error")
+endif()

@@ -1,0 +1,244 @@
+// Data-parallel training under mpirun (tests/mpi.cmake runs this binary with -np 2 and -np 3, and
+// once without mpirun, where the communicator has one rank and the cross-rank checks skip). Every
+// rank runs every test in the same order: the tests themselves are collective.
+#include <algorithm>
+#include <cstdlib>
+#include <numeric>
+
+#include <gmock/gmock.h>
+
+#include "test_devices.hpp"
+
+using namespace flux;
+using flux::testing::test_devices;
+
+namespace {
+
+distributed::Communicator world() { return distributed::initialize(); }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+template <class M> M on(const M& m, const Device& d) {
+  return fmap([&](const Tensor& t) { return to(t, d); }, m);
+}
+
+// True when x holds the same values on every rank.
+bool same_on_all_ranks(const Tensor& x) {
+  auto comm = world();
+  std::vector<double> all = distributed::allgather(comm, x.reshape({1, -1}).f64()).to_vector<double>();
+  size_t n = size_t(x.numel());
+  for (int r = 1; r < comm.size(); ++r)
+    if (!std::equal(all.begin(), all.begin() + long(n), all.begin() + long(n * size_t(r)))) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST(Mpi, CommunicatorFromTheEnvironment) {
+  auto comm = world();
+  const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
+  EXPECT_EQ(comm.size(), n ? std::atoi(n) : 1);
+  if (n) {
+    EXPECT_EQ(comm.rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")));
+    EXPECT_EQ(comm.local_rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")));  // one host
+    EXPECT_EQ(comm.backend(), "MPI");
+  } else {
+    EXPECT_EQ(comm.backend(), "single");
+  }
+  EXPECT_TRUE(distributed::mpi_available());
+  distributed::barrier(comm);
+}
+
+class MpiDevices : public ::testing::TestWithParam<Device> {};
+FLUX_DEVICE_SUITE(MpiDevices);
+
+TEST_P(MpiDevices, Collectives) {
+  auto comm = world();
+  const Device dev = GetParam();
+  const int p = comm.size(), r = comm.rank();
+  for (DType t : {DType::f32, DType::f64, DType::f16, DType::i64}) {
+    SCOPED_TRACE(dtype_name(t));
+    // x = (r + 1) * [0 1 2; 3 4 5]: the sum is p (p + 1) / 2 times that, the mean (p + 1) / 2.
+    Tensor x = to(mul(arange(0, 6, 1, DType::f64).reshape({2, 3}), Tensor::scalar(r + 1, DType::f64)).cast(t), dev);
+    Tensor s = distributed::allreduce(comm, x);
+    EXPECT_EQ(s.device(), dev);
+    EXPECT_EQ(s.dtype(), t);
+    EXPECT_EQ(s.shape(), Shape({2, 3}));
+    std::vector<double> got = s.to_vector<double>();
+    for (int k = 0; k < 6; ++k) EXPECT_EQ(got[size_t(k)], k * p * (p + 1) / 2.0);
+    if (is_floating(t)) {
+      std::vector<double> mean = distributed::allreduce(comm, x, distributed::ReduceOp::mean).to_vector<double>();
+      for (int k = 0; k < 6; ++k) EXPECT_EQ(mean[size_t(k)], k * (p + 1) / 2.0);
+    }
+    Tensor b = distributed::broadcast(comm, to(full({3}, r, t), dev), p - 1);
+    EXPECT_EQ(b.device(), dev);
+    EXPECT_EQ(b.to_vector<double>(), std::vector<double>(3, p - 1));
+    Tensor g = distributed::allgather(comm, to(full({1, 2}, 10 * r, t), dev));
+    EXPECT_EQ(g.shape(), Shape({p, 2}));
+    EXPECT_EQ(g.device(), dev);
+    std::vector<double> gv = g.to_vector<double>();
+    for (int q = 0; q < p; ++q) EXPECT_EQ(gv[size_t(2 * q)], 10 * q);
+  }
+  distributed::barrier(comm);
+}
+
+TEST(Mpi, DifferentTensorShapesAreNamed) {
+  auto comm = world();
+  if (comm.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or more";
+  std::string want = "[distributed::allreduce] the tensors' shapes or dtypes differ between ranks:";
+  for (int r = 0; r < comm.size(); ++r) want += std::string(r ? "," : "") + " (" + std::to_string(2 + r) + ",) Float32 on rank " + std::to_string(r);
+  EXPECT_EQ(error_of([&] { distributed::allreduce(comm, ones({2 + comm.rank()})); }), want);
+}
+
+// Parameters whose shapes differ between ranks: every rank fails, naming the first such tensor (by
+// its state() name), before any data moves or any training starts.
+TEST(Mpi, DifferentModelsFailBeforeTraining) {
+  auto comm = world();
+  if (comm.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or more";
+  int64_t hidden = comm.rank() == 1 ? 9 : 8;
+  auto model = Chain(Dense(6, 6), Dense(6, hidden, relu), Dense(hidden, 3));
+  auto expected = [&](const char* api) {
+    std::string s = std::string("[") + api +
+                    "] the models' tensors (first mismatch: tensor 2, \"layers.1.weight\") differ between ranks:";
+    for (int r = 0; r < comm.size(); ++r)
+      s += std::string(r ? "," : "") + " layers.1.weight (" + (r == 1 ? "9" : "8") + ", 6) Float32 on rank " + std::to_string(r);
+    return s;
+  };
+  EXPECT_EQ(error_of([&] { distributed::broadcast(comm, model, 0); }), expected("distributed::broadcast"));
+  Tensor x = ones({2, 6}), y = ones({2, 3});
+  bool ran = false;
+  EXPECT_EQ(error_of([&] {
+              distributed::withgradient(
+                  comm, [&](auto& m) { ran = true; return mse(m(x), y); }, model);
+            }),
+            expected("distributed::withgradient"));
+  EXPECT_FALSE(ran);
+}
+
+// Every tensor leaf comes from the root: parameters and BatchNorm's running statistics.
+TEST_P(MpiDevices, BroadcastModelIncludingBatchNormState) {
+  auto comm = world();
+  const Device dev = GetParam();
+  seed(100 + uint64_t(comm.rank()));  // a different initial model on every rank
+  auto model = Chain(Dense(3, 4), BatchNorm(4, relu));
+  std::get<1>(model.layers).running_mean = full({4}, comm.rank() + 1.0);
+  std::get<1>(model.layers).num_batches_tracked = full(Shape{}, 5 * comm.rank(), DType::i64);
+  const int root = comm.size() - 1;
+  auto synced = distributed::broadcast(comm, on(model, dev), root);
+  int leaves = 0;
+  auto check = [&](const std::string& name, const Tensor& t) {
+    ++leaves;
+    EXPECT_EQ(t.device(), dev) << name;
+    EXPECT_TRUE(same_on_all_ranks(t)) << name;
+  };
+  functor::walk(synced, "", check);
+  EXPECT_EQ(leaves, 7);  // weight, bias, BatchNorm weight, bias, running_mean, running_var, num_batches_tracked
+  EXPECT_EQ(std::get<1>(synced.layers).running_mean.to_vector<float>(), std::vector<float>(4, float(root + 1)));
+  EXPECT_EQ(std::get<1>(synced.layers).num_batches_tracked.item<int64_t>(), 5 * root);
+  if (comm.rank() == root) {
+    EXPECT_EQ(std::get<0>(synced.layers).weight.to_vector<float>(), std::get<0>(model.layers).weight.to_vector<float>());
+  }
+}
+
+// The parity test: k optimiser steps under mpirun, each rank on its shard of batchsize b, give the
+// parameters of one process training on the concatenated batches (batchsize b * ranks), in float64.
+// Several buckets (bucket_bytes 512), launched during backward or after it; an unused Dense too.
+TEST_P(MpiDevices, TrainingMatchesOneProcessOnTheConcatenatedBatch) {
+  auto comm = world();
+  const Device dev = GetParam();
+  const int64_t b = 4, steps = 3, p = comm.size();
+  seed(7);
+  Tensor X = randn({steps * b * p, 6}, DType::f64), Y = randn({steps * b * p, 3}, DType::f64);
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlapped buckets" : "reduced after backward");
+    seed(200 + uint64_t(comm.rank()));  // a different model per rank until broadcast
+    auto init = fmap([](const Tensor& t) { return t.f64(); },
+                     std::make_tuple(Chain(Dense(6, 16, tanh_act), Dense(16, 3)), Dense(3, 3)));
+    auto model = distributed::broadcast(comm, on(init, dev), 0);
+    auto reference = fmap([](const Tensor& t) { return t.contiguous_copy(); }, model);
+    std::vector<std::vector<double>> start;
+    for (const Tensor& t : params(model)) start.push_back(t.to_vector<double>());
+    auto f = [](const Tensor& x, const Tensor& y) {
+      return [x, y](auto& m) { return mse(std::get<0>(m)(x), y); };  // std::get<1> is never used
+    };
+
+    auto opt = optimisers::setup(optimisers::Adam(0.05), model);
+    auto loader = DataLoader({X, Y}, {.batchsize = b, .shard = comm}) | dev;
+    int taken = 0;
+    for (auto [x, y] : loader) {
+      EXPECT_EQ(x.shape(), Shape({b, 6}));
+      auto [loss, grads] = distributed::withgradient(comm, f(x, y), model, {.bucket_bytes = 512, .overlap = overlap});
+      auto stats = distributed::last_gradient_stats();
+      if (p > 1) {
+        // reverse order: [1.bias 1.weight 0.1.bias 0.1.weight] 504 B, [0.0.bias], [0.0.weight]
+        EXPECT_EQ(stats.buckets, 3);
+        EXPECT_EQ(stats.launched_during_backward, overlap ? 3 : 0);
+      }
+      optimisers::update(opt, model, grads);
+      ++taken;
+    }
+    EXPECT_EQ(taken, steps);
+
+    auto opt_ref = optimisers::setup(optimisers::Adam(0.05), reference);
+    for (auto [x, y] : DataLoader({X, Y}, {.batchsize = b * p}) | dev) {
+      auto [loss, grads] = withgradient(f(x, y), reference);
+      optimisers::update(opt_ref, reference, grads);
+    }
+
+    std::vector<Tensor> got = params(model), want = params(reference);
+    ASSERT_EQ(got.size(), want.size());
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(same_on_all_ranks(got[i])) << "parameter " << i;
+      std::vector<double> g = got[i].to_vector<double>(), w = want[i].to_vector<double>();
+      for (size_t k = 0; k < g.size(); ++k) worst = std::max(worst, std::abs(g[k] - w[k]));
+    }
+    EXPECT_LT(worst, 1e-5);
+    if (comm.rank() == 0) std::printf("[parity] %s, %lld ranks: max |difference| %.3g\n", to_string(dev).c_str(), (long long)p, worst);
+    // training moved the used parameters; the unused Dense (zero gradients) stayed where it was
+    EXPECT_NE(got[0].to_vector<double>(), start[0]);
+    EXPECT_EQ(got[4].to_vector<double>(), start[4]);
+    EXPECT_EQ(got[5].to_vector<double>(), start[5]);
+  }
+}
+
+// Sharded and shuffled: every epoch the ranks' shards are disjoint and cover the data (12
+// observations, batches of 2 per rank), and the order changes from one epoch to the next.
+TEST(Mpi, ShardedShuffleCoversTheDataOnce) {
+  auto comm = world();
+  const int64_t n = 12;
+  auto loader = DataLoader<1>({arange(n).reshape({n, 1})}, {.batchsize = 2, .shuffle = true, .shard = comm});
+  std::vector<int64_t> previous;
+  for (int e = 0; e < 2; ++e) {
+    std::vector<Tensor> mine;
+    for (auto [x] : loader) mine.push_back(x.reshape({-1}));
+    std::vector<int64_t> local;
+    for (const Tensor& t : mine)
+      for (int64_t v : t.to_vector<int64_t>()) local.push_back(v);
+    ASSERT_EQ(int64_t(local.size()), n / comm.size());
+    std::vector<int64_t> all =
+        distributed::allgather(comm, Tensor(local, Shape{int64_t(local.size())})).to_vector<int64_t>();
+    std::vector<int64_t> sorted = all;
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int64_t> want(static_cast<size_t>(n), 0);
+    std::iota(want.begin(), want.end(), int64_t(0));
+    EXPECT_EQ(sorted, want) << "epoch " << e;
+    if (e == 1) {
+      EXPECT_NE(all, previous);
+    }
+    previous = all;
+  }
+}
+
+int main(int argc, char** argv) {
+  distributed::initialize();
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
