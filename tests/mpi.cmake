@@ -18,8 +18,8 @@ add_executable(flux_mpi_fault ${CMAKE_CURRENT_SOURCE_DIR}/mpi/fault.cpp)
 target_link_libraries(flux_mpi_fault PRIVATE flux)
 target_compile_options(flux_mpi_fault PRIVATE ${FLUX_WARNINGS})
 
-set(FLUX_MPI_ENV "OPENBLAS_NUM_THREADS=1;POCL_MAX_PTHREAD_COUNT=1;POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache;FLUX_DISTRIBUTED_TIMEOUT=30")
-set(FLUX_MPIRUN_ARGS --allow-run-as-root -x OPENBLAS_NUM_THREADS -x POCL_MAX_PTHREAD_COUNT -x POCL_CACHE_DIR)
+set(FLUX_MPI_ENV "OPENBLAS_NUM_THREADS=1;FLUX_NUM_THREADS=1;POCL_MAX_PTHREAD_COUNT=1;POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache;FLUX_DISTRIBUTED_TIMEOUT=30")
+set(FLUX_MPIRUN_ARGS --allow-run-as-root -x OPENBLAS_NUM_THREADS -x FLUX_NUM_THREADS -x POCL_MAX_PTHREAD_COUNT -x POCL_CACHE_DIR)
 
 add_test(NAME mpi.np2 COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -np 2 $<TARGET_FILE:flux_mpi_tests>)
 add_test(NAME mpi.np3 COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -np 3 --oversubscribe $<TARGET_FILE:flux_mpi_tests>)
@@ -28,7 +28,7 @@ set_tests_properties(mpi.np2 mpi.np3 mpi.without_mpirun PROPERTIES ENVIRONMENT "
                      FAIL_REGULAR_EXPRESSION "FAILED|Running 0 tests")
 
 # Faults, with a 3 s timeout: each entry must end well inside its ctest TIMEOUT (no hang).
-set(FLUX_MPI_FAULT_ENV "OPENBLAS_NUM_THREADS=1;FLUX_DISTRIBUTED_TIMEOUT=3")
+set(FLUX_MPI_FAULT_ENV "OPENBLAS_NUM_THREADS=1;FLUX_NUM_THREADS=1;FLUX_DISTRIBUTED_TIMEOUT=3")
 # A rank that stops answering mid-run: rank 0 reports the timeout, then the job is aborted.
 add_test(NAME mpi.fault.rank_hangs COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -np 2 $<TARGET_FILE:flux_mpi_fault> hang)
 set_tests_properties(mpi.fault.rank_hangs PROPERTIES PASS_REGULAR_EXPRESSION

@@ -200,6 +200,38 @@ class Backend {
     (void)device, (void)t, (void)x, (void)dy, (void)dw, (void)dbias, (void)g;
     return false;
   }
+
+  // ---- collectives across processes on device memory (NCCL in the CUDA plugin; distributed.hpp).
+  // A backend without them keeps the defaults and the core stages its tensors through host memory
+  // and MPI. The calls are enqueued on the device's stream; collective_wait completes them. ----
+  /// Bytes of the id rank 0 makes with collective_unique_id and every rank passes to
+  /// collective_join; 0: no device collectives.
+  virtual size_t collective_id_bytes() { return 0; }
+  virtual void collective_unique_id(void* id) { (void)id; }
+  /// Joins as rank `rank` of `ranks` on `device`; returns the handle the calls below take.
+  virtual void* collective_join(int device, const void* id, int ranks, int rank) {
+    (void)device, (void)id, (void)ranks, (void)rank;
+    return nullptr;
+  }
+  /// In place: data = the sum over the ranks of data (n elements of dtype t).
+  virtual void collective_allreduce_sum(void* comm, int device, DType t, Buffer data, int64_t n) {
+    (void)comm, (void)device, (void)t, (void)data, (void)n;
+  }
+  /// data = root's data (bytes).
+  virtual void collective_broadcast(void* comm, int device, Buffer data, size_t bytes, int root) {
+    (void)comm, (void)device, (void)data, (void)bytes, (void)root;
+  }
+  /// recv = every rank's send (bytes each), in rank order.
+  virtual void collective_allgather(void* comm, int device, Buffer send, Buffer recv, size_t bytes) {
+    (void)comm, (void)device, (void)send, (void)recv, (void)bytes;
+  }
+  /// True once everything enqueued on the device has completed; false when `timeout` seconds
+  /// passed first (the collective is then aborted). Throws on a failed collective.
+  virtual bool collective_wait(void* comm, int device, double timeout) {
+    (void)comm, (void)timeout;
+    synchronize(device);
+    return true;
+  }
 };
 
 /// What a plugin's one exported symbol returns.

@@ -3,7 +3,8 @@
 // MPI_Test against the communicator's timeout, so a rank that died, hangs or never joined ends the
 // others with an error instead of a hang; after such an error the job is aborted at exit
 // (MPI_Abort), since MPI_Finalize would wait for the missing rank. Device tensors are staged
-// through host memory (backend copy_to_host / copy_from_host).
+// through host memory (backend copy_to_host / copy_from_host), except on a backend with device
+// collectives (NCCL in the CUDA plugin), where they stay on the device.
 #include "src/distributed/transport.hpp"
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #endif
 
 #include "flux/backend.hpp"
+#include "flux/ops.hpp"
 
 namespace flux::distributed {
 namespace detail {
@@ -290,6 +292,30 @@ void check_same_on_all_ranks(CommunicatorState& s, const std::string& desc, cons
   flux::detail::fail(msg.str());
 }
 
+void* device_comm(CommunicatorState& s, const Tensor& x, const char* api) {
+  if (!s.mpi || s.size == 1 || x.device().is_cpu()) return nullptr;
+  backend::Backend& be = x.backend();
+  const size_t id_bytes = be.collective_id_bytes();
+  if (id_bytes == 0) return nullptr;
+  auto key = std::make_pair(static_cast<const void*>(&be), x.device().index());
+  if (auto it = s.device_comms.find(key); it != s.device_comms.end()) return it->second;
+  std::vector<uint8_t> id(id_bytes);
+  if (s.rank == 0) be.collective_unique_id(id.data());
+  broadcast_bytes(s, id.data(), id.size(), 0, api);
+  void* comm = be.collective_join(x.device().index(), id.data(), s.size, s.rank);
+  s.device_comms.emplace(key, comm);
+  return comm;
+}
+
+void device_wait(CommunicatorState& s, const Tensor& x, void* comm, const char* api) {
+  if (!x.backend().collective_wait(comm, x.device().index(), s.timeout)) {
+    g_broken = true;
+    flux::detail::fail("[", api, "] no answer from the other ranks within ", s.timeout, " s on ", to_string(x.device()),
+                       ": a rank died, hangs or never joined this collective (FLUX_DISTRIBUTED_TIMEOUT or "
+                       "InitOptions::timeout sets the limit)");
+  }
+}
+
 namespace {
 std::string describe(const Tensor& x) { return to_string(x.shape()) + " " + dtype_name(x.dtype()); }
 
@@ -345,6 +371,12 @@ Tensor allreduce(const Communicator& comm, const Tensor& x, ReduceOp op) {
   if (comm.size() == 1) return x;
   detail::CommunicatorState& s = comm.state();
   detail::check_same_on_all_ranks(s, detail::describe(x), api, "the tensors' shapes or dtypes");
+  if (void* dc = detail::device_comm(s, x, api)) {  // NCCL: on the device, no host copies
+    Tensor out = x.contiguous_copy();
+    x.backend().collective_allreduce_sum(dc, x.device().index(), x.dtype(), out.buffer(), x.numel());
+    detail::device_wait(s, x, dc, api);
+    return op == ReduceOp::mean ? mul(out, full({}, 1.0 / s.size, x.dtype(), x.device())) : out;
+  }
   DType staged;
   std::vector<uint8_t> host = detail::to_host(x, staged);
   detail::allreduce_sum(s, host.data(), x.numel(), staged, api);
@@ -365,6 +397,12 @@ Tensor broadcast(const Communicator& comm, const Tensor& x, int root) {
   if (comm.size() == 1) return x;
   detail::CommunicatorState& s = comm.state();
   detail::check_same_on_all_ranks(s, detail::describe(x), api, "the tensors' shapes or dtypes");
+  if (void* dc = detail::device_comm(s, x, api)) {
+    Tensor out = comm.rank() == root ? x.contiguous_copy() : Tensor::empty(x.shape(), x.dtype(), x.device());
+    x.backend().collective_broadcast(dc, x.device().index(), out.buffer(), out.nbytes(), root);
+    detail::device_wait(s, x, dc, api);
+    return out;
+  }
   std::vector<uint8_t> host(x.nbytes());
   if (comm.rank() == root && !host.empty())
     x.backend().copy_to_host(x.device().index(), host.data(), x.buffer(), host.size());
@@ -381,6 +419,12 @@ Tensor allgather(const Communicator& comm, const Tensor& x) {
   if (comm.size() == 1) return x.reshape(Shape(dims));
   detail::CommunicatorState& s = comm.state();
   detail::check_same_on_all_ranks(s, detail::describe(x), api, "the tensors' shapes or dtypes");
+  if (void* dc = detail::device_comm(s, x, api)) {
+    Tensor out = Tensor::empty(Shape(dims), x.dtype(), x.device());
+    x.backend().collective_allgather(dc, x.device().index(), x.buffer(), out.buffer(), x.nbytes());
+    detail::device_wait(s, x, dc, api);
+    return out;
+  }
   std::vector<uint8_t> mine(x.nbytes()), all(x.nbytes() * size_t(s.size));
   if (!mine.empty()) x.backend().copy_to_host(x.device().index(), mine.data(), x.buffer(), mine.size());
   detail::allgather_bytes(s, mine.data(), all.data(), mine.size(), api);

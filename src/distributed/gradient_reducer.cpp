@@ -5,12 +5,15 @@
 // its values are copied to host memory and its MPI_Iallreduce starts, while backward goes on with
 // the earlier layers. Every report also lets MPI progress the buckets in flight (Open MPI moves
 // non-blocking collectives forward inside MPI calls). finish() waits for all, divides by the number
-// of ranks and copies the means back to the parameters' devices.
+// of ranks and copies the means back to the parameters' devices. On a backend with device
+// collectives (NCCL) a bucket is concatenated on its device and reduced there, on the device's
+// stream, without host copies.
 #include <chrono>
 #include <cstring>
 #include <unordered_map>
 
 #include "flux/backend.hpp"
+#include "flux/ops.hpp"
 #include "src/distributed/transport.hpp"
 
 namespace flux::distributed {
@@ -34,6 +37,8 @@ struct GradientReducer::State {
     bool launched = false;
     std::vector<uint8_t> host;
     InFlight op;
+    void* device_comm = nullptr;  // NCCL: the bucket is reduced on its device, in `flat`
+    Tensor flat;
   };
   CommunicatorState* comm = nullptr;
   autodiff::Tape* tape = nullptr;
@@ -49,6 +54,19 @@ struct GradientReducer::State {
   static DType staged_dtype(DType t) { return t == DType::f16 || t == DType::bf16 ? DType::f32 : t; }
 
   void launch(Bucket& b) {
+    b.launched = true;
+    ++launched;
+    if (b.device_comm) {  // concatenate on the device and enqueue the allreduce on its stream
+      std::vector<Tensor> pieces;
+      for (size_t m : b.members) {
+        Tensor g = tape->grad(leaves[m]);
+        pieces.push_back((g.dtype() == b.staged ? g : g.cast(b.staged)).reshape({-1}));
+      }
+      b.flat = pieces.size() == 1 ? pieces[0].contiguous_copy() : concat(pieces, 0);
+      b.flat.backend().collective_allreduce_sum(b.device_comm, b.flat.device().index(), b.staged, b.flat.buffer(),
+                                                b.count);
+      return;
+    }
     b.host.resize(size_t(b.count) * dtype_size(b.staged));
     for (size_t k = 0; k < b.members.size(); ++k) {
       Tensor g = tape->grad(leaves[b.members[k]]);  // zeros for a parameter f did not use
@@ -58,8 +76,6 @@ struct GradientReducer::State {
                                  g.buffer(), g.nbytes());
     }
     b.op = start_allreduce_sum(*comm, b.host.data(), b.count, b.staged);
-    b.launched = true;
-    ++launched;
   }
 };
 
@@ -96,6 +112,14 @@ GradientReducer::GradientReducer(const Communicator& comm, std::vector<Tensor> l
     ++b.pending;
     s.bucket_of[i] = s.buckets.size() - 1;
   }
+  // Buckets on one device of a backend with device collectives reduce there (joining is collective:
+  // every rank has the same buckets, checked before).
+  for (State::Bucket& b : s.buckets) {
+    const Tensor& first = s.leaves[b.members[0]];
+    bool one_device = true;
+    for (size_t m : b.members) one_device = one_device && s.leaves[m].device() == first.device();
+    if (one_device) b.device_comm = device_comm(*s.comm, first, "distributed::withgradient");
+  }
 }
 
 GradientReducer::~GradientReducer() = default;
@@ -123,6 +147,16 @@ std::unordered_map<const TensorImpl*, Tensor> GradientReducer::finish() {
     if (!b.launched) s.launch(b);
   }
   for (State::Bucket& b : s.buckets) {
+    if (b.device_comm) {
+      device_wait(*s.comm, b.flat, b.device_comm, "distributed::withgradient");
+      Tensor mean = mul(b.flat, full({}, 1.0 / s.comm->size, b.staged, b.flat.device()));
+      for (size_t k = 0; k < b.members.size(); ++k) {
+        const Tensor& leaf = s.leaves[b.members[k]];
+        Tensor g = mean.slice(b.offsets[k], b.offsets[k] + leaf.numel()).reshape(leaf.shape());
+        out.emplace(leaf.impl(), g.dtype() == leaf.dtype() ? g : g.cast(leaf.dtype()));
+      }
+      continue;
+    }
     b.op.wait("distributed::withgradient", s.comm->timeout);
     const double n = s.comm->size;
     if (b.staged == DType::f64)

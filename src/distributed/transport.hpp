@@ -3,8 +3,10 @@
 // mpirun) the communicator has one rank and these calls return at once.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "flux/distributed.hpp"
 
@@ -18,6 +20,8 @@ struct CommunicatorState {
   std::string backend = "single";
   struct Mpi;                 // MPI_Comm and friends (communicator.cpp)
   std::unique_ptr<Mpi> mpi;   // null for the single-process communicator
+  /// Device communicators (NCCL) by (backend, device index), joined on first use.
+  std::map<std::pair<const void*, int>, void*> device_comms;
   CommunicatorState();
   ~CommunicatorState();
 };
@@ -44,6 +48,12 @@ void allreduce_sum(CommunicatorState& s, void* data, int64_t count, DType t, con
 void broadcast_bytes(CommunicatorState& s, void* data, size_t bytes, int root, const char* api);
 void allgather_bytes(CommunicatorState& s, const void* send, void* recv, size_t bytes_per_rank, const char* api);
 void barrier(CommunicatorState& s, const char* api);
+
+/// The backend's communicator for x's device (NCCL for CUDA), joined on first use, which every rank
+/// reaches in the same collective; null when the backend has none (then: host memory and MPI).
+void* device_comm(CommunicatorState& s, const Tensor& x, const char* api);
+/// Waits for the device collectives enqueued on x's device; fails after the timeout.
+void device_wait(CommunicatorState& s, const Tensor& x, void* comm, const char* api);
 
 /// Fails on every rank when `desc` (e.g. "(3, 4) Float32") differs between ranks, listing each
 /// rank's value; a no-op on one rank.
