@@ -593,3 +593,23 @@ TEST(ConvLibrary, FusedReluOneDnnMatchesPortablePath) {
   }
   for (size_t i = 0; i < fast.size(); ++i) EXPECT_LT(normwise_error(fast[i], portable[i]), 1e-6) << "output " << i;
 }
+
+// One image with many output channels: the CPU forward splits its output channels over the threads
+// (chunks of 16); values, with bias and the fused relu, equal the portable path.
+TEST(ConvLibrary, OneImageSplitOverOutputChannelsMatchesPortablePath) {
+  seed(11);
+  for (int64_t out : {64, 72}) {
+    SCOPED_TRACE("out channels " + std::to_string(out));
+    Tensor x = randn({1, 16, 30, 31}), w = randn({out, 16, 3, 3}), b = randn({out});
+    ConvParams p{.pad = 1};
+    auto run = [&](bool library) {
+      LibraryKernels mode(library);
+      return std::vector<Tensor>{conv(x, w, b, p), detail::conv_relu(x, w, b, p), conv(x, w, Tensor(), p)};
+    };
+    auto fast = run(true), portable = run(false);
+    for (size_t i = 0; i < fast.size(); ++i) {
+      ASSERT_EQ(fast[i].shape(), (Shape{1, out, 30, 31}));
+      EXPECT_LT(normwise_error(fast[i], portable[i]), 1e-5) << "output " << i;
+    }
+  }
+}

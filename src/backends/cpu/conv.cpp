@@ -365,6 +365,34 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
   int64_t weight_size = (g.in_channels / g.groups) * g.out_channels;
   for (int i = 0; i < g.spatial; ++i) weight_size *= g.kernel[i];
   size_t partial_size = size_t(weight_size + (bias ? g.out_channels : 0));
+  auto shift = [](void* p, int64_t elements) { return static_cast<void*>(static_cast<float*>(p) + elements); };
+  // One image (inference at batch 1) has no batch to split: the forward splits its output channels
+  // instead, in multiples of 16 (oneDNN's block); the weights' first axis and, for one image, the
+  // output's channel axis are contiguous. Each chunk reads the whole input.
+  int64_t oc_chunks = 1;
+  if ((kind == Kind::forward || kind == Kind::forward_relu) && s.pool_threading && g.batch == 1 && g.groups == 1)
+    oc_chunks = std::min<int64_t>({num_threads(), g.out_channels / 16, std::max<int64_t>(1, flops >> 21)});
+  if (oc_chunks > 1) {
+    int64_t blocks = g.out_channels / 16, per_oc_w = weight_size / g.out_channels, per_oc_y = out_size / g.out_channels;
+    for (int64_t c = 0; c < oc_chunks; ++c) {
+      int64_t o0 = blocks * c / oc_chunks * 16;
+      int64_t o1 = c + 1 == oc_chunks ? g.out_channels : blocks * (c + 1) / oc_chunks * 16;
+      backend::ConvGeometry part = g;
+      part.out_channels = o1 - o0;
+      Entry* e = lookup(s, kind, bias, part, c);
+      if (!e) return false;
+      std::vector<void*> a = buffers;
+      a[1] = shift(a[1], o0 * per_oc_w);
+      if (bias) a[2] = shift(a[2], o0);
+      a.back() = shift(a.back(), o0 * per_oc_y);
+      entries.push_back(e);
+      args.push_back(std::move(a));
+    }
+    parallel_for(oc_chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) execute(s, *entries[size_t(c)], args[size_t(c)]);
+    });
+    return true;
+  }
   std::vector<std::vector<float>> partials(size_t(chunks > 1 && kind == Kind::backward_weight ? chunks - 1 : 0));
   for (int64_t c = 0; c < chunks; ++c) {
     int64_t b0 = g.batch * c / chunks, b1 = g.batch * (c + 1) / chunks;
@@ -374,7 +402,6 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
     if (!e) return false;
     entries.push_back(e);
     std::vector<void*> a = buffers;
-    auto shift = [](void* p, int64_t elements) { return static_cast<void*>(static_cast<float*>(p) + elements); };
     if (kind == Kind::forward || kind == Kind::forward_relu) {
       a[0] = shift(a[0], b0 * in_size), a.back() = shift(a.back(), b0 * out_size);
     } else if (kind == Kind::backward_data) {
