@@ -272,6 +272,25 @@ class GpuBackend final : public backend::Backend {
     check(cudaStreamSynchronize(d.stream), "cudaStreamSynchronize (a kernel failed)");
   }
 
+  size_t collective_id_bytes() override { return gpu::collective_id_bytes(); }
+  void collective_unique_id(void* id) override { gpu::collective_unique_id(id); }
+  void* collective_join(int device, const void* id, int ranks, int rank) override {
+    use(device);
+    return gpu::collective_join(id, ranks, rank);
+  }
+  void collective_allreduce_sum(void* comm, int device, DType t, backend::Buffer data, int64_t n) override {
+    gpu::collective_allreduce_sum(comm, use(device).stream, t, ptr(data), n);
+  }
+  void collective_broadcast(void* comm, int device, backend::Buffer data, size_t bytes, int root) override {
+    gpu::collective_broadcast(comm, use(device).stream, ptr(data), bytes, root);
+  }
+  void collective_allgather(void* comm, int device, backend::Buffer send, backend::Buffer recv, size_t bytes) override {
+    gpu::collective_allgather(comm, use(device).stream, ptr(send), ptr(recv), bytes);
+  }
+  bool collective_wait(void* comm, int device, double timeout) override {
+    return gpu::collective_wait(comm, use(device).stream, timeout);
+  }
+
   void fill(int device, DType t, backend::Buffer dst, int64_t n, double v) override {
     gpu::fill(use(device).stream, t, ptr(dst), n, v);
   }

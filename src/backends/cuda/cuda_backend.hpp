@@ -29,6 +29,16 @@ void adam_step(Stream s, DType t, void* x, const void* g, void* m, void* v, int6
 /// "cuBLAS 13.0.0" or "own tiled GEMM kernel (no rocBLAS)".
 std::string blas_version();
 
+// Collectives across processes (collectives.cpp, NCCL; without it collective_id_bytes() is 0). The
+// device is current; the operations are enqueued on `s`.
+size_t collective_id_bytes();
+void collective_unique_id(void* id);
+void* collective_join(const void* id, int ranks, int rank);
+void collective_allreduce_sum(void* comm, Stream s, DType t, void* data, int64_t n);
+void collective_broadcast(void* comm, Stream s, void* data, size_t bytes, int root);
+void collective_allgather(void* comm, Stream s, const void* send, void* recv, size_t bytes);
+bool collective_wait(void* comm, Stream s, double timeout);
+
 /// Device scratch memory from the backend's caching allocator for the span of one launcher call.
 /// Returning it at once after the launches is safe: one stream per device orders every later use.
 class Scratch {
