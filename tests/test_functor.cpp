@@ -139,3 +139,95 @@ TEST(Functor, GpuMovesToTheDefaultDeviceOrIsANoOp) {
   EXPECT_TRUE(back.weight.device().is_cpu());
   EXPECT_LE(flux::testing::max_rel_error(back.weight, d.weight.to_vector<double>()), 1e-6);
 }
+
+// ---- issue 18: user layers that train and move; deepcopy ----
+namespace functor_test {
+// A user's layer with a constructor (not an aggregate), declared in its own namespace.
+struct Residual {
+  Dense inner;
+  NonTrainable calls;  // a non-trainable tensor of the user's own
+  Residual() = default;
+  explicit Residual(int n) : inner(n, n, relu), calls(zeros({1})) {}
+  Tensor operator()(const Tensor& x) const { return x + inner(x); }
+};
+FLUX_LAYER(Residual, inner, calls)
+
+struct Tied {
+  Tensor encoder, decoder;
+  Tensor operator()(const Tensor& x) const { return matmul(matmul(x, encoder), decoder, false, true); }
+};
+FLUX_LAYER(Tied, encoder, decoder)
+}  // namespace functor_test
+
+TEST_P(FunctorOnDevice, UserLayerTrainsAndMoves) {
+  Device d = GetParam();
+  seed(3);
+  auto model = Chain(functor_test::Residual(4), Dense(4, 1)) | d;
+  for (auto& [name, t] : state(model)) EXPECT_EQ(t.device(), d) << name;
+  ASSERT_EQ(state(model).size(), 5u);  // layers.0.inner.weight, .bias, layers.0.calls, layers.1.weight, .bias
+  EXPECT_EQ(state(model)[2].first, "layers.0.calls");
+  EXPECT_EQ(params(model).size(), 4u);  // calls is not trained
+  Tensor x = to(randn({8, 4}), d), y = to(randn({8, 1}), d);
+  auto grads = gradient([&](auto& m) { return mse(m(x), y); }, model);
+  const Tensor& gw = grads.get<0>().inner.weight;
+  EXPECT_EQ(gw.device(), d);
+  EXPECT_FALSE(gw.same_storage(model.get<0>().inner.weight));  // a gradient, not the weight itself
+  double gnorm = 0;
+  for (double v : gw.to_vector<double>()) gnorm += v * v;
+  EXPECT_GT(gnorm, 0.0);
+  std::vector<double> before = model.get<0>().inner.weight.to_vector<double>();
+  auto opt = optimisers::setup(optimisers::Descent(0.1), model);
+  optimisers::update(opt, model, grads);
+  std::vector<double> after = model.get<0>().inner.weight.to_vector<double>(), want = before;
+  std::vector<double> g = gw.to_vector<double>();
+  for (size_t i = 0; i < want.size(); ++i) want[i] -= 0.1 * g[i];
+  EXPECT_LE(max_rel_error(model.get<0>().inner.weight, want), 1e-6);
+  EXPECT_NE(after, before);
+  auto back = model | cpu;
+  EXPECT_TRUE(back.get<0>().inner.weight.device().is_cpu());
+  EXPECT_TRUE(back.get<0>().calls.device().is_cpu());
+}
+
+TEST_P(FunctorOnDevice, DeepcopyIsIndependentOfTheOriginal) {
+  Device d = GetParam();
+  seed(4);
+  auto model = Chain(Dense(3, 4), BatchNorm(4, relu), Dense(4, 2)) | d;
+  auto shared = model;            // a plain copy shares every tensor (documented in the README)
+  auto copy = deepcopy(model);    // Flux's deepcopy: fresh tensors on the same device
+  auto s_model = state(model), s_shared = state(shared), s_copy = state(copy);
+  ASSERT_EQ(s_copy.size(), s_model.size());
+  for (size_t i = 0; i < s_model.size(); ++i) {
+    EXPECT_TRUE(s_shared[i].second.same_storage(s_model[i].second)) << s_model[i].first;
+    EXPECT_FALSE(s_copy[i].second.same_storage(s_model[i].second)) << s_model[i].first;
+    EXPECT_EQ(s_copy[i].second.device(), d) << s_model[i].first;
+    EXPECT_EQ(s_copy[i].second.dtype(), s_model[i].second.dtype()) << s_model[i].first;
+    EXPECT_EQ(s_copy[i].second.to_vector<double>(), s_model[i].second.to_vector<double>()) << s_model[i].first;
+  }
+  std::vector<std::vector<double>> original;
+  for (auto& [name, t] : s_model) original.push_back(t.to_vector<double>());
+  // Train the copy (this also updates its BatchNorm running statistics): the original is unchanged.
+  Tensor x = to(randn({6, 3}), d), y = to(randn({6, 2}), d);
+  auto opt = optimisers::setup(optimisers::Adam(0.1), copy);
+  for (int step = 0; step < 3; ++step) {
+    auto grads = gradient([&](auto& m) { return mse(m(x), y); }, copy);
+    optimisers::update(opt, copy, grads);
+  }
+  for (size_t i = 0; i < s_model.size(); ++i) {
+    EXPECT_EQ(s_model[i].second.to_vector<double>(), original[i]) << s_model[i].first;
+    EXPECT_NE(s_copy[i].second.to_vector<double>(), original[i]) << s_model[i].first;
+  }
+  EXPECT_EQ(copy.get<1>().num_batches_tracked.item<int64_t>(), 3);
+  EXPECT_EQ(model.get<1>().num_batches_tracked.item<int64_t>(), 0);
+}
+
+TEST_P(FunctorOnDevice, DeepcopyKeepsTiedTensorsTied) {
+  Device d = GetParam();
+  Tensor w = randn({3, 2});
+  functor_test::Tied m = functor_test::Tied{w, w} | d;
+  ASSERT_TRUE(m.encoder.same_storage(m.decoder));
+  functor_test::Tied c = deepcopy(m);
+  EXPECT_TRUE(c.encoder.same_storage(c.decoder));   // tied inside the copy
+  EXPECT_FALSE(c.encoder.same_storage(m.encoder));  // and apart from the original
+  EXPECT_EQ(c.encoder.device(), d);
+  EXPECT_EQ(params(c).size(), 1u);
+}

@@ -3,6 +3,14 @@
 // written after the struct, in its namespace. Chain, std::vector, std::tuple and std::array of
 // layers are walked too; fields that are not tensors or layers (activations, ints) are skipped.
 //
+// Nothing is skipped silently: a type reached by the walk (a Chain's element, a listed field, ...)
+// that is not walkable must be one that cannot hold tensors, else the program does not compile
+// (static_assert "flux: ... FLUX_LAYER ..."). Allowed without FLUX_LAYER: non-class types, empty
+// classes (activations, captureless lambdas), types smaller than a Tensor, types that cannot be
+// copy-assigned (lambdas with captures), simple aggregates whose fields hold no tensors (looked
+// at field by field), std::string/function/optional/variant/pair/smart pointers of such. A
+// non-aggregate class with tensor-free state of its own (MaxPool's window) writes FLUX_LAYER(Type).
+//
 // Non-trainable state: a field of type NonTrainable (a Tensor, e.g. BatchNorm's running_mean) is a
 // leaf like any tensor for fmap, `| dev`, gpu/cpu, state(), save and load, but params() (hence
 // optimisers::setup/update and parameter_count) skips it. gradient() still gives the model's own
@@ -15,12 +23,15 @@
 #pragma once
 #include <array>
 #include <concepts>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "flux/tensor.hpp"
@@ -49,12 +60,14 @@
 #define FLUX_PP_FOR_EACH(m, ...) FLUX_PP_CAT(FLUX_PP_EACH_, FLUX_PP_NARGS(__VA_ARGS__))(m, __VA_ARGS__)
 #define FLUX_LAYER_FIELD_(field) visit(#field, self.field);
 
-/// Makes `Type` walkable by fmap/params/state: lists its fields in order.
+/// Makes `Type` walkable by fmap/params/state: lists its fields in order. Write it right after the
+/// struct, in the struct's own namespace (it is found by argument-dependent lookup). FLUX_LAYER(Type)
+/// with no fields declares a layer without tensors.
 #define FLUX_LAYER(Type, ...)                                                              \
   template <class Self_, class Visit_>                                                     \
     requires std::is_same_v<std::remove_const_t<Self_>, Type>                              \
-  void flux_fields(Self_& self, Visit_&& visit) {                                          \
-    FLUX_PP_FOR_EACH(FLUX_LAYER_FIELD_, __VA_ARGS__)                                       \
+  void flux_fields([[maybe_unused]] Self_& self, [[maybe_unused]] Visit_&& visit) {        \
+    __VA_OPT__(FLUX_PP_FOR_EACH(FLUX_LAYER_FIELD_, __VA_ARGS__))                           \
   }                                                                                        \
   inline const char* flux_layer_name(const Type*) { return #Type; }
 
@@ -78,6 +91,95 @@ template <class T> struct is_tuple : std::false_type {};
 template <class... T> struct is_tuple<std::tuple<T...>> : std::true_type {};
 template <class T> struct is_array : std::false_type {};
 template <class T, size_t N> struct is_array<std::array<T, N>> : std::true_type {};
+
+// ---- which unwalkable types may hold tensors (see the top of this file) ----
+
+/// Converts to anything: counts an aggregate's fields by brace-initialising it (as Boost.PFR does).
+struct AnyField {
+  template <class U> operator U&() const&&;
+};
+template <class T, size_t... I>
+concept BraceInitialisable = requires { T{(void(I), AnyField{})...}; };
+template <class T, size_t N> consteval bool brace_initialisable() {
+  return []<size_t... I>(std::index_sequence<I...>) { return BraceInitialisable<T, I...>; }(std::make_index_sequence<N>{});
+}
+/// The number of fields of aggregate T (up to 16; 17 when there are more or they cannot be counted).
+template <class T, size_t N = 0> consteval size_t field_count() {
+  if constexpr (N > 16) return 17;
+  else if constexpr (brace_initialisable<T, N>() && !brace_initialisable<T, N + 1>()) return N;
+  else return field_count<T, N + 1>();
+}
+template <class... F> struct TypeList {};
+#define FLUX_FIELD_TYPES_(n, ...)                                        \
+  if constexpr (field_count<T>() == n) {                                 \
+    auto& [__VA_ARGS__] = t;                                             \
+    return [](auto&... f) { return TypeList<std::remove_cvref_t<decltype(f)>...>{}; }(__VA_ARGS__); \
+  } else
+/// The field types of aggregate T, by structured binding (declared only; used in decltype).
+template <class T> auto field_types(T& t) {
+  FLUX_FIELD_TYPES_(1, a) FLUX_FIELD_TYPES_(2, a, b) FLUX_FIELD_TYPES_(3, a, b, c)
+  FLUX_FIELD_TYPES_(4, a, b, c, d) FLUX_FIELD_TYPES_(5, a, b, c, d, e) FLUX_FIELD_TYPES_(6, a, b, c, d, e, f)
+  FLUX_FIELD_TYPES_(7, a, b, c, d, e, f, g) FLUX_FIELD_TYPES_(8, a, b, c, d, e, f, g, h)
+  FLUX_FIELD_TYPES_(9, a, b, c, d, e, f, g, h, i) FLUX_FIELD_TYPES_(10, a, b, c, d, e, f, g, h, i, j)
+  FLUX_FIELD_TYPES_(11, a, b, c, d, e, f, g, h, i, j, k) FLUX_FIELD_TYPES_(12, a, b, c, d, e, f, g, h, i, j, k, l)
+  FLUX_FIELD_TYPES_(13, a, b, c, d, e, f, g, h, i, j, k, l, m)
+  FLUX_FIELD_TYPES_(14, a, b, c, d, e, f, g, h, i, j, k, l, m, n)
+  FLUX_FIELD_TYPES_(15, a, b, c, d, e, f, g, h, i, j, k, l, m, n, o)
+  FLUX_FIELD_TYPES_(16, a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p)
+  return TypeList<void>{};  // uncountable: treated as possibly holding tensors
+}
+#undef FLUX_FIELD_TYPES_
+
+template <class T> struct is_optional : std::false_type {};
+template <class T> struct is_optional<std::optional<T>> : std::true_type {};
+template <class T> struct is_variant : std::false_type {};
+template <class... T> struct is_variant<std::variant<T...>> : std::true_type {};
+template <class T> struct is_pair : std::false_type {};
+template <class A, class B> struct is_pair<std::pair<A, B>> : std::true_type {};
+template <class T> struct is_opaque_std : std::false_type {};  // std types whose contents we cannot see
+template <class C, class Tr, class A> struct is_opaque_std<std::basic_string<C, Tr, A>> : std::true_type {};
+template <class S> struct is_opaque_std<std::function<S>> : std::true_type {};
+template <class T> struct is_opaque_std<std::shared_ptr<T>> : std::true_type {};
+template <class T, class D> struct is_opaque_std<std::unique_ptr<T, D>> : std::true_type {};
+
+template <class T> consteval bool holds_no_tensors();
+template <class List> struct all_hold_no_tensors : std::false_type {};
+template <class... F> struct all_hold_no_tensors<TypeList<F...>> : std::bool_constant<(holds_no_tensors<F>() && ...)> {};
+template <class... F> struct all_hold_no_tensors<std::tuple<F...>> : all_hold_no_tensors<TypeList<F...>> {};
+template <class... F> struct all_hold_no_tensors<std::variant<F...>> : all_hold_no_tensors<TypeList<F...>> {};
+template <class A, class B> struct all_hold_no_tensors<std::pair<A, B>> : all_hold_no_tensors<TypeList<A, B>> {};
+
+/// True when T certainly holds no tensor and no layer (so skipping it loses nothing).
+template <class T> consteval bool holds_no_tensors() {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, void>) return false;
+  else if constexpr (!std::is_class_v<U>) return true;  // numbers, enums, pointers, functions
+  else if constexpr (std::is_base_of_v<Tensor, U> || HasFields<U>) return false;
+  else if constexpr (is_vector<U>::value || is_array<U>::value) return holds_no_tensors<typename U::value_type>();
+  else if constexpr (is_tuple<U>::value || is_variant<U>::value || is_pair<U>::value) return all_hold_no_tensors<U>::value;
+  else if constexpr (is_optional<U>::value) return holds_no_tensors<typename U::value_type>();
+  else if constexpr (is_opaque_std<U>::value) return true;
+  else if constexpr (std::is_empty_v<U> || sizeof(U) < sizeof(Tensor)) return true;
+  else if constexpr (!std::is_copy_assignable_v<U>) return true;  // closures with captures
+  else if constexpr (std::is_aggregate_v<U>) return all_hold_no_tensors<decltype(field_types(std::declval<U&>()))>::value;
+  else return false;
+}
+/// Walkable types (tensors, FLUX_LAYER structs, Chain, containers) or types that hold no tensors.
+template <class T>
+concept Layerlike = std::is_base_of_v<Tensor, std::remove_cv_t<T>> || HasFields<T> || is_vector<std::remove_cv_t<T>>::value ||
+                    is_array<std::remove_cv_t<T>>::value || is_tuple<std::remove_cv_t<T>>::value || holds_no_tensors<T>();
+
+#define FLUX_NOT_WALKABLE_MESSAGE_                                                                    \
+  "flux: this type is used as a layer (in a Chain, fmap, gradient, params, `| dev`, "                \
+  "optimisers::setup) but is not walkable, so its tensors would be skipped silently. Declare "       \
+  "FLUX_LAYER(Type, field, ...) right after the struct IN THE STRUCT'S OWN NAMESPACE (it is found by " \
+  "argument-dependent lookup; written elsewhere it is not seen), listing its tensor and layer fields; " \
+  "FLUX_LAYER(Type) for a layer without tensors. See flux/functor.hpp."
+
+/// Fails to compile, naming FLUX_LAYER, when T could hold tensors that the walk would skip.
+template <class T> constexpr void require_walkable() {
+  static_assert(Layerlike<T>, FLUX_NOT_WALKABLE_MESSAGE_);
+}
 
 inline std::string join(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
@@ -104,6 +206,8 @@ template <class M, class F> void walk(M& m, const std::string& prefix, F& f) {
   } else if constexpr (is_tuple<T>::value) {
     size_t i = 0;
     std::apply([&](auto&... items) { ((walk(items, join(prefix, std::to_string(i++)), f)), ...); }, m);
+  } else {
+    require_walkable<T>();
   }
 }
 
@@ -125,6 +229,14 @@ template <class M, class F> M fmap(F&& f, const M& m) {
   };
   functor::walk(out, "", visit);
   return out;
+}
+
+/// Flux's deepcopy: a copy of `m` whose tensors (parameters and NonTrainable state such as
+/// BatchNorm's running statistics) are fresh copies on the same devices, so updating one model
+/// never changes the other; tensors tied inside m stay tied inside the copy. A plain C++ copy
+/// (`auto copy = m;`) shares every tensor with m instead, as Julia's `copy = m` does.
+template <class M> M deepcopy(const M& m) {
+  return fmap([](const Tensor& t) { return t.contiguous_copy(); }, m);
 }
 
 /// Every distinct trainable tensor leaf, in walk order (tied tensors once; NonTrainable skipped).
@@ -191,6 +303,8 @@ template <class M, class F> void walk_modes(M& m, F& f) {
     for (auto& item : m) walk_modes(item, f);
   } else if constexpr (is_tuple<M>::value) {
     std::apply([&](auto&... items) { (walk_modes(items, f), ...); }, m);
+  } else {
+    require_walkable<M>();
   }
 }
 template <class M> void set_mode(M& m, std::optional<bool> active) {

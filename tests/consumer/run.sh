@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the build tree into a scratch prefix, then builds and runs the consumer against it with
-# CMake's find_package and, separately, with pkg-config.
+# CMake's find_package and, separately, with pkg-config, both with the compiler's default standard
+# (flux::flux and flux.pc bring -std=c++20) and run WITHOUT LD_LIBRARY_PATH (CMake's build rpath;
+# the -Wl,-rpath in flux.pc's Libs).
 set -euo pipefail
 build_dir="$1"; source_dir="$2"
 prefix="$build_dir/install-test"
@@ -8,10 +10,11 @@ rm -rf "$prefix" "$build_dir/consumer-build"
 cmake --install "$build_dir" --prefix "$prefix" >/dev/null
 cmake -S "$source_dir/tests/consumer" -B "$build_dir/consumer-build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$build_dir/consumer-build" >/dev/null
-LD_LIBRARY_PATH="$prefix/lib" "$build_dir/consumer-build/consumer"
+grep -q cxx_std_20 "$prefix"/lib*/cmake/flux/fluxTargets.cmake || { echo "flux::flux lacks cxx_std_20"; exit 1; }
+env -u LD_LIBRARY_PATH "$build_dir/consumer-build/consumer"
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 c++ $(pkg-config --cflags flux) "$source_dir/tests/consumer/main.cpp" -o "$build_dir/consumer-build/consumer-pc" $(pkg-config --libs flux)
-LD_LIBRARY_PATH="$prefix/lib" "$build_dir/consumer-build/consumer-pc"
+env -u LD_LIBRARY_PATH "$build_dir/consumer-build/consumer-pc"
 test -x "$prefix/bin/flux-info"
-LD_LIBRARY_PATH="$prefix/lib" "$prefix/bin/flux-info" >/dev/null
+env -u LD_LIBRARY_PATH "$prefix/bin/flux-info" >/dev/null
 echo "install consumer: ok"

@@ -9,6 +9,7 @@
 namespace flux {
 
 template <class... Layers> struct Chain {
+  static_assert((functor::Layerlike<Layers> && ...), FLUX_NOT_WALKABLE_MESSAGE_);
   std::tuple<Layers...> layers;
 
   Chain() = default;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "flux/functor.hpp"
 #include "flux/tensor.hpp"
 
 namespace flux {
@@ -30,6 +31,7 @@ struct Dropout {
   /// Whether the next call drops (training behaviour).
   bool training() const;
 };
+FLUX_LAYER(Dropout)  // no tensors; its mode is set through `active`
 
 /// "Dropout(0.5)", "Dropout(0.5, dims = 1)" as Flux.
 std::string layer_string(const Dropout& d);

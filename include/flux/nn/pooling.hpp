@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "flux/functor.hpp"
 #include "flux/ops.hpp"
 
 namespace flux {
@@ -36,6 +37,7 @@ struct MaxPool {
       : MaxPool(Dims(window), options) {}
   Tensor operator()(const Tensor& x) const;
 };
+FLUX_LAYER(MaxPool)  // no tensors: walkable, nothing to train
 
 /// Mean over each window, dividing by the full window (padding counts as 0, as Flux and PyTorch's default).
 struct MeanPool {
@@ -49,6 +51,7 @@ struct MeanPool {
       : MeanPool(Dims(window), options) {}
   Tensor operator()(const Tensor& x) const;
 };
+FLUX_LAYER(MeanPool)  // no tensors: walkable, nothing to train
 
 /// Max / mean over all spatial axes: (N, C, spatial...) -> (N, C, 1...).
 struct GlobalMaxPool {
@@ -66,6 +69,7 @@ struct AdaptiveMaxPool {
   explicit AdaptiveMaxPool(std::initializer_list<int64_t> out) : AdaptiveMaxPool(Dims(out)) {}
   Tensor operator()(const Tensor& x) const;
 };
+FLUX_LAYER(AdaptiveMaxPool)  // no tensors: walkable, nothing to train
 struct AdaptiveMeanPool {
   std::vector<int64_t> out;
   AdaptiveMeanPool() = default;
@@ -73,6 +77,7 @@ struct AdaptiveMeanPool {
   explicit AdaptiveMeanPool(std::initializer_list<int64_t> out) : AdaptiveMeanPool(Dims(out)) {}
   Tensor operator()(const Tensor& x) const;
 };
+FLUX_LAYER(AdaptiveMeanPool)  // no tensors: walkable, nothing to train
 
 /// flatten: (N, d1, d2, ...) -> (N, d1 * d2 * ...), a layer value as relu is (calls flatten_).
 struct Flatten {

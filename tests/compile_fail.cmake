@@ -1,0 +1,21 @@
+# Compile-failure tests: a struct holding tensors or layers that is not walkable (no FLUX_LAYER, or
+# FLUX_LAYER outside the struct's namespace) must fail to compile where it is used as a layer, with
+# the static_assert message of flux/functor.hpp; tensor-free callables must still compile. Each case
+# is one syntax-only compile of tests/compile_fail/*.cpp (a few seconds), checked by check.cmake.
+set(flux_compile_fail_flags "-std=c++20 -fsyntax-only -I${CMAKE_SOURCE_DIR}/include")
+set(flux_compile_fail_cases chain gradient_of_aggregate namespace_rule device_move_of_field fmap
+  optimisers_setup vector_of_layers)  # FLUX_CASE 1, 2, ... in unwalkable_layer.cpp
+set(case_number 0)
+foreach(case_name ${flux_compile_fail_cases})
+  math(EXPR case_number "${case_number} + 1")
+  add_test(NAME compile_fail.unwalkable_layer.${case_name}
+    COMMAND ${CMAKE_COMMAND} -DCXX=${CMAKE_CXX_COMPILER} "-DFLAGS=${flux_compile_fail_flags}"
+            -DSOURCE=${CMAKE_CURRENT_SOURCE_DIR}/compile_fail/unwalkable_layer.cpp -DCASE=${case_number}
+            -DEXPECT=fail -P ${CMAKE_CURRENT_SOURCE_DIR}/compile_fail/check.cmake)
+  set_tests_properties(compile_fail.unwalkable_layer.${case_name} PROPERTIES TIMEOUT 120)
+endforeach()
+add_test(NAME compile_fail.allowed_callables
+  COMMAND ${CMAKE_COMMAND} -DCXX=${CMAKE_CXX_COMPILER} "-DFLAGS=${flux_compile_fail_flags}"
+          -DSOURCE=${CMAKE_CURRENT_SOURCE_DIR}/compile_fail/allowed_callables.cpp -DEXPECT=pass
+          -P ${CMAKE_CURRENT_SOURCE_DIR}/compile_fail/check.cmake)
+set_tests_properties(compile_fail.allowed_callables PROPERTIES TIMEOUT 120)

@@ -1,0 +1,35 @@
+// The control case of tests/compile_fail.cmake (it must compile): what may sit in a Chain without
+// FLUX_LAYER because it holds no tensors, and a tensor-free user layer declared with FLUX_LAYER(Type).
+#include <flux/flux.hpp>
+using namespace flux;
+
+namespace mine {
+Tensor twice(const Tensor& x) { return x * 2.0; }
+struct Halve {  // aggregate without tensors: looked at field by field, allowed
+  double factor = 0.5;
+  std::string label = "halve";
+  Tensor operator()(const Tensor& x) const { return x * factor; }
+};
+class Clamp {  // a class with tensor-free state of its own: declares FLUX_LAYER(Clamp)
+ public:
+  explicit Clamp(double lo, double hi) : lo_(lo), hi_(hi), name_("clamp") {}
+  Tensor operator()(const Tensor& x) const { return x * (hi_ - lo_) + lo_; }
+
+ private:
+  double lo_, hi_;
+  std::string name_;
+};
+FLUX_LAYER(Clamp)
+}  // namespace mine
+
+int main() {
+  double k = 3.0;
+  auto model = Chain(Dense(4, 4), relu, [](const Tensor& x) { return x + 1.0; },
+                     [k](const Tensor& x) { return x * k; }, mine::twice, mine::Halve{}, mine::Clamp(0, 1),
+                     MaxPool({1}), Dropout(0.1), softmax);
+  auto grads = gradient([&](auto& m) { return sum(m(ones({2, 4}))); }, model);
+  auto moved = model | Device();
+  auto state = optimisers::setup(optimisers::Adam(1e-3), moved);
+  optimisers::update(state, moved, grads);
+  return params(model).size() == 2 ? 0 : 1;
+}
