@@ -19,3 +19,10 @@ add_test(NAME compile_fail.allowed_callables
           -DSOURCE=${CMAKE_CURRENT_SOURCE_DIR}/compile_fail/allowed_callables.cpp -DEXPECT=pass
           -P ${CMAKE_CURRENT_SOURCE_DIR}/compile_fail/check.cmake)
 set_tests_properties(compile_fail.allowed_callables PROPERTIES TIMEOUT 120)
+# README snippets that are not whole programs elsewhere are compiled from the README itself.
+add_test(NAME readme_snippet.your_own_layers
+  COMMAND ${CMAKE_COMMAND} -DCXX=${CMAKE_CXX_COMPILER} "-DFLAGS=${flux_compile_fail_flags} -Wall -Wextra -Werror"
+          -DREADME=${CMAKE_SOURCE_DIR}/README.md "-DHEADING=## Your own layers"
+          -DOUT=${CMAKE_CURRENT_BINARY_DIR}/readme_your_own_layers.cpp
+          -P ${CMAKE_CURRENT_SOURCE_DIR}/compile_fail/readme_snippet.cmake)
+set_tests_properties(readme_snippet.your_own_layers PROPERTIES TIMEOUT 120)

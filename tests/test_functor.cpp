@@ -181,7 +181,7 @@ TEST_P(FunctorOnDevice, UserLayerTrainsAndMoves) {
   std::vector<double> after = model.get<0>().inner.weight.to_vector<double>(), want = before;
   std::vector<double> g = gw.to_vector<double>();
   for (size_t i = 0; i < want.size(); ++i) want[i] -= 0.1 * g[i];
-  EXPECT_LE(max_rel_error(model.get<0>().inner.weight, want), 1e-6);
+  EXPECT_LE(flux::testing::max_rel_error(model.get<0>().inner.weight, want), 1e-6);
   EXPECT_NE(after, before);
   auto back = model | cpu;
   EXPECT_TRUE(back.get<0>().inner.weight.device().is_cpu());

@@ -17,4 +17,8 @@ c++ $(pkg-config --cflags flux) "$source_dir/tests/consumer/main.cpp" -o "$build
 env -u LD_LIBRARY_PATH "$build_dir/consumer-build/consumer-pc"
 test -x "$prefix/bin/flux-info"
 env -u LD_LIBRARY_PATH "$prefix/bin/flux-info" >/dev/null
+# The README's "Use it from your project" quotes tests/consumer/CMakeLists.txt: keep them equal.
+awk '/^## Use it from your project/{on=1} on && /^```cmake/{grab=1; next} grab && /^```/{exit} grab' \
+  "$source_dir/README.md" | diff - "$source_dir/tests/consumer/CMakeLists.txt" \
+  || { echo "README's CMakeLists block differs from tests/consumer/CMakeLists.txt"; exit 1; }
 echo "install consumer: ok"

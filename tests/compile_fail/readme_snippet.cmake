@@ -1,0 +1,22 @@
+# cmake -DCXX=... -DFLAGS=... -DREADME=... -DHEADING=... -DOUT=... -P readme_snippet.cmake
+# Compiles the first ```cpp block under the README heading HEADING (with flux.hpp included), so the
+# README's snippets are built in CI.
+file(READ ${README} text)
+string(FIND "${text}" "\n${HEADING}\n" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "README has no heading '${HEADING}'")
+endif()
+string(SUBSTRING "${text}" ${at} -1 text)
+string(FIND "${text}" "```cpp\n" start)
+string(SUBSTRING "${text}" ${start} -1 text)
+string(LENGTH "```cpp\n" skip)
+string(SUBSTRING "${text}" ${skip} -1 text)
+string(FIND "${text}" "```" stop)
+string(SUBSTRING "${text}" 0 ${stop} snippet)
+file(WRITE ${OUT} "#include <flux/flux.hpp>\nusing namespace flux;\n${snippet}\nint main() { return 0; }\n")
+separate_arguments(flag_list UNIX_COMMAND "${FLAGS}")
+execute_process(COMMAND ${CXX} ${flag_list} ${OUT} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the README snippet under '${HEADING}' does not compile:\n${out}")
+endif()
+message(STATUS "README snippet under '${HEADING}' compiles")
