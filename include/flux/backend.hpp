@@ -79,6 +79,9 @@ struct ConvGeometry {
 /// PyTorch's count_include_pad = true).
 enum class PoolOp : uint8_t { max, mean };
 
+/// Recurrent cells with a fused per-step kernel (PyTorch's gate order and formulas).
+enum class RecurrentCell : uint8_t { lstm, gru, rnn_tanh, rnn_relu };
+
 /// Every backend implements this. Arithmetic kernels must support f32, f64, i32, i64, u8 and boolean
 /// where meaningful; f16/bf16 only need fill/cast/copy (ops compute them through f32).
 /// All calls are asynchronous with respect to the host except copy_to_host and synchronize.
@@ -172,6 +175,37 @@ class Backend {
   virtual bool channel_affine(int device, DType t, Buffer x, Buffer scale, Buffer shift, Buffer y, int64_t n,
                               int64_t c, int64_t s) {
     (void)device, (void)t, (void)x, (void)scale, (void)shift, (void)y, (void)n, (void)c, (void)s;
+    return false;
+  }
+
+  // ---- recurrent cells, one time step fused (src/backends/<name>/recurrent); false = the core composes
+  // portable ops. dtype t is f32 or f64; every array is row-major with n rows (the batch); H = hidden
+  // units; G gate columns: LSTM 4H (i, f, g, o), GRU 3H (r, z, n), RNN H. b_hh (G,) may be null (0).
+  //   LSTM: [i f g o] = [σ σ tanh σ](xg + hg + b_hh); c = f c_prev + i g; h = o tanh(c);
+  //         saved (n, 4H) = [i f g o].
+  //   GRU:  [r z] = σ(xg_rz + hg_rz + b_hh_rz); hn = hg_n + b_hh_n; nn = tanh(xg_n + r hn);
+  //         h = (1 - z) nn + z h_prev; saved (n, 4H) = [r z nn hn].
+  //   RNN:  h = act(xg + hg + b_hh) (tanh or relu); saved, c_prev, c unused (null). ----
+  /// Forward of one step: xg (n, G) = x W_ihᵀ + b_ih, hg (n, G) = h_prev W_hhᵀ; writes h (n, H),
+  /// c (n, H) (LSTM) and saved.
+  virtual bool recurrent_forward(int device, RecurrentCell cell, DType t, Buffer xg, Buffer hg, Buffer b_hh,
+                                 Buffer h_prev, Buffer c_prev, Buffer h, Buffer c, Buffer saved, int64_t n,
+                                 int64_t hidden) {
+    (void)device, (void)cell, (void)t, (void)xg, (void)hg, (void)b_hh, (void)h_prev, (void)c_prev, (void)h, (void)c,
+        (void)saved, (void)n, (void)hidden;
+    return false;
+  }
+  /// Backward of one step. The gradient into h is dh = dy + dh_next (both (n, H)); dc (n, H, LSTM)
+  /// holds the gradient into c on entry and into c_prev on return. Writes dxg (n, G), the gradient of
+  /// the gate pre-activations on the input side; dhg (n, G, GRU only; null otherwise, where it equals
+  /// dxg) that on the recurrent side (the n block is dxg_n * r); and overwrites dh_next with the direct
+  /// part of the gradient into h_prev (GRU: z dh; LSTM, RNN: 0); the core then adds dhg W_hh.
+  /// LSTM reads saved, c_prev, c; GRU saved, h_prev; RNN h.
+  virtual bool recurrent_backward(int device, RecurrentCell cell, DType t, Buffer dy, Buffer dh_next, Buffer dc,
+                                  Buffer saved, Buffer c_prev, Buffer c, Buffer h_prev, Buffer h, Buffer dxg,
+                                  Buffer dhg, int64_t n, int64_t hidden) {
+    (void)device, (void)cell, (void)t, (void)dy, (void)dh_next, (void)dc, (void)saved, (void)c_prev, (void)c,
+        (void)h_prev, (void)h, (void)dxg, (void)dhg, (void)n, (void)hidden;
     return false;
   }
 

@@ -23,6 +23,7 @@
 #include "flux/nn/init.hpp"
 #include "flux/nn/normalisation.hpp"
 #include "flux/nn/pooling.hpp"
+#include "flux/nn/recurrent.hpp"
 #include "flux/nn/show.hpp"
 #include "flux/ops.hpp"
 #include "flux/optimisers/optimisers.hpp"

@@ -180,6 +180,17 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
 Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean, const Tensor& var,
                  double eps);
 
+// ---- recurrences (src/ops/recurrent.cpp), used by LSTM, GRU, RNN (flux/nn/recurrent.hpp) ----
+/// The recurrent part of a whole sequence, time-major, with PyTorch's formulas (backend.hpp lists them):
+/// xg (T, N, G) = x W_ihᵀ + b_ih for every step (G = 4H LSTM, 3H GRU, H RNN), w_hh (G, H), b_hh (G,)
+/// or undefined, h0 and c0 (N, H). One recorded op each, backpropagation through time included.
+/// LSTM: (T + 1, N, H), rows 0..T-1 the hidden states h_1..h_T and row T the final cell state c_T.
+Tensor lstm_recurrence(const Tensor& xg, const Tensor& w_hh, const Tensor& b_hh, const Tensor& h0, const Tensor& c0);
+/// GRU: (T, N, H), the hidden states h_1..h_T.
+Tensor gru_recurrence(const Tensor& xg, const Tensor& w_hh, const Tensor& b_hh, const Tensor& h0);
+/// Elman RNN with tanh (or relu): (T, N, H), the hidden states h_1..h_T.
+Tensor rnn_recurrence(const Tensor& xg, const Tensor& w_hh, const Tensor& b_hh, const Tensor& h0, bool relu = false);
+
 // ---- random masks ----
 /// Uniform [0, 1) values generated on x's device from the global seed (seed(n)) and a per-call
 /// counter: the same values on every device for the same seed and call sequence.

@@ -19,6 +19,9 @@ namespace flux::cpu {
 
 namespace {
 
+/// A buffer's address, or nullptr for an absent (null-handle) optional buffer.
+void* or_null(backend::Buffer b) { return b.handle ? ptr(b) : nullptr; }
+
 // 64-byte aligned host blocks through the shared size-class cache.
 class HostPool {
  public:
@@ -128,6 +131,19 @@ class CpuBackend final : public backend::Backend {
   bool channel_affine(int, DType t, backend::Buffer x, backend::Buffer scale, backend::Buffer shift, backend::Buffer y,
                       int64_t n, int64_t c, int64_t s) override {
     return cpu::channel_affine(t, ptr(x), ptr(scale), shift.handle ? ptr(shift) : nullptr, ptr(y), n, c, s);
+  }
+  bool recurrent_forward(int, backend::RecurrentCell cell, DType t, backend::Buffer xg, backend::Buffer hg,
+                         backend::Buffer b_hh, backend::Buffer h_prev, backend::Buffer c_prev, backend::Buffer h,
+                         backend::Buffer c, backend::Buffer saved, int64_t n, int64_t hidden) override {
+    return cpu::recurrent_forward(cell, t, ptr(xg), ptr(hg), or_null(b_hh), ptr(h_prev), or_null(c_prev), ptr(h),
+                                  or_null(c), or_null(saved), n, hidden);
+  }
+  bool recurrent_backward(int, backend::RecurrentCell cell, DType t, backend::Buffer dy, backend::Buffer dh_next,
+                          backend::Buffer dc, backend::Buffer saved, backend::Buffer c_prev, backend::Buffer c,
+                          backend::Buffer h_prev, backend::Buffer h, backend::Buffer dxg, backend::Buffer dhg, int64_t n,
+                          int64_t hidden) override {
+    return cpu::recurrent_backward(cell, t, ptr(dy), ptr(dh_next), or_null(dc), or_null(saved), or_null(c_prev),
+                                   or_null(c), ptr(h_prev), ptr(h), ptr(dxg), or_null(dhg), n, hidden);
   }
   void im2col(int, DType t, backend::Buffer x, backend::Buffer col, const backend::ConvGeometry& g) override {
     cpu::im2col(t, ptr(x), ptr(col), g);

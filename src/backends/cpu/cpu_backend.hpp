@@ -50,6 +50,13 @@ void pool_forward(backend::PoolOp op, DType t, const void* x, void* y, const bac
 void pool_backward(backend::PoolOp op, DType t, const void* x, const void* y, const void* dy, void* dx,
                    const backend::ConvGeometry& g);
 
+/// One fused recurrent step (recurrent.cpp), formulas in backend.hpp; f32/f64, false otherwise.
+bool recurrent_forward(backend::RecurrentCell cell, DType t, const void* xg, const void* hg, const void* b_hh,
+                       const void* h_prev, const void* c_prev, void* h, void* c, void* saved, int64_t n, int64_t hidden);
+bool recurrent_backward(backend::RecurrentCell cell, DType t, const void* dy, void* dh_next, void* dc, const void* saved,
+                        const void* c_prev, const void* c, const void* h_prev, const void* h, void* dxg, void* dhg,
+                        int64_t n, int64_t hidden);
+
 }  // namespace flux::cpu
 
 // Calls BODY with `using T = <C++ type>` for the arithmetic dtypes; errors for others.

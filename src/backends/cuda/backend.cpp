@@ -20,6 +20,8 @@ namespace flux::gpu {
 namespace {
 
 void* ptr(backend::Buffer b) { return static_cast<char*>(b.handle) + b.offset; }
+/// A buffer's device address, or nullptr for an absent (null-handle) optional buffer.
+void* or_null(backend::Buffer b) { return b.handle ? ptr(b) : nullptr; }
 
 std::string mib(size_t bytes) {
   char buf[48];
@@ -351,6 +353,20 @@ class GpuBackend final : public backend::Backend {
   void pool_backward(int device, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y, backend::Buffer dy,
                      backend::Buffer dx, const backend::ConvGeometry& g) override {
     gpu::pool_backward(*this, device, use(device).stream, op, t, ptr(x), ptr(y), ptr(dy), ptr(dx), g);
+  }
+  bool recurrent_forward(int device, backend::RecurrentCell cell, DType t, backend::Buffer xg, backend::Buffer hg,
+                         backend::Buffer b_hh, backend::Buffer h_prev, backend::Buffer c_prev, backend::Buffer h,
+                         backend::Buffer c, backend::Buffer saved, int64_t n, int64_t hidden) override {
+    return gpu::recurrent_forward(use(device).stream, cell, t, ptr(xg), ptr(hg), or_null(b_hh), ptr(h_prev),
+                                  or_null(c_prev), ptr(h), or_null(c), or_null(saved), n, hidden);
+  }
+  bool recurrent_backward(int device, backend::RecurrentCell cell, DType t, backend::Buffer dy, backend::Buffer dh_next,
+                          backend::Buffer dc, backend::Buffer saved, backend::Buffer c_prev, backend::Buffer c,
+                          backend::Buffer h_prev, backend::Buffer h, backend::Buffer dxg, backend::Buffer dhg, int64_t n,
+                          int64_t hidden) override {
+    return gpu::recurrent_backward(use(device).stream, cell, t, ptr(dy), ptr(dh_next), or_null(dc), or_null(saved),
+                                   or_null(c_prev), or_null(c), ptr(h_prev), ptr(h), ptr(dxg), or_null(dhg), n,
+                                   hidden);
   }
   void random_uniform(int device, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
     gpu::random_uniform(use(device).stream, t, ptr(dst), n, seed, offset);

@@ -83,6 +83,15 @@ void pool_backward(backend::Backend& be, int device, Stream s, backend::PoolOp o
                    const void* y, const void* dy, void* dx, const backend::ConvGeometry& g);
 void random_uniform(Stream s, DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset);
 
+/// One fused recurrent step (recurrent.cu), formulas in backend.hpp; f32/f64, false otherwise.
+/// Optional pointers (b_hh, c_prev, c, saved, dc, dhg) may be null where backend.hpp allows it.
+bool recurrent_forward(Stream s, backend::RecurrentCell cell, DType t, const void* xg, const void* hg,
+                       const void* b_hh, const void* h_prev, const void* c_prev, void* h, void* c, void* saved,
+                       int64_t n, int64_t hidden);
+bool recurrent_backward(Stream s, backend::RecurrentCell cell, DType t, const void* dy, void* dh_next, void* dc,
+                        const void* saved, const void* c_prev, const void* c, const void* h_prev, const void* h,
+                        void* dxg, void* dhg, int64_t n, int64_t hidden);
+
 /// cuDNN fast paths (CUDA plugin built with cuDNN); false where there is none for the case: the core
 /// then runs im2col + matmul. Workspace comes from `be`'s caching allocator. bias / dbias may be null.
 bool conv_forward(backend::Backend& be, int device, Stream s, DType t, const void* x, const void* w, const void* bias,

@@ -421,6 +421,17 @@ class OpenCLBackend final : public backend::Backend {
                      backend::Buffer dx, const backend::ConvGeometry& g) override {
     opencl::pool_backward(d, op, t, x, y, dy, dx, g);
   }
+  bool recurrent_forward(int d, backend::RecurrentCell cell, DType t, backend::Buffer xg, backend::Buffer hg,
+                         backend::Buffer b_hh, backend::Buffer h_prev, backend::Buffer c_prev, backend::Buffer h,
+                         backend::Buffer c, backend::Buffer saved, int64_t n, int64_t hidden) override {
+    return opencl::recurrent_forward(d, cell, t, xg, hg, b_hh, h_prev, c_prev, h, c, saved, n, hidden);
+  }
+  bool recurrent_backward(int d, backend::RecurrentCell cell, DType t, backend::Buffer dy, backend::Buffer dh_next,
+                          backend::Buffer dc, backend::Buffer saved, backend::Buffer c_prev, backend::Buffer c,
+                          backend::Buffer h_prev, backend::Buffer h, backend::Buffer dxg, backend::Buffer dhg, int64_t n,
+                          int64_t hidden) override {
+    return opencl::recurrent_backward(d, cell, t, dy, dh_next, dc, saved, c_prev, c, h_prev, h, dxg, dhg, n, hidden);
+  }
   void random_uniform(int d, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
     opencl::random_uniform(d, t, dst, n, seed, offset);
   }

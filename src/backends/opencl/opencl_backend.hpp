@@ -153,4 +153,13 @@ void pool_backward(int d, backend::PoolOp op, DType t, backend::Buffer x, backen
                    backend::Buffer dx, const backend::ConvGeometry& g);
 void random_uniform(int d, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset);
 
+/// One fused recurrent step (recurrent.cpp), formulas in backend.hpp; f32/f64, false otherwise.
+bool recurrent_forward(int d, backend::RecurrentCell cell, DType t, backend::Buffer xg, backend::Buffer hg,
+                       backend::Buffer b_hh, backend::Buffer h_prev, backend::Buffer c_prev, backend::Buffer h,
+                       backend::Buffer c, backend::Buffer saved, int64_t n, int64_t hidden);
+bool recurrent_backward(int d, backend::RecurrentCell cell, DType t, backend::Buffer dy, backend::Buffer dh_next,
+                        backend::Buffer dc, backend::Buffer saved, backend::Buffer c_prev, backend::Buffer c,
+                        backend::Buffer h_prev, backend::Buffer h, backend::Buffer dxg, backend::Buffer dhg, int64_t n,
+                        int64_t hidden);
+
 }  // namespace flux::opencl
