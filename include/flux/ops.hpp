@@ -191,6 +191,30 @@ Tensor gru_recurrence(const Tensor& xg, const Tensor& w_hh, const Tensor& b_hh, 
 /// Elman RNN with tanh (or relu): (T, N, H), the hidden states h_1..h_T.
 Tensor rnn_recurrence(const Tensor& xg, const Tensor& w_hh, const Tensor& b_hh, const Tensor& h0, bool relu = false);
 
+/// Layer normalisation over the LAST axis of x (..., D), as PyTorch's layer_norm with
+/// normalized_shape (D,): y = (x - mean) / sqrt(var + eps) * weight + bias, mean and biased var over
+/// that axis; weight and bias (D,) may be undefined. One recorded op (closed-form backward).
+Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+/// Group normalisation of x (N, C, spatial...): the C channels split into `groups` groups of C / groups,
+/// each normalised over its channels and the spatial axes, then y = x̂ * weight + bias per channel
+/// (weight, bias (C,) may be undefined), as PyTorch's group_norm. groups = C is instance normalisation.
+Tensor groupnorm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+
+// ---- attention (src/ops/attention.cpp) ----
+/// A Bool (tq, tk) mask, true where query i may attend to key j <= i + (tk - tq) (NNlib's
+/// make_causal_mask; the last query sees every key).
+Tensor causal_mask(int64_t tq, int64_t tk, Device device = Device());
+/// Scaled dot-product attention, batched over the leading axes (any number, broadcast):
+/// q (..., Tq, d), k (..., Tk, d), v (..., Tk, dv) -> (..., Tq, dv),
+///   out = softmax(q kᵀ * scale + masked, axis -1) v,   scale = 1 / sqrt(d) by default (scale <= 0),
+/// where `mask` (Bool, broadcastable to (..., Tq, Tk)) keeps scores where true and sets the others to
+/// -inf (true = attend, NNlib's convention; PyTorch's Bool attn_mask means the opposite). Softmax
+/// subtracts each row's maximum; a row with every key masked gives NaN, as PyTorch and NNlib.
+/// `dropout` > 0 drops attention weights (p) as PyTorch's dropout_p; the caller decides when (training).
+/// Composed from recorded ops (matmul, where, softmax): differentiable in q, k and v.
+Tensor dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = Tensor(),
+                             double scale = 0, double dropout = 0);
+
 // ---- random masks ----
 /// Uniform [0, 1) values generated on x's device from the global seed (seed(n)) and a per-call
 /// counter: the same values on every device for the same seed and call sequence.

@@ -153,3 +153,82 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
 }
 
 }  // namespace flux
+
+// ---- layer and group normalisation ----
+// Both normalise the rows of a (R, D) view: LayerNorm's rows are every position of x (..., D) with
+// D = the last axis; GroupNorm's are the (N * G) groups of x (N, C, S) viewed as (N * G, C / G * S).
+// With x̂ = (x - mean) / sqrt(var + eps) per row (biased var) and g = dy * weight (dy without weight),
+// the backward (as PyTorch's layer_norm_backward and llm.c's layernorm_backward) is
+//   dx = inv (g - mean(g) - x̂ mean(g x̂)),  dweight = Σ_rows dy x̂,  dbias = Σ_rows dy.
+namespace flux {
+
+namespace {
+// Rows of x2 (R, D) normalised, then * weight + bias over D (each (D,) or undefined); one recorded op.
+Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias, double eps) {
+  const int64_t d = x2.shape()[1];
+  Tensor xhat, inv, y;
+  {
+    autodiff::NoGrad no_grad;  // recorded once, below
+    Tensor mean = sum(x2, 1, true) / double(d);
+    Tensor xc = x2 - mean;
+    inv = 1.0 / sqrt(sum(square(xc), 1, true) / double(d) + eps);
+    xhat = xc * inv;
+    y = weight.defined() ? xhat * weight : xhat;
+    if (bias.defined()) y = y + bias;
+  }
+  const bool has_weight = weight.defined(), has_bias = bias.defined();
+  autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
+    Tensor g = has_weight ? dy * weight : dy;
+    Tensor dx = inv * (g - sum(g, 1, true) / double(d) - xhat * (sum(g * xhat, 1, true) / double(d)));
+    Tensor dweight = has_weight ? sum(dy * xhat, 0) : Tensor();
+    Tensor dbias = has_bias ? sum(dy, 0) : Tensor();
+    return Grads{dx, dweight, dbias};
+  });
+  return y;
+}
+}  // namespace
+
+Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  detail::check_defined("layernorm", x);
+  if (x.ndim() < 1) detail::fail("[layernorm] needs at least 1 dimension (features last); got a 0-dimensional tensor");
+  if (!is_floating(x.dtype())) detail::fail("[layernorm] needs a floating-point input; got ", summary(x));
+  if (!(eps > 0)) detail::fail("[layernorm] eps must be positive; got ", eps);
+  const int64_t d = x.shape()[x.ndim() - 1];
+  for (const Tensor* p : {&weight, &bias}) {
+    if (!p->defined()) continue;
+    if (p->shape() != Shape{d})
+      detail::fail("[layernorm] weight and bias must have shape (", d, ",) (the last axis of input ", to_string(x.shape()),
+                   "); got ", to_string(p->shape()));
+    detail::check_same_device("layernorm", x, *p);
+  }
+  if (x.numel() == 0) return x;
+  return normalise_rows(x.reshape(Shape{x.numel() / d, d}), weight, bias, eps).reshape(x.shape());
+}
+
+Tensor groupnorm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps) {
+  detail::check_defined("groupnorm", x);
+  if (x.ndim() < 2)
+    detail::fail("[groupnorm] expects input (N, C, ...) with at least 2 dimensions, channels on axis 1; got shape ",
+                 to_string(x.shape()));
+  if (!is_floating(x.dtype())) detail::fail("[groupnorm] needs a floating-point input; got ", summary(x));
+  if (!(eps > 0)) detail::fail("[groupnorm] eps must be positive; got ", eps);
+  const int64_t n = x.shape()[0], c = x.shape()[1], s = x.numel() / std::max<int64_t>(1, n * c);
+  if (groups <= 0 || c % groups != 0)
+    detail::fail("[groupnorm] groups (", groups, ") must be positive and divide the channels (", c, ") of input ",
+                 to_string(x.shape()));
+  for (const Tensor* p : {&weight, &bias}) {
+    if (!p->defined()) continue;
+    if (p->shape() != Shape{c})
+      detail::fail("[groupnorm] weight and bias must have shape (", c, ",) (axis 1 of input ", to_string(x.shape()),
+                   "); got ", to_string(p->shape()));
+    detail::check_same_device("groupnorm", x, *p);
+  }
+  if (x.numel() == 0) return x;
+  const int64_t per_group = c / groups * s;
+  Tensor y = normalise_rows(x.reshape(Shape{n * groups, per_group}), Tensor(), Tensor(), eps).reshape(Shape{n, c, s});
+  if (weight.defined()) y = y * weight.reshape(Shape{1, c, 1});
+  if (bias.defined()) y = y + bias.reshape(Shape{1, c, 1});
+  return y.reshape(x.shape());
+}
+
+}  // namespace flux

@@ -1,0 +1,61 @@
+// Scaled dot-product attention (Vaswani et al. 2017; NNlib.dot_product_attention and PyTorch's
+// scaled_dot_product_attention), batched over leading axes:
+//   q (..., Tq, d), k (..., Tk, d), v (..., Tk, dv):  s = q kᵀ * scale  (..., Tq, Tk),
+//   s = where(mask, s, -inf),  p = softmax(s, -1),  out = p v  (..., Tq, dv).
+// Composed from recorded ops (batched matmul with kᵀ inside the GEMM, where, the backend's softmax,
+// which subtracts each row's maximum), so its backward is theirs.
+#include <cmath>
+#include <limits>
+
+#include "flux/autodiff.hpp"
+#include "flux/ops.hpp"
+#include "src/ops/ops_internal.hpp"
+
+namespace flux {
+
+Tensor causal_mask(int64_t tq, int64_t tk, Device device) {
+  if (tq <= 0 || tk <= 0) detail::fail("[causal_mask] lengths must be positive; got (", tq, ", ", tk, ")");
+  Tensor rows = arange(double(tk - tq), double(tk), 1, DType::i64, device).reshape(Shape{tq, 1});
+  Tensor cols = arange(tk, DType::i64, device).reshape(Shape{1, tk});
+  return le(cols, rows);
+}
+
+Tensor dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,
+                             double dropout_p) {
+  for (const Tensor* t : {&q, &k, &v}) detail::check_defined("dot_product_attention", *t);
+  detail::check_same_device("dot_product_attention", q, k);
+  detail::check_same_device("dot_product_attention", q, v);
+  for (const Tensor* t : {&q, &k, &v})
+    if (!is_floating(t->dtype()) || t->ndim() < 2)
+      detail::fail("[dot_product_attention] q, k and v must be floating-point with at least 2 dimensions (..., T, d); got q ",
+                   summary(q), ", k ", summary(k), ", v ", summary(v));
+  const int64_t d = q.shape()[q.ndim() - 1];
+  const int64_t tk = k.shape()[k.ndim() - 2];
+  if (k.shape()[k.ndim() - 1] != d || v.shape()[v.ndim() - 2] != tk)
+    detail::fail("[dot_product_attention] shapes do not compose: q ", to_string(q.shape()), " (..., Tq, d), k ",
+                 to_string(k.shape()), " (..., Tk, d), v ", to_string(v.shape()), " (..., Tk, dv)");
+  const double s = scale > 0 ? scale : 1.0 / std::sqrt(double(d));
+  Tensor scores = matmul(q, k, false, true) * s;  // (..., Tq, Tk)
+  if (mask.defined()) {
+    detail::check_same_device("dot_product_attention", q, mask);
+    if (mask.dtype() != DType::boolean)
+      detail::fail("[dot_product_attention] mask must be Bool (true = attend); got ", summary(mask));
+    Shape joined;
+    try {
+      joined = detail::broadcast_shapes("dot_product_attention", scores.shape(), mask.shape());
+    } catch (const Error&) {
+      joined = Shape{};
+    }
+    if (joined != scores.shape())
+      detail::fail("[dot_product_attention] mask of shape ", to_string(mask.shape()),
+                   " does not broadcast to the scores (..., Tq, Tk) = ", to_string(scores.shape()), " of q ",
+                   to_string(q.shape()), " and k ", to_string(k.shape()));
+    Tensor neg_inf = Tensor::scalar(-std::numeric_limits<double>::infinity(), scores.dtype(), scores.device());
+    scores = where(mask, scores, neg_inf);
+  }
+  Tensor p = softmax_(scores, -1);
+  if (dropout_p > 0) p = dropout(p, dropout_p);
+  return matmul(p, v);
+}
+
+}  // namespace flux
