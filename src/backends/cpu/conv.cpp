@@ -369,6 +369,13 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
   // One image (inference at batch 1) has no batch to split: the forward splits its output channels
   // instead, in multiples of 16 (oneDNN's block); the weights' first axis and, for one image, the
   // output's channel axis are contiguous. Each chunk reads the whole input.
+  // Runs entries[0, n) with their args: inline for one, one per pool task otherwise.
+  auto execute_all = [&](int64_t n) {
+    if (n == 1) return execute(s, *entries[0], args[0]);
+    parallel_for(n, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) execute(s, *entries[size_t(c)], args[size_t(c)]);
+    });
+  };
   int64_t oc_chunks = 1;
   if ((kind == Kind::forward || kind == Kind::forward_relu) && s.pool_threading && g.batch == 1 && g.groups == 1)
     oc_chunks = std::min<int64_t>({num_threads(), g.out_channels / 16, std::max<int64_t>(1, flops >> 21)});
@@ -388,9 +395,7 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
       entries.push_back(e);
       args.push_back(std::move(a));
     }
-    parallel_for(oc_chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) execute(s, *entries[size_t(c)], args[size_t(c)]);
-    });
+    execute_all(oc_chunks);
     return true;
   }
   std::vector<std::vector<float>> partials(size_t(chunks > 1 && kind == Kind::backward_weight ? chunks - 1 : 0));
@@ -417,13 +422,7 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
     }
     args.push_back(std::move(a));
   }
-  if (chunks == 1) {
-    execute(s, *entries[0], args[0]);
-    return true;
-  }
-  parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) execute(s, *entries[size_t(c)], args[size_t(c)]);
-  });
+  execute_all(chunks);
   if (kind == Kind::backward_weight) {
     float* dw = static_cast<float*>(buffers[2]);
     float* db = bias ? static_cast<float*>(buffers[3]) : nullptr;
