@@ -1,6 +1,7 @@
 // flux-cpp: Flux.jl's model of deep learning in C++. Include this one header.
 #pragma once
 #include "flux/autodiff.hpp"
+#include "flux/data/csv.hpp"
 #include "flux/data/dataloader.hpp"
 #include "flux/data/device_loader.hpp"
 #include "flux/data/idx.hpp"

@@ -10,11 +10,12 @@
 
 #include "flux/backend.hpp"
 #include "flux/error.hpp"
+#include "src/data/read_file.hpp"
 
 namespace flux::data {
 namespace {
 
-using detail::fail;
+using flux::detail::fail;
 
 std::string shape_of(const Tensor& t) { return to_string(t.shape()); }
 
@@ -38,13 +39,15 @@ std::vector<int64_t> ids_of(const char* api, const Tensor& ids) {
 
 }  // namespace
 
-std::string load_text(const std::string& path) {
+namespace detail {
+
+std::string read_text_file(const char* api, const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) fail("[load_text] cannot open '", path, "': no such file");
-  if (std::filesystem::is_directory(path, ec)) fail("[load_text] cannot open '", path, "': is a directory");
+  if (!std::filesystem::exists(path, ec)) fail("[", api, "] cannot open '", path, "': no such file");
+  if (std::filesystem::is_directory(path, ec)) fail("[", api, "] cannot open '", path, "': is a directory");
   // gzread reads plain files unchanged and inflates gzip members.
   gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) fail("[load_text] cannot open '", path, "' for reading");
+  if (!f) fail("[", api, "] cannot open '", path, "' for reading");
   std::string text;
   char buf[1 << 16];
   for (;;) {
@@ -56,7 +59,7 @@ std::string load_text(const std::string& path) {
       if (code != Z_OK && code != Z_STREAM_END) {
         std::string why = msg ? msg : "zlib error " + std::to_string(code);
         gzclose(f);
-        fail("[load_text] '", path, "' is a corrupt or truncated gzip file (zlib: ", why, ") after ", text.size(),
+        fail("[", api, "] '", path, "' is a corrupt or truncated gzip file (zlib: ", why, ") after ", text.size(),
              " inflated bytes");
       }
       if (n <= 0 || gzeof(f)) break;
@@ -65,6 +68,10 @@ std::string load_text(const std::string& path) {
   gzclose(f);
   return text;
 }
+
+}  // namespace detail
+
+std::string load_text(const std::string& path) { return detail::read_text_file("load_text", path); }
 
 CharVocab::CharVocab(const std::string& text) {
   if (text.empty()) fail("[CharVocab] the text is empty; a vocabulary needs at least one character");
