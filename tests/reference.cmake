@@ -3,7 +3,7 @@
 # flux_reference replays them on every test device in float64 and float32 (tests/reference/replay.cpp).
 # The data is generated, not committed: it always matches the script, and torch is a test dependency
 # already (scripts/deps.sh). Without torch the generator exits 77 (skipped) locally; with CI set,
-# that is a failure. Measured here (2 cores shared, PoCL 3.1, warm cache): generation ~5-11 s (importing torch), replay ~3.5 s (229 cases x CPU, OpenCL:0 x float64, float32).
+# that is a failure. Measured here (2 cores shared, PoCL 3.1, warm cache): generation ~5-11 s (importing torch), replay ~3.5 s (258 cases x CPU, OpenCL:0 x float64, float32).
 add_executable(flux_reference ${CMAKE_CURRENT_SOURCE_DIR}/reference/replay.cpp)
 target_link_libraries(flux_reference PRIVATE flux GTest::gtest GTest::gtest_main nlohmann_json::nlohmann_json)
 target_include_directories(flux_reference PRIVATE ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})

@@ -34,6 +34,18 @@ PyTorch's, observations on the first axis and classes on the last):
   * batchnorm normalises with the biased batch variance and updates running_var with the unbiased
     one, momentum being the new batch's weight (Flux and torch agree).
   * onehot is Flux's onehotbatch with observations on the first axis; onecold the argmax of the last.
+  * layernorm normalises the last axis with the biased variance (torch's layer_norm, Flux's LayerNorm);
+    groupnorm/InstanceNorm as torch's group_norm/instance_norm (InstanceNorm: no affine and no running
+    statistics by default, which is Flux's and torch's default too).
+  * attention masks are Bool with true = attend (NNlib's convention; torch's Bool attn_mask is the
+    negation), and causal_mask(tq, tk) lets query i see keys j <= i + (tk - tq) (NNlib's
+    make_causal_mask); the scale defaults to 1/sqrt(d). MultiHeadAttention is nn.MultiheadAttention
+    (batch_first) written out: in_proj_weight = [Wq; Wk; Wv], PyTorch's bias default (true).
+  * recurrent cells are torch's own kernels (rnn_tanh_cell, rnn_relu_cell, lstm_cell, gru_cell): LSTM
+    gates i, f, g, o and GRU's r applied to (h W_hn + b_hn), as nn.LSTM/nn.GRU (Flux's GRUv3 differs
+    from torch's; flux-cpp follows torch, whose states it loads); sequences are batch-first, stacked
+    layers feed each layer's outputs to the next, and final states are (num_layers, N, hidden).
+  * Embedding takes 0-based ids (Flux's are 1-based); a one-hot input gives onehot * weight, as Flux.
   * dropout and rand_like draw flux-cpp's own counter-based stream, not torch's: they are excluded
     here and tested statistically and across devices in tests/test_dropout.cpp.
 To add a case, see tests/reference/README.md.
@@ -531,6 +543,169 @@ def layer_cases():
          lambda x, w1, b1, w2, b2: torch.cat([F.linear(x, w1, b1), torch.relu(F.linear(x, w2, b2))], 1))
 
 
+# ---------------------------------------------------------------- sequence layers
+def sequence_norm_cases():
+    d = Draw("layernorm")
+    x = d.uniform(3, 4, 5, lo=-1, hi=3)
+    case("layernorm/affine_3d", "layernorm", [x, d.positive(5), d.uniform(5)],
+         lambda x, w, b: F.layer_norm(x, (5,), w, b, eps=1e-5), args={"eps": 1e-5})
+    case("layernorm/no_affine_eps1e-3", "layernorm", [d.uniform(6, 7, lo=-4, hi=2)],
+         lambda x: F.layer_norm(x, (7,), None, None, eps=1e-3), args={"eps": 1e-3})
+    case("LayerNorm/relu", "LayerNorm", [x, d.positive(5), d.uniform(5)],
+         lambda x, w, b: torch.relu(F.layer_norm(x, (5,), w, b, eps=1e-5)), args={"activation": "relu"})
+    d = Draw("groupnorm")
+    x = d.uniform(2, 6, 3, 2, lo=-1, hi=3)
+    case("groupnorm/3_groups_4d", "groupnorm", [x, d.positive(6), d.uniform(6)],
+         lambda x, w, b: F.group_norm(x, 3, w, b, eps=1e-5), args={"groups": 3, "eps": 1e-5})
+    case("groupnorm/2d_input_no_affine", "groupnorm", [d.uniform(4, 6, lo=-2, hi=2)],
+         lambda x: F.group_norm(x, 2, None, None, eps=1e-5), args={"groups": 2, "eps": 1e-5})
+    case("GroupNorm/2_groups_3d", "GroupNorm", [d.uniform(3, 4, 5), d.positive(4), d.uniform(4)],
+         lambda x, w, b: F.group_norm(x, 2, w, b, eps=1e-5), args={"groups": 2})
+    d = Draw("InstanceNorm")
+    xi = d.uniform(2, 3, 4, 4, lo=-1, hi=3)
+    # Flux's and PyTorch's InstanceNorm default: no affine, no running statistics (normalise each (n, c))
+    case("InstanceNorm/default", "InstanceNorm", [xi], lambda x: F.instance_norm(x, eps=1e-5))
+    case("InstanceNorm/affine", "InstanceNorm", [xi, d.positive(3), d.uniform(3)],
+         lambda x, w, b: F.instance_norm(x, weight=w, bias=b, eps=1e-5), args={"affine": True})
+
+
+def embedding_cases():
+    d = Draw("embedding")
+    w = d.normal(7, 4)
+    idx = torch.tensor([[0, 3, 3], [6, 1, 3]])  # repeated rows: the scatter-add accumulates
+    case("embedding/2d_indices_repeats", "embedding", [w, idx], lambda w, i: F.embedding(i, w))
+    case("embedding/1d_indices", "embedding", [w, torch.tensor([5, 0, 5, 2])], lambda w, i: F.embedding(i, w))
+    # Flux accepts a one-hot input: onehot(labels) * weight, the same rows
+    oh = F.one_hot(torch.tensor([[2, 0], [6, 6]]), 7).double()
+    case("Embedding/onehot_input", "Embedding", [w, oh], lambda w, x: x @ w, grad=[True, False])
+
+
+def attention_ref(q, k, v, mask=None, scale=None):
+    s = q @ k.transpose(-1, -2) * (scale if scale else 1.0 / math.sqrt(q.shape[-1]))
+    if mask is not None:  # NNlib: true = attend
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def causal(tq, tk):
+    return torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq)
+
+
+def mha_ref(xq, xk, xv, w_in, b_in, w_out, b_out, nheads, mask=None):
+    dim = xq.shape[-1]
+    bq, bk, bv = (b_in.chunk(3) if b_in is not None else (None, None, None))
+    wq, wk, wv = w_in.chunk(3)
+    heads = lambda t: t.reshape(t.shape[0], t.shape[1], nheads, dim // nheads).transpose(1, 2)
+    o = attention_ref(heads(F.linear(xq, wq, bq)), heads(F.linear(xk, wk, bk)), heads(F.linear(xv, wv, bv)), mask)
+    return F.linear(o.transpose(1, 2).reshape(xq.shape[0], xq.shape[1], dim), w_out, b_out)
+
+
+def attention_cases():
+    d = Draw("dot_product_attention")
+    q, k, v = d.uniform(2, 2, 3, 4), d.uniform(2, 2, 5, 4), d.uniform(2, 2, 5, 3)
+    case("dot_product_attention/unmasked", "dot_product_attention", [q, k, v], attention_ref)
+    mask = d.uniform(2, 1, 3, 5) > -1.0
+    mask[..., 0] = True  # every query attends to at least one key
+    case("dot_product_attention/mask_broadcast_over_heads", "dot_product_attention", [q, k, v, mask], attention_ref)
+    case("dot_product_attention/scale0.3", "dot_product_attention", [q, k, v],
+         lambda q, k, v: attention_ref(q, k, v, scale=0.3), args={"scale": 0.3})
+    qc = d.uniform(2, 2, 4, 4)
+    # causal_mask(tq, tk): query i sees keys j <= i + (tk - tq), NNlib's make_causal_mask
+    case("dot_product_attention/causal_tq4_tk5", "dot_product_attention", [qc, k, v],
+         lambda q, k, v: attention_ref(q, k, v, causal(4, 5)), args={"causal": True})
+    d = Draw("MultiHeadAttention")
+    x = d.uniform(2, 5, 8)
+    w_in, b_in = d.uniform(24, 8, lo=-0.6, hi=0.6), d.uniform(24, lo=-0.5, hi=0.5)
+    w_out, b_out = d.uniform(8, 8, lo=-0.6, hi=0.6), d.uniform(8, lo=-0.5, hi=0.5)
+    case("MultiHeadAttention/self_2heads", "MultiHeadAttention", [x, w_in, b_in, w_out, b_out],
+         lambda x, wi, bi, wo, bo: mha_ref(x, x, x, wi, bi, wo, bo, 2), args={"nheads": 2},
+         tol={"f32": 1e-4})  # dx runs through 6 float32 GEMMs and a softmax: 2.5e-5 measured on OpenCL:0
+    case("MultiHeadAttention/self_causal_4heads", "MultiHeadAttention", [x, w_in, b_in, w_out, b_out],
+         lambda x, wi, bi, wo, bo: mha_ref(x, x, x, wi, bi, wo, bo, 4, causal(5, 5)), args={"nheads": 4, "causal": True})
+    xk, xv = d.uniform(2, 3, 8), d.uniform(2, 3, 8)
+    case("MultiHeadAttention/cross_no_bias", "MultiHeadAttention_cross", [x, xk, xv, w_in, w_out],
+         lambda q, k, v, wi, wo: mha_ref(q, k, v, wi, None, wo, None, 2), args={"nheads": 2})
+
+
+# PyTorch's own cell kernels (torch.rnn_tanh_cell, lstm_cell, gru_cell): gate order i, f, g, o (LSTM) and
+# r, z, n with r applied to h W_hn + b_hn (GRU), as nn.LSTM / nn.GRU
+def run_layers(cell, x, state, weights, nlayers):
+    """A stacked batch-first sequence layer from cells: x (N, T, in), state per layer -> (out, final states)."""
+    finals = []
+    seq = x
+    for l in range(nlayers):
+        s = state[l]
+        ys = []
+        for t in range(seq.shape[1]):
+            s = cell(seq[:, t], s, *weights[l])
+            ys.append(s[0] if isinstance(s, tuple) else s)
+        seq = torch.stack(ys, 1)
+        finals.append(s)
+    return seq, finals
+
+
+def recurrent_cases():
+    d = Draw("cells")
+    x, h = d.uniform(3, 4), d.uniform(3, 5, lo=-1, hi=1)
+    c = d.uniform(3, 5, lo=-1, hi=1)
+    def weights(g, inp, hid, bias=True):
+        w = [d.uniform(g * hid, inp, lo=-0.6, hi=0.6), d.uniform(g * hid, hid, lo=-0.6, hi=0.6)]
+        return w + ([d.uniform(g * hid, lo=-0.4, hi=0.4), d.uniform(g * hid, lo=-0.4, hi=0.4)] if bias else [])
+    case("RNNCell/tanh", "RNNCell", [x, h] + weights(1, 4, 5), lambda x, h, *w: torch.rnn_tanh_cell(x, h, *w))
+    case("RNNCell/relu", "RNNCell", [x, h] + weights(1, 4, 5), lambda x, h, *w: torch.rnn_relu_cell(x, h, *w),
+         args={"activation": "relu"})
+    case("LSTMCell/basic", "LSTMCell", [x, h, c] + weights(4, 4, 5), lambda x, h, c, *w: torch.lstm_cell(x, (h, c), *w))
+    case("GRUCell/basic", "GRUCell", [x, h] + weights(3, 4, 5), lambda x, h, *w: torch.gru_cell(x, h, *w))
+    case("GRUCell/no_bias", "GRUCell", [x, h] + weights(3, 4, 5, bias=False),
+         lambda x, h, *w: torch.gru_cell(x, h, *w, None, None), args={"bias": False})
+
+    d = Draw("sequences")
+    n, t, inp, hid, layers = 2, 4, 3, 5, 2
+    xs = d.uniform(n, t, inp)
+    h0, c0 = d.uniform(layers, n, hid, lo=-1, hi=1), d.uniform(layers, n, hid, lo=-1, hi=1)
+    def stack_weights(g, bias=True):
+        out = []
+        for l in range(layers):
+            fan = inp if l == 0 else hid
+            out += [d.uniform(g * hid, fan, lo=-0.6, hi=0.6), d.uniform(g * hid, hid, lo=-0.6, hi=0.6)]
+            if bias:
+                out += [d.uniform(g * hid, lo=-0.4, hi=0.4), d.uniform(g * hid, lo=-0.4, hi=0.4)]
+        return out
+    def per_layer(ws, k):
+        return [ws[i * k:(i + 1) * k] for i in range(layers)]
+
+    def rnn(x, h0, *ws):
+        out, finals = run_layers(lambda x, s, *w: torch.rnn_tanh_cell(x, s, *w), x, h0, per_layer(ws, 4), layers)
+        return out, torch.stack(finals)
+    case("RNN/2_layers_tanh", "RNN", [xs, h0] + stack_weights(1), rnn, args={"num_layers": layers})
+
+    def lstm(x, h0, c0, *ws):
+        out, finals = run_layers(lambda x, s, *w: torch.lstm_cell(x, s, *w), x, list(zip(h0, c0)), per_layer(ws, 4), layers)
+        return out, torch.stack([f[0] for f in finals]), torch.stack([f[1] for f in finals])
+    case("LSTM/2_layers", "LSTM", [xs, h0, c0] + stack_weights(4), lstm, args={"num_layers": layers})
+
+    def gru(x, h0, *ws):
+        out, finals = run_layers(lambda x, s, *w: torch.gru_cell(x, s, *w, None, None), x, h0, per_layer(ws, 2), layers)
+        return out, torch.stack(finals)
+    case("GRU/2_layers_no_bias", "GRU", [xs, h0] + stack_weights(3, bias=False), gru,
+         args={"num_layers": layers, "bias": False})
+
+
+def fusion_cases():
+    d = Draw("fusion")
+    x = d.uniform(5, 4)
+    w1, b1, w2, b2 = d.uniform(6, 4, lo=-1, hi=1), d.uniform(6), d.uniform(6, 4, lo=-1, hi=1), d.uniform(6)
+    case("Maxout/two_dense", "Maxout", [x, w1, b1, w2, b2],
+         lambda x, w1, b1, w2, b2: torch.maximum(F.linear(x, w1, b1), F.linear(x, w2, b2)))
+    z = d.uniform(5, 3)
+    wb, bb = d.uniform(2, 4, 3, lo=-1, hi=1), d.uniform(2)
+    # nn.Bilinear's (out, in1, in2) weight; Flux's Bilinear((in1, in2) => out) holds the same numbers
+    case("Bilinear/tanh", "Bilinear", [x, z, wb, bb], lambda x, z, w, b: torch.tanh(F.bilinear(x, z, w, b)),
+         args={"activation": "tanh"})
+    wsq = d.uniform(2, 4, 4, lo=-1, hi=1)
+    case("Bilinear/single_input_no_bias", "Bilinear_self", [x, wsq], lambda x, w: F.bilinear(x, x, w))
+
+
 # ---------------------------------------------------------------- errors
 def error_cases():
     error("add/shapes", "add", [((3, 4), "f64"), ((5,), "f64")], "[add] shapes (3, 4) and (5,) cannot be broadcast together")
@@ -561,6 +736,22 @@ def error_cases():
     error("softmax/axis", "softmax", [((3, 4), "f32")], "[softmax] axis 2 is out of range for a 2-dimensional tensor", args={"axes": [2]})
     error("sum/axis", "sum", [((3, 4), "f32")], "[sum] axis -3 is out of range for a 2-dimensional tensor", args={"axes": [-3]})
     error("huber/delta", "huber", [((3,), "f32"), ((3,), "f32")], "[huber] delta must be positive, got -1", args={"delta": -1.0})
+    error("layernorm/weight_shape", "layernorm", [((3, 5), "f32"), ((4,), "f32"), ((4,), "f32")],
+          "[layernorm] weight and bias must have shape (5,) (the last axis of input (3, 5)); got (4,)", args={"eps": 1e-5})
+    error("groupnorm/groups", "groupnorm", [((2, 6, 3), "f32")],
+          "[groupnorm] groups (4) must be positive and divide the channels (6) of input (2, 6, 3)", args={"groups": 4, "eps": 1e-5})
+    error("embedding/float_indices", "embedding", [((7, 4), "f32"), ((3,), "f32")],
+          "[embedding] indices must be Int32 or Int64 (0-based token ids); got 3-element Tensor{Float32, {device}}. "
+          "For one-hot input use the Embedding layer with vocab on the last axis")
+    error("dot_product_attention/shapes", "dot_product_attention", [((2, 3, 4), "f32"), ((2, 5, 3), "f32"), ((2, 5, 3), "f32")],
+          "[dot_product_attention] shapes do not compose: q (2, 3, 4) (..., Tq, d), k (2, 5, 3) (..., Tk, d), v (2, 5, 3) (..., Tk, dv)")
+    error("dot_product_attention/float_mask", "dot_product_attention",
+          [((2, 3, 4), "f32"), ((2, 5, 4), "f32"), ((2, 5, 4), "f32"), ((3, 5), "f32")],
+          "[dot_product_attention] mask must be Bool (true = attend); got 3×5 Tensor{Float32, {device}}")
+    error("dot_product_attention/mask_shape", "dot_product_attention",
+          [((2, 3, 4), "f32"), ((2, 5, 4), "f32"), ((2, 5, 4), "f32"), ((3, 4), "bool")],
+          "[dot_product_attention] mask of shape (3, 4) does not broadcast to the scores (..., Tq, Tk) = (2, 3, 5) of q (2, 3, 4) "
+          "and k (2, 5, 4)")
     error("clamp/bounds", "clamp", [((3,), "f32")], "[clamp] lower bound 2 is above upper bound 1", args={"lo": 2.0, "hi": 1.0})
 
 
@@ -568,7 +759,8 @@ def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     for family in (elementwise_cases, activation_cases, linalg_reduce_cases, shape_cases, conv_cases, pool_cases,
-                   normalisation_cases, loss_cases, layer_cases, error_cases):
+                   normalisation_cases, loss_cases, layer_cases, sequence_norm_cases, embedding_cases, attention_cases,
+                   recurrent_cases, fusion_cases, error_cases):
         family()
     os.makedirs(os.path.dirname(os.path.abspath(sys.argv[1])), exist_ok=True)
     with open(sys.argv[1], "w") as f:

@@ -261,6 +261,121 @@ const std::map<std::string, OpFn>& op_table() {
     t["Parallel"] = [](const Inputs& in, const json&, DType) {
       return one(Parallel(vcat, Dense(in[1], in[2]), Dense(in[3], in[4], relu))(in[0]));
     };
+    // sequence layers: normalisation, embedding, attention, recurrent cells and layers, fusion
+    t["layernorm"] = [](const Inputs& in, const json& a, DType) {
+      return one(layernorm(in[0], optional(in, 1), optional(in, 2), a.at("eps").get<double>()));
+    };
+    t["LayerNorm"] = [](const Inputs& in, const json& a, DType d) {
+      LayerNorm l(in[0].size(-1), activation(a), {.dtype = d});
+      l.weight = in[1];
+      l.bias = in[2];
+      return one(l(in[0]));
+    };
+    t["groupnorm"] = [](const Inputs& in, const json& a, DType) {
+      return one(groupnorm(in[0], a.at("groups").get<int64_t>(), optional(in, 1), optional(in, 2), a.at("eps").get<double>()));
+    };
+    t["GroupNorm"] = [](const Inputs& in, const json& a, DType d) {
+      GroupNorm g(in[0].size(1), a.at("groups").get<int64_t>(), {.dtype = d});
+      g.weight = in[1];
+      g.bias = in[2];
+      return one(g(in[0]));
+    };
+    t["InstanceNorm"] = [](const Inputs& in, const json& a, DType d) {
+      InstanceNorm l(in[0].size(1), {.affine = a.value("affine", false), .dtype = d});
+      if (l.weight.defined()) {
+        l.weight = in[1];
+        l.bias = in[2];
+      }
+      return one(l(in[0]));
+    };
+    t["embedding"] = [](const Inputs& in, const json&, DType) { return one(embedding(in[0], in[1])); };
+    t["Embedding"] = [](const Inputs& in, const json&, DType) { return one(Embedding(in[0])(in[1])); };
+    t["dot_product_attention"] = [](const Inputs& in, const json& a, DType) {
+      Tensor mask = optional(in, 3);
+      if (a.value("causal", false)) mask = causal_mask(in[0].size(-2), in[1].size(-2), in[0].device());
+      return one(dot_product_attention(in[0], in[1], in[2], mask, a.value("scale", 0.0)));
+    };
+    auto attention_layer = [](const json& a, DType d, const Tensor& w_in, const Tensor& b_in, const Tensor& w_out,
+                              const Tensor& b_out) {
+      MultiHeadAttention m(w_in.size(1), {.nheads = a.at("nheads").get<int64_t>(), .causal = a.value("causal", false),
+                                          .bias = b_in.defined(), .dtype = d});
+      m.in_proj_weight = w_in;
+      m.in_proj_bias = b_in;
+      m.out_proj.weight = w_out;
+      m.out_proj.bias = b_out;
+      return m;
+    };
+    t["MultiHeadAttention"] = [attention_layer](const Inputs& in, const json& a, DType d) {
+      return one(attention_layer(a, d, in[1], in[2], in[3], in[4])(in[0]));
+    };
+    t["MultiHeadAttention_cross"] = [attention_layer](const Inputs& in, const json& a, DType d) {
+      return one(attention_layer(a, d, in[3], Tensor(), in[4], Tensor())(in[0], in[1], in[2]));
+    };
+    // cells: weights from `first` on in PyTorch's order weight_ih, weight_hh[, bias_ih, bias_hh]
+    auto set_cell = [](auto& cell, const Inputs& in, size_t first) {
+      cell.weight_ih = in[first];
+      cell.weight_hh = in[first + 1];
+      cell.bias_ih = optional(in, first + 2);
+      cell.bias_hh = optional(in, first + 3);
+    };
+    auto options = [](const json& a, DType d) {
+      return RecurrentOptions{.num_layers = a.value("num_layers", int64_t(1)), .bias = a.value("bias", true), .dtype = d};
+    };
+    t["RNNCell"] = [=](const Inputs& in, const json& a, DType d) {
+      RNNCell cell(in[0].size(1), in[1].size(1), a.value("activation", "") == "relu" ? Activation(relu) : Activation(tanh_act), options(a, d));
+      set_cell(cell, in, 2);
+      return one(cell(in[0], in[1]));
+    };
+    t["LSTMCell"] = [=](const Inputs& in, const json& a, DType d) {
+      LSTMCell cell(in[0].size(1), in[1].size(1), options(a, d));
+      set_cell(cell, in, 3);
+      LSTMState s = cell(in[0], {in[1], in[2]});
+      return std::vector<Tensor>{s.h, s.c};
+    };
+    t["GRUCell"] = [=](const Inputs& in, const json& a, DType d) {
+      GRUCell cell(in[0].size(1), in[1].size(1), options(a, d));
+      set_cell(cell, in, 2);
+      return one(cell(in[0], in[1]));
+    };
+    // sequence layers: x, the initial state(s), then each layer's weights (4 per layer, 2 without bias)
+    auto set_layers = [=](auto& layer, const Inputs& in, size_t first, const json& a) {
+      size_t per = a.value("bias", true) ? 4 : 2;
+      for (size_t l = 0; l < layer.layers.size(); ++l) set_cell(layer.layers[l], in, first + l * per);
+      if (per == 2)
+        for (auto& cell : layer.layers) cell.bias_ih = cell.bias_hh = Tensor();
+    };
+    t["RNN"] = [=](const Inputs& in, const json& a, DType d) {
+      RNN rnn(in[0].size(2), in[1].size(2), tanh_act, options(a, d));
+      set_layers(rnn, in, 2, a);
+      SequenceOutput o = rnn.forward(in[0], in[1]);
+      return std::vector<Tensor>{o.output, o.h};
+    };
+    t["LSTM"] = [=](const Inputs& in, const json& a, DType d) {
+      LSTM lstm(in[0].size(2), in[1].size(2), options(a, d));
+      set_layers(lstm, in, 3, a);
+      LSTMOutput o = lstm.forward(in[0], {in[1], in[2]});
+      return std::vector<Tensor>{o.output, o.state.h, o.state.c};
+    };
+    t["GRU"] = [=](const Inputs& in, const json& a, DType d) {
+      GRU gru(in[0].size(2), in[1].size(2), options(a, d));
+      set_layers(gru, in, 2, a);
+      SequenceOutput o = gru.forward(in[0], in[1]);
+      return std::vector<Tensor>{o.output, o.h};
+    };
+    t["Maxout"] = [](const Inputs& in, const json&, DType) {
+      return one(Maxout(Dense(in[1], in[2]), Dense(in[3], in[4]))(in[0]));
+    };
+    t["Bilinear"] = [](const Inputs& in, const json& a, DType d) {
+      Bilinear b(in[2].size(1), in[2].size(2), in[2].size(0), activation(a), {.dtype = d});
+      b.weight = in[2];
+      b.bias = in[3];
+      return one(b(in[0], in[1]));
+    };
+    t["Bilinear_self"] = [](const Inputs& in, const json&, DType d) {
+      Bilinear b(in[1].size(1), in[1].size(2), in[1].size(0), {.bias = false, .dtype = d});
+      b.weight = in[1];
+      return one(b(in[0]));
+    };
     return t;
   }();
   return table;
