@@ -119,6 +119,10 @@ Scalar scalar_of(DType t, double v) {
   return s;
 }
 
+namespace {
+void finish_queues_at_exit();  // below: registered after each program build
+}
+
 DeviceState::KernelEntry& kernel(DeviceState& dev, const char* family, const char* source, const std::string& options,
                                  const char* name) {
   std::lock_guard<std::recursive_mutex> lock(dev.mutex);
@@ -143,6 +147,7 @@ DeviceState::KernelEntry& kernel(DeviceState& dev, const char* family, const cha
                                          dev.name + "; build log:\n" + log);
     }
     program = p;
+    std::atexit(finish_queues_at_exit);
   }
   cl_int err = CL_SUCCESS;
   DeviceState::KernelEntry e;
@@ -254,6 +259,18 @@ struct Device {
 std::vector<std::unique_ptr<Device>>& devices() {
   static auto* d = new std::vector<std::unique_ptr<Device>>();
   return *d;
+}
+
+// At exit, wait for every queue: work nobody waited on (a fill whose result was never read) may still
+// run in the driver's worker threads, and PoCL compiles a kernel there on its first launch. Exit
+// handlers run in reverse order of registration, and the compiler's lazily built globals (clang's
+// file system, ...) are registered when a program is first built: a drain registered before them runs
+// after they are destroyed, and the worker's compile crashed (SIGSEGV after main returned, seen in
+// flux_reference on PoCL 3.1). So the drain is registered again after each program build (a few dozen
+// per process); running it twice costs a clFinish on an idle queue.
+void finish_queues_at_exit() {
+  for (auto& d : devices())
+    if (d && d->state.queue) clFinish(d->state.queue);
 }
 
 class OpenCLBackend final : public backend::Backend {
