@@ -1,8 +1,10 @@
 // Elementwise functions of two (or three, for where) tensors with broadcasting, on the CPU.
 #include <cmath>
+#include <type_traits>
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/isa.hpp"
 
 namespace flux::cpu {
 
@@ -74,17 +76,27 @@ template <class F> void for_each_broadcast(const backend::Broadcast& p, int oper
   });
 }
 
+// z = x op y over [b, e) with x or y possibly one broadcast value (mode 1: y scalar, 2: x scalar);
+// compiled per ISA level (isa.hpp), the baseline copy being the reference.
+template <class T, BinaryOp Op>
+FLUX_CPU_INLINE void arith_range_body(const T* __restrict x, const T* __restrict y, T* __restrict z, int64_t b,
+                                      int64_t e, int mode, std::integral_constant<BinaryOp, Op>) {
+  if (mode == 1) {
+    T yv = y[0];
+    for (int64_t i = b; i < e; ++i) z[i] = arith<T>(Op, x[i], yv);
+  } else if (mode == 2) {
+    T xv = x[0];
+    for (int64_t i = b; i < e; ++i) z[i] = arith<T>(Op, xv, y[i]);
+  } else {
+    for (int64_t i = b; i < e; ++i) z[i] = arith<T>(Op, x[i], y[i]);
+  }
+}
+FLUX_CPU_VARIANTS(arith_range, arith_range_body)
+
 template <class T, BinaryOp Op> void contiguous_arith(const T* x, const T* y, T* z, int64_t n, bool x_scalar, bool y_scalar) {
+  int mode = y_scalar ? 1 : (x_scalar ? 2 : 0);
   parallel_for(n, 1 << 15, [&](int64_t b, int64_t e) {
-    if (y_scalar) {
-      T yv = y[0];
-      for (int64_t i = b; i < e; ++i) z[i] = arith<T>(Op, x[i], yv);
-    } else if (x_scalar) {
-      T xv = x[0];
-      for (int64_t i = b; i < e; ++i) z[i] = arith<T>(Op, xv, y[i]);
-    } else {
-      for (int64_t i = b; i < e; ++i) z[i] = arith<T>(Op, x[i], y[i]);
-    }
+    arith_range(x, y, z, b, e, mode, std::integral_constant<BinaryOp, Op>{});
   });
 }
 

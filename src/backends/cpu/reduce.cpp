@@ -1,14 +1,27 @@
 // Reductions over the middle axis of an [outer, len, inner] view, on the CPU.
 #include <limits>
+#include <vector>
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/isa.hpp"
 
 namespace flux::cpu {
 
 using backend::ReduceOp;
 
 namespace {
+// d[i] = sum over j of base[j * inner + i], accumulated in acc (inner entries, zeroed), compiled per
+// ISA level (isa.hpp): the bias gradient of a Dense layer is this sum over the batch.
+template <class T, class Acc>
+FLUX_CPU_INLINE void sum_rows_body(const T* __restrict base, Acc* __restrict acc, T* __restrict d, int64_t len,
+                                   int64_t inner) {
+  for (int64_t j = 0; j < len; ++j)
+    for (int64_t i = 0; i < inner; ++i) acc[i] += Acc(base[j * inner + i]);
+  for (int64_t i = 0; i < inner; ++i) d[i] = T(acc[i]);
+}
+FLUX_CPU_VARIANTS(sum_rows, sum_rows_body)
+
 template <class T, class Acc> void reduce_typed(ReduceOp op, const T* s, void* dst, int64_t outer, int64_t len, int64_t inner) {
   int64_t work = outer * inner;
   parallel_for(outer, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(len * inner, 1)), [&](int64_t ob, int64_t oe) {
@@ -24,9 +37,7 @@ template <class T, class Acc> void reduce_typed(ReduceOp op, const T* s, void* d
           // One accumulator row per thread, reused across calls (no heap allocation per reduction).
           thread_local std::vector<Acc> acc;
           acc.assign(size_t(inner), Acc(0));
-          for (int64_t j = 0; j < len; ++j)
-            for (int64_t i = 0; i < inner; ++i) acc[i] += Acc(base[j * inner + i]);
-          for (int64_t i = 0; i < inner; ++i) d[i] = T(acc[i]);
+          sum_rows(base, acc.data(), d, len, inner);
         }
       } else if (op == ReduceOp::max || op == ReduceOp::min) {
         T* d = static_cast<T*>(dst) + o * inner;

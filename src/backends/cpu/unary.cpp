@@ -1,8 +1,10 @@
 // Elementwise functions of one tensor on the CPU.
 #include <cmath>
+#include <type_traits>
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/isa.hpp"
 
 namespace flux::cpu {
 
@@ -54,9 +56,17 @@ template <class T> inline T apply(UnaryOp op, T x, double alpha) {
   }
 }
 
+// d = f(s) over [b, e) for the hot activations, compiled per ISA level (isa.hpp).
+template <class T, UnaryOp Op>
+FLUX_CPU_INLINE void unary_range_body(const T* __restrict s, T* __restrict d, int64_t b, int64_t e, double alpha,
+                                      std::integral_constant<UnaryOp, Op>) {
+  for (int64_t i = b; i < e; ++i) d[i] = apply<T>(Op, s[i], alpha);
+}
+FLUX_CPU_VARIANTS(unary_range, unary_range_body)
+
 template <class T, UnaryOp Op> void run(const T* s, T* d, int64_t n, double alpha) {
   parallel_for(n, 1 << 15, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) d[i] = apply<T>(Op, s[i], alpha);
+    unary_range(s, d, b, e, alpha, std::integral_constant<UnaryOp, Op>{});
   });
 }
 }  // namespace

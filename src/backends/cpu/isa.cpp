@@ -1,0 +1,57 @@
+// Run-time ISA detection for the CPU kernels (isa.hpp).
+#include "src/backends/cpu/isa.hpp"
+
+#include <atomic>
+
+namespace flux::cpu {
+
+namespace {
+Isa detect() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  // libgcc's checks include the OS's XSAVE support for the wider registers.
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    return Isa::avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+#endif
+  return Isa::baseline;
+}
+std::atomic<int> g_active{-1};
+}  // namespace
+
+Isa detected_isa() {
+  static const Isa level = detect();
+  return level;
+}
+
+Isa active_isa() {
+  int v = g_active.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = int(detected_isa());
+    g_active.store(v, std::memory_order_relaxed);
+  }
+  return Isa(v);
+}
+
+Isa force_isa(Isa level) {
+  Isa old = active_isa();
+  int v = int(level) < int(detected_isa()) ? int(level) : int(detected_isa());
+  g_active.store(v, std::memory_order_relaxed);
+  return old;
+}
+
+const char* isa_name(Isa level) {
+  switch (level) {
+    case Isa::avx512: return "AVX-512";
+    case Isa::avx2: return "AVX2+FMA";
+    default: return "baseline x86-64";
+  }
+}
+
+}  // namespace flux::cpu
+
+namespace flux::detail {
+// For bench/flux_bench.cpp: the ISA level the CPU kernels run at.
+const char* cpu_isa_name() { return cpu::isa_name(cpu::active_isa()); }
+}  // namespace flux::detail

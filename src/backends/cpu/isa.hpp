@@ -1,0 +1,45 @@
+// Run-time ISA dispatch for the CPU kernels. A hot loop is written once, as a plain (always_inline)
+// range function; FLUX_CPU_VARIANTS compiles it three times — baseline x86-64, AVX2+FMA, AVX-512 —
+// and calls the best the CPU supports, checked once at run time (__builtin_cpu_supports), so the
+// shipped library needs no -march flag. The baseline copy is the reference the tests compare with.
+#pragma once
+
+namespace flux::cpu {
+
+enum class Isa : int { baseline = 0, avx2 = 1, avx512 = 2 };
+
+/// The best level this CPU (and its OS) supports: AVX-512 needs F, BW, VL and DQ; AVX2 needs FMA.
+Isa detected_isa();
+/// The level kernels use now: detected_isa(), or lower where force_isa() asked for it.
+Isa active_isa();
+/// Tests and benchmarks: run the kernels at `level` (clamped to detected_isa()); returns the old one.
+Isa force_isa(Isa level);
+/// "baseline x86-64", "AVX2+FMA", "AVX-512".
+const char* isa_name(Isa level);
+
+}  // namespace flux::cpu
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FLUX_CPU_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define FLUX_CPU_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#else
+#define FLUX_CPU_TARGET_AVX2
+#define FLUX_CPU_TARGET_AVX512
+#endif
+
+// FLUX_CPU_VARIANTS(name, body): defines `name(args...)`, which calls body(args...) compiled for the
+// active ISA level. `body` is a function template marked FLUX_CPU_INLINE so that each variant
+// inlines (and vectorises) it under its own target. Call it inside parallel_for's chunk, not around
+// it: a lambda does not inherit its enclosing function's target.
+#define FLUX_CPU_INLINE [[gnu::always_inline]] inline
+#define FLUX_CPU_VARIANTS(name, body)                                                        \
+  template <class... A> void name##_baseline(A... a) { body(a...); }                         \
+  template <class... A> FLUX_CPU_TARGET_AVX2 void name##_avx2(A... a) { body(a...); }        \
+  template <class... A> FLUX_CPU_TARGET_AVX512 void name##_avx512(A... a) { body(a...); }    \
+  template <class... A> void name(A... a) {                                                   \
+    switch (::flux::cpu::active_isa()) {                                                     \
+      case ::flux::cpu::Isa::avx512: return name##_avx512(a...);                             \
+      case ::flux::cpu::Isa::avx2: return name##_avx2(a...);                                 \
+      default: return name##_baseline(a...);                                                 \
+    }                                                                                        \
+  }

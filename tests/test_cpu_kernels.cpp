@@ -1,0 +1,177 @@
+// The CPU backend's fast paths against their references: every ISA variant of the vectorised loops
+// (src/backends/cpu/isa.hpp) against the baseline copy and a float64 formula.
+#include <atomic>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+// Not flux/flux.hpp: its flux::cpu (the mover) would hide the backend namespace flux::cpu.
+#include "flux/backend.hpp"
+#include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/isa.hpp"
+
+namespace {
+
+using namespace flux;
+using flux::cpu::Isa;
+
+std::vector<Isa> usable_isas() {
+  std::vector<Isa> v;
+  for (Isa i : {Isa::baseline, Isa::avx2, Isa::avx512})
+    if (int(i) <= int(cpu::detected_isa())) v.push_back(i);
+  return v;
+}
+
+// Restores the detected level at the end of a test.
+struct IsaGuard {
+  Isa old = cpu::active_isa();
+  ~IsaGuard() { cpu::force_isa(old); }
+};
+
+std::vector<float> random_floats(size_t n, float lo, float hi, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(gen);
+  return v;
+}
+
+double rel(double got, double want) { return std::abs(got - want) / std::max(1.0, std::abs(want)); }
+
+TEST(CpuIsa, DetectedLevelIsNamedAndForcingClamps) {
+  IsaGuard guard;
+  EXPECT_NE(std::string(cpu::isa_name(cpu::detected_isa())), "");
+  cpu::force_isa(Isa::baseline);
+  EXPECT_EQ(cpu::active_isa(), Isa::baseline);
+  cpu::force_isa(Isa::avx512);
+  EXPECT_EQ(cpu::active_isa(), cpu::detected_isa());  // never above what the CPU has
+}
+
+// n: odd tails and a size large enough for the pool's split.
+TEST(CpuIsa, AdamVariantsMatchBaselineAndFloat64) {
+  IsaGuard guard;
+  for (int64_t n : {int64_t(1), int64_t(37), int64_t(1000), int64_t(100003)}) {
+    std::vector<float> x0 = random_floats(size_t(n), -1, 1, 1), g = random_floats(size_t(n), -2, 2, 2),
+                       m0 = random_floats(size_t(n), -0.5f, 0.5f, 3), v0 = random_floats(size_t(n), 0, 1, 4);
+    backend::AdamStep s{1e-2, 0.9, 0.999, 1e-8, 0.01, 1 - std::pow(0.9, 3), 1 - std::pow(0.999, 3)};
+    std::vector<float> base_x;
+    for (Isa level : usable_isas()) {
+      cpu::force_isa(level);
+      std::vector<float> x = x0, m = m0, v = v0;
+      cpu::adam_step(DType::f32, x.data(), g.data(), m.data(), v.data(), n, s);
+      if (level == Isa::baseline) base_x = x;
+      double worst = 0, worst_base = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        double mi = s.beta1 * m0[i] + (1 - s.beta1) * g[i], vi = s.beta2 * v0[i] + (1 - s.beta2) * double(g[i]) * g[i];
+        double xi = x0[i] - s.lr * (mi / s.bias1) / (std::sqrt(vi / s.bias2) + s.eps) - s.lr * s.weight_decay * x0[i];
+        worst = std::max({worst, rel(x[i], xi), rel(m[i], mi), rel(v[i], vi)});
+        worst_base = std::max(worst_base, rel(x[i], base_x[i]));
+      }
+      EXPECT_LT(worst, 2e-6) << cpu::isa_name(level) << " n=" << n;
+      EXPECT_LT(worst_base, 2e-6) << cpu::isa_name(level) << " n=" << n;
+    }
+  }
+}
+
+TEST(CpuIsa, AdamFloat64VariantsMatchFormula) {
+  IsaGuard guard;
+  const int64_t n = 4099;
+  std::vector<double> x0(n), g(n), m0(n), v0(n);
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<double> d(0, 1);
+  for (int64_t i = 0; i < n; ++i) x0[i] = d(gen) - 0.5, g[i] = 2 * d(gen) - 1, m0[i] = d(gen) - 0.5, v0[i] = d(gen);
+  backend::AdamStep s{1e-3, 0.9, 0.999, 1e-8, 0, 0.1, 0.001};
+  for (Isa level : usable_isas()) {
+    cpu::force_isa(level);
+    std::vector<double> x = x0, m = m0, v = v0;
+    cpu::adam_step(DType::f64, x.data(), g.data(), m.data(), v.data(), n, s);
+    double worst = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      double mi = s.beta1 * m0[i] + (1 - s.beta1) * g[i], vi = s.beta2 * v0[i] + (1 - s.beta2) * g[i] * g[i];
+      worst = std::max(worst, rel(x[i], x0[i] - s.lr * (mi / s.bias1) / (std::sqrt(vi / s.bias2) + s.eps)));
+    }
+    EXPECT_LT(worst, 1e-14) << cpu::isa_name(level);
+  }
+}
+
+backend::Broadcast flat(int64_t n) {
+  backend::Broadcast p;
+  p.ndim = 1;
+  p.shape[0] = n;
+  p.stride[0][0] = p.stride[1][0] = p.stride[2][0] = 1;
+  p.contiguous = true;
+  return p;
+}
+
+TEST(CpuIsa, BinaryVariantsMatchFloat64) {
+  IsaGuard guard;
+  using backend::BinaryOp;
+  const int64_t n = 70001;
+  std::vector<float> a = random_floats(n, -3, 3, 11), b = random_floats(n, 0.5f, 2, 12);
+  for (Isa level : usable_isas()) {
+    cpu::force_isa(level);
+    for (BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div}) {
+      auto ref = [&](double x, double y) {
+        return op == BinaryOp::add ? x + y : op == BinaryOp::sub ? x - y : op == BinaryOp::mul ? x * y : x / y;
+      };
+      // Both dense; then b a single value broadcast (the fast path's scalar form).
+      std::vector<float> out(n);
+      cpu::binary(op, DType::f32, a.data(), b.data(), out.data(), flat(n));
+      double worst = 0;
+      for (int64_t i = 0; i < n; ++i) worst = std::max(worst, rel(out[i], ref(a[i], b[i])));
+      EXPECT_LT(worst, 1e-7) << cpu::isa_name(level) << " op " << int(op);
+      backend::Broadcast p = flat(n);
+      p.contiguous = false;
+      p.stride[1][0] = 0;
+      cpu::binary(op, DType::f32, a.data(), b.data(), out.data(), p);
+      worst = 0;
+      for (int64_t i = 0; i < n; ++i) worst = std::max(worst, rel(out[i], ref(a[i], b[0])));
+      EXPECT_LT(worst, 1e-7) << cpu::isa_name(level) << " scalar op " << int(op);
+    }
+  }
+}
+
+TEST(CpuIsa, UnaryVariantsMatchFloat64) {
+  IsaGuard guard;
+  using backend::UnaryOp;
+  const int64_t n = 50003;
+  std::vector<float> a = random_floats(n, -3, 3, 21);
+  a[5] = 0.f;
+  for (Isa level : usable_isas()) {
+    cpu::force_isa(level);
+    for (UnaryOp op : {UnaryOp::relu, UnaryOp::neg, UnaryOp::square, UnaryOp::step}) {
+      std::vector<float> out(n);
+      cpu::unary(op, DType::f32, a.data(), out.data(), n, 0);
+      for (int64_t i = 0; i < n; ++i) {
+        double x = a[i];
+        double want = op == UnaryOp::relu ? (x > 0 ? x : 0) : op == UnaryOp::neg ? -x : op == UnaryOp::square ? x * x : (x > 0 ? 1 : 0);
+        ASSERT_LT(rel(out[i], want), 1e-7) << cpu::isa_name(level) << " op " << int(op) << " at " << i;
+      }
+    }
+  }
+}
+
+TEST(CpuIsa, SumOverRowsVariantsMatchFloat64) {
+  IsaGuard guard;
+  const int64_t len = 129, inner = 515;  // (len, inner) summed over len: the bias gradient's shape
+  std::vector<float> a = random_floats(size_t(len * inner), -1, 1, 31);
+  for (Isa level : usable_isas()) {
+    cpu::force_isa(level);
+    std::vector<float> out(inner);
+    cpu::reduce(backend::ReduceOp::sum, DType::f32, a.data(), out.data(), 1, len, inner);
+    for (int64_t i = 0; i < inner; ++i) {
+      double want = 0;
+      for (int64_t j = 0; j < len; ++j) want += a[size_t(j * inner + i)];
+      ASSERT_LT(rel(out[i], want), 1e-6) << cpu::isa_name(level) << " at " << i;
+    }
+  }
+}
+
+}  // namespace
