@@ -1,11 +1,14 @@
 // One benchmark case with flux-cpp; prints "key value" lines for bench/run_bench.py.
 // Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | wide | overhead | infer | sgemm | lenet | fmnist | resnet
-// DEVICE: cpu (default) or opencl. Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS;
+// DEVICE: cpu (default) or opencl. --gemm=auto|openblas|onednn (after DEVICE) forces the CPU GEMM engine;
+// --seconds=S times every training case for S seconds (e.g. the 30 s system-time check). Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS;
 // FLUX_LIBRARY_KERNELS=0 forces the portable im2col + GEMM convolution path instead of oneDNN.
 // The same work, written with LibTorch, is in torch_bench.cpp; shapes are listed in bench_common.hpp.
 #include <cblas.h>
+#include <sys/resource.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -38,12 +41,20 @@ bool library_kernels();
 
 #include "bench_common.hpp"
 
+// From src/backends/cpu (not installed): the CPU kernels' ISA level, and the GEMM engine override
+// (--gemm=auto|openblas|onednn; auto, the default, is the per-shape measured choice).
+namespace flux::detail {
+const char* cpu_isa_name();
+int cpu_force_gemm_engine(int engine);
+}  // namespace flux::detail
+
 using namespace flux;
 using bench::Timer;
 
 namespace {
 
 Device g_dev;
+double g_train_seconds = 0;  // --seconds=S: every training case runs S seconds (0: the case's own)
 
 // One-hot targets (batch, classes) with class i % classes.
 Tensor onehot_targets(int64_t batch, int64_t classes) {
@@ -61,7 +72,19 @@ double train_steps_per_s(Model& model, const Tensor& x, const Tensor& y, Loss lo
     return l.template item<float>();
   };
   for (int i = 0; i < warmup; ++i) step();
-  return bench::rate(step, seconds);
+  // Also the process's CPU time per step (all threads, user and system): on shared, loaded cores
+  // it moves far less than the rate, and the system share shows page faults and wake-ups.
+  rusage r0{}, r1{};
+  getrusage(RUSAGE_SELF, &r0);
+  Timer t;
+  double r = bench::rate(step, g_train_seconds > 0 ? g_train_seconds : seconds);
+  double steps = r * t.seconds();
+  getrusage(RUSAGE_SELF, &r1);
+  auto secs = [](const timeval& a, const timeval& b) { return double(b.tv_sec - a.tv_sec) + 1e-6 * double(b.tv_usec - a.tv_usec); };
+  double user = secs(r0.ru_utime, r1.ru_utime), sys = secs(r0.ru_stime, r1.ru_stime);
+  std::printf("train_cpu_ms_per_step %.6g\ntrain_sys_ms_per_step %.6g\ntrain_minflt_per_step %.6g\n",
+              1e3 * (user + sys) / steps, 1e3 * sys / steps, double(r1.ru_minflt - r0.ru_minflt) / steps);
+  return r;
 }
 
 void seed_case() {
@@ -251,6 +274,24 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string which = argv[1], device = argc > 2 ? argv[2] : "cpu";
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--seconds=", 0) == 0) {
+      g_train_seconds = std::atof(a.c_str() + 10);
+      if (i == 2) device = "cpu";
+      continue;
+    }
+    if (a.rfind("--gemm=", 0) != 0) continue;
+    if (i == 2) device = "cpu";
+    std::string e = a.substr(7);
+    int engine = e == "openblas" ? 0 : e == "onednn" ? 1 : -1;
+    if (engine < 0 && e != "auto") {
+      std::fprintf(stderr, "flux_bench: --gemm takes auto, openblas or onednn, got %s\n", e.c_str());
+      return 2;
+    }
+    detail::cpu_force_gemm_engine(engine);
+  }
+  std::printf("flux_cpu_isa %s\n", detail::cpu_isa_name());
   seed(1);
   if (device == "opencl") {
     if (!functional("OpenCL")) {

@@ -1,5 +1,7 @@
 // The CPU backend's fast paths against their references: every ISA variant of the vectorised loops
-// (src/backends/cpu/isa.hpp) against the baseline copy and a float64 formula.
+// (src/backends/cpu/isa.hpp) against the baseline copy and a float64 formula, the thread pool
+// (each index exactly once, errors, concurrent and nested callers), and the GEMM split over the pool
+// against a float64 loop for every transpose and shape class.
 #include <atomic>
 #include <cmath>
 #include <random>
@@ -172,6 +174,134 @@ TEST(CpuIsa, SumOverRowsVariantsMatchFloat64) {
       ASSERT_LT(rel(out[i], want), 1e-6) << cpu::isa_name(level) << " at " << i;
     }
   }
+}
+
+TEST(CpuPool, EveryIndexRunsExactlyOnce) {
+  for (int64_t n : {int64_t(1), int64_t(2), int64_t(3), int64_t(17), int64_t(100000)}) {
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    cpu::parallel_for(n, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1);
+    });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "n=" << n << " i=" << i;
+  }
+}
+
+TEST(CpuPool, ManySmallRegionsInARow) {
+  // Back-to-back regions, as the ops of a training step: the workers' hand-off must lose none.
+  std::atomic<int64_t> total{0};
+  for (int r = 0; r < 20000; ++r)
+    cpu::parallel_for(4, 1, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
+  EXPECT_EQ(total.load(), 80000);
+}
+
+TEST(CpuPool, ErrorInAPieceReachesTheCaller) {
+  for (int rep = 0; rep < 50; ++rep)
+    EXPECT_THROW(cpu::parallel_for(1000, 1,
+                                   [&](int64_t, int64_t e) {  // the last piece, whichever thread has it
+                                     if (e == 1000) throw std::runtime_error("piece failed");
+                                   }),
+                 std::runtime_error);
+  std::atomic<int64_t> total{0};  // the pool still works afterwards
+  cpu::parallel_for(1000, 1, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
+  EXPECT_EQ(total.load(), 1000);
+}
+
+TEST(CpuPool, ConcurrentAndNestedCallers) {
+  // Two user threads at once (one region at a time holds the pool; the other runs its loop inline),
+  // each region nesting another (run inline on the thread that reaches it).
+  auto job = [](int64_t* out) {
+    std::atomic<int64_t> total{0};
+    for (int r = 0; r < 2000; ++r)
+      cpu::parallel_for(8, 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i)
+          cpu::parallel_for(3, 1, [&](int64_t b2, int64_t e2) { total.fetch_add(e2 - b2); });
+      });
+    *out = total.load();
+  };
+  int64_t r1 = 0, r2 = 0;
+  std::thread t1(job, &r1), t2(job, &r2);
+  t1.join();
+  t2.join();
+  EXPECT_EQ(r1, 2000 * 8 * 3);
+  EXPECT_EQ(r2, 2000 * 8 * 3);
+}
+
+// C = alpha op(A) op(B) + beta C against a float64 loop, for shapes that stay whole, split along
+// n, split along m, and batched; every transpose pair; f32 and f64.
+template <class T>
+void check_gemm(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, double alpha = 1.5, double beta = 0.5) {
+  std::mt19937 gen(unsigned(m * 131 + n * 7 + k + ta * 2 + tb));
+  std::uniform_real_distribution<double> d(-1, 1);
+  std::vector<T> a(size_t(batch * m * k)), b(size_t(batch * k * n)), c(size_t(batch * m * n));
+  for (T& x : a) x = T(d(gen));
+  for (T& x : b) x = T(d(gen));
+  for (T& x : c) x = T(d(gen));
+  std::vector<T> c0 = c;
+  backend::Gemm g;
+  g.batch = batch, g.m = m, g.n = n, g.k = k, g.trans_a = ta, g.trans_b = tb;
+  g.stride_a = m * k, g.stride_b = k * n, g.stride_c = m * n;
+  g.alpha = alpha, g.beta = beta;
+  cpu::matmul(std::is_same_v<T, float> ? DType::f32 : DType::f64, a.data(), b.data(), c.data(), g);
+  double worst = 0;
+  for (int64_t p = 0; p < batch; ++p)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t l = 0; l < k; ++l) {
+          double x = ta ? a[size_t(p * m * k + l * m + i)] : a[size_t(p * m * k + i * k + l)];
+          double y = tb ? b[size_t(p * k * n + j * k + l)] : b[size_t(p * k * n + l * n + j)];
+          acc += x * y;
+        }
+        double want = alpha * acc + (beta != 0 ? beta * double(c0[size_t(p * m * n + i * n + j)]) : 0.0);
+        worst = std::max(worst, std::abs(double(c[size_t(p * m * n + i * n + j)]) - want) / std::sqrt(double(k)));
+      }
+  EXPECT_LT(worst, (std::is_same_v<T, float> ? 1e-5 : 1e-13))
+      << "alpha " << alpha << " beta " << beta << " batch " << batch << " m " << m << " n " << n << " k " << k << " ta " << ta << " tb " << tb;
+}
+
+TEST(CpuGemm, SplitOverThePoolMatchesFloat64) {
+  struct Case {
+    int64_t batch, m, n, k;
+  };
+  // whole (small), split along n (n >= m), split along m with a ragged tail, batched.
+  for (Case s : {Case{1, 5, 7, 3}, Case{1, 64, 203, 150}, Case{1, 517, 96, 70}, Case{6, 33, 40, 300}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        check_gemm<float>(s.batch, s.m, s.n, s.k, ta, tb);
+        check_gemm<double>(s.batch, s.m, s.n, s.k, ta, tb);
+      }
+}
+
+// Every float32 engine the run-time choice can pick, forced in turn, then the measured choice;
+// alpha/beta as Dense's forward (1, 1: C holds the bias), a weight gradient (1, 0) and general.
+TEST(CpuGemm, EveryEngineMatchesFloat64) {
+  struct Case {
+    int64_t m, n, k;
+  };
+  struct Restore {
+    ~Restore() { cpu::force_gemm_engine(cpu::GemmEngine::automatic); }
+  } restore;
+  for (cpu::GemmEngine e : {cpu::GemmEngine::openblas, cpu::GemmEngine::onednn, cpu::GemmEngine::automatic}) {
+    cpu::force_gemm_engine(e);
+    for (Case s : {Case{128, 10, 512}, Case{128, 203, 150}, Case{300, 96, 70}, Case{64, 64, 10}})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (auto [alpha, beta] : {std::pair{1.0, 1.0}, std::pair{1.0, 0.0}, std::pair{1.5, 0.5}})
+            check_gemm<float>(1, s.m, s.n, s.k, ta, tb, alpha, beta);
+  }
+}
+
+TEST(CpuGemm, MeasuredChoiceIsStableWithinAProcess) {
+  // Once measured, a shape keeps its engine: the same product twice is bitwise the same.
+  const int64_t m = 96, n = 160, k = 200;
+  std::vector<float> a = random_floats(size_t(m * k), -1, 1, 41), b = random_floats(size_t(k * n), -1, 1, 42);
+  backend::Gemm g;
+  g.m = m, g.n = n, g.k = k, g.trans_b = true;
+  g.stride_a = m * k, g.stride_b = k * n, g.stride_c = m * n;
+  std::vector<float> c1(size_t(m * n)), c2(size_t(m * n));
+  cpu::matmul(DType::f32, a.data(), b.data(), c1.data(), g);
+  cpu::matmul(DType::f32, a.data(), b.data(), c2.data(), g);
+  EXPECT_EQ(c1, c2);
 }
 
 }  // namespace

@@ -25,6 +25,10 @@ void binary(backend::BinaryOp op, DType t, const void* a, const void* b, void* o
 void where(DType t, const void* cond, const void* a, const void* b, void* out, const backend::Broadcast& plan);
 void reduce(backend::ReduceOp op, DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner);
 void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm& g);
+/// The library that runs a float32 GEMM piece (matmul.cpp): measured per shape (automatic) or forced.
+enum class GemmEngine : int { automatic = -1, openblas = 0, onednn = 1 };
+/// Tests and benchmarks: every later f32 GEMM piece uses `e` (automatic: measured); returns the old.
+GemmEngine force_gemm_engine(GemmEngine e);
 void softmax(DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner, bool log);
 void gather(DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);
 void scatter_add(DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);

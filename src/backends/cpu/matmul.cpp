@@ -1,5 +1,27 @@
-// GEMM on the CPU: BLAS sgemm/dgemm for floats (transposes folded into the call), loops for integers.
+// GEMM on the CPU: OpenBLAS sgemm/dgemm or oneDNN's matmul for floats (transposes folded into the
+// call), loops for integers. Large GEMMs are cut over our thread pool, one single-threaded library
+// call per piece (gemm_split). Which library runs a float32 piece is measured at run time, once per
+// piece shape (choose_engine): OpenBLAS unless oneDNN ran that shape at least 10% faster. Measured on
+// 2 AVX2 (Zen) cores, 1 thread (GFLOP/s by thread CPU time, /work/notes/cpuspeed.md): OpenBLAS's ZEN
+// kernels and oneDNN are within ~10% on the MNIST and wide MLPs' shapes (OpenBLAS ahead on 512x512x128
+// and the wide shapes), while on thin ones (a side of 10) oneDNN runs 1.3-2x faster; where OpenBLAS
+// does not recognise a CPU and runs a generic kernel, oneDNN (which detects the ISA itself) wins.
 #include <cblas.h>
+#include <dlfcn.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#if FLUX_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
@@ -26,28 +48,245 @@ template <class T> void gemm_loops(const T* a, const T* b, T* c, const backend::
 }
 }  // namespace
 
+namespace {
+// One single-threaded BLAS call, row-major.
+void blas_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+               float beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
+              b, ldb, beta, c, ldc);
+}
+void blas_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
+               int ldb, double beta, double* c, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
+              b, ldb, beta, c, ldc);
+}
+
+// OpenBLAS runs on one thread: its own threads sched_yield()-spin between calls and fought our
+// pool's (futex + sched_yield ~80% of a 2-thread MNIST run's time in strace -c -f). GEMMs large
+// enough to split are cut over our pool instead (gemm_split below). Set once, before the first GEMM.
+void single_threaded_blas() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
+
+// ---- oneDNN's matmul as a GEMM engine (f32) ----
+std::atomic<int> g_forced_engine{-1};  // force_gemm_engine(): tests and benchmarks
+
+#if FLUX_HAVE_ONEDNN
+using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, float, float, int64_t>;
+struct Matmul {
+  dnnl::matmul primitive;
+  dnnl::memory::desc a, b, c, scratch_desc;
+  size_t scratch = 0;
+};
+struct OneDnn {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  std::mutex mutex;
+  std::map<Key, std::unique_ptr<Matmul>> cache;
+  void (*omp_set_num_threads)(int) =
+      reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+};
+OneDnn& onednn() {
+  static OneDnn* d = new OneDnn();  // never destroyed, as the backend
+  return *d;
+}
+
+// The primitive for one piece shape; `slot` (the piece's index) keeps concurrently running pieces
+// on distinct primitives. Null when oneDNN has no implementation.
+Matmul* onednn_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, int64_t lda, int64_t ldb,
+                      float beta, int64_t ldc, int64_t slot) {
+  OneDnn& s = onednn();
+  Key key{m, n, k, ta, tb, lda, ldb, ldc, alpha, beta, slot};
+  std::lock_guard<std::mutex> lock(s.mutex);
+  auto it = s.cache.find(key);
+  if (it != s.cache.end()) return it->second.get();
+  std::unique_ptr<Matmul> e;
+  try {
+    using dims = dnnl::memory::dims;
+    auto f32 = dnnl::memory::data_type::f32;
+    e = std::make_unique<Matmul>();
+    e->a = dnnl::memory::desc(dims{m, k}, f32, ta ? dims{1, lda} : dims{lda, 1});
+    e->b = dnnl::memory::desc(dims{k, n}, f32, tb ? dims{1, ldb} : dims{ldb, 1});
+    e->c = dnnl::memory::desc(dims{m, n}, f32, dims{ldc, 1});
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (alpha != 1.f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.f) {
+      dnnl::post_ops po;
+      po.append_sum(beta);
+      attr.set_post_ops(po);
+    }
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e->a, e->b, e->c), attr, s.engine);
+    e->scratch_desc = pd.scratchpad_desc();
+    e->scratch = e->scratch_desc.get_size();
+    e->primitive = dnnl::matmul(pd);
+  } catch (const dnnl::error&) {
+    e = nullptr;
+  }
+  if (s.cache.size() >= 1024) s.cache.clear();  // a bound for programs that sweep many shapes
+  return s.cache.emplace(key, std::move(e)).first->second.get();
+}
+
+bool onednn_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int64_t slot) {
+  Matmul* e = onednn_matmul(ta, tb, m, n, k, alpha, lda, ldb, beta, ldc, slot);
+  if (!e) return false;
+  OneDnn& s = onednn();
+  thread_local dnnl::stream stream(s.engine);
+  thread_local std::vector<char> scratch;
+  if (scratch.size() < e->scratch) scratch.resize(e->scratch);
+  if (s.omp_set_num_threads) s.omp_set_num_threads(1);  // this pool thread's team: itself alone
+  dnnl::memory am(e->a, s.engine, const_cast<float*>(a)), bm(e->b, s.engine, const_cast<float*>(b)),
+      cm(e->c, s.engine, c);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+  if (e->scratch)
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(e->scratch_desc, s.engine, scratch.data()));
+  e->primitive.execute(stream, args);
+  stream.wait();
+  return true;
+}
+#endif
+
+double thread_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// The engine for one f32 piece shape, measured the first time the shape is seen: each engine runs
+// the piece into a scratch copy of C, alternately, 3 times; oneDNN is kept only when its best time
+// is at least 10% below OpenBLAS's (a margin that noise on loaded cores rarely crosses, so close
+// calls stay with OpenBLAS from run to run). The choice then holds for the process.
+GemmEngine choose_engine(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                         const float* b, int64_t ldb, float beta, const float* c, int64_t ldc, int64_t slot) {
+#if FLUX_HAVE_ONEDNN
+  int forced = g_forced_engine.load(std::memory_order_relaxed);
+  if (forced >= 0) return GemmEngine(forced);
+  using ShapeKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, bool>;
+  static std::mutex mutex;
+  static std::map<ShapeKey, GemmEngine> chosen;
+  ShapeKey key{m, n, k, ta, tb, lda, ldb, ldc, beta != 0.f};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = chosen.find(key);
+    if (it != chosen.end()) return it->second;
+  }
+  std::vector<float> scratch(size_t(m) * size_t(ldc));
+  double best_blas = 1e30, best_dnnl = 1e30;
+  bool dnnl_ok = true;
+  for (int rep = 0; rep < 3 && dnnl_ok; ++rep) {
+    std::copy(c, c + scratch.size(), scratch.begin());
+    double t0 = thread_seconds();
+    blas_gemm(ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, scratch.data(), int(ldc));
+    double t1 = thread_seconds();
+    std::copy(c, c + scratch.size(), scratch.begin());
+    dnnl_ok = onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, scratch.data(), ldc, slot);
+    double t2 = thread_seconds();
+    best_blas = std::min(best_blas, t1 - t0);
+    best_dnnl = std::min(best_dnnl, t2 - t1);
+  }
+  GemmEngine e = dnnl_ok && best_dnnl < 0.9 * best_blas ? GemmEngine::onednn : GemmEngine::openblas;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (chosen.size() >= 4096) chosen.clear();
+  chosen.emplace(key, e);
+  return e;
+#else
+  (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta,
+      (void)c, (void)ldc, (void)slot;
+  return GemmEngine::openblas;
+#endif
+}
+
+// One piece on the calling thread, by the engine chosen for its shape (f32) or OpenBLAS (f64).
+void piece_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int64_t slot) {
+#if FLUX_HAVE_ONEDNN
+  if (choose_engine(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, slot) == GemmEngine::onednn &&
+      onednn_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, slot))
+    return;
+#else
+  (void)slot;
+#endif
+  blas_gemm(ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+void piece_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+                const double* b, int64_t ldb, double beta, double* c, int64_t ldc, int64_t) {
+  blas_gemm(ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+
+// Work below which a GEMM stays on the calling thread (~10-20 us at tens of GFLOP/s) and on
+// OpenBLAS (a library call's own overhead matters there; the seed MLP's GEMMs are such).
+constexpr double kSplitFlops = double(1 << 20);
+
+// C (m, n) = alpha op(A) op(B) + beta C for one matrix, cut over the pool along the longer of m
+// and n in pieces of multiples of 16 (the kernels' register blocks), each a library call on one thread.
+template <class T>
+void gemm_split(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                int64_t ldb, T beta, T* c, int64_t ldc) {
+  int threads = num_threads();
+  double flops = 2.0 * double(m) * double(n) * double(k);
+  if (flops < kSplitFlops) {
+    blas_gemm(ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+    return;
+  }
+  bool split_n = n >= m;
+  int64_t len = split_n ? n : m, blocks = (len + 15) / 16;
+  int64_t parts = std::min<int64_t>({int64_t(threads), blocks, std::max<int64_t>(1, int64_t(flops / kSplitFlops))});
+  if (parts <= 1) {
+    piece_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 0);
+    return;
+  }
+  parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      int64_t lo = std::min(len, blocks * p / parts * 16), hi = std::min(len, blocks * (p + 1) / parts * 16);
+      if (lo >= hi) continue;
+      if (split_n) {  // columns [lo, hi) of C and of op(B)
+        const T* bp = tb ? b + lo * ldb : b + lo;
+        piece_gemm(ta, tb, m, hi - lo, k, alpha, a, lda, bp, ldb, beta, c + lo, ldc, p);
+      } else {  // rows [lo, hi) of C and of op(A)
+        const T* ap = ta ? a + lo : a + lo * lda;
+        piece_gemm(ta, tb, hi - lo, n, k, alpha, ap, lda, b, ldb, beta, c + lo * ldc, ldc, p);
+      }
+    }
+  });
+}
+
+template <class T> void gemm_blas(const T* a, const T* b, T* c, const backend::Gemm& g) {
+  single_threaded_blas();
+  int64_t lda = g.trans_a ? g.m : g.k, ldb = g.trans_b ? g.k : g.n, ldc = g.n;
+  double flops = 2.0 * double(g.m) * double(g.n) * double(g.k);
+  if (g.batch >= num_threads() && g.batch > 1 && flops * double(g.batch) >= kSplitFlops) {
+    // Many matrices: one whole GEMM per task.
+    parallel_for(g.batch, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p)
+        blas_gemm(g.trans_a, g.trans_b, int(g.m), int(g.n), int(g.k), T(g.alpha), a + p * g.stride_a, int(lda),
+                  b + p * g.stride_b, int(ldb), T(g.beta), c + p * g.stride_c, int(ldc));
+    });
+    return;
+  }
+  for (int64_t p = 0; p < g.batch; ++p)
+    gemm_split<T>(g.trans_a, g.trans_b, g.m, g.n, g.k, T(g.alpha), a + p * g.stride_a, lda, b + p * g.stride_b, ldb,
+                  T(g.beta), c + p * g.stride_c, ldc);
+}
+}  // namespace
+
+GemmEngine force_gemm_engine(GemmEngine e) {
+  int old = g_forced_engine.exchange(int(e));
+  return old < 0 ? GemmEngine::automatic : GemmEngine(old);
+}
+
 void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm& g) {
   if (g.m == 0 || g.n == 0) return;
-  CBLAS_TRANSPOSE ta = g.trans_a ? CblasTrans : CblasNoTrans;
-  CBLAS_TRANSPOSE tb = g.trans_b ? CblasTrans : CblasNoTrans;
-  int lda = int(g.trans_a ? g.m : g.k), ldb = int(g.trans_b ? g.k : g.n), ldc = int(g.n);
   if (g.k == 0) {
     fill(t, c, g.batch * g.m * g.n, 0.0);
     return;
   }
   switch (t) {
-    case DType::f32:
-      for (int64_t p = 0; p < g.batch; ++p)
-        cblas_sgemm(CblasRowMajor, ta, tb, int(g.m), int(g.n), int(g.k), float(g.alpha),
-                    static_cast<const float*>(a) + p * g.stride_a, lda, static_cast<const float*>(b) + p * g.stride_b,
-                    ldb, float(g.beta), static_cast<float*>(c) + p * g.stride_c, ldc);
-      break;
-    case DType::f64:
-      for (int64_t p = 0; p < g.batch; ++p)
-        cblas_dgemm(CblasRowMajor, ta, tb, int(g.m), int(g.n), int(g.k), g.alpha,
-                    static_cast<const double*>(a) + p * g.stride_a, lda, static_cast<const double*>(b) + p * g.stride_b,
-                    ldb, g.beta, static_cast<double*>(c) + p * g.stride_c, ldc);
-      break;
+    case DType::f32: gemm_blas(static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(c), g); break;
+    case DType::f64: gemm_blas(static_cast<const double*>(a), static_cast<const double*>(b), static_cast<double*>(c), g); break;
     case DType::i32: gemm_loops(static_cast<const int32_t*>(a), static_cast<const int32_t*>(b), static_cast<int32_t*>(c), g); break;
     case DType::i64: gemm_loops(static_cast<const int64_t*>(a), static_cast<const int64_t*>(b), static_cast<int64_t*>(c), g); break;
     default: detail::fail("[matmul] CPU kernel does not support ", dtype_name(t));
@@ -55,3 +294,9 @@ void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm&
 }
 
 }  // namespace flux::cpu
+
+namespace flux::detail {
+// For bench/flux_bench.cpp (which cannot see flux::cpu: flux.hpp's flux::cpu is the mover):
+// -1 automatic, 0 OpenBLAS, 1 oneDNN; returns the previous setting.
+int cpu_force_gemm_engine(int engine) { return int(cpu::force_gemm_engine(cpu::GemmEngine(engine))); }
+}  // namespace flux::detail

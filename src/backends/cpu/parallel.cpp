@@ -1,11 +1,41 @@
-// A small passive thread pool: workers sleep on a condition variable (no spinning, so they do not
-// fight OpenBLAS's threads), and small loops run inline on the caller.
+// The CPU backend's one thread pool (FLUX_NUM_THREADS threads, the caller included). It is also the
+// BLAS's: matmul.cpp keeps the BLAS on one thread and splits the GEMM over this pool, and oneDNN runs
+// one OpenMP thread per pool task (conv.cpp), so no second team of threads competes for the cores.
+//
+// Hand-off (measured on 2 AVX2 cores, see /work/notes/cpuspeed.md): a region is cut into one piece
+// per thread, and every thread, the caller first, claims pieces from an atomic counter, so a worker
+// that the OS has descheduled delays nothing: the caller takes its piece. An idle worker spins for
+// a short while (kSpin) with a pause instruction, catching the next op of a training step without a
+// system call, then sleeps on a futex (raw FUTEX_WAIT on Linux, a condition variable elsewhere);
+// the caller wakes sleepers only when there are any. The earlier pool slept on a condition variable after every op (a futex pair per op) while
+// OpenBLAS's own threads sched_yield()-spun beside it: 1.3 s of system time in a 1.5 s run.
 #include <atomic>
-#include <condition_variable>
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define FLUX_CPU_PAUSE() _mm_pause()
+#elif defined(__aarch64__)
+#define FLUX_CPU_PAUSE() asm volatile("yield")
+#else
+#define FLUX_CPU_PAUSE() std::this_thread::yield()
+#endif
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#else
+#include <condition_variable>
+#endif
 
 #include "src/backends/cpu/cpu_backend.hpp"
 
@@ -14,69 +44,144 @@ namespace flux::cpu {
 namespace {
 thread_local bool t_inside = false;
 
+// How long an idle thread polls before sleeping: longer than the framework's gap between two ops of
+// a step (a few microseconds), short enough that an idle process stops using the cores at once.
+constexpr std::chrono::microseconds kSpin{100};
+
+using Clock = std::chrono::steady_clock;
+
+// A 32-bit word threads sleep on until it changes from a value they saw.
+class WaitWord {
+ public:
+  std::atomic<uint32_t> value{0};
+#if defined(__linux__)
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+  /// Sleeps while value == seen (returns at once otherwise; spurious returns are allowed).
+  void wait(uint32_t seen) {
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&value), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
+  }
+  void wake_all() { syscall(SYS_futex, reinterpret_cast<uint32_t*>(&value), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0); }
+#else
+  void wait(uint32_t seen) {
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait(lock, [&] { return value.load() != seen; });
+  }
+  void wake_all() {
+    { std::lock_guard<std::mutex> lock(m_); }
+    cv_.notify_all();
+  }
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+#endif
+};
+
+// Polls `ready` with pause for up to kSpin; true when it became true.
+template <class Ready> bool spin_until(Ready ready) {
+  auto deadline = Clock::now() + kSpin;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+      FLUX_CPU_PAUSE();
+    }
+    if (Clock::now() > deadline) return ready();
+  }
+}
+
 class Pool {
  public:
   explicit Pool(int n) : threads_(n) {
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { work(i); });
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { work(); });
   }
   ~Pool() {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
+    stop_.store(true);
+    epoch_.value.fetch_add(1);
+    epoch_.wake_all();
     for (auto& w : workers_) w.join();
   }
   int size() const { return threads_; }
 
-  void run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-    std::lock_guard<std::mutex> serial(run_mutex_);  // one parallel region at a time
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      fn_ = &fn;
-      n_ = n;
-      pending_ = threads_ - 1;
-      ++epoch_;
+  /// False when another thread's region holds the pool (the caller then runs its loop itself).
+  bool run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+    std::unique_lock<std::mutex> serial(run_mutex_, std::try_to_lock);
+    if (!serial.owns_lock()) return false;
+    fn_ = &fn;
+    n_ = n;
+    pieces_ = int(std::min<int64_t>({n, threads_, 0xffff}));
+    error_ = nullptr;
+    done_.value.store(0, std::memory_order_relaxed);
+    uint32_t job = epoch_.value.load(std::memory_order_relaxed) + 1;
+    // Publishes fn_, n_, pieces_ to the claimers (release), then wakes the workers.
+    next_.store(pack(job, pieces_, 0), std::memory_order_release);
+    epoch_.value.store(job, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.wake_all();
+    claim_pieces(job);
+    const uint32_t pieces = uint32_t(pieces_);
+    if (!spin_until([&] { return done_.value.load(std::memory_order_acquire) == pieces; })) {
+      caller_waiting_.store(true, std::memory_order_seq_cst);
+      for (uint32_t d; (d = done_.value.load(std::memory_order_seq_cst)) != pieces;) done_.wait(d);
+      caller_waiting_.store(false, std::memory_order_relaxed);
     }
-    cv_.notify_all();
-    chunk(0, fn);
-    std::unique_lock<std::mutex> lock(m_);
-    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    if (error_) std::rethrow_exception(error_);
+    return true;
   }
 
  private:
-  void chunk(int part, const std::function<void(int64_t, int64_t)>& fn) {
-    int64_t begin = n_ * part / threads_, end = n_ * (part + 1) / threads_;
-    if (begin < end) fn(begin, end);
+  // The claim word: region (job) number, its piece count and the next unclaimed piece. A worker
+  // that wakes late claims nothing from a later region than the one it was woken for.
+  static uint64_t pack(uint32_t job, int pieces, int next) {
+    return uint64_t(job) << 32 | uint64_t(pieces) << 16 | uint64_t(next);
   }
-  void work(int part) {
-    t_inside = true;
-    uint64_t seen = 0;
+  // Runs unclaimed pieces of region `job` until none is left.
+  void claim_pieces(uint32_t job) {
     for (;;) {
-      const std::function<void(int64_t, int64_t)>* fn;
-      {
-        std::unique_lock<std::mutex> lock(m_);
-        cv_.wait(lock, [&] { return stop_ || epoch_ != seen; });
-        if (stop_) return;
-        seen = epoch_;
-        fn = fn_;
+      uint64_t w = next_.load(std::memory_order_acquire);
+      int p;
+      do {
+        p = int(w & 0xffff);
+        if (uint32_t(w >> 32) != job || p >= int((w >> 16) & 0xffff)) return;
+      } while (!next_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire));
+      // The region cannot end before this piece does, so fn_, n_, pieces_ stay this region's.
+      const int pieces = pieces_;
+      int64_t begin = n_ * p / pieces, end = n_ * (p + 1) / pieces;
+      try {
+        (*fn_)(begin, end);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex_);
+        if (!error_) error_ = std::current_exception();
       }
-      chunk(part, *fn);
-      {
-        std::lock_guard<std::mutex> lock(m_);
-        if (--pending_ == 0) done_cv_.notify_one();
+      if (done_.value.fetch_add(1, std::memory_order_seq_cst) + 1 == uint32_t(pieces) &&
+          caller_waiting_.load(std::memory_order_seq_cst))
+        done_.wake_all();
+    }
+  }
+  void work() {
+    t_inside = true;
+    // From 0, the epoch the pool started with, not from a fresh load: a worker that starts late
+    // (after the destructor's bump, in a short process on loaded cores) must still see the change.
+    uint32_t seen = 0;
+    for (;;) {
+      if (!spin_until([&] { return epoch_.value.load(std::memory_order_acquire) != seen; })) {
+        sleepers_.fetch_add(1, std::memory_order_seq_cst);
+        while (epoch_.value.load(std::memory_order_seq_cst) == seen && !stop_.load()) epoch_.wait(seen);
+        sleepers_.fetch_sub(1, std::memory_order_relaxed);
       }
+      seen = epoch_.value.load(std::memory_order_acquire);
+      if (stop_.load()) return;
+      claim_pieces(seen);
     }
   }
   int threads_;
   std::vector<std::thread> workers_;
-  std::mutex m_, run_mutex_;
-  std::condition_variable cv_, done_cv_;
+  std::mutex run_mutex_, error_mutex_;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
-  int pending_ = 0;
-  uint64_t epoch_ = 0;
-  bool stop_ = false;
+  int pieces_ = 0;
+  std::exception_ptr error_;
+  std::atomic<uint64_t> next_{0};
+  std::atomic<int> sleepers_{0};
+  WaitWord epoch_, done_;  // region number (workers sleep on it); pieces finished (the caller does)
+  std::atomic<bool> caller_waiting_{false}, stop_{false};
 };
 
 int configured_threads() {
@@ -103,11 +208,20 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
     return;
   }
   t_inside = true;
+  bool ran;
   try {
-    pool().run(n, fn);
+    ran = pool().run(n, fn);
   } catch (...) {
     t_inside = false;
     throw;
+  }
+  if (!ran) {
+    try {
+      fn(0, n);
+    } catch (...) {
+      t_inside = false;
+      throw;
+    }
   }
   t_inside = false;
 }
