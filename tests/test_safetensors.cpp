@@ -1,5 +1,5 @@
 // safetensors: the byte format, PyTorch names, every device to every device, checkpoints that resume
-// bit-identically, atomic writes under SIGKILL, and a clear error for every kind of bad file.
+// bit-identically, and a clear error for every kind of bad file. (Atomic writes under SIGKILL: test_save_faults.cpp.)
 #include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -362,61 +362,7 @@ TEST(Safetensors, CheckpointRejectsOtherFilesAndRules) {
 
 // ---- atomic writes ----
 
-TEST(Safetensors, KilledWriterLeavesThePreviousFileIntact) {
-  TempDir dir;
-  const std::string path = dir.file("big.safetensors");
-  TensorMap previous{{"w", full({4, 4}, 7.0)}};
-  save_state(path, previous);
-  const std::string before = read_bytes(path);
-  TensorMap big{{"w", zeros({64 << 20})}};  // 256 MB: a write that takes a while
-  const uint64_t full_size = 8 + 256 * (uint64_t(1) << 20);
-
-  bool killed_mid_write = false;
-  for (int attempt = 0; attempt < 5 && !killed_mid_write; ++attempt) {
-    pid_t child = ::fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      try {
-        save_state(path, big);
-      } catch (...) {
-      }
-      ::_exit(0);
-    }
-    // Wait until the child's temporary file has some bytes in it, then kill the child.
-    std::string temp;
-    uint64_t temp_size = 0;
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (std::chrono::steady_clock::now() < deadline) {
-      for (const std::string& name : dir.entries()) {
-        struct stat st {};
-        if (name.rfind(".big.safetensors.tmp-", 0) == 0 && ::stat(dir.file(name).c_str(), &st) == 0 &&
-            uint64_t(st.st_size) > (uint64_t(1) << 20)) {
-          temp = name;
-          temp_size = uint64_t(st.st_size);
-        }
-      }
-      if (!temp.empty()) break;
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    ::kill(child, SIGKILL);
-    int status = 0;
-    ::waitpid(child, &status, 0);
-    std::string after = read_bytes(path);
-    if (after.size() == before.size()) {
-      EXPECT_EQ(after, before);  // the previous file, byte for byte
-      EXPECT_FALSE(temp.empty()) << "the child never started writing";
-      killed_mid_write = WIFSIGNALED(status) && !temp.empty() && temp_size < full_size;
-      EXPECT_EQ(tensor_bytes(load_state(path).at("w")), tensor_bytes(previous.at("w")));
-    } else {
-      // The child finished and renamed before the kill landed: a complete new file. Start over.
-      EXPECT_GT(after.size(), full_size);
-      save_state(path, previous);
-    }
-    for (const std::string& name : dir.entries())
-      if (name != "big.safetensors") ::unlink(dir.file(name).c_str());
-  }
-  EXPECT_TRUE(killed_mid_write);
-}
+// A writer SIGKILLed at random points: tests/test_save_faults.cpp.
 
 TEST(Safetensors, SaveErrorsNameTheFile) {
   TempDir dir;

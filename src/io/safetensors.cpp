@@ -1,9 +1,12 @@
 // safetensors files <-> tensors on any device. Reading maps the file and copies each tensor once,
 // straight from the mapping into its destination buffer; writing streams each tensor through a
-// bounded host staging buffer into a temporary file that is fsynced and renamed over the target.
+// bounded host staging buffer into a temporary (unnamed where the file system allows) file that is
+// fsynced and renamed over the target, so a writer killed at any point leaves the previous file.
 #include "flux/io/safetensors.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <set>
 #include <sstream>
 
@@ -135,34 +139,75 @@ void write_all(int fd, const void* data, size_t n, const std::string& context) {
   }
 }
 
-/// A temporary file next to the destination, removed unless committed by rename.
+/// Temporary names are ".<target>.tmp-<pid>-XXXXXX" in the target's folder.
+std::string temp_prefix(const std::string& base) { return "." + base + ".tmp-"; }
+
+/// Removes the temporary files that killed writers (whose process no longer exists) left for this
+/// target. A live process's temporary is kept: it may be a concurrent save.
+void remove_stale_temps(const std::string& dir, const std::string& base) {
+  const std::string prefix = temp_prefix(base);
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    size_t dash = name.find('-', prefix.size());
+    if (dash == std::string::npos || dash == prefix.size()) continue;
+    std::string digits = name.substr(prefix.size(), dash - prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    pid_t pid = pid_t(std::stol(digits));
+    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) ::unlinkat(::dirfd(d), name.c_str(), 0);
+  }
+  ::closedir(d);
+}
+
+/// The file being written, invisible until commit() puts it in place with one rename. Where the file
+/// system supports it (Linux O_TMPFILE) the data goes to an unnamed file, so a writer killed at any
+/// point leaves nothing behind; the name exists only between linkat() and rename(). Elsewhere a
+/// named temporary (mode 0600 while written) is removed by the destructor, or, after a SIGKILL, by the
+/// next save of the same target (remove_stale_temps).
 class AtomicFile {
  public:
   AtomicFile(const std::string& context, const std::string& path) : context_(context), path_(path) {
     size_t slash = path.find_last_of('/');
     dir_ = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-    std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-    std::string pattern = (dir_ == "/" ? "" : dir_) + "/." + base + ".tmp-XXXXXX";
-    std::vector<char> buf(pattern.begin(), pattern.end());
-    buf.push_back('\0');
-    fd_ = ::mkostemp(buf.data(), O_CLOEXEC);
-    if (fd_ < 0) detail::fail(context, ": cannot create a temporary file in '", dir_, "': ", errno_text());
-    temp_ = buf.data();
-    // mkostemp makes 0600; give the file the mode of the one it replaces, else rw-r--r--.
+    base_ = slash == std::string::npos ? path : path.substr(slash + 1);
+    remove_stale_temps(dir_, base_);
     struct stat st {};
-    ::fchmod(fd_, ::stat(path.c_str(), &st) == 0 ? (st.st_mode & 07777) : 0644);
+    mode_ = ::stat(path.c_str(), &st) == 0 ? (st.st_mode & 07777) : 0644;  // the replaced file's mode
+#ifdef O_TMPFILE
+    if (::access("/proc/self/fd", X_OK) == 0) fd_ = ::open(dir_.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+#endif
+    if (fd_ < 0) {
+      std::string pattern = temp_name() + "XXXXXX";
+      std::vector<char> buf(pattern.begin(), pattern.end());
+      buf.push_back('\0');
+      fd_ = ::mkostemp(buf.data(), O_CLOEXEC);
+      if (fd_ < 0) detail::fail(context, ": cannot create a temporary file in '", dir_, "': ", errno_text());
+      temp_ = buf.data();
+    }
   }
   ~AtomicFile() {
     if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(temp_.c_str());
+    if (!temp_.empty() && !committed_) ::unlink(temp_.c_str());
   }
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
   int fd() const { return fd_; }
 
-  /// fsync the data, rename over the destination, fsync the folder.
+  /// fsync the data, give it a name (unnamed files), rename it over the destination, fsync the folder.
   void commit() {
+    if (::fchmod(fd_, mode_) != 0) detail::fail(context_, ": cannot set the file mode: ", errno_text());
     if (::fsync(fd_) != 0) detail::fail(context_, ": fsync failed: ", errno_text());
+    if (temp_.empty()) {
+      // linkat through /proc names the unnamed file without CAP_DAC_READ_SEARCH (AT_EMPTY_PATH needs it).
+      const std::string self = "/proc/self/fd/" + std::to_string(fd_);
+      for (int attempt = 0; temp_.empty(); ++attempt) {
+        std::string name = temp_name() + random_suffix();
+        if (::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, name.c_str(), AT_SYMLINK_FOLLOW) == 0) temp_ = name;
+        else if (errno != EEXIST || attempt > 100) detail::fail(context_, ": cannot name the temporary file: ", errno_text());
+      }
+    }
     int fd = fd_;
     fd_ = -1;
     if (::close(fd) != 0) detail::fail(context_, ": close failed: ", errno_text());
@@ -176,7 +221,19 @@ class AtomicFile {
   }
 
  private:
-  std::string context_, path_, dir_, temp_;
+  std::string temp_name() const {
+    return (dir_ == "/" ? "" : dir_) + "/" + temp_prefix(base_) + std::to_string(::getpid()) + "-";
+  }
+  static std::string random_suffix() {
+    static thread_local uint64_t state = uint64_t(::getpid()) * 0x9E3779B97F4A7C15ull ^ uint64_t(time(nullptr));
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    static const char digits[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+    std::string out;
+    for (uint64_t v = state >> 16; out.size() < 6; v /= 36) out += digits[v % 36];
+    return out;
+  }
+  std::string context_, path_, dir_, base_, temp_;
+  mode_t mode_ = 0644;
   int fd_ = -1;
   bool committed_ = false;
 };
