@@ -73,6 +73,20 @@ set_tests_properties(device_env.two_pocl_devices PROPERTIES
   FAIL_REGULAR_EXPRESSION "Running 0 tests"
   TIMEOUT 900)
 
+# Out of memory on the CPU pool limited by FLUX_CPU_MEMORY_LIMIT (tests/test_out_of_memory.cpp): the
+# cache is emptied and the allocation retried, then flux::OutOfMemory; a malformed limit is an error.
+foreach(oom cpu:CpuLimitedPool:64M cpu_malformed:CpuLimitMalformed:lots)
+  string(REPLACE ":" ";" oom ${oom})
+  list(GET oom 0 case)
+  list(GET oom 1 test)
+  list(GET oom 2 limit)
+  add_test(NAME device_env.${case}_memory_limit COMMAND $<TARGET_FILE:flux_tests> --gtest_filter=OutOfMemoryEnv.${test})
+  set_tests_properties(device_env.${case}_memory_limit PROPERTIES
+    ENVIRONMENT "FLUX_OOM_TEST_ENV=${case};FLUX_CPU_MEMORY_LIMIT=${limit};FLUX_PREFERENCES=${FLUX_PREF_DIR}/none"
+    FAIL_REGULAR_EXPRESSION "Running 0 tests|SKIPPED \\] OutOfMemoryEnv"
+    TIMEOUT 300)
+endforeach()
+
 # flux-info prints everything and exits 0: as is, with OpenCL hidden, and next to a refused plugin.
 add_test(NAME flux_info COMMAND $<TARGET_FILE:flux-info>)
 add_test(NAME flux_info.opencl_hidden COMMAND $<TARGET_FILE:flux-info>)

@@ -34,6 +34,13 @@ flux_opencl_env(two_devices "OpenCLEnv.TwoPoclDevicesMoveTensors:Devices/OpenCLB
 flux_opencl_env(layers_two_devices
   "OpenCLEnv.TwoPoclDevicesMoveTensors:Devices/Conv*/OpenCL_*:Devices/Pool*/OpenCL_*:Devices/*Norm.*/OpenCL_*:Devices/*Dropout.*/OpenCL_*:Devices/Random*/OpenCL_*"
   two_devices "POCL_DEVICES=pthread pthread" FLUX_PREFERENCES=${FLUX_OPENCL_PREFS}/none)
+# Out of memory on a limited PoCL device (1 GiB global memory, 256 MiB largest buffer): the pool empties
+# its cache and retries, then throws flux::OutOfMemory with the figures (tests/test_out_of_memory.cpp).
+add_test(NAME opencl.out_of_memory COMMAND $<TARGET_FILE:flux_tests> --gtest_filter=OutOfMemoryEnv.OpenCLLimitedDevice)
+set_tests_properties(opencl.out_of_memory PROPERTIES
+  ENVIRONMENT "FLUX_OOM_TEST_ENV=opencl;POCL_MEMORY_LIMIT=1;POCL_CACHE_DIR=${FLUX_POCL_CACHE_DIR};FLUX_PREFERENCES=${FLUX_OPENCL_PREFS}/none"
+  FAIL_REGULAR_EXPRESSION "Running 0 tests|SKIPPED \\] OutOfMemoryEnv"
+  LABELS opencl TIMEOUT 300)
 # Hidden devices: the plugin loads, is not functional, get_device() falls back to CPU.
 flux_opencl_env(hidden OpenCLEnv.HiddenDevicesFallBackToCpu hidden FLUX_OPENCL_DEVICES=-1
   FLUX_PREFERENCES=${FLUX_OPENCL_PREFS}/none)

@@ -30,5 +30,6 @@
 #include "flux/nn/show.hpp"
 #include "flux/ops.hpp"
 #include "flux/optimisers/optimisers.hpp"
+#include "flux/out_of_memory.hpp"
 #include "flux/tensor.hpp"
 #include "flux/version.hpp"

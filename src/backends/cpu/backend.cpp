@@ -1,6 +1,8 @@
 // The CPU backend object: memory (a caching pool), copies, and dispatch to the kernel files.
 #include <sys/sysinfo.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "flux/error.hpp"
+#include "flux/out_of_memory.hpp"
 #include "src/backends/caching_pool.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 
@@ -22,18 +25,57 @@ namespace {
 /// A buffer's address, or nullptr for an absent (null-handle) optional buffer.
 void* or_null(backend::Buffer b) { return b.handle ? ptr(b) : nullptr; }
 
-// 64-byte aligned host blocks through the shared size-class cache.
+/// FLUX_CPU_MEMORY_LIMIT: the most bytes the CPU pool may hold (live tensors plus cached blocks), as
+/// a number of bytes with an optional K, M or G (powers of 1024); unset or 0: no limit but the system's.
+size_t cpu_memory_limit() {
+  const char* v = std::getenv("FLUX_CPU_MEMORY_LIMIT");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long n = std::strtoull(v, &end, 10);
+  size_t scale = 1;
+  if (end && (*end == 'K' || *end == 'k')) scale = size_t(1) << 10, ++end;
+  else if (end && (*end == 'M' || *end == 'm')) scale = size_t(1) << 20, ++end;
+  else if (end && (*end == 'G' || *end == 'g')) scale = size_t(1) << 30, ++end;
+  if (errno || end == v || *end != '\0' || n > SIZE_MAX / scale)
+    detail::fail("[CPU] FLUX_CPU_MEMORY_LIMIT='", v, "' is not a size: expected bytes, optionally with K, M or G (e.g. 512M)");
+  return size_t(n) * scale;
+}
+
+// 64-byte aligned host blocks through the shared size-class cache. A request the system refuses, or
+// one that would take the pool beyond FLUX_CPU_MEMORY_LIMIT, empties the cache and is tried once
+// more (CachingPool::allocate); then flux::OutOfMemory names the size and the figures.
 class HostPool {
  public:
   void* allocate(size_t bytes) {
-    void* p = pool_.allocate(bytes, [](size_t r) { return std::aligned_alloc(64, r); }, std::free);
-    if (!p) detail::fail("[CPU] out of memory allocating ", bytes, " bytes");
+    const size_t limit = limit_once();
+    void* p = pool_.allocate(
+        bytes,
+        [&](size_t r) -> void* {
+          if (limit && pool_.used() + pool_.cached() + r > limit) return nullptr;
+          return std::aligned_alloc(64, r);
+        },
+        std::free);
+    if (!p) {
+      struct sysinfo si {};
+      sysinfo(&si);
+      const size_t total = limit ? limit : size_t(si.totalram) * si.mem_unit;
+      const bool over_limit = limit && pool_.used() + pool_.cached() + pool_.round(bytes) > limit;
+      throw OutOfMemory("CPU", bytes, pool_.used(), pool_.cached(), total,
+                        over_limit ? "FLUX_CPU_MEMORY_LIMIT=" + std::string(std::getenv("FLUX_CPU_MEMORY_LIMIT")) + " would be exceeded"
+                                   : std::string("the system refused the allocation"));
+    }
     return p;
   }
   void deallocate(void* p, size_t bytes) { pool_.deallocate(p, bytes, std::free); }
   void release() { pool_.release(std::free); }
   size_t used() { return pool_.used(); }
   size_t cached() { return pool_.cached(); }
+  /// The pool's limit (FLUX_CPU_MEMORY_LIMIT, read once), 0 for none.
+  size_t limit_once() {
+    static const size_t limit = cpu_memory_limit();
+    return limit;
+  }
 
  private:
   backends::CachingPool<void*> pool_{64};
@@ -51,8 +93,9 @@ class CpuBackend final : public backend::Backend {
   backend::MemoryInfo memory(int) override {
     struct sysinfo si {};
     sysinfo(&si);
-    return {pool_.used(), pool_.used() + pool_.cached(), size_t(si.freeram) * si.mem_unit,
-            size_t(si.totalram) * si.mem_unit};
+    const size_t used = pool_.used(), reserved = used + pool_.cached(), limit = pool_.limit_once();
+    if (limit) return {used, reserved, limit > reserved ? limit - reserved : 0, limit};
+    return {used, reserved, size_t(si.freeram) * si.mem_unit, size_t(si.totalram) * si.mem_unit};
   }
   backend::Buffer allocate(int, size_t bytes) override { return {bytes ? pool_.allocate(bytes) : nullptr, 0}; }
   void deallocate(int, backend::Buffer b, size_t bytes) override {

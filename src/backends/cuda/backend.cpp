@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "flux/out_of_memory.hpp"
 #include "src/backends/cuda/cuda_backend.hpp"
 
 #ifndef FLUX_GPU_ARCHS
@@ -22,12 +23,6 @@ namespace {
 void* ptr(backend::Buffer b) { return static_cast<char*>(b.handle) + b.offset; }
 /// A buffer's device address, or nullptr for an absent (null-handle) optional buffer.
 void* or_null(backend::Buffer b) { return b.handle ? ptr(b) : nullptr; }
-
-std::string mib(size_t bytes) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / 1048576.0);
-  return buf;
-}
 
 std::string error_text(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + " (" + std::to_string(int(e)) + "): " + cudaGetErrorString(e);
@@ -169,10 +164,12 @@ class GpuBackend final : public backend::Backend {
         m = memory(device);
       } catch (const Error&) {
       }
-      detail::fail("[", FLUX_GPU_BACKEND_NAME, "] out of memory on ", FLUX_GPU_BACKEND_NAME, ":", device,
-                   ": cannot allocate ", bytes, " bytes (", mib(bytes), ") after freeing the cache: ", error_text(e),
-                   ". Memory: used ", mib(m.used), ", reserved ", mib(m.reserved), " (pool), free ", mib(m.free),
-                   " of ", mib(m.total));
+      if (e != cudaErrorMemoryAllocation)
+        detail::fail("[", FLUX_GPU_BACKEND_NAME, "] " FLUX_GPU_API_PREFIX "Malloc of ", bytes, " bytes on ", FLUX_GPU_BACKEND_NAME, ":",
+                     device, " failed: ", error_text(e));
+      throw OutOfMemory(std::string(FLUX_GPU_BACKEND_NAME) + ":" + std::to_string(device), bytes, m.used,
+                        m.reserved - m.used, m.total,
+                        FLUX_GPU_API_PREFIX "Malloc: " + error_text(e) + "; the driver reports " + OutOfMemory::bytes_text(m.free) + " free");
     }
     std::lock_guard<std::mutex> lock(d.pool_mutex);
     d.used += r;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <sstream>
 
+#include "flux/out_of_memory.hpp"
 #include "src/backends/caching_pool.hpp"
 #include "src/backends/opencl/opencl_backend.hpp"
 
@@ -202,16 +203,24 @@ Layout collapse(int ndim, const int64_t* shape, const int64_t* const* strides, i
 
 namespace {
 
-// cl_mem buffers of one device through the shared size-class cache.
+// cl_mem buffers of one device through the shared size-class cache. The device's global memory
+// (CL_DEVICE_GLOBAL_MEM_SIZE; PoCL's POCL_MEMORY_LIMIT sets it in GB) is the pool's budget: a request
+// that would take the pool beyond it counts as out of memory like a failed clCreateBuffer, since
+// drivers that allocate lazily (PoCL) would otherwise fail later, inside some enqueue. Either way
+// the cache is emptied and the allocation tried once more before flux::OutOfMemory is thrown.
 class BufferPool {
  public:
-  cl_mem allocate(DeviceState& dev, size_t bytes) {
+  cl_mem allocate(int index, DeviceState& dev, size_t bytes) {
     size_t r = pool_.round(bytes);
     if (dev.max_alloc && r > dev.max_alloc)
       ::flux::detail::fail("[OpenCL] cannot allocate ", bytes, " bytes on ", dev.name, ": the device's largest buffer is ",
                            dev.max_alloc, " bytes (CL_DEVICE_MAX_MEM_ALLOC_SIZE)");
     cl_int err = CL_SUCCESS;
     auto create = [&](size_t size) -> cl_mem {
+      if (dev.global_mem && pool_.used() + pool_.cached() + size > dev.global_mem) {
+        err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
+        return nullptr;
+      }
       cl_mem p = clCreateBuffer(dev.context, CL_MEM_READ_WRITE, size, nullptr, &err);
       bool out_of_memory = err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES || err == CL_OUT_OF_HOST_MEMORY;
       if (err != CL_SUCCESS && !out_of_memory)
@@ -219,7 +228,13 @@ class BufferPool {
       return err == CL_SUCCESS ? p : nullptr;
     };
     cl_mem p = pool_.allocate(bytes, create, release_buffer);
-    if (!p) check(err, "clCreateBuffer", " allocating " + std::to_string(bytes) + " bytes on " + dev.name);
+    if (!p) {
+      bool over_budget = dev.global_mem && pool_.used() + pool_.cached() + r > dev.global_mem;
+      throw OutOfMemory("OpenCL:" + std::to_string(index) + " (" + dev.name + ")", bytes, pool_.used(), pool_.cached(),
+                        dev.global_mem,
+                        over_budget ? "the device's global memory would be exceeded"
+                                    : std::string("clCreateBuffer failed with ") + cl_error_name(err));
+    }
     return p;
   }
   // clReleaseMemObject is deferred by the runtime until queued commands finish.
@@ -302,7 +317,7 @@ class OpenCLBackend final : public backend::Backend {
   backend::Buffer allocate(int d, size_t bytes) override {
     if (!bytes) return {};
     Device& dev = entry(d);
-    return {dev.pool.allocate(dev.state, bytes), 0};
+    return {dev.pool.allocate(d, dev.state, bytes), 0};
   }
   void deallocate(int d, backend::Buffer b, size_t bytes) override {
     if (b.handle) entry(d).pool.deallocate(mem(b), bytes);
