@@ -1,7 +1,8 @@
 // GEMM on the CPU: OpenBLAS sgemm/dgemm or oneDNN's matmul for floats (transposes folded into the
 // call), loops for integers. Large GEMMs are cut over our thread pool, one single-threaded library
 // call per piece (gemm_split). Which library runs a float32 piece is measured at run time, once per
-// piece shape (choose_engine): OpenBLAS unless oneDNN ran that shape at least 10% faster. Measured on
+// piece shape (choose_engine): OpenBLAS unless oneDNN ran that shape at least 10% faster (oneDNN is
+// tried on pieces of up to 2^20 operand elements: its buffers cost peak RSS above). Measured on
 // 2 AVX2 (Zen) cores, 1 thread (GFLOP/s by thread CPU time, /work/notes/cpuspeed.md): OpenBLAS's ZEN
 // kernels and oneDNN are within ~10% on the MNIST and wide MLPs' shapes (OpenBLAS ahead on 512x512x128
 // and the wide shapes), while on thin ones (a side of 10) oneDNN runs 1.3-2x faster; where OpenBLAS
@@ -150,6 +151,9 @@ bool onednn_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 }
 #endif
 
+constexpr size_t kMaxOnednnScratch = size_t(4) << 20;
+constexpr double kMaxOnednnElements = double(1 << 20);
+
 double thread_seconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -173,6 +177,17 @@ GemmEngine choose_engine(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
     std::lock_guard<std::mutex> lock(mutex);
     auto it = chosen.find(key);
     if (it != chosen.end()) return it->second;
+  }
+  // oneDNN is a candidate only for operands of up to 2^20 elements (A + B + C) and a small
+  // scratchpad: on the wide MLP's pieces (e.g. 256 x 2048 x 1024) its buffers raised the peak RSS from
+  // 440 to 489-532 MB at 2 threads, and OpenBLAS measured as fast or faster on those shapes anyway.
+  Matmul* candidate = double(m) * double(k) + double(k) * double(n) + double(m) * double(n) > kMaxOnednnElements
+                          ? nullptr
+                          : onednn_matmul(ta, tb, m, n, k, alpha, lda, ldb, beta, ldc, slot);
+  if (!candidate || candidate->scratch > kMaxOnednnScratch) {
+    std::lock_guard<std::mutex> lock(mutex);
+    chosen.emplace(key, GemmEngine::openblas);
+    return GemmEngine::openblas;
   }
   std::vector<float> scratch(size_t(m) * size_t(ldc));
   double best_blas = 1e30, best_dnnl = 1e30;
