@@ -1,5 +1,5 @@
 // One benchmark case with flux-cpp; prints "key value" lines for bench/run_bench.py.
-// Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | wide | overhead | infer | sgemm | lenet | fmnist | resnet
+// Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | wide | overhead | infer | sgemm | lenet | fmnist | resnet | blas
 // DEVICE: cpu (default) or opencl. --gemm=auto|openblas|onednn (after DEVICE) forces the CPU GEMM engine;
 // --seconds=S times every training case for S seconds (e.g. the 30 s system-time check). Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS;
 // FLUX_LIBRARY_KERNELS=0 forces the portable im2col + GEMM convolution path instead of oneDNN.
@@ -270,10 +270,14 @@ void resnet_case() { std::printf("skipped ResNet-18 (flux/models/resnet.hpp) not
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: flux_bench seed|mnist|wide|overhead|infer|sgemm|lenet|fmnist|resnet [cpu|opencl]\n");
+    std::fprintf(stderr, "usage: flux_bench seed|mnist|wide|overhead|infer|sgemm|lenet|fmnist|resnet|blas [cpu|opencl]\n");
     return 2;
   }
   std::string which = argv[1], device = argc > 2 ? argv[2] : "cpu";
+  if (which == "blas") {  // for the table's header: the OpenBLAS build and the kernels it chose for this CPU
+    std::printf("blas_config %s\nblas_core %s\n", openblas_get_config(), openblas_get_corename());
+    return 0;
+  }
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--seconds=", 0) == 0) {

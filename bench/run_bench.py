@@ -1,31 +1,43 @@
 #!/usr/bin/env python3
-"""Runs flux_bench and torch_bench as separate processes, alternating, and prints ONE markdown table.
+"""Runs flux_bench and its peers as separate processes, alternating, and prints ONE markdown table.
 
 Usage: bench/run_bench.py BUILD_DIR [--reps N] [--threads 1,2] [--cases seed,mnist,...,lenet,fmnist,resnet]
+                         [--peers lt113,lt2,py2,ort] [--quick]
 
 Processes per case and thread count, in rotating order within each repetition:
   flux-cpp      : the environment WITHOUT OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (flux needs no variable),
                   FLUX_NUM_THREADS = OPENBLAS_NUM_THREADS = OMP_NUM_THREADS (oneDNN's threads) = threads
-  LibTorch user : the environment as given (this machine sets OPENBLAS_CORETYPE=Haswell),
+  lt113 (Debian LibTorch 1.13, BUILD_DIR/bin/torch_bench), two columns:
+    user env    : the environment as given (this machine sets OPENBLAS_CORETYPE=Haswell),
                   torch::set_num_threads, OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = threads
-  LibTorch best : as user, but OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE removed (OpenBLAS detects the CPU:
-                  Cooperlake kernels, the same as SkylakeX or better here) and OMP_WAIT_POLICY=PASSIVE
-The convolutional cases (lenet, fmnist, resnet) add two processes:
-  flux-cpp im2col: flux with FLUX_LIBRARY_KERNELS=0 (the portable im2col + GEMM conv path, no oneDNN)
-  flux-cpp PASSIVE (2+ threads, diagnostic): flux with OMP_WAIT_POLICY=PASSIVE for oneDNN's OpenMP threads
-  LibTorch best, OMP_WAIT_POLICY unset: the "best" column takes the better of PASSIVE and the default
-                  (LibTorch's convolutions are oneDNN on OpenMP, where spinning threads can pay); when the
-                  user environment already is that environment, the user run serves as this one.
-Each figure is the best of the repetitions (highest rate, lowest time); ratios compare figures from
-the same run. The OpenCL rows (flux on PoCL vs flux on CPU) appear when libflux-opencl.so was built.
+    best        : as user, but OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE removed (OpenBLAS detects the CPU)
+                  and OMP_WAIT_POLICY=PASSIVE; for the convolutional cases also without PASSIVE, the
+                  better of the two counts (when the user environment is that one, its run serves)
+  lt2 (LibTorch 2.x C++ of PyPI's torch wheel, BUILD_DIR/torch2/torch_bench: torch_bench.cpp built
+       against it), py2 (PyTorch 2.x eager, bench/torch_bench.py in BUILD_DIR/venv), and ort (ONNX
+       Runtime, bench/ort_bench.py, inference rows only, models exported by torch.onnx into
+       BUILD_DIR/onnx): the environment without OPENBLAS_* / OMP_WAIT_POLICY, threads set through the
+       API and OMP_NUM_THREADS = MKL_NUM_THREADS = threads; at 2+ threads each also runs with its
+       threads told not to spin (OMP_WAIT_POLICY=PASSIVE; for ONNX Runtime
+       session.intra_op.allow_spinning=0) and its better figure counts, as for LibTorch 1.13.
+Each figure is the best of the repetitions (highest rate, lowest time); "best peer" is the best figure
+of all peer columns in that row, and the ratio compares flux with it. Only ratios from one run mean
+anything. --quick: one repetition of the MLP cases (seed, mnist, wide, infer) against one peer (LibTorch
+2.x C++ if built, else Debian LibTorch 1.13, else PyTorch 2.x), one wait setting (PASSIVE at 2+
+threads), no sgemm limit and no OpenCL rows.
 """
 import argparse
+import datetime
 import os
+import re
 import subprocess
 import sys
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = ["seed", "mnist", "wide", "overhead", "infer", "lenet", "fmnist", "resnet"]
+MLP_CASES = ["seed", "mnist", "wide", "infer"]
 CNN_CASES = ["lenet", "fmnist", "resnet"]
+ORT_CASES = ["infer", "resnet"]  # the inference rows
 # metric -> (label, unit, higher_is_better)
 METRICS = {
     "seed_steps_per_s": ("1. seed MLP 10-64-1 training", "steps/s", True),
@@ -42,15 +54,27 @@ METRICS = {
     "resnet1_ms": ("10. ResNet-18 inference {hw}, batch 1", "ms", False),
     "resnet32_ms": ("10. ResNet-18 inference {hw}, batch 32", "ms", False),
 }
-# metric -> (target ratio against LibTorch best, text)
-TARGETS = {
-    "seed_steps_per_s": 3.0, "mnist_steps_per_s": 1.3,
-    "lenet_steps_per_s": 1.3, "fmnist_steps_per_s": 1.3, "resnet1_ms": 1.2, "resnet32_ms": 1.2,
-}
 CASE_OF = {"seed_steps_per_s": "seed", "mnist_steps_per_s": "mnist", "wide_steps_per_s": "wide",
            "wide_gflops": "wide", "add16_us": "overhead", "dense16_us": "overhead", "infer1_us": "infer",
            "infer128_us": "infer", "peak_rss_mb": "wide", "lenet_steps_per_s": "lenet", "fmnist_steps_per_s": "fmnist",
            "resnet1_ms": "resnet", "resnet32_ms": "resnet"}
+# The peer columns: key -> heading ({v} is filled with the peer's version).
+PEER_COLUMNS = {"lt113_user": "LibTorch {v} (user env)", "lt113": "LibTorch {v} (best)", "lt2": "LibTorch {v} C++",
+                "py2": "PyTorch {v} eager", "ort": "ONNX Runtime {v}"}
+PEER_OF_COLUMN = {"lt113_user": "lt113", "lt113": "lt113", "lt2": "lt2", "py2": "py2", "ort": "ort"}
+# Targets (issue 17 for the MLP rows; the convolutional rows keep theirs against LibTorch 1.13):
+# metric -> list of (peer columns, ratio flux must reach against the best of them, text).
+NEW_PEERS = ("lt2", "py2")
+TARGETS = {
+    "seed_steps_per_s": [(tuple(PEER_COLUMNS), 3.0, "≥ 3× every peer")],
+    "mnist_steps_per_s": [(("lt113", "lt113_user"), 1.5, "≥ 1.5× LibTorch 1.13"), (NEW_PEERS, 1.0, "ahead of 2.x")],
+    "infer1_us": [(("ort",), 1.0, "ahead of ONNX Runtime")],
+    "infer128_us": [(("ort",), 1.0, "ahead of ONNX Runtime")],
+    "lenet_steps_per_s": [(("lt113", "lt113_user"), 1.3, "≥ 1.3× LibTorch 1.13")],
+    "fmnist_steps_per_s": [(("lt113", "lt113_user"), 1.3, "≥ 1.3× LibTorch 1.13")],
+    "resnet1_ms": [(("lt113", "lt113_user"), 1.2, "≥ 1.2× LibTorch 1.13")],
+    "resnet32_ms": [(("lt113", "lt113_user"), 1.2, "≥ 1.2× LibTorch 1.13")],
+}
 
 
 def base_env():
@@ -83,18 +107,44 @@ def torch_active_env(threads):
     return None if env == torch_env(threads, False) else env
 
 
-def isa():
-    flags = ""
+def peer_env(threads, quiet):
+    """The 2.x peers (MKL, oneDNN, their own OpenMP or thread pool): threads set, spin-waiting or not."""
+    env = base_env()
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    if quiet:
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+        env["FLUX_BENCH_ORT_SPINNING"] = "0"
+    return env
+
+
+def cpu_flags():
     with open("/proc/cpuinfo") as f:
         for line in f:
             if line.startswith("flags"):
-                flags = line.split()
-                break
-    for name in ("avx512f", "avx2", "sse4_2"):
-        if name in flags:
-            extra = [x for x in ("avx512_bf16", "avx512_vnni", "amx_tile") if x in flags] if name == "avx512f" else []
-            return " ".join([name.upper().replace("_", ".")] + extra)
-    return "baseline x86-64"
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def isa():
+    """AVX2 / AVX-512 (with its BF16, VNNI, FP16 extensions) / AMX, as the CPU reports them."""
+    flags = cpu_flags()
+    if "avx512f" in flags:
+        ext = [n for f, n in (("avx512_bf16", "BF16"), ("avx512_vnni", "VNNI"), ("avx512_fp16", "FP16")) if f in flags]
+        text = "AVX-512" + (f" ({', '.join(ext)})" if ext else "")
+    elif "avx2" in flags:
+        text = "AVX2" + ("+FMA" if "fma" in flags else "") + ", no AVX-512"
+    else:
+        text = "no AVX2"
+    amx = [n for f, n in (("amx_bf16", "BF16"), ("amx_int8", "INT8"), ("amx_fp16", "FP16")) if f in flags]
+    return text + (f", AMX ({', '.join(amx)})" if "amx_tile" in flags else ", no AMX")
+
+
+def cpu_model():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
 
 
 def loadavg():
@@ -102,20 +152,25 @@ def loadavg():
         return " ".join(f.read().split()[:3])
 
 
-def run(cmd, env, timeout=300):
+def run_raw(cmd, env, timeout=300):
+    """stdout of cmd, or None (with the reason on stderr)."""
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         print(f"[bench] timeout: {' '.join(cmd)}", file=sys.stderr)
-        return {}
+        return None
     except OSError as e:
         print(f"[bench] cannot run {' '.join(cmd)}: {e}", file=sys.stderr)
-        return {}
+        return None
     if out.returncode != 0:
         print(f"[bench] failed ({out.returncode}): {' '.join(cmd)}\n{out.stderr[-2000:]}", file=sys.stderr)
-        return {}
+        return None
+    return out.stdout
+
+
+def run(cmd, env, timeout=300):
     res = {}
-    for line in out.stdout.splitlines():
+    for line in (run_raw(cmd, env, timeout) or "").splitlines():
         parts = line.split()
         if len(parts) == 2:
             try:
@@ -123,6 +178,12 @@ def run(cmd, env, timeout=300):
             except ValueError:
                 pass
     return res
+
+
+def run_text(cmd, env):
+    """'key text...' lines (versions, configuration) as a list of (key, text)."""
+    out = run_raw(cmd, env, timeout=120) or ""
+    return [tuple(l.split(" ", 1)) for l in out.splitlines() if " " in l]
 
 
 def merge(store, key, res):
@@ -145,33 +206,154 @@ def fmt(v):
     return f"{v:.3g}"
 
 
+def short_config(text):
+    """torch's build configuration lines, shortened for the header ('MKL 2024.2', 'oneDNN v3.13.3')."""
+    for pattern, repl in ((r"Intel\(R\) (?:oneAPI )?Math Kernel Library Version (\S+?)-Product.*", r"MKL \1"),
+                          (r"Intel\(R\) MKL-DNN (v\S+).*", r"oneDNN \1"),
+                          (r"OpenMP \d+ \(a\.k\.a\. OpenMP ([0-9.]+)\)", r"OpenMP \1"),
+                          (r"CPU capability usage: (\S+)", r"CPU capability \1")):
+        text = re.sub(pattern, repl, text)
+    return text
+
+
+def read_file(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class Peers:
+    """Which peers exist in BUILD_DIR, how to run each, and why a missing one is missing."""
+
+    def __init__(self, build, wanted):
+        self.build = build
+        self.python = os.path.join(build, "venv", "bin", "python")
+        self.onnx_dir = os.path.join(build, "onnx")
+        self.programs = {"lt113": os.path.join(build, "bin", "torch_bench"),
+                         "lt2": os.path.join(build, "torch2", "torch_bench")}
+        have_venv = os.path.exists(self.python)
+        status = read_file(os.path.join(build, "peers-status.txt"))  # written by scripts/bench
+        lt2_status = read_file(os.path.join(build, "torch2-status.txt"))
+        onnx_status = read_file(os.path.join(build, "onnx-status.txt"))
+        self.present, self.missing = [], {}
+        checks = {
+            "lt113": (os.path.exists(self.programs["lt113"]), "torch_bench not built (scripts/deps.sh bench: libtorch-dev)"),
+            "lt2": (os.path.exists(self.programs["lt2"]),
+                    lt2_status or status or "BUILD_DIR/torch2/torch_bench not built (scripts/bench builds it)"),
+            "py2": (have_venv, status or "no virtual environment BUILD_DIR/venv (scripts/bench makes it)"),
+            "ort": (have_venv and os.path.exists(os.path.join(self.onnx_dir, "mnist_mlp.onnx")),
+                    status or onnx_status or "no exported ONNX models in BUILD_DIR/onnx (scripts/bench exports them)"),
+        }
+        for p in wanted:
+            ok, why = checks[p]
+            if ok:
+                self.present.append(p)
+            else:
+                self.missing[p] = why
+
+    def command(self, peer, case, threads):
+        if peer in self.programs:
+            return [self.programs[peer], case, str(threads)]
+        if peer == "py2":
+            return [self.python, os.path.join(HERE, "torch_bench.py"), case, str(threads)]
+        return [self.python, os.path.join(HERE, "ort_bench.py"), case, str(threads), self.onnx_dir]
+
+    def versions(self):
+        """peer -> (version, [configuration lines])."""
+        info = {}
+        for p in self.present:
+            if p in self.programs:
+                lines = run_text([self.programs[p], "versions"], base_env())
+            else:  # the Python peers' versions were recorded when the venv was made (import torch costs seconds)
+                cached = read_file(os.path.join(self.build, "peers-versions.txt"))
+                if not cached:
+                    script = "torch_bench.py" if p == "py2" else "ort_bench.py"
+                    cached = run_raw([self.python, os.path.join(HERE, script), "versions"], base_env()) or ""
+                lines = [tuple(l.split(" ", 1)) for l in cached.splitlines() if " " in l]
+                if p == "ort":
+                    lines = [l for l in lines if l[1].startswith("onnxruntime")]
+                else:
+                    lines = [l for l in lines if not (l[0] == "version" and l[1].startswith("onnxruntime"))]
+            version = next((t.split()[-1] for k, t in lines if k == "version"), "?")
+            info[p] = (version, [short_config(t) for k, t in lines if k == "config" and "cmake_prefix_path" not in t])
+        return info
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--peers", default="lt113,lt2,py2,ort")
     ap.add_argument("--opencl-cases", default="seed,mnist,overhead,infer")
+    ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     bindir = os.path.join(args.build, "bin")
     flux = os.path.join(bindir, "flux_bench")
-    torch = os.path.join(bindir, "torch_bench")
-    have_torch = os.path.exists(torch)
-    have_opencl = os.path.exists(os.path.join(args.build, "lib", "libflux-opencl.so"))
-    print(f"ISA: {isa()}; load average at start: {loadavg()}", flush=True)
+    peers = Peers(args.build, [p for p in args.peers.split(",") if p])
+    limit = True
+    if args.quick:
+        args.reps, args.cases, args.opencl_cases, limit = 1, ",".join(MLP_CASES), "", False
+        one = next((p for p in ("lt2", "lt113", "py2") if p in peers.present), None)
+        peers.present = [one] if one else []
+    have_opencl = os.path.exists(os.path.join(args.build, "lib", "libflux-opencl.so")) and args.opencl_cases
     threads = [int(t) for t in args.threads.split(",")]
     cases = args.cases.split(",")
+
+    # The header: machine, ISA, BLAS core, peer versions.
+    blas = dict(run_text([flux, "blas"], flux_env(1)))
+    blas_user = dict(run_text([flux, "blas"], dict(os.environ, OPENBLAS_NUM_THREADS="1")))
+    info = peers.versions()
+    commit = (run_raw(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], dict(os.environ)) or "?").strip()
+    print(f"flux-cpp benchmarks, {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, commit {commit}, "
+          f"{os.cpu_count()} cores: {cpu_model()}")
+    print(f"- ISA: {isa()}")
+    core = blas.get("blas_core", "?")
+    user_core = blas_user.get("blas_core", "?")
+    user_note = "" if user_core == core else \
+        f"; in the user environment (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')}): {user_core}"
+    print(f"- BLAS: {blas.get('blas_config', 'OpenBLAS ?')}, core type {core} (detected: flux and the 'best' peer "
+          f"columns){user_note}")
+    for p in peers.present:
+        v, cfg = info.get(p, ("?", []))
+        name = {"lt113": "LibTorch (Debian libtorch-dev)", "lt2": "LibTorch C++ (PyPI torch wheel)",
+                "py2": "PyTorch (PyPI torch wheel, Python)", "ort": "ONNX Runtime (PyPI)"}[p]
+        print(f"- {name} {v}" + (f": {'; '.join(cfg)}" if cfg else ""))
+    for p, why in peers.missing.items():
+        print(f"- {PEER_COLUMNS[p].format(v='').replace('  ', ' ').replace('()', '').strip()}: not measured: {why}")
+    print(f"- load average at start: {loadavg()}", flush=True)
+
     results = {}  # (impl, threads) -> metric -> value
+    variants = {}  # (column, threads) -> impl keys whose best figure the column shows
     for t in threads:
         for case in cases:
             for rep in range(args.reps):
                 jobs = [("flux", [flux, case], flux_env(t))]
-                if have_torch:
-                    jobs.append(("torch_user", [torch, case, str(t)], torch_env(t, False)))
-                    jobs.append(("torch_best", [torch, case, str(t)], torch_env(t, True)))
+                if "lt113" in peers.present:
+                    cmd = peers.command("lt113", case, t)
+                    jobs.append(("lt113_user", cmd, torch_env(t, False)))
+                    jobs.append(("lt113", cmd, torch_env(t, True)))
+                    variants[("lt113_user", t)] = ["lt113_user"]
+                    variants[("lt113", t)] = ["lt113"]
                     if case in CNN_CASES:
                         active = torch_active_env(t)
-                        jobs.append(("torch_active", [torch, case, str(t)], active) if active else None)
+                        # the better of PASSIVE and the default wait policy (the user run when it is that env)
+                        variants[("lt113", t)] = ["lt113", "lt113_active" if active else "lt113_user"]
+                        if active:
+                            jobs.append(("lt113_active", cmd, active))
+                for p in ("lt2", "py2", "ort"):
+                    if p not in peers.present or (p == "ort" and case not in ORT_CASES):
+                        continue
+                    cmd = peers.command(p, case, t)
+                    settings = [t > 1] if args.quick else ([False, True] if t > 1 else [False])
+                    variants[(p, t)] = []
+                    for quiet in settings:
+                        key = p + ("_quiet" if quiet else "")
+                        variants[(p, t)].append(key)
+                        jobs.append((key, cmd, peer_env(t, quiet)))
                 if case in CNN_CASES:
                     e = flux_env(t)
                     e["FLUX_LIBRARY_KERNELS"] = "0"
@@ -181,8 +363,7 @@ def main():
                         e = flux_env(t)
                         e["OMP_WAIT_POLICY"] = "PASSIVE"
                         jobs.append(("flux_passive", [flux, case], e))
-                jobs = [j for j in jobs if j]
-                if case == "wide":
+                if case == "wide" and limit:
                     # The limit, in the same alternation: OpenBLAS sgemm alone on the wide MLP's GEMM
                     # shapes, with OpenBLAS's own CPU detection and with SkylakeX forced; the better counts.
                     jobs.append(("limit", [flux, "sgemm"], flux_env(t)))
@@ -207,99 +388,121 @@ def main():
         values = [v for v in values if v is not None]
         if not values:
             return None
-        return max(values) if METRICS[m][2] else min(values)
+        return max(values) if METRICS.get(m, ("", "", True))[2] else min(values)
 
-    def get(impl, t, m):
-        if impl == "torch_best" and CASE_OF.get(m) in CNN_CASES:
-            # the better of PASSIVE and the default wait policy (the user run when it is that environment)
-            other = "torch_active" if torch_active_env(t) else "torch_user"
-            return best_of(m, [raw("torch_best", t, m), raw(other, t, m)])
-        return raw(impl, t, m)
+    def get(col, t, m):
+        return best_of(m, [raw(k, t, m) for k in variants.get((col, t), [col])])
 
-    def winner(t, m):
-        other = "torch_active" if torch_active_env(t) else "torch_user"
-        p, a = raw("torch_best", t, m), raw(other, t, m)
-        if p is None or a is None:
-            return ""
-        return "PASSIVE" if best_of(m, [p, a]) == p else "default"
+    columns = [c for c in PEER_COLUMNS if PEER_OF_COLUMN[c] in peers.present]
+    headings = [PEER_COLUMNS[c].format(v=info.get(PEER_OF_COLUMN[c], ("", []))[0]) for c in columns]
 
-    lines = []
-    lines.append("| benchmark | threads | flux-cpp | LibTorch (user env) | LibTorch (best) | flux vs best | target | met |")
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    def best_peer(t, m, among=None):
+        cands = [(get(c, t, m), c) for c in columns if among is None or c in among]
+        cands = [(v, c) for v, c in cands if v is not None]
+        if not cands:
+            return None, None
+        return (max if METRICS[m][2] else min)(cands)
+
+    def speedup(m, f, b):
+        return f / b if METRICS[m][2] else b / f  # how many times faster flux is
+
+    short = {"lt113_user": "LT 1.13 user", "lt113": "LT 1.13", "lt2": "LT 2 C++", "py2": "PyTorch", "ort": "ORT"}
+    lines = ["| benchmark | threads | flux-cpp | " + " | ".join(headings) + " | flux vs best peer | target | met |",
+             "| --- | ---: | ---: | " + " | ".join("---:" for _ in columns) + " | ---: | --- | --- |"]
     hw = None
     for (impl, t), res in results.items():
         hw = hw or res.get("resnet_hw")
     hw_text = f"{int(hw)}x{int(hw)}" if hw else ""
+
+    def cell(c, t, m):
+        if c == "ort" and CASE_OF[m] not in ORT_CASES:
+            return "n/a"
+        return fmt(get(c, t, m))
+
     for m, (label, unit, higher) in METRICS.items():
         if CASE_OF[m] not in cases:
             continue
         label = label.format(hw=hw_text)
         for t in threads:
-            f, u, b = get("flux", t, m), get("torch_user", t, m), get("torch_best", t, m)
-            ratio, target, met = None, "", ""
+            f = get("flux", t, m)
+            b, bc = best_peer(t, m)
+            ratio_text, target, met = "—", "", ""
             if f is not None and b is not None and f > 0 and b > 0:
                 if m == "peak_rss_mb":
-                    ratio = f / b
-                    target, ok = "≤ 0.7×", ratio <= 0.7
+                    ratio_text = f"{f / b:.2f}× RSS ({short[bc]})"
+                    target, met = "≤ 0.7×", "yes" if f / b <= 0.7 else "**no**"
                 else:
-                    ratio = f / b if higher else b / f  # how many times faster flux is
-                    ok = None
-                    if m in TARGETS:
-                        target, ok = f"≥ {TARGETS[m]:g}×", ratio >= TARGETS[m]
-                met = "" if target == "" else ("yes" if ok else "**no**")
-            elif m in TARGETS:
-                target, met = f"≥ {TARGETS[m]:g}×", "not measured"
+                    ratio_text = f"{speedup(m, f, b):.2f}× ({short[bc]})"
+            if m in TARGETS and f:
+                texts, oks = [], []
+                for among, need, text in TARGETS[m]:
+                    texts.append(text)
+                    pb, _ = best_peer(t, m, among)
+                    oks.append(None if not pb else speedup(m, f, pb) >= need)
+                target = "; ".join(texts)
+                met = ("yes" if all(oks) else "**no**") if all(o is not None for o in oks) else \
+                    ("**no**" if False in oks else "not all measured")
             if m == "add16_us" and f is not None:
                 target, met = "≤ 0.3 µs", "yes" if f <= 0.3 else "**no**"
             if m == "dense16_us" and f is not None:
                 target, met = "≤ 5 µs", "yes" if f <= 5 else "**no**"
-            rs = "—" if ratio is None else (f"{ratio:.2f}× RSS" if m == "peak_rss_mb" else f"{ratio:.2f}×")
-            lines.append(f"| {label} ({unit}) | {t} | {fmt(f)} | {fmt(u)} | {fmt(b)} | {rs} | {target} | {met} |")
+            lines.append(f"| {label} ({unit}) | {t} | {fmt(f)} | " + " | ".join(cell(c, t, m) for c in columns) +
+                         f" | {ratio_text} | {target} | {met} |")
+        blank = " | ".join("—" for _ in columns)
         if CASE_OF[m] in CNN_CASES:
-            # the same flux case with the portable conv path (im2col + GEMM) forced
-            for t in threads:
-                f, b, fo = get("flux_im2col", t, m), get("torch_best", t, m), get("flux", t, m)
-                rs = "—" if not f or not b else f"{(f / b if higher else b / f):.2f}×"
-                vs = "" if not f or not fo else f"{(f / fo if higher else fo / f):.2f}× of oneDNN path"
-                lines.append(f"| {label}, flux im2col+GEMM path ({unit}) | {t} | {fmt(f)} | — | {fmt(b)} | {rs} | info | {vs} |")
-            for t in threads:
-                f, b, fo = get("flux_passive", t, m), get("torch_best", t, m), get("flux", t, m)
-                if f is None:
-                    continue
-                rs = "—" if not f or not b else f"{(f / b if higher else b / f):.2f}×"
-                vs = "" if not f or not fo else f"{(f / fo if higher else fo / f):.2f}× of plain flux"
-                lines.append(f"| {label}, flux with OMP_WAIT_POLICY=PASSIVE ({unit}) | {t} | {fmt(f)} | — | {fmt(b)} | {rs} "
-                             f"| diagnostic | {vs} |")
-        if m == "wide_gflops" and "wide" in cases:
+            # the same flux case with the portable conv path (im2col + GEMM) forced, and with PASSIVE
+            for key, what, vs_what in (("flux_im2col", "flux im2col+GEMM path", "of oneDNN path"),
+                                       ("flux_passive", "flux with OMP_WAIT_POLICY=PASSIVE", "of plain flux")):
+                for t in threads:
+                    f, fo = get(key, t, m), get("flux", t, m)
+                    if f is None and key == "flux_passive":
+                        continue
+                    b, bc = best_peer(t, m)
+                    rs = "—" if not f or not b else f"{speedup(m, f, b):.2f}× ({short[bc]})"
+                    vs = "" if not f or not fo else f"{speedup(m, f, fo):.2f}× {vs_what}"
+                    lines.append(f"| {label}, {what} ({unit}) | {t} | {fmt(f)} | {blank} | {rs} | info | {vs} |")
+        if m == "wide_gflops" and "wide" in cases and limit:
             for t in threads:
                 lim = get("limit", t, "sgemm_gflops")
-                f, u, b = get("flux", t, m), get("torch_user", t, m), get("torch_best", t, m)
                 pct = lambda v: "—" if v is None or not lim else f"{100 * v / lim:.0f}%"
+                f = get("flux", t, m)
                 ok = f is not None and lim and f / lim >= 0.9
-                lines.append(f"| 3. wide MLP, % of sgemm limit ({fmt(lim)} GFLOP/s) | {t} | {pct(f)} | {pct(u)} | "
-                             f"{pct(b)} | — | ≥ 90% | {'yes' if ok else '**no**'} |")
+                lines.append(f"| 3. wide MLP, % of sgemm limit ({fmt(lim)} GFLOP/s) | {t} | {pct(f)} | " +
+                             " | ".join(pct(get(c, t, m)) for c in columns) +
+                             f" | — | ≥ 90% | {'yes' if ok else '**no**'} |")
     if have_opencl:
+        blank = " | ".join("—" for _ in columns)
         for m, (label, unit, higher) in METRICS.items():
-            if CASE_OF[m] not in args.opencl_cases.split(","):
+            if CASE_OF[m] not in args.opencl_cases.split(",") or CASE_OF[m] not in cases:
                 continue
             for t in threads:
                 o, c = get("opencl", t, m), get("flux", t, m)
-                rs = "—" if not o or not c else f"{(o / c if higher else c / o):.2f}× of CPU"
-                lines.append(f"| 7. OpenCL (PoCL): {label} ({unit}) | {t} | {fmt(o)} | — | — | {rs} | info | |")
-    else:
-        lines.append("| 7. OpenCL backend on PoCL | — | skipped: libflux-opencl.so not built | | | | info | |")
-    if not have_torch:
-        lines.append("| LibTorch | — | torch_bench not built (install libtorch-dev) | | | | | |")
+                rs = "—" if not o or not c else f"{speedup(m, o, c):.2f}× of CPU"
+                lines.append(f"| 7. OpenCL (PoCL): {label} ({unit}) | {t} | {fmt(o)} | {blank} | {rs} | info | |")
+    elif args.opencl_cases:
+        lines.append("| 7. OpenCL backend on PoCL | — | skipped: libflux-opencl.so not built | " +
+                     " | ".join("" for _ in columns) + " | | info | |")
     print("\n".join(lines))
+
+    # Which wait setting won for each peer with two (2+ threads).
     notes = []
-    for m in METRICS:
-        if CASE_OF[m] in CNN_CASES and CASE_OF[m] in cases:
-            for t in threads:
-                w = winner(t, m)
-                if w:
-                    notes.append(f"{m}@{t}: {w}")
+    for (col, t), keys in sorted(variants.items()):
+        if len(keys) < 2:
+            continue
+        won = {}
+        for m in METRICS:
+            if CASE_OF[m] not in cases:
+                continue
+            vals = [(raw(k, t, m), k) for k in keys]
+            vals = [(v, k) for v, k in vals if v is not None]
+            if len(vals) == 2:
+                v, k = (max if METRICS[m][2] else min)(vals)
+                quiet = k.endswith("_quiet") or k == "lt113"
+                won.setdefault("quiet" if quiet else "spinning", []).append(m.split("_")[0])
+        if won:
+            notes.append(f"{short[col]} @{t}: " + ", ".join(f"{w}: {' '.join(ms)}" for w, ms in sorted(won.items())))
     if notes:
-        print("\nLibTorch (best) wait policy that won: " + ", ".join(notes))
+        print("\nWait setting that won (quiet = OMP_WAIT_POLICY=PASSIVE / ORT allow_spinning=0): " + "; ".join(notes))
     print(f"Load average at end: {end_load}")
 
 

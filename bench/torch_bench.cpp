@@ -1,6 +1,10 @@
 // The same cases as flux_bench.cpp, written as a LibTorch C++ user would write them.
-// Usage: torch_bench CASE THREADS   CASE: seed | mnist | wide | overhead | infer | lenet | fmnist | resnet
+// Usage: torch_bench CASE THREADS   CASE: seed | mnist | wide | overhead | infer | lenet | fmnist | resnet | versions
+// Builds against Debian's LibTorch 1.13 (bench/CMakeLists.txt inside the project) and against the
+// LibTorch 2.x of PyPI's torch wheel (bench/CMakeLists.txt configured on its own; scripts/bench).
+#include <ATen/Version.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -173,6 +177,25 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string which = argv[1];
+  if (which == "versions") {  // text lines for the table's header: the version and what it was built with
+    std::printf("version libtorch %s\n", TORCH_VERSION);
+    std::string config = at::show_config();
+    for (size_t pos = 0; pos < config.size();) {
+      size_t end = config.find('\n', pos);
+      if (end == std::string::npos) end = config.size();
+      std::string line = config.substr(pos, end - pos);
+      pos = end + 1;
+      size_t b = line.find_first_not_of(" -");
+      if (b == std::string::npos) continue;
+      line = line.substr(b);
+      for (const char* key : {"Intel(R) oneAPI Math Kernel Library", "Intel(R) Math Kernel Library", "Intel(R) MKL-DNN",
+                              "OpenMP", "CPU capability usage"})
+        if (line.rfind(key, 0) == 0) std::printf("config %s\n", line.c_str());
+      if (size_t k = line.find("BLAS_INFO="); k != std::string::npos)
+        std::printf("config %s\n", line.substr(k, line.find(',', k) - k).c_str());
+    }
+    return 0;
+  }
   if (argc > 2) torch::set_num_threads(std::atoi(argv[2]));
   torch::manual_seed(1);
   std::printf("torch_threads %d\ntorch_mkldnn %d\n", torch::get_num_threads(), int(at::globalContext().hasMKLDNN()));

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""The cases of torch_bench.cpp, written as a PyTorch 2.x (eager, Python) user writes them.
+
+Usage: torch_bench.py CASE [THREADS]
+  CASE: seed | mnist | wide | overhead | infer | lenet | fmnist | resnet | versions
+Prints "key value" lines for bench/run_bench.py, the same keys as flux_bench and torch_bench. Runs in
+the virtual environment that scripts/bench makes (PyPI's torch), never in the system Python.
+Shapes, batch sizes, optimiser, warm-up and timed seconds are those of torch_bench.cpp and
+bench_common.hpp; timing follows bench::rate (wall clock) and bench::rate_cpu (thread CPU time).
+"""
+import resource
+import sys
+import time
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+CNN_BATCH = 128  # bench::kCnnBatch
+RESNET_SIZE = 112  # bench::kResnetSize
+
+
+def rate(f, seconds, batch=1):
+    """Calls f in batches until `seconds` of wall time have passed; calls per second (bench::rate)."""
+    sink = 0.0
+    t0 = time.perf_counter()
+    calls = 0
+    while True:
+        for _ in range(batch):
+            sink += float(f())
+        calls += batch
+        if time.perf_counter() - t0 >= seconds:
+            break
+    return calls / (time.perf_counter() - t0)
+
+
+def rate_cpu(f, seconds, batch=1):
+    """The same, counting this thread's CPU time (bench::rate_cpu)."""
+    t0 = time.thread_time()
+    calls = 0
+    while True:
+        for _ in range(batch):
+            f()
+        calls += batch
+        if time.thread_time() - t0 >= seconds:
+            break
+    return calls / (time.thread_time() - t0)
+
+
+def peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def train_steps_per_s(model, x, y, loss, warmup, seconds):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # PyTorch's default implementation choice
+
+    def step():
+        opt.zero_grad()
+        l = loss(model(x), y)
+        l.backward()
+        opt.step()
+        return l.item()
+
+    for _ in range(warmup):
+        step()
+    return rate(step, seconds)
+
+
+def class_targets(batch):
+    return (torch.arange(batch, dtype=torch.long) * 7) % 10  # class i*7 % 10, as flux's one-hot
+
+
+def mlp(*dims):
+    layers = []
+    for i in range(len(dims) - 1):
+        layers.append(nn.Linear(dims[i], dims[i + 1]))
+        if i + 2 < len(dims):
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def wide_step_flops():
+    """bench::wide_step_flops: 3 forward, 3 weight-gradient and 2 input-gradient GEMMs, batch 256."""
+    b, dims, f = 256, [1024, 4096, 4096, 1024], 0.0
+    for l in range(3):
+        f += 2.0 * b * dims[l] * dims[l + 1] * (3 if l > 0 else 2)
+    return f
+
+
+def seed_case():
+    model = mlp(10, 64, 1)
+    x, y = torch.rand(64, 10), torch.rand(64, 1)
+    print(f"seed_steps_per_s {train_steps_per_s(model, x, y, F.mse_loss, 50, 1.0):.6g}")
+
+
+def mnist_case():
+    model = mlp(784, 512, 512, 10)
+    x, y = torch.rand(128, 784), class_targets(128)
+    print(f"mnist_steps_per_s {train_steps_per_s(model, x, y, F.cross_entropy, 5, 1.5):.6g}")
+
+
+def wide_case():
+    model = mlp(1024, 4096, 4096, 1024)
+    x, y = torch.rand(256, 1024), torch.rand(256, 1024)
+    r = train_steps_per_s(model, x, y, F.mse_loss, 1, 2.5)
+    print(f"wide_steps_per_s {r:.6g}\nwide_gflops {r * wide_step_flops() * 1e-9:.6g}")
+    print(f"peak_rss_mb {peak_rss_mb():.6g}")
+
+
+def overhead_case():
+    a, b = torch.rand(16), torch.rand(16)
+    print(f"add16_us {1e6 / rate_cpu(lambda: torch.add(a, b), 0.5, 1000):.6g}")
+    d = nn.Linear(16, 16)
+    x = torch.rand(16, 16)
+
+    def fwd_bwd():
+        d(x).sum().backward()
+
+    for _ in range(100):
+        fwd_bwd()
+    print(f"dense16_us {1e6 / rate_cpu(fwd_bwd, 0.5, 100):.6g}")
+
+
+def infer_case():
+    model = mlp(784, 512, 512, 10)
+    with torch.no_grad():
+        for batch in (1, 128):
+            x = torch.rand(batch, 784)
+
+            def run():
+                model(x)
+                return 0.0
+
+            for _ in range(20):
+                run()
+            print(f"infer{batch}_us {1e6 / rate(run, 0.7):.6g}")
+
+
+def lenet():
+    return nn.Sequential(nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(256, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                         nn.Linear(84, 10))
+
+
+def lenet_case():
+    x, y = torch.rand(CNN_BATCH, 1, 28, 28), class_targets(CNN_BATCH)
+    print(f"lenet_steps_per_s {train_steps_per_s(lenet(), x, y, F.cross_entropy, 5, 2.0):.6g}")
+
+
+def fmnist_case():
+    model = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Dropout(0.25), nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
+    model.train()
+    x, y = torch.rand(CNN_BATCH, 1, 28, 28), class_targets(CNN_BATCH)
+    print(f"fmnist_steps_per_s {train_steps_per_s(model, x, y, F.cross_entropy, 3, 2.5):.6g}")
+
+
+class BasicBlock(nn.Module):
+    """torchvision's ResNet BasicBlock, as torch_bench.cpp writes it (torchvision is not installed)."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return torch.relu(y + (self.downsample(x) if self.downsample is not None else x))
+
+
+def resnet18(classes=1000):
+    layers = [nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+              nn.MaxPool2d(3, stride=2, padding=1)]
+    cin = 64
+    for cout in (64, 128, 256, 512):
+        layers += [BasicBlock(cin, cout, 1 if cout == 64 else 2), BasicBlock(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Linear(512, classes)]
+    return nn.Sequential(*layers)
+
+
+def resnet_case():
+    model = resnet18().eval()
+    print(f"resnet_hw {RESNET_SIZE}")
+    with torch.inference_mode():
+        for batch in (1, 32):
+            x = torch.rand(batch, 3, RESNET_SIZE, RESNET_SIZE)
+
+            def run():
+                return float(model(x)[0, 0])
+
+            for _ in range(5 if batch == 1 else 2):
+                run()
+            print(f"resnet{batch}_ms {1e3 / rate(run, 1.5 if batch == 1 else 2.5):.6g}")
+
+
+def versions_case():
+    """Text lines for the table's header: torch's version and the libraries it was built with."""
+    print(f"version torch {torch.__version__}")
+    for line in torch.__config__.show().splitlines():
+        s = line.strip().lstrip("- ")
+        if s.startswith(("Intel(R) oneAPI Math Kernel Library", "Intel(R) Math Kernel Library", "Intel(R) MKL-DNN",
+                         "OpenMP", "CPU capability usage")):
+            print(f"config {s}")
+        if "BLAS_INFO=" in s:
+            print("config " + s[s.index("BLAS_INFO="):].split(",")[0])
+    print(f"config cxx11_abi={torch.compiled_with_cxx11_abi()}")
+    print(f"config cmake_prefix_path={torch.utils.cmake_prefix_path}")
+
+
+CASES = {"seed": seed_case, "mnist": mnist_case, "wide": wide_case, "overhead": overhead_case, "infer": infer_case,
+         "lenet": lenet_case, "fmnist": fmnist_case, "resnet": resnet_case, "versions": versions_case}
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] not in CASES:
+        print(f"usage: torch_bench.py {'|'.join(CASES)} [threads]", file=sys.stderr)
+        return 2
+    if len(sys.argv) > 2:
+        torch.set_num_threads(int(sys.argv[2]))
+    torch.manual_seed(1)
+    if sys.argv[1] != "versions":
+        print(f"torch_threads {torch.get_num_threads()}")
+    CASES[sys.argv[1]]()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
