@@ -248,6 +248,8 @@ class Peers:
                     status or onnx_status or "no exported ONNX models in BUILD_DIR/onnx (scripts/bench exports them)"),
         }
         for p in wanted:
+            if p not in checks:
+                sys.exit(f"run_bench.py: unknown peer '{p}' (peers: {', '.join(checks)})")
             ok, why = checks[p]
             if ok:
                 self.present.append(p)
