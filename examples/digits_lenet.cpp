@@ -86,14 +86,11 @@ int run(const Options& opt) {
   seed(opt.seed);
   Device dev = pick_device(opt.device);
 
-  // The fixed-seed 80/20 split of digits_mlp (same seed, same randperm call).
-  std::vector<int64_t> perm = randperm(data.n);
-  int64_t ntrain = data.n * 8 / 10;
-  std::vector<int64_t> train_idx(perm.begin(), perm.begin() + ntrain), test_idx(perm.begin() + ntrain, perm.end());
-  auto [Xtrain, ytrain] = digits_subset(data, train_idx);
-  auto [Xtest, ytest] = digits_subset(data, test_idx);
-  Xtrain = Xtrain.reshape({ntrain, 1, 8, 8});
-  Xtest = Xtest.reshape({data.n - ntrain, 1, 8, 8});
+  // The fixed-seed 80/20 split of digits_mlp (same seed, same splitobs call).
+  auto [train, test] = data::splitobs({data.pixels, data.labels}, {.at = 0.8});
+  const int64_t ntrain = train[0].shape()[0];
+  Tensor Xtrain = train[0].reshape({ntrain, 1, 8, 8}), ytrain = train[1];
+  Tensor Xtest = test[0].reshape({data.n - ntrain, 1, 8, 8}), ytest = test[1];
   Tensor Ytrain = onehot(ytrain, 10);
 
   std::printf("digits: %lld images (1x8x8) from %s, %lld train / %lld test, device %s\n", (long long)data.n,

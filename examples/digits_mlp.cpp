@@ -14,42 +14,24 @@
 // data file, 4 a flux::Error or other failure while training, 5 the device named by --device is not
 // available (unknown backend, plugin not loaded, no such index; ctest treats it as "skipped").
 #include <unistd.h>
-#include <zlib.h>
 
-#include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include <flux/flux.hpp>
-using namespace flux;
+#include "example_support.hpp"
 
-#ifndef FLUX_SOURCE_DIR
-#define FLUX_SOURCE_DIR "."
-#endif
+using namespace examples;
 
 namespace {
 
 constexpr int kPixels = 64;
 constexpr int kClasses = 10;
-constexpr int kExitAccuracy = 1, kExitUsage = 2, kExitData = 3, kExitFailure = 4, kExitNoDevice = 5;
-
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-struct DataError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-struct DeviceError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 struct Options {
   int epochs = 30;
@@ -69,92 +51,41 @@ void print_usage(std::FILE* to, const char* argv0) {
                argv0);
 }
 
-long long parse_int(const std::string& flag, const std::string& s, long long lo, long long hi) {
-  size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != s.size() || v < lo || v > hi)
-    throw UsageError(flag + " expects an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                     "], got '" + s + "'");
-  return v;
-}
-
-double parse_double(const std::string& flag, const std::string& s) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != s.size()) throw UsageError(flag + " expects a number, got '" + s + "'");
-  return v;
-}
-
 Options parse_args(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const std::string& flag) -> std::string {
-      // "--flag value" or "--flag=value"
-      if (a.size() > flag.size() && a.compare(0, flag.size() + 1, flag + "=") == 0) return a.substr(flag.size() + 1);
-      if (i + 1 >= argc) throw UsageError(flag + " needs a value");
-      return argv[++i];
-    };
-    auto is = [&](const std::string& flag) { return a == flag || a.rfind(flag + "=", 0) == 0; };
-    if (a == "-h" || a == "--help") {
+  Args args(argc, argv);
+  while (args.next()) {
+    if (args.arg() == "-h" || args.arg() == "--help") {
       print_usage(stdout, argv[0]);
       std::exit(0);
-    } else if (is("--epochs")) {
-      o.epochs = int(parse_int("--epochs", value("--epochs"), 1, 100000));
-    } else if (is("--min-accuracy")) {
-      o.min_accuracy = parse_double("--min-accuracy", value("--min-accuracy"));
-    } else if (is("--device")) {
-      o.device = value("--device");
+    } else if (args.is("--epochs")) {
+      o.epochs = int(args.integer(1, 100000));
+    } else if (args.is("--min-accuracy")) {
+      o.min_accuracy = args.number();
+    } else if (args.is("--device")) {
+      o.device = args.value();
       if (o.device.empty()) throw UsageError("--device expects NAME or NAME:i, e.g. CPU or OpenCL:0");
-    } else if (is("--seed")) {
-      o.seed = uint64_t(parse_int("--seed", value("--seed"), 0, (1LL << 62)));
-    } else if (is("--lr")) {
-      o.lr = parse_double("--lr", value("--lr"));
+    } else if (args.is("--seed")) {
+      o.seed = uint64_t(args.integer(0, 1LL << 62));
+    } else if (args.is("--lr")) {
+      o.lr = args.number();
       if (!(o.lr > 0)) throw UsageError("--lr must be positive");
-    } else if (is("--batchsize")) {
-      o.batchsize = parse_int("--batchsize", value("--batchsize"), 1, 1 << 20);
-    } else if (is("--plot")) {
-      o.plot = value("--plot");
+    } else if (args.is("--batchsize")) {
+      o.batchsize = args.integer(1, 1 << 20);
+    } else if (args.is("--plot")) {
+      o.plot = args.value();
       if (o.plot.empty()) throw UsageError("--plot expects a path prefix, e.g. build-demo/digits_mlp");
-    } else if (a.size() > 1 && a[0] == '-') {
-      throw UsageError("unknown option '" + a + "'");
+    } else if (args.is_flag()) {
+      throw UsageError("unknown option '" + args.arg() + "'");
     } else if (o.data_path.empty()) {
-      o.data_path = a;
+      o.data_path = args.arg();
     } else {
-      throw UsageError("more than one data path given ('" + o.data_path + "', '" + a + "')");
+      throw UsageError("more than one data path given ('" + o.data_path + "', '" + args.arg() + "')");
     }
   }
   return o;
 }
 
-Device named_device(const std::string& name, int index) {
-  try {
-    return get_device(name, index);
-  } catch (const Error& e) {
-    throw DeviceError(e.what());
-  }
-}
-
-/// "CPU" -> get_device("CPU", 0); "OpenCL:1" -> get_device("OpenCL", 1); "" -> get_device().
-Device pick_device(const std::string& spec) {
-  if (spec.empty()) return get_device({.verbose = true});
-  auto colon = spec.rfind(':');
-  if (colon == std::string::npos) return named_device(spec, 0);
-  std::string name = spec.substr(0, colon);
-  if (name.empty()) throw UsageError("--device expects NAME or NAME:i, got '" + spec + "'");
-  int index = int(parse_int("--device index", spec.substr(colon + 1), 0, 1 << 20));
-  return named_device(name, index);
-}
 
 /// Why `dev` is the device: named on the command line, or get_device()'s automatic choice with the
 /// state of each GPU backend it tried, in its order (CUDA, AMDGPU, Metal, OpenCL).
@@ -171,155 +102,6 @@ std::string device_reason(const std::string& spec, const Device& dev) {
   why.back() = ';';
   return why + " so the CPU";
 }
-
-/// The data file: the path given, else data/digits.csv.gz of the source tree (compiled in), else
-/// next to or above the executable (an installed or relocated build).
-std::string find_data(const std::string& given) {
-  namespace fs = std::filesystem;
-  if (!given.empty()) return given;
-  std::vector<fs::path> candidates = {fs::path(FLUX_SOURCE_DIR) / "data" / "digits.csv.gz"};
-  std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    fs::path dir = exe.parent_path();
-    for (fs::path p : {dir, dir.parent_path(), dir.parent_path().parent_path()}) {
-      candidates.push_back(p / "data" / "digits.csv.gz");
-      candidates.push_back(p / "share" / "flux" / "data" / "digits.csv.gz");
-    }
-  }
-  for (const auto& c : candidates)
-    if (fs::is_regular_file(c, ec)) return c.string();
-  std::string msg = "digits.csv.gz not found; looked in:";
-  for (const auto& c : candidates) msg += "\n  " + c.string();
-  msg += "\npass the path as an argument";
-  throw DataError(msg);
-}
-
-struct Digits {
-  std::vector<float> pixels;   // n x 64, scaled to [0, 1]
-  std::vector<int64_t> labels; // n, in 0..9
-  int64_t n = 0;
-};
-
-/// Reads the whole (gzip-compressed or plain) file; zlib reads plain files unchanged.
-std::string read_gz(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw DataError("cannot open '" + path + "': no such file");
-  if (fs::is_directory(path, ec)) throw DataError("cannot open '" + path + "': is a directory");
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) throw DataError("cannot open '" + path + "'");
-  std::string text;
-  char buf[1 << 16];
-  for (;;) {
-    int got = gzread(f, buf, sizeof buf);
-    if (got < 0) {
-      int err = 0;
-      std::string why = gzerror(f, &err);
-      gzclose(f);
-      throw DataError("'" + path + "' is corrupt (gzip: " + why + ")");
-    }
-    if (got == 0) break;
-    text.append(buf, size_t(got));
-  }
-  int rc = gzclose(f);
-  if (rc != Z_OK) throw DataError("'" + path + "' is corrupt (gzip stream truncated or bad checksum)");
-  return text;
-}
-
-/// Parses rows of 64 integers in 0..16 followed by a label in 0..9, comma-separated, no header.
-Digits parse_digits(const std::string& text, const std::string& path) {
-  Digits d;
-  size_t pos = 0, line_no = 0;
-  while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty()) continue;
-    auto bad = [&](const std::string& why) {
-      return DataError("'" + path + "' line " + std::to_string(line_no) + ": " + why +
-                       " (expected 64 pixel values 0..16 and a label 0..9, comma-separated)");
-    };
-    int field = 0;
-    size_t p = 0;
-    while (true) {
-      size_t q = line.find(',', p);
-      std::string tok = line.substr(p, q == std::string::npos ? std::string::npos : q - p);
-      while (!tok.empty() && tok.front() == ' ') tok.erase(tok.begin());
-      while (!tok.empty() && tok.back() == ' ') tok.pop_back();
-      // Values are whole numbers; accept "5" and "5.0".
-      char* stop = nullptr;
-      double v = tok.empty() ? 0 : std::strtod(tok.c_str(), &stop);
-      if (tok.empty() || stop != tok.c_str() + tok.size() || v != double(int64_t(v)))
-        throw bad("field " + std::to_string(field + 1) + " is '" + tok + "', not a whole number");
-      if (field < kPixels) {
-        if (v < 0 || v > 16) throw bad("pixel " + std::to_string(field + 1) + " = " + tok + " is outside 0..16");
-        d.pixels.push_back(float(v / 16.0));
-      } else if (field == kPixels) {
-        if (v < 0 || v >= kClasses) throw bad("label " + tok + " is outside 0..9");
-        d.labels.push_back(int64_t(v));
-      } else {
-        throw bad("more than 65 fields");
-      }
-      ++field;
-      if (q == std::string::npos) break;
-      p = q + 1;
-    }
-    if (field != kPixels + 1) throw bad(std::to_string(field) + " fields");
-    ++d.n;
-  }
-  if (d.n == 0) throw DataError("'" + path + "' holds no rows");
-  if (d.n < 10) throw DataError("'" + path + "' holds only " + std::to_string(d.n) + " rows, too few to split");
-  return d;
-}
-
-/// Rows `idx` of the data set as (X: n x 64 Float32, labels: n Int64).
-std::pair<Tensor, Tensor> subset(const Digits& d, const std::vector<int64_t>& idx) {
-  std::vector<float> x;
-  std::vector<int64_t> y;
-  x.reserve(idx.size() * kPixels);
-  y.reserve(idx.size());
-  for (int64_t i : idx) {
-    x.insert(x.end(), d.pixels.begin() + i * kPixels, d.pixels.begin() + (i + 1) * kPixels);
-    y.push_back(d.labels[size_t(i)]);
-  }
-  int64_t n = int64_t(idx.size());
-  return {Tensor(x, Shape{n, kPixels}), Tensor(y, Shape{n})};
-}
-
-/// One line per epoch; on a terminal it is redrawn in place as the batches go by.
-class ProgressBar {
- public:
-  ProgressBar(int epochs, int64_t batches)
-      : epochs_(epochs), batches_(batches), tty_(isatty(fileno(stdout)) != 0),
-        start_(std::chrono::steady_clock::now()) {}
-
-  void update(int epoch, int64_t batch, double loss, bool done) {
-    if (!tty_ && !done) return;
-    constexpr int width = 30;
-    int filled = int(width * batch / batches_);
-    std::string bar(size_t(filled), '=');
-    if (filled < width) bar += '>';
-    bar.resize(width, ' ');
-    int ew = int(std::to_string(epochs_).size());
-    std::printf("\repoch %*d/%d [%s] %*lld/%lld  loss %.4f  %.1fs%s", ew, epoch, epochs_, bar.c_str(),
-                int(std::to_string(batches_).size()), (long long)batch, (long long)batches_, loss, elapsed(),
-                done ? "\n" : "");
-    std::fflush(stdout);
-  }
-  double elapsed() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
-
- private:
-  int epochs_;
-  int64_t batches_;
-  bool tty_;
-  std::chrono::steady_clock::time_point start_;
-};
 
 struct EpochRecord {
   int epoch;
@@ -409,22 +191,19 @@ void write_plot(const std::string& prefix, const std::vector<EpochRecord>& histo
 }
 
 int run(const Options& opt) {
-  std::string path = find_data(opt.data_path);
-  Digits data = parse_digits(read_gz(path), path);
+  Digits data = load_digits(opt.data_path);  // data::read_csv, checked (examples/example_support.hpp)
 
   seed(opt.seed);
   Device dev = pick_device(opt.device);
 
-  // Fixed-seed 80/20 split.
-  std::vector<int64_t> perm = randperm(data.n);
-  int64_t ntrain = data.n * 8 / 10;
-  std::vector<int64_t> train_idx(perm.begin(), perm.begin() + ntrain), test_idx(perm.begin() + ntrain, perm.end());
-  auto [Xtrain, ytrain] = subset(data, train_idx);
-  auto [Xtest0, ytest0] = subset(data, test_idx);
+  // Fixed-seed 80/20 split (the global generator, seeded above).
+  auto [train, test] = data::splitobs({data.pixels, data.labels}, {.at = 0.8});
+  auto [Xtrain, ytrain] = train;
   Tensor Ytrain = onehot(ytrain, kClasses);
-  Tensor Xtest = to(Xtest0, dev), ytest = to(ytest0, dev);
+  Tensor Xtest = to(test[0], dev), ytest = to(test[1], dev);
+  const int64_t ntrain = Xtrain.shape()[0];
 
-  std::printf("digits: %lld images from %s, %lld train / %lld test\n", (long long)data.n, path.c_str(),
+  std::printf("digits: %lld images from %s, %lld train / %lld test\n", (long long)data.n, data.path.c_str(),
               (long long)ntrain, (long long)(data.n - ntrain));
   std::printf("device %s (%s): %s\n", to_string(dev).c_str(), dev.name().c_str(),
               device_reason(opt.device, dev).c_str());
@@ -447,6 +226,7 @@ int run(const Options& opt) {
 
   ProgressBar progress(opt.epochs, loader.size());
   for (int epoch = 1; epoch <= opt.epochs; ++epoch) {
+    progress.start_epoch();
     double epoch_loss = 0;
     int64_t batches = 0;
     for (auto [x0, y0] : loader) {
@@ -455,7 +235,7 @@ int run(const Options& opt) {
       optimisers::update(opt_state, model, grads);
       epoch_loss += loss.item<float>();
       ++batches;
-      progress.update(epoch, batches, epoch_loss / double(batches), batches == loader.size());
+      progress.update(epoch, batches, epoch_loss / double(batches));
     }
     if (!opt.plot.empty()) history.push_back({epoch, epoch_loss / double(batches), test_accuracy(nullptr)});
   }
@@ -478,23 +258,12 @@ int run(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse_args(argc, argv));
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "digits_mlp: %s\n", e.what());
-    print_usage(stderr, argv[0]);
-    return kExitUsage;
-  } catch (const DataError& e) {
-    std::fprintf(stderr, "digits_mlp: data error: %s\n", e.what());
-    return kExitData;
-  } catch (const DeviceError& e) {
-    std::fprintf(stderr, "digits_mlp: device not available: %s\n", e.what());
-    return kExitNoDevice;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "digits_mlp: %s\n", e.what());
-    return kExitFailure;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "digits_mlp: unexpected error: %s\n", e.what());
-    return kExitFailure;
-  }
+  Options opt;
+  return run_main(
+      "digits_mlp",
+      [&] {
+        opt = parse_args(argc, argv);
+        return run(opt);
+      },
+      [&] { print_usage(stderr, argv[0]); });
 }

@@ -6,7 +6,6 @@
 // or corrupt data, 4 a flux::Error or other failure, 5 the --device is not available (ctest: skipped).
 #pragma once
 #include <unistd.h>
-#include <zlib.h>
 
 #include <chrono>
 #include <cstdint>
@@ -202,8 +201,8 @@ inline int run_main(const char* program, const std::function<int()>& body, const
 // ---- the digits data set: 1,797 rows of 64 pixels 0..16 and a label, comma-separated, gzip ----
 
 struct Digits {
-  std::vector<float> pixels;    // n x 64, scaled to [0, 1]
-  std::vector<int64_t> labels;  // n, in 0..9
+  Tensor pixels;  // (n, 64) Float32, scaled to [0, 1]
+  Tensor labels;  // (n,) Int64, in 0..9
   int64_t n = 0;
   std::string path;
 };
@@ -231,91 +230,39 @@ inline std::string find_digits(const std::string& given) {
   throw DataError(msg);
 }
 
-/// The whole (gzip-compressed or plain) text file.
-inline std::string read_gz_text(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw DataError("cannot open '" + path + "': no such file");
-  if (fs::is_directory(path, ec)) throw DataError("cannot open '" + path + "': is a directory");
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) throw DataError("cannot open '" + path + "'");
-  std::string text;
-  char buf[1 << 16];
-  for (;;) {
-    int got = gzread(f, buf, sizeof buf);
-    if (got < 0) {
-      int err = 0;
-      std::string why = gzerror(f, &err);
-      gzclose(f);
-      throw DataError("'" + path + "' is corrupt (gzip: " + why + ")");
-    }
-    if (got == 0) break;
-    text.append(buf, size_t(got));
-  }
-  if (gzclose(f) != Z_OK) throw DataError("'" + path + "' is corrupt (gzip stream truncated or bad checksum)");
-  return text;
-}
-
-/// Reads and checks the digits file (64 pixel values 0..16 and a label 0..9 per row).
+/// Reads the digits file with data::read_csv (64 whole pixel values 0..16 and a label 0..9 per row)
+/// and checks the ranges; a malformed file is a DataError naming the line and column.
 inline Digits load_digits(const std::string& given_path) {
   Digits d;
   d.path = find_digits(given_path);
-  const std::string text = read_gz_text(d.path);
-  size_t pos = 0, line_no = 0;
-  while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty()) continue;
-    auto bad = [&](const std::string& why) {
-      return DataError("'" + d.path + "' line " + std::to_string(line_no) + ": " + why +
-                       " (expected 64 pixel values 0..16 and a label 0..9, comma-separated)");
-    };
-    int field = 0;
-    size_t p = 0;
-    while (true) {
-      size_t q = line.find(',', p);
-      std::string tok = line.substr(p, q == std::string::npos ? std::string::npos : q - p);
-      while (!tok.empty() && tok.front() == ' ') tok.erase(tok.begin());
-      while (!tok.empty() && tok.back() == ' ') tok.pop_back();
-      char* stop = nullptr;
-      double v = tok.empty() ? 0 : std::strtod(tok.c_str(), &stop);
-      if (tok.empty() || stop != tok.c_str() + tok.size() || v != double(int64_t(v)))
-        throw bad("field " + std::to_string(field + 1) + " is '" + tok + "', not a whole number");
-      if (field < 64) {
-        if (v < 0 || v > 16) throw bad("pixel " + std::to_string(field + 1) + " = " + tok + " is outside 0..16");
-        d.pixels.push_back(float(v / 16.0));
-      } else if (field == 64) {
-        if (v < 0 || v >= 10) throw bad("label " + tok + " is outside 0..9");
-        d.labels.push_back(int64_t(v));
-      } else {
-        throw bad("more than 65 fields");
-      }
-      ++field;
-      if (q == std::string::npos) break;
-      p = q + 1;
-    }
-    if (field != 65) throw bad(std::to_string(field) + " fields");
-    ++d.n;
+  Tensor table;
+  try {
+    table = data::read_csv(d.path, {.dtype = DType::i64});
+  } catch (const Error& e) {
+    throw DataError(e.what());
   }
-  if (d.n < 10) throw DataError("'" + d.path + "' holds only " + std::to_string(d.n) + " rows, too few to split");
+  const auto bad = [&](const std::string& why) {
+    return DataError("'" + d.path + "': " + why + " (expected 64 pixel values 0..16 and a label 0..9 per row)");
+  };
+  if (table.shape()[1] != 65) throw bad(std::to_string(table.shape()[1]) + " columns");
+  d.n = table.shape()[0];
+  if (d.n < 10) throw bad("only " + std::to_string(d.n) + " rows, too few to split");
+  std::vector<int64_t> v = table.to_vector<int64_t>();
+  for (int64_t i = 0; i < d.n; ++i)
+    for (int64_t j = 0; j < 65; ++j) {
+      const int64_t x = v[size_t(i * 65 + j)], hi = j < 64 ? 16 : 9;
+      if (x < 0 || x > hi)
+        throw bad("row " + std::to_string(i + 1) + (j < 64 ? ", pixel " + std::to_string(j + 1) : std::string(", label")) +
+                  " = " + std::to_string(x) + " is outside 0.." + std::to_string(hi));
+    }
+  d.pixels = slice(table, 1, 0, 64).f32() / 16.0;
+  d.labels = slice(table, 1, 64, 65).reshape({d.n});
   return d;
 }
 
 /// Rows `idx` of the digits as (X: n x 64 Float32, labels: n Int64).
 inline std::pair<Tensor, Tensor> digits_subset(const Digits& d, const std::vector<int64_t>& idx) {
-  std::vector<float> x;
-  std::vector<int64_t> y;
-  x.reserve(idx.size() * 64);
-  for (int64_t i : idx) {
-    x.insert(x.end(), d.pixels.begin() + i * 64, d.pixels.begin() + (i + 1) * 64);
-    y.push_back(d.labels[size_t(i)]);
-  }
-  int64_t n = int64_t(idx.size());
-  return {Tensor(x, Shape{n, 64}), Tensor(y, Shape{n})};
+  return {data::take_obs(d.pixels, idx), data::take_obs(d.labels, idx)};
 }
 
 }  // namespace examples

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "flux/dtype.hpp"
 
@@ -10,6 +11,11 @@ namespace flux::detail {
 /// Sets the seed of the counter-based device generator (rand_like, dropout) and resets its call
 /// counter (src/ops/random.cpp); seed(n) calls it.
 void reset_random_stream(uint64_t seed);
+
+/// The library's log (src/device/device.cpp), on stderr in Julia's style: a warning printed once per
+/// process per distinct message ("┌ Warning: ..." / "└ @ flux"), and an info line ("[ Info: ...").
+void log_warning_once(const std::string& message);
+void log_info(const std::string& message);
 
 /// Element k of a host array of dtype t, as a double.
 inline double load_as_double(const void* data, DType t, int64_t k) {

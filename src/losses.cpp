@@ -1,19 +1,36 @@
 // Loss functions (Flux's definitions; classes along the last axis, observations along the first).
 #include "flux/losses.hpp"
 
+#include <string>
+
 #include "flux/nn/activations.hpp"
 #include "src/ops/ops_internal.hpp"
 
 namespace flux {
 
 namespace {
-void check_pair(const char* api, const Tensor& yhat, const Tensor& y) {
+/// For the one-hot losses: when y looks like class labels for yhat (N, C) — an integer tensor, or
+/// (N,) / (N, 1) — the hint that turns them into the (N, C) one-hot targets the loss expects.
+std::string onehot_hint(const Tensor& yhat, const Tensor& y) {
+  if (yhat.ndim() < 2 || y.ndim() == 0 || y.shape()[0] != yhat.shape()[0]) return "";
+  const bool integer = !is_floating(y.dtype());
+  const bool label_shape = y.ndim() == 1 || (y.ndim() == yhat.ndim() && y.shape()[y.ndim() - 1] == 1);
+  if (!integer && !label_shape) return "";
+  const int64_t n = yhat.shape()[yhat.ndim() - 1];
+  std::string s = "; the target looks like class labels (" + std::string(dtype_name(y.dtype())) + " of shape " +
+                  to_string(y.shape()) + "), and this loss takes one-hot targets: pass onehot(y, " + std::to_string(n) + ")";
+  if (!integer) s += " (after y.cast(Int64) for labels stored as floats)";
+  if (y.ndim() == 2) s += " on y.reshape({-1})";
+  return s + ", of shape " + to_string(yhat.shape());
+}
+
+void check_pair(const char* api, const Tensor& yhat, const Tensor& y, bool onehot_targets = false) {
   detail::check_defined(api, yhat);
   detail::check_defined(api, y);
   detail::check_same_device(api, yhat, y);
   if (yhat.shape() != y.shape())
     detail::fail("[", api, "] prediction shape ", to_string(yhat.shape()), " and target shape ", to_string(y.shape()),
-                 " differ");
+                 " differ", onehot_targets ? onehot_hint(yhat, y) : std::string());
   if (!is_floating(yhat.dtype())) detail::fail("[", api, "] needs floating-point predictions, got ", dtype_name(yhat.dtype()));
   if (yhat.numel() == 0) detail::fail("[", api, "] got empty tensors of shape ", to_string(yhat.shape()));
 }
@@ -62,13 +79,13 @@ Tensor mae(const Tensor& yhat, const Tensor& y, LossOptions o) {
 }
 
 Tensor crossentropy(const Tensor& yhat, const Tensor& y, LossOptions o, std::optional<double> eps) {
-  check_pair("crossentropy", yhat, y);
+  check_pair("crossentropy", yhat, y, true);
   Tensor t = target_like(yhat, y);
   return per_observation(-xlogy(t, yhat + eps_or_default(yhat, eps)), o.agg);
 }
 
 Tensor logitcrossentropy(const Tensor& logits, const Tensor& y, LossOptions o) {
-  check_pair("logitcrossentropy", logits, y);
+  check_pair("logitcrossentropy", logits, y, true);
   Tensor t = target_like(logits, y);
   return per_observation(-(t * logsoftmax_(logits, -1)), o.agg);
 }
@@ -98,7 +115,7 @@ Tensor huber(const Tensor& yhat, const Tensor& y, LossOptions o, double delta) {
 }
 
 Tensor kldivergence(const Tensor& yhat, const Tensor& y, LossOptions o, std::optional<double> eps) {
-  check_pair("kldivergence", yhat, y);
+  check_pair("kldivergence", yhat, y, true);
   Tensor t = target_like(yhat, y);
   Tensor entropy = xlogy(t, t);  // xlogx(y): no eps
   Tensor cross = -xlogy(t, yhat + eps_or_default(yhat, eps));

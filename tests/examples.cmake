@@ -23,10 +23,10 @@ if(TARGET digits_mlp)
   # Bad input: a clear message, no crash.
   add_test(NAME examples.digits_mlp.missing_data COMMAND digits_mlp ${CMAKE_CURRENT_BINARY_DIR}/no-such-file.csv.gz)
   set_tests_properties(examples.digits_mlp.missing_data PROPERTIES LABELS examples
-                       PASS_REGULAR_EXPRESSION "data error: cannot open .*no-such-file\\.csv\\.gz.: no such file")
+                       PASS_REGULAR_EXPRESSION "data error: \\[read_csv\\] cannot open .*no-such-file\\.csv\\.gz.: no such file")
   add_test(NAME examples.digits_mlp.corrupt_data COMMAND digits_mlp ${PROJECT_SOURCE_DIR}/data/LICENSE-digits)
   set_tests_properties(examples.digits_mlp.corrupt_data PROPERTIES LABELS examples
-                       PASS_REGULAR_EXPRESSION "data error: .*LICENSE-digits. line 1: field 1 is")
+                       PASS_REGULAR_EXPRESSION "data error: \\[read_csv\\] .*LICENSE-digits. line 1: column 1: .* is not a whole number")
 
   # --plot (what ./scripts/demo shows at the end): the CSV, the gnuplot script, and the PNG when gnuplot
   # is installed (scripts/deps.sh plot; CI has it); without gnuplot on PATH, the CSV and the command.
@@ -64,7 +64,7 @@ if(TARGET digits_lenet)
   endforeach()
   add_test(NAME examples.digits_lenet.missing_data COMMAND digits_lenet ${CMAKE_CURRENT_BINARY_DIR}/no-such-file.csv.gz)
   set_tests_properties(examples.digits_lenet.missing_data PROPERTIES LABELS examples
-                       PASS_REGULAR_EXPRESSION "data error: cannot open .*no-such-file\\.csv\\.gz.: no such file")
+                       PASS_REGULAR_EXPRESSION "data error: \\[read_csv\\] cannot open .*no-such-file\\.csv\\.gz.: no such file")
 endif()
 
 if(TARGET fashion_mnist_cnn)

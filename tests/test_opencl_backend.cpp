@@ -607,6 +607,31 @@ TEST(OpenCLEnv, HiddenDevicesFallBackToCpu) {
   }
 }
 
+TEST(OpenCLEnv, FirstCompileSaysSoOnce) {
+  // ctest opencl.first_compile_note: first with an empty POCL_CACHE_DIR (one info line, however many
+  // programs are built), then again on the cache that run filled (no line).
+  const bool cold = in_env("cold_cache");
+  if (!cold && !in_env("warm_cache")) GTEST_SKIP() << "runs with an empty, then a filled POCL_CACHE_DIR (ctest opencl.first_compile_note)";
+  ASSERT_TRUE(functional("OpenCL"));
+  Device d = get_device("OpenCL", 0);
+  ::testing::internal::CaptureStderr();
+  Tensor a = to(Tensor({1, 2, 3}), d);
+  std::vector<float> sum = (a + a).to_vector<float>();  // the binary program
+  std::vector<float> e = exp(a).to_vector<float>();     // another program: no second line
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(sum, (std::vector<float>{2, 4, 6}));
+  EXPECT_NEAR(e[2], std::exp(3.0f), 1e-4);
+  const std::string line = "is empty, so this first run compiles flux's and CLBlast's kernels (about 11 s, once)";
+  size_t n = 0;
+  for (size_t p = err.find(line); p != std::string::npos; p = err.find(line, p + 1)) ++n;
+  EXPECT_EQ(n, cold ? 1u : 0u) << err;
+  if (cold) {
+    EXPECT_NE(err.find("[ Info: OpenCL on PoCL ("), std::string::npos) << err;
+  } else {
+    EXPECT_EQ(err.find("[ Info: OpenCL"), std::string::npos) << err;
+  }
+}
+
 TEST(OpenCLEnv, PreferenceSelectsOpenCL) {
   if (!in_env("preferred")) GTEST_SKIP() << "runs with a LocalPreferences.toml naming OpenCL (ctest opencl_preferred)";
   EXPECT_EQ(GPU_BACKEND(), "OpenCL");

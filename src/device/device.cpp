@@ -227,6 +227,11 @@ bool usable_gpu(backend::Backend* b, int& index) {
 }  // namespace
 
 namespace detail {
+void log_warning_once(const std::string& message) { warn_once(message); }
+void log_info(const std::string& message) { info(message); }
+}  // namespace detail
+
+namespace detail {
 backend::Backend* try_backend(const std::string& name) { return load(name).backend; }
 
 backend::Backend& backend_for(const std::string& name) {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "flux/nn/containers.hpp"
+#include "src/nn/match_eltype.hpp"
 #include "src/ops/ops_internal.hpp"
 
 namespace flux {
@@ -17,10 +18,12 @@ Bilinear::Bilinear(int64_t in1, int64_t in2, int64_t out, Activation act, Biline
   if (o.bias) bias = zeros(Shape{out}, o.dtype);
 }
 
-Tensor Bilinear::operator()(const Tensor& x, const Tensor& z) const {
+Tensor Bilinear::operator()(const Tensor& x0, const Tensor& z0) const {
   if (!weight.defined()) detail::fail("[Bilinear] the layer is empty (default-constructed)");
-  detail::check_defined("Bilinear", x);
-  detail::check_defined("Bilinear", z);
+  detail::check_defined("Bilinear", x0);
+  detail::check_defined("Bilinear", z0);
+  // Float64 input: converted, warned once.
+  const Tensor x = detail::match_eltype("Bilinear", *this, weight, x0), z = detail::match_eltype("Bilinear", *this, weight, z0);
   const int64_t out = weight.size(0), in1 = weight.size(1), in2 = weight.size(2);
   if (x.ndim() != 2 || z.ndim() != 2 || x.shape()[1] != in1 || z.shape()[1] != in2 || x.shape()[0] != z.shape()[0])
     detail::fail("[Bilinear] expects x (N, ", in1, ") and z (N, ", in2, ") (", layer_string(*this), "); got ",

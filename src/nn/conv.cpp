@@ -3,6 +3,7 @@
 #include "flux/nn/conv.hpp"
 
 #include "flux/nn/show.hpp"
+#include "src/nn/match_eltype.hpp"
 #include "src/nn/window_options.hpp"
 #include "src/ops/ops_internal.hpp"
 
@@ -127,8 +128,9 @@ Conv::Conv(Tensor w, Tensor b, Activation act, const ConvParams& p)
 
 std::vector<int64_t> Conv::kernel_size() const { return spatial_of(weight); }
 
-Tensor Conv::operator()(const Tensor& x) const {
-  check_input("Conv", x, *this, weight.defined() ? in_channels() : 0);
+Tensor Conv::operator()(const Tensor& x0) const {
+  check_input("Conv", x0, *this, weight.defined() ? in_channels() : 0);
+  const Tensor x = detail::match_eltype("Conv", *this, weight, x0);  // Float64 input: converted, warned once
   ConvParams p;
   p.stride = Dims(stride);
   p.pad = Padding(pad);
@@ -184,8 +186,9 @@ ConvTranspose::ConvTranspose(Tensor w, Tensor b, Activation act, const ConvTrans
 
 std::vector<int64_t> ConvTranspose::kernel_size() const { return spatial_of(weight); }
 
-Tensor ConvTranspose::operator()(const Tensor& x) const {
-  check_input("ConvTranspose", x, *this, weight.defined() ? in_channels() : 0);
+Tensor ConvTranspose::operator()(const Tensor& x0) const {
+  check_input("ConvTranspose", x0, *this, weight.defined() ? in_channels() : 0);
+  const Tensor x = detail::match_eltype("ConvTranspose", *this, weight, x0);  // Float64 input: converted, warned once
   ConvTransposeParams p;
   p.stride = Dims(stride);
   p.pad = Padding(pad);

@@ -5,6 +5,7 @@
 
 #include "flux/move.hpp"
 #include "flux/nn/show.hpp"
+#include "src/nn/match_eltype.hpp"
 #include "src/ops/ops_internal.hpp"
 
 namespace flux {
@@ -23,9 +24,10 @@ Dense::Dense(Tensor w, Tensor b, Activation act) : weight(std::move(w)), bias(st
                  "; got ", to_string(bias.shape()));
 }
 
-Tensor Dense::operator()(const Tensor& x) const {
+Tensor Dense::operator()(const Tensor& x0) const {
   if (!weight.defined()) detail::fail("[Dense] the layer is empty (default-constructed)");
-  detail::check_defined("Dense", x);
+  detail::check_defined("Dense", x0);
+  const Tensor x = detail::match_eltype("Dense", *this, weight, x0);  // Float64 input: converted, warned once
   int64_t in = weight.shape()[1];
   if (x.ndim() == 0 || x.shape()[x.ndim() - 1] != in)
     detail::fail("[Dense] expected input with last dimension ", in, " (Dense(", in, " => ", weight.shape()[0],

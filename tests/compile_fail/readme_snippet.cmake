@@ -1,6 +1,9 @@
-# cmake -DCXX=... -DFLAGS=... -DREADME=... -DHEADING=... -DOUT=... -P readme_snippet.cmake
-# Compiles the first ```cpp block under the README heading HEADING (with flux.hpp included), so the
-# README's snippets are built in CI.
+# cmake -DCXX=... -DFLAGS=... -DREADME=... -DHEADING=... -DOUT=... [-DRUN=ON -DLIBS=... -DARGS=...]
+#       -P readme_snippet.cmake
+# Compiles the first ```cpp block under the README heading HEADING (with flux.hpp included and an
+# empty main, unless the block is a whole program with its own main), so the README's snippets are
+# built in CI. With RUN=ON the program is linked (LIBS) and run with ARGS in OUT's folder; a non-zero
+# exit fails the test.
 file(READ ${README} text)
 string(FIND "${text}" "\n${HEADING}\n" at)
 if(at EQUAL -1)
@@ -13,10 +16,32 @@ string(LENGTH "```cpp\n" skip)
 string(SUBSTRING "${text}" ${skip} -1 text)
 string(FIND "${text}" "```" stop)
 string(SUBSTRING "${text}" 0 ${stop} snippet)
-file(WRITE ${OUT} "#include <flux/flux.hpp>\nusing namespace flux;\n${snippet}\nint main() { return 0; }\n")
+string(FIND "${snippet}" "int main(" has_main)
+if(has_main EQUAL -1)
+  file(WRITE ${OUT} "#include <flux/flux.hpp>\nusing namespace flux;\n${snippet}\nint main() { return 0; }\n")
+else()
+  file(WRITE ${OUT} "${snippet}")
+endif()
 separate_arguments(flag_list UNIX_COMMAND "${FLAGS}")
-execute_process(COMMAND ${CXX} ${flag_list} ${OUT} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+set(link_list)
+if(RUN)
+  separate_arguments(link_list UNIX_COMMAND "${LIBS}")
+  set(exe ${OUT}.bin)
+  list(APPEND link_list -o ${exe})
+endif()
+execute_process(COMMAND ${CXX} ${flag_list} ${OUT} ${link_list} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the README snippet under '${HEADING}' does not compile:\n${out}")
 endif()
 message(STATUS "README snippet under '${HEADING}' compiles")
+if(RUN)
+  get_filename_component(run_dir ${OUT} DIRECTORY)
+  separate_arguments(arg_list UNIX_COMMAND "${ARGS}")
+  execute_process(COMMAND ${exe} ${arg_list} WORKING_DIRECTORY ${run_dir} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE out)
+  message(STATUS "${out}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "the README program under '${HEADING}' exited with ${rc}:\n${out}")
+  endif()
+  message(STATUS "README program under '${HEADING}' ran")
+endif()

@@ -1,10 +1,17 @@
 // Printing models in Flux's style (multi-line Chain with parameter counts and a total).
+// A user's layer prints as Flux prints a @layer struct: its name and its FLUX_LAYER fields,
+// `Residual(Dense(8 => 8, relu), 0.5)`; an operator<< of the user's own for it is used instead
+// (found by argument-dependent lookup). Callables that are not layers print readably: an
+// activation by its name, a function by its symbol (`my_act`) when the dynamic symbol table has it,
+// a lambda as `lambda(Tensor const&)#1 in main`, a function object as `Scale()`.
 #pragma once
 #include <concepts>
 #include <ostream>
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <typeinfo>
+#include <vector>
 
 #include "flux/functor.hpp"
 #include "flux/nn/activations.hpp"
@@ -19,8 +26,16 @@ std::string underscorise(int64_t n);
 /// Julia's Base.format_bytes: "6.211 MiB", "3 bytes".
 std::string format_bytes(size_t bytes);
 
+/// A type's name as the compiler spells it, made readable: "lambda(Tensor const&)#1 in main" for a
+/// lambda, "Scale" for a class, with "flux::" and "(anonymous namespace)::" removed.
+std::string type_name(const std::type_info& type);
+/// The symbol at a function's address ("my_act"), or "" when the dynamic symbol table lacks it.
+std::string function_name(const void* address);
+
 template <class T>
 concept Streamable = requires(std::ostream& os, const T& t) { os << t; };
+template <class T>
+concept HasLayerString = requires(const T& t) { { layer_string(t) } -> std::convertible_to<std::string>; };
 template <class T>
 concept Named = requires(const T* t) { flux_layer_name(t); };
 /// A layer holding other layers (SkipConnection, Parallel) lists them in display order with an
@@ -47,8 +62,47 @@ template <class L> size_t param_bytes(const L& l) {
   return b;
 }
 
+template <class L> std::string one_line(const L& layer);
+
+/// How a non-layer callable prints: a function pointer by its symbol, else the type's name.
+template <class L> std::string callable_line(const L& f) {
+  if constexpr (std::is_pointer_v<L> && std::is_function_v<std::remove_pointer_t<L>>) {
+    std::string name = function_name(reinterpret_cast<const void*>(f));
+    return name.empty() ? type_name(typeid(L)) : name;
+  } else if constexpr (std::is_class_v<L>) {
+    std::string name = type_name(typeid(L));
+    return name.rfind("lambda", 0) == 0 || name.rfind("std::", 0) == 0 ? name : name + "()";
+  } else {
+    return type_name(typeid(L));
+  }
+}
+
+/// One field of a user's layer inside its line: tensors by their summary, vectors of layers as
+/// [a, b], everything else as one_line.
+template <class F> std::string field_line(const F& f) {
+  if constexpr (std::is_base_of_v<Tensor, F>) {
+    return f.defined() ? summary(f) : "undefined Tensor";
+  } else if constexpr (requires { typename F::value_type; f.begin(); f.end(); } &&
+                       !std::is_same_v<F, std::string>) {
+    std::string s = "[";
+    bool first = true;
+    for (const auto& x : f) s += (first ? "" : ", ") + field_line(x), first = false;
+    return s + "]";
+  } else {
+    return one_line(f);
+  }
+}
+
+/// A FLUX_LAYER type as Flux shows a @layer struct: "Name(field, field, ...)".
+template <class L> std::string fields_line(const L& layer) {
+  std::string s = std::string(flux_layer_name(&layer)) + "(";
+  bool first = true;
+  flux_fields(layer, [&](const char*, const auto& field) { s += (first ? "" : ", ") + field_line(field), first = false; });
+  return s + ")";
+}
+
 template <class L> std::string one_line(const L& layer) {
-  if constexpr (requires { { layer_string(layer) } -> std::convertible_to<std::string>; }) {
+  if constexpr (HasLayerString<L>) {
     return layer_string(layer);  // every built-in layer defines layer_string (found by ADL)
   } else if constexpr (is_chain<L>::value) {
     std::string s = "Chain(";
@@ -57,14 +111,18 @@ template <class L> std::string one_line(const L& layer) {
     return s + ")";
   } else if constexpr (requires { L::name; }) {
     return L::name;
-  } else if constexpr (Named<L>) {
-    return std::string(flux_layer_name(&layer)) + "(...)";
-  } else if constexpr (Streamable<L>) {
-    std::ostringstream os;
+  } else if constexpr (Streamable<L> && !ShowsChildren<L> && !std::is_pointer_v<L> &&
+                       !(std::is_class_v<L> && std::is_convertible_v<const L&, bool>)) {
+    // (function pointers and captureless lambdas stream as a bool "1": they go to callable_line)
+    std::ostringstream os;  // the user's own operator<< (or a value: an int, a double)
     os << layer;
     return os.str();
+  } else if constexpr (Named<L> && functor::HasFields<L>) {
+    return fields_line(layer);
+  } else if constexpr (Named<L>) {
+    return std::string(flux_layer_name(&layer)) + "(...)";
   } else {
-    return "#layer";
+    return callable_line(layer);
   }
 }
 
@@ -115,6 +173,15 @@ std::ostream& operator<<(std::ostream& os, const M& c) {
     }
   }
   return os;
+}
+
+/// A user's FLUX_LAYER type without an operator<< of its own prints on one line as Flux shows a
+/// @layer struct, "Residual(Dense(8 => 8, relu))"; repr(layer) adds the parameter count.
+template <class M>
+  requires(show::Named<M> && functor::HasFields<M> && !show::HasLayerString<M> && !is_chain<M>::value &&
+           !show::ShowsChildren<M>)
+std::ostream& operator<<(std::ostream& os, const M& layer) {
+  return os << show::fields_line(layer);
 }
 
 /// One line: "Chain(Dense(10 => 64, relu), Dense(64 => 1))  # 769 parameters".

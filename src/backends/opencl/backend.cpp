@@ -1,7 +1,11 @@
 // The OpenCL backend object: device discovery, contexts and queues, a caching buffer pool per device,
 // copies, program building, and dispatch to the kernel files. Exported as libflux-opencl.so.
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <mutex>
 #include <memory>
 #include <sstream>
 
@@ -124,6 +128,50 @@ namespace {
 void finish_queues_at_exit();  // below: registered after each program build
 }
 
+// ---- the first-run compile note (issue 18) ----
+// PoCL compiles every program from source on its first use and keeps the binaries in its cache
+// folder; a cold cache makes the first run slow (~1.2 s per flux program, ~13 s for CLBlast's first
+// GEMM; PLATFORM.md). One info line says so, once per process, when it is about to happen.
+
+namespace {
+std::atomic<bool> compile_noted{false};
+
+/// PoCL's kernel cache folder, resolved as PoCL does: $POCL_CACHE_DIR, else
+/// $XDG_CACHE_HOME/pocl/kcache, else $HOME/.cache/pocl/kcache.
+std::filesystem::path pocl_cache_dir() {
+  if (const char* d = std::getenv("POCL_CACHE_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::filesystem::path(x) / "pocl" / "kcache";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::filesystem::path(h) / ".cache" / "pocl" / "kcache";
+  return {};
+}
+
+/// True when the folder is missing or holds no cached program (PoCL keeps one sub-folder per
+/// program hash prefix; its tempfile_* files are not programs).
+bool cache_is_cold(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (dir.empty() || !std::filesystem::is_directory(dir, ec)) return true;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.is_directory(ec)) return false;
+  return true;
+}
+
+void say_compile(const std::string& line) {
+  if (!compile_noted.exchange(true)) std::fprintf(stderr, "[ Info: %s\n", line.c_str());
+}
+}  // namespace
+
+void note_kernel_compile(DeviceState& dev) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    if (dev.platform_name.find("Portable Computing Language") == std::string::npos) return;
+    const std::filesystem::path dir = pocl_cache_dir();
+    if (!cache_is_cold(dir)) return;
+    say_compile("OpenCL on PoCL (" + dev.name + "): the kernel cache " + (dir.empty() ? "" : dir.string() + " ") +
+                "is empty, so this first run compiles flux's and CLBlast's kernels (about 11 s, once); later runs " +
+                "load them from the cache in well under a second");
+  });
+}
+
 DeviceState::KernelEntry& kernel(DeviceState& dev, const char* family, const char* source, const std::string& options,
                                  const char* name) {
   std::lock_guard<std::recursive_mutex> lock(dev.mutex);
@@ -137,7 +185,17 @@ DeviceState::KernelEntry& kernel(DeviceState& dev, const char* family, const cha
     cl_int err = CL_SUCCESS;
     cl_program p = clCreateProgramWithSource(dev.context, 2, sources, nullptr, &err);
     check(err, "clCreateProgramWithSource", std::string(" for program ") + family);
+    note_kernel_compile(dev);
+    const auto start = std::chrono::steady_clock::now();
     err = clBuildProgram(p, 1, &dev.id, options.c_str(), nullptr, nullptr);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // Another driver's cold cache (or PoCL's, where the folder check could not tell): said after the fact.
+    if (err == CL_SUCCESS && seconds > 2.0 && !compile_noted.load()) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.1f", seconds);
+      say_compile("OpenCL (" + dev.name + "): building the " + family + " kernels took " + buf +
+                  " s, a cold compiler cache; later runs reuse the driver's cache");
+    }
     if (err != CL_SUCCESS) {
       size_t n = 0;
       clGetProgramBuildInfo(p, dev.id, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n);

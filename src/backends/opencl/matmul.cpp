@@ -66,6 +66,7 @@ void matmul(int d, DType t, backend::Buffer a, backend::Buffer b, backend::Buffe
     fill(d, t, c, g.batch * g.m * g.n, 0.0);
     return;
   }
+  if (t == DType::f32 || t == DType::f64) note_kernel_compile(dev);  // CLBlast builds its GEMM on first use
   switch (t) {
     case DType::f32: clblast_gemm<float>(dev, a, b, c, g); break;
     case DType::f64: clblast_gemm<double>(dev, a, b, c, g); break;

@@ -58,6 +58,10 @@ const char* bits_type(size_t element_size);
 /// Build options defining T (element type), ACC (accumulator) and IS_FLOAT / IS_SIGNED for dtype t.
 std::string type_options(DeviceState& dev, DType t, const char* api);
 
+/// Called before a program build (and CLBlast's first GEMM): on PoCL with an empty kernel cache, prints
+/// one "[ Info: ..." line saying the first run compiles the kernels (~11 s), once per process.
+void note_kernel_compile(DeviceState& dev);
+
 /// The kernel `name` of program `family` built from `source` with `options` for this device.
 /// The program is built once; a build failure throws with the compiler's log.
 DeviceState::KernelEntry& kernel(DeviceState& dev, const char* family, const char* source,

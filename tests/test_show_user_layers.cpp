@@ -1,0 +1,110 @@
+// Printing what users put in a Chain (issue 18): their FLUX_LAYER structs show their fields as Flux
+// shows a @layer struct, their own operator<< is used when they wrote one, and lambdas, function
+// objects, functions and std::function print readably instead of "#layer".
+#include <functional>
+#include <sstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "flux/flux.hpp"
+
+using namespace flux;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+namespace show_test {
+
+struct Residual {
+  Dense inner;
+  Tensor operator()(const Tensor& x) const { return x + inner(x); }
+};
+FLUX_LAYER(Residual, inner)
+
+struct Scale {
+  Tensor weight;
+  Tensor operator()(const Tensor& x) const { return x * weight; }
+};
+FLUX_LAYER(Scale, weight)
+
+/// Two layers and a vector of them: every field is shown in FLUX_LAYER's order.
+struct Branches {
+  Dense first;
+  std::vector<Dense> rest;
+  Tensor operator()(const Tensor& x) const { return first(x); }
+};
+FLUX_LAYER(Branches, first, rest)
+
+/// A layer whose author wrote its display.
+struct Pretty {
+  Dense inner;
+  Tensor operator()(const Tensor& x) const { return inner(x); }
+};
+FLUX_LAYER(Pretty, inner)
+std::ostream& operator<<(std::ostream& os, const Pretty& p) {
+  return os << "Pretty(width " << p.inner.out_features() << ")";
+}
+
+/// A function object without tensors (needs no FLUX_LAYER).
+struct AddOne {
+  Tensor operator()(const Tensor& x) const { return x + 1.0; }
+};
+
+Tensor twice(const Tensor& x) { return x * 2.0; }
+
+}  // namespace show_test
+
+namespace {
+template <class M> std::string to_text(const M& m) {
+  std::ostringstream os;
+  os << m;
+  return os.str();
+}
+}  // namespace
+
+TEST(ShowUserLayers, FluxLayerStructsShowTheirFields) {
+  seed(1);
+  auto model = Chain(show_test::Residual{Dense(8, 8, relu)}, Dense(8, 2));
+  EXPECT_EQ(repr(model), "Chain(Residual(Dense(8 => 8, relu)), Dense(8 => 2))  # 90 parameters");
+  EXPECT_EQ(to_text(model),
+            "Chain(\n"
+            "  Residual(Dense(8 => 8, relu)),        # 72 parameters\n"
+            "  Dense(8 => 2),                        # 18 parameters\n"
+            ")                   # Total: 4 arrays, 90 parameters, 360 bytes.");
+  // On its own (with `using namespace flux`) and through repr, which adds the count.
+  EXPECT_EQ(to_text(show_test::Residual{Dense(3, 3)}), "Residual(Dense(3 => 3))");
+  EXPECT_EQ(repr(show_test::Residual{Dense(3, 3)}), "Residual(Dense(3 => 3))  # 12 parameters");
+  // Tensor fields by their summary; vectors of layers in brackets; nesting.
+  EXPECT_EQ(repr(show_test::Scale{ones({4})}), "Scale(4-element Tensor{Float32, CPU})  # 4 parameters");
+  EXPECT_EQ(repr(Chain(show_test::Branches{Dense(2, 2), {Dense(2, 3), Dense(3, 1)}})),
+            "Chain(Branches(Dense(2 => 2), [Dense(2 => 3), Dense(3 => 1)]))  # 19 parameters");
+  EXPECT_EQ(repr(show_test::Residual{Dense(2, 2)}), repr(show_test::Residual{Dense(2, 2)} | Device()));
+}
+
+TEST(ShowUserLayers, AUsersOwnOperatorIsUsed) {
+  auto model = Chain(Dense(2, 4), show_test::Pretty{Dense(4, 3)});
+  EXPECT_EQ(repr(model), "Chain(Dense(2 => 4), Pretty(width 3))  # 27 parameters");
+  EXPECT_THAT(to_text(model), HasSubstr("  Pretty(width 3),                      # 15 parameters\n"));
+  EXPECT_EQ(to_text(show_test::Pretty{Dense(4, 3)}), "Pretty(width 3)");
+}
+
+TEST(ShowUserLayers, CallablesPrintReadably) {
+  auto lambda = [](const Tensor& x) { return x * 3.0; };
+  auto model = Chain(Dense(2, 2), lambda, show_test::AddOne{}, std::function<Tensor(const Tensor&)>(show_test::twice),
+                     flatten_, show_test::twice);
+  const std::string line = repr(model);
+  EXPECT_THAT(line, StartsWith("Chain(Dense(2 => 2), lambda(Tensor const&)#1 in "));
+  EXPECT_THAT(line, HasSubstr("ShowUserLayers_CallablesPrintReadably_Test::TestBody()"));  // where it was written
+  EXPECT_THAT(line, HasSubstr(", show_test::AddOne(), std::function<Tensor (Tensor const&)>, "));
+  EXPECT_THAT(line, HasSubstr(", flatten_, "));  // a library function, by its symbol
+  // The test program's own function: its symbol where the executable exports it, else its type.
+  EXPECT_THAT(line, AnyOf(HasSubstr(", show_test::twice)"), HasSubstr(", Tensor (*)(Tensor const&))")));
+  EXPECT_THAT(line, ::testing::Not(HasSubstr("#layer")));
+  // The model still runs with all of them.
+  Tensor y = model(ones({1, 2}));
+  EXPECT_EQ(y.shape(), (Shape{1, 2}));
+  // In the multi-line display too.
+  EXPECT_THAT(to_text(model), HasSubstr("  show_test::AddOne(),\n"));
+}
