@@ -186,8 +186,7 @@ GemmEngine choose_engine(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
                           : onednn_matmul(ta, tb, m, n, k, alpha, lda, ldb, beta, ldc, slot);
   if (!candidate || candidate->scratch > kMaxOnednnScratch) {
     std::lock_guard<std::mutex> lock(mutex);
-    chosen.emplace(key, GemmEngine::openblas);
-    return GemmEngine::openblas;
+    return chosen.emplace(key, GemmEngine::openblas).first->second;
   }
   std::vector<float> scratch(size_t(m) * size_t(ldc));
   double best_blas = 1e30, best_dnnl = 1e30;
@@ -206,8 +205,9 @@ GemmEngine choose_engine(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
   GemmEngine e = dnnl_ok && best_dnnl < 0.9 * best_blas ? GemmEngine::onednn : GemmEngine::openblas;
   std::lock_guard<std::mutex> lock(mutex);
   if (chosen.size() >= 4096) chosen.clear();
-  chosen.emplace(key, e);
-  return e;
+  // Two pieces of one shape may measure at once on two threads: the first decision stored is the
+  // one both use, so a GEMM's pieces never mix engines between one call and the next.
+  return chosen.emplace(key, e).first->second;
 #else
   (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta,
       (void)c, (void)ldc, (void)slot;
