@@ -273,6 +273,14 @@ TEST(IdxErrors, DimensionsThatDoNotMatchTheSize) {
   EXPECT_EQ(error_of([&] { data::read_idx(dir.file("huge")); }),
             "[read_idx] '" + dir.file("huge") + "': dimensions (4294967295, 4294967295, 2) of f64 need more "
             "than 2^63 bytes of data after the 16-byte header, but the file holds 1");
+  // A zero dimension makes the data empty, but the other dimensions must still form a shape whose
+  // element count fits in 64 bits (found by tests/fuzz/fuzz_idx under UBSan: signed overflow).
+  write_bytes(dir.file("zero"), header(0x08, {0xffffffffu, 0xff8b1400u, 0}));
+  EXPECT_EQ(error_of([&] { data::read_idx(dir.file("zero")); }),
+            "[read_idx] '" + dir.file("zero") + "': dimensions (4294967295, 4287304704, 0) hold more than 2^63 "
+            "elements in their non-zero dimensions; a tensor cannot have that shape");
+  write_bytes(dir.file("zero_ok"), header(0x08, {3, 0, 5}));
+  EXPECT_EQ(data::read_idx(dir.file("zero_ok")).shape(), Shape({3, 0, 5}));
   // Inside gzip, the message says so and gives the inflated size.
   write_bytes(dir.file("few.gz"), gzip(header(0x0B, {4}) + "abc"));
   EXPECT_EQ(error_of([&] { data::read_idx(dir.file("few.gz")); }),

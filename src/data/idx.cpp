@@ -163,6 +163,13 @@ Idx parse_idx(const std::string& api, const std::string& path) {
     fail("[", api, "] ", what, ": dimensions ", dims_string(f.dims), " of ", type_name(f.type), " need ", need_s,
          " bytes of data after the ", header, "-byte header, but the file holds ", have);
   }
+  // With a zero dimension the data is empty whatever the others say; the shape must still have an
+  // element count that fits in 64 bits (Shape and Tensor multiply the dimensions in int64_t).
+  unsigned __int128 nonzero = 1;
+  for (int64_t d : f.dims)
+    if (d != 0 && (nonzero *= uint64_t(d)) > uint64_t(INT64_MAX))
+      fail("[", api, "] ", what, ": dimensions ", dims_string(f.dims), " hold more than 2^63 elements in their "
+           "non-zero dimensions; a tensor cannot have that shape");
   f.data_offset = header;
   return f;
 }
