@@ -14,11 +14,12 @@
 #include <mutex>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
+#include <iterator>
 
 #include "flux/error.hpp"
 #include "flux/version.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/device/preferences.hpp"
 
 namespace flux {
 
@@ -188,28 +189,20 @@ const std::string& preferred_backend() {
       debug("preferences: no ", path.string());
       return std::string();
     }
-    try {
-      toml::table table = toml::parse_file(path.string());
-      auto value = table["flux"]["gpu_backend"].value<std::string>();
-      if (!value) {
-        debug("preferences: ", path.string(), " has no [flux] gpu_backend");
-        return std::string();
-      }
-      auto names = supported_devices();
-      if (std::find(names.begin(), names.end(), *value) == names.end()) {
-        warn_once("[flux] " + path.string() + ": unknown gpu_backend \"" + *value +
-                  "\"; supported are CUDA, AMDGPU, Metal, OpenCL, CPU. Ignoring the preference.");
-        return std::string();
-      }
-      debug("preferences: gpu_backend = ", *value, " from ", path.string());
-      return *value;
-    } catch (const toml::parse_error& err) {
-      std::ostringstream os;
-      os << "[flux] cannot parse " << path.string() << ": " << err.description() << " (line "
-         << err.source().begin.line << "). Ignoring the preference.";
-      warn_once(os.str());
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      warn_once("[flux] cannot read " + path.string() + ". Ignoring the preference.");
       return std::string();
     }
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    preferences::Preference p = preferences::parse(text, path.string());
+    if (!p.warning.empty()) warn_once(p.warning);
+    if (p.backend.empty()) {
+      if (p.warning.empty()) debug("preferences: ", path.string(), " has no [flux] gpu_backend");
+      return std::string();
+    }
+    debug("preferences: gpu_backend = ", p.backend, " from ", path.string());
+    return p.backend;
   }();
   return pref;
 }
@@ -287,26 +280,20 @@ void gpu_backend(const std::string& name) {
   // The preference this process started with; read now, before the file changes under it.
   const std::string& at_start = preferred_backend();
   std::filesystem::path path = preferences_path();
-  toml::table table;
+  std::string existing;
   std::error_code ec;
   if (std::filesystem::exists(path, ec)) {
-    try {
-      table = toml::parse_file(path.string());
-    } catch (const toml::parse_error& err) {
-      detail::fail("[gpu_backend] cannot parse ", path.string(), ": ", err.description(),
-                   "; fix or remove the file");
-    }
+    std::ifstream in(path, std::ios::binary);
+    if (!in) detail::fail("[gpu_backend] cannot read ", path.string());
+    existing.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
-  if (!table.contains("flux") || !table["flux"].is_table()) table.insert_or_assign("flux", toml::table{});
-  table["flux"].as_table()->insert_or_assign("gpu_backend", name);
+  std::string text = preferences::with_backend(existing, path.string(), name);
   std::filesystem::path tmp = path;
   tmp += ".tmp";
   {
-    std::ofstream out(tmp);
+    std::ofstream out(tmp, std::ios::binary);
     if (!out) detail::fail("[gpu_backend] cannot write ", tmp.string());
-    // Basic (double-quoted) strings, as Preferences.jl writes them: gpu_backend = "OpenCL".
-    out << toml::toml_formatter(table, toml::toml_formatter::default_flags & ~toml::format_flags::allow_literal_strings)
-        << "\n";
+    out << text;
     if (!out) detail::fail("[gpu_backend] failed writing ", tmp.string());
   }
   std::filesystem::rename(tmp, path, ec);
