@@ -11,7 +11,7 @@ targets=("$@")
 status=0
 for t in "${targets[@]}"; do
   start=$(date +%s)
-  nice -n 19 bash "$here/run_fuzz.sh" "$src" "$build/tests/fuzz/fuzz_$t" "$t" "$work/$t" 0 "$runs" || status=1
+  nice -n 19 bash "$here/run_fuzz.sh" "$src" "$build/bin/fuzz_$t" "$t" "$work/$t" 0 "$runs" || status=1
   echo "fuzz $t: $(( $(date +%s) - start )) s wall"
 done
 exit $status
