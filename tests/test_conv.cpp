@@ -7,10 +7,12 @@
 
 #include <gmock/gmock.h>
 
+#include "library_kernels.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "test_devices.hpp"
 
 using namespace flux;
+using flux::testing::LibraryKernels;
 using flux::testing::max_rel_error;
 using ::testing::StrEq;
 using ::testing::ThrowsMessage;
@@ -382,12 +384,6 @@ double normwise_error(const Tensor& a, const Tensor& b) {
   for (size_t i = 0; i < x.size(); ++i) diff = std::max(diff, std::abs(x[i] - y[i])), scale = std::max(scale, std::abs(y[i]));
   return diff / scale;
 }
-
-struct LibraryKernels {
-  explicit LibraryKernels(bool on) : saved(detail::library_kernels()) { detail::set_library_kernels(on); }
-  ~LibraryKernels() { detail::set_library_kernels(saved); }
-  bool saved;
-};
 
 // The op's SamePad and the Conv layer's resolved padding are the same (Flux's calc_padding): with an
 // even kernel the odd pixel goes to the low side, so the op equals explicit (lo, hi) padding.

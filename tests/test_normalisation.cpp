@@ -12,10 +12,12 @@
 
 #include <gmock/gmock.h>
 
+#include "library_kernels.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "test_devices.hpp"
 
 using namespace flux;
+using flux::testing::LibraryKernels;
 using flux::testing::max_rel_error;
 using ::testing::HasSubstr;
 
@@ -99,12 +101,6 @@ BatchNorm random_bn(int64_t c, Activation act = Activation(), BatchNormOptions o
 
 class Norm : public ::testing::TestWithParam<Device> {};
 
-// Chooses the fused backend kernels (true, the default) or the portable composed ops for its scope.
-struct FusedKernels {
-  bool saved;
-  explicit FusedKernels(bool on) : saved(detail::library_kernels()) { detail::set_library_kernels(on); }
-  ~FusedKernels() { detail::set_library_kernels(saved); }
-};
 
 }  // namespace
 
@@ -336,7 +332,7 @@ TEST(Normalisation, FiniteDifferenceGradientsInTraining) {
   // fused CPU kernels and on the portable path.
   for (bool fused_kernels : {true, false}) {
   SCOPED_TRACE(fused_kernels ? "fused" : "portable");
-  FusedKernels mode(fused_kernels);
+  LibraryKernels mode(fused_kernels);
   Shape shape{3, 2, 2, 2};
   std::vector<double> x0 = uniform(24, -2, 2, 51), r = uniform(24, 0.5, 1.5, 52);
   std::vector<double> w0 = {1.3, 0.7}, b0 = {0.2, -0.4};
@@ -389,7 +385,7 @@ TEST(Normalisation, FiniteDifferenceGradientsInTestMode) {
   std::vector<double> w0 = {1.2, -0.8, 0.6}, b0 = {0.1, 0.2, -0.3};
   for (bool fused_kernels : {true, false}) {
     SCOPED_TRACE(fused_kernels ? "fused" : "portable");
-    FusedKernels mode(fused_kernels);
+    LibraryKernels mode(fused_kernels);
     auto [gx, gw, gb] = gradient(loss, Tensor(x0, shape), Tensor(w0, Shape{3}), Tensor(b0, Shape{3}));
     std::vector<std::vector<double>> args = {x0, w0, b0};
     std::vector<Tensor> grads = {gx, gw, gb};
@@ -418,7 +414,7 @@ TEST(Normalisation, FusedAndPortablePathsAgree) {
       Tensor w = Tensor(uniform(nc, 0.5, 1.5, 82), Shape{ch}).cast(t), b = Tensor(uniform(nc, -1, 1, 83), Shape{ch}).cast(t);
       Tensor r = Tensor(uniform(size_t(shape.numel()), 0.5, 1.5, 84), shape).cast(t);
       auto run = [&](bool fused_kernels) {
-        FusedKernels mode(fused_kernels);
+        LibraryKernels mode(fused_kernels);
         Tensor mean, var;
         Tensor y = batchnorm(x, w, b, 1e-5, &mean, &var);
         auto [gx, gw, gb] = gradient([&](const Tensor& a, const Tensor& c, const Tensor& d) {

@@ -12,10 +12,12 @@
 
 #include <gmock/gmock.h>
 
+#include "library_kernels.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "test_devices.hpp"
 
 using namespace flux;
+using flux::testing::LibraryKernels;
 using flux::testing::max_rel_error;
 using ::testing::HasSubstr;
 using ::testing::StrEq;
@@ -33,12 +35,6 @@ template <class T> std::string to_text(const T& x) {
   os << x;
   return os.str();
 }
-
-struct LibraryKernels {
-  explicit LibraryKernels(bool on) : saved(detail::library_kernels()) { detail::set_library_kernels(on); }
-  ~LibraryKernels() { detail::set_library_kernels(saved); }
-  bool saved;
-};
 
 enum class Kind { rnn_tanh, rnn_relu, lstm, gru };
 int64_t gate_count(Kind k) { return k == Kind::lstm ? 4 : k == Kind::gru ? 3 : 1; }

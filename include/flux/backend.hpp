@@ -10,7 +10,7 @@
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 4;
+inline constexpr int kBackendAbiVersion = 5;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
@@ -175,6 +175,26 @@ class Backend {
   virtual bool channel_affine(int device, DType t, Buffer x, Buffer scale, Buffer shift, Buffer y, int64_t n,
                               int64_t c, int64_t s) {
     (void)device, (void)t, (void)x, (void)scale, (void)shift, (void)y, (void)n, (void)c, (void)s;
+    return false;
+  }
+
+  // ---- row normalisation, fused (layernorm over the last axis; groupnorm's (N * G) groups as rows;
+  // src/backends/<name>/normalisation); false = the core composes portable ops. x, y, dy, dx are (r, d)
+  // row-major of dtype t (f32/f64); weight, bias, dweight, dbias (d,) of dtype t, a null handle = none
+  // (weight 1, bias 0, not wanted); mean, rstd (r,) of dtype t. Statistics are accumulated in float64. ----
+  /// mean[i] and rstd[i] = 1 / sqrt(var[i] + eps) of row i (biased var), y = (x - mean) rstd weight + bias.
+  virtual bool rownorm_forward(int device, DType t, Buffer x, Buffer weight, Buffer bias, Buffer y, Buffer mean,
+                               Buffer rstd, int64_t r, int64_t d, double eps) {
+    (void)device, (void)t, (void)x, (void)weight, (void)bias, (void)y, (void)mean, (void)rstd, (void)r, (void)d,
+        (void)eps;
+    return false;
+  }
+  /// Its adjoint, with x̂ = (x - mean) rstd and g = dy weight, means over the row's d values:
+  /// dx = rstd (g - mean(g) - x̂ mean(g x̂)), overwritten; dweight = Σ_rows dy x̂, dbias = Σ_rows dy.
+  virtual bool rownorm_backward(int device, DType t, Buffer x, Buffer dy, Buffer weight, Buffer mean, Buffer rstd,
+                                Buffer dx, Buffer dweight, Buffer dbias, int64_t r, int64_t d) {
+    (void)device, (void)t, (void)x, (void)dy, (void)weight, (void)mean, (void)rstd, (void)dx, (void)dweight,
+        (void)dbias, (void)r, (void)d;
     return false;
   }
 

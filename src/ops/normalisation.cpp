@@ -164,8 +164,38 @@ namespace flux {
 
 namespace {
 // Rows of x2 (R, D) normalised, then * weight + bias over D (each (D,) or undefined); one recorded op.
+// Through the backend's fused kernels (rownorm_forward/backward) when it has them and the dtypes agree;
+// else (or with FLUX_LIBRARY_KERNELS=0) composed from public ops, the portable path.
 Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias, double eps) {
-  const int64_t d = x2.shape()[1];
+  const int64_t r = x2.shape()[0], d = x2.shape()[1];
+  const DType t = x2.dtype();
+  const bool has_weight = weight.defined(), has_bias = bias.defined();
+  auto buffer_or_none = [](const Tensor& p) { return p.defined() ? p.buffer() : backend::Buffer{}; };
+  const bool fusable = detail::library_kernels() && (t == DType::f32 || t == DType::f64) &&
+                       (!has_weight || weight.dtype() == t) && (!has_bias || bias.dtype() == t);
+  if (fusable) {
+    Tensor y = Tensor::empty(x2.shape(), t, x2.device());
+    Tensor mean = Tensor::empty(Shape{r}, t, x2.device()), rstd = Tensor::empty(Shape{r}, t, x2.device());
+    if (x2.backend().rownorm_forward(x2.device().index(), t, x2.buffer(), buffer_or_none(weight), buffer_or_none(bias),
+                                     y.buffer(), mean.buffer(), rstd.buffer(), r, d, eps)) {
+      autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
+        Tensor g = dy.dtype() == t ? dy : dy.cast(t);
+        Tensor dx = Tensor::empty(x2.shape(), t, g.device());
+        Tensor dweight = has_weight ? Tensor::empty(Shape{d}, t, g.device()) : Tensor();
+        Tensor dbias = has_bias ? Tensor::empty(Shape{d}, t, g.device()) : Tensor();
+        if (g.backend().rownorm_backward(g.device().index(), t, x2.buffer(), g.buffer(), buffer_or_none(weight),
+                                         mean.buffer(), rstd.buffer(), dx.buffer(), buffer_or_none(dweight),
+                                         buffer_or_none(dbias), r, d))
+          return Grads{dx, dweight, dbias};
+        // A backend with a forward but no backward: the portable formulas from the saved statistics.
+        Tensor xhat = (x2 - mean.reshape(Shape{r, 1})) * rstd.reshape(Shape{r, 1});
+        Tensor gw = has_weight ? g * weight : g;
+        dx = rstd.reshape(Shape{r, 1}) * (gw - sum(gw, 1, true) / double(d) - xhat * (sum(gw * xhat, 1, true) / double(d)));
+        return Grads{dx, has_weight ? sum(g * xhat, 0) : Tensor(), has_bias ? sum(g, 0) : Tensor()};
+      });
+      return y;
+    }
+  }
   Tensor xhat, inv, y;
   {
     autodiff::NoGrad no_grad;  // recorded once, below
@@ -173,10 +203,9 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
     Tensor xc = x2 - mean;
     inv = 1.0 / sqrt(sum(square(xc), 1, true) / double(d) + eps);
     xhat = xc * inv;
-    y = weight.defined() ? xhat * weight : xhat;
-    if (bias.defined()) y = y + bias;
+    y = has_weight ? xhat * weight : xhat;
+    if (has_bias) y = y + bias;
   }
-  const bool has_weight = weight.defined(), has_bias = bias.defined();
   autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
     Tensor g = has_weight ? dy * weight : dy;
     Tensor dx = inv * (g - sum(g, 1, true) / double(d) - xhat * (sum(g * xhat, 1, true) / double(d)));

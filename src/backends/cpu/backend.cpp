@@ -175,6 +175,16 @@ class CpuBackend final : public backend::Backend {
                       int64_t n, int64_t c, int64_t s) override {
     return cpu::channel_affine(t, ptr(x), ptr(scale), shift.handle ? ptr(shift) : nullptr, ptr(y), n, c, s);
   }
+  bool rownorm_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
+                       backend::Buffer mean, backend::Buffer rstd, int64_t r, int64_t d, double eps) override {
+    return cpu::rownorm_forward(t, ptr(x), or_null(w), or_null(b), ptr(y), ptr(mean), ptr(rstd), r, d, eps);
+  }
+  bool rownorm_backward(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w, backend::Buffer mean,
+                        backend::Buffer rstd, backend::Buffer dx, backend::Buffer dw, backend::Buffer db, int64_t r,
+                        int64_t d) override {
+    return cpu::rownorm_backward(t, ptr(x), ptr(dy), or_null(w), ptr(mean), ptr(rstd), ptr(dx), or_null(dw), or_null(db),
+                                 r, d);
+  }
   bool recurrent_forward(int, backend::RecurrentCell cell, DType t, backend::Buffer xg, backend::Buffer hg,
                          backend::Buffer b_hh, backend::Buffer h_prev, backend::Buffer c_prev, backend::Buffer h,
                          backend::Buffer c, backend::Buffer saved, int64_t n, int64_t hidden) override {

@@ -54,6 +54,11 @@ void pool_forward(backend::PoolOp op, DType t, const void* x, void* y, const bac
 void pool_backward(backend::PoolOp op, DType t, const void* x, const void* y, const void* dy, void* dx,
                    const backend::ConvGeometry& g);
 
+/// Fused row normalisation (normalisation.cpp), formulas in backend.hpp; f32/f64, false otherwise.
+bool rownorm_forward(DType t, const void* x, const void* weight, const void* bias, void* y, void* mean, void* rstd,
+                     int64_t r, int64_t d, double eps);
+bool rownorm_backward(DType t, const void* x, const void* dy, const void* weight, const void* mean, const void* rstd,
+                      void* dx, void* dweight, void* dbias, int64_t r, int64_t d);
 /// One fused recurrent step (recurrent.cpp), formulas in backend.hpp; f32/f64, false otherwise.
 bool recurrent_forward(backend::RecurrentCell cell, DType t, const void* xg, const void* hg, const void* b_hh,
                        const void* h_prev, const void* c_prev, void* h, void* c, void* saved, int64_t n, int64_t hidden);

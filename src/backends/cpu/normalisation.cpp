@@ -178,6 +178,89 @@ void affine(const T* x, const T* scale, const T* shift, T* y, int64_t n, int64_t
   });
 }
 
+// ---- row normalisation (layernorm, groupnorm): rows split across threads, each row read twice for
+// its statistics (two-pass, float64) and once to write y; the backward reads x and dy twice per row
+// (the two sums, then dx and the dweight/dbias partial sums). dweight/dbias sum over rows: threads
+// take blocks of rows with float64 partial sums per block, added in block order: the blocks depend on
+// (r, d) only, so the result is the same whatever the thread count.
+constexpr int64_t kRowNormElements = 16384;  // elements per block of rows
+int64_t rows_per_block(int64_t d) { return std::max<int64_t>(1, kRowNormElements / std::max<int64_t>(1, d)); }
+// fn(block, first row, end row) for every block of rows, blocks spread over the threads.
+template <class F> void for_row_blocks(int64_t r, int64_t d, const F& fn) {
+  const int64_t grain = rows_per_block(d), blocks = (r + grain - 1) / grain;
+  parallel_for(blocks, 2, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) fn(b, b * grain, std::min(r, (b + 1) * grain));
+  });
+}
+
+template <class T>
+void normalise_rows(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd, int64_t r, int64_t d,
+                    double eps) {
+  for_row_blocks(r, d, [&](int64_t, int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {
+      const T* xi = x + i * d;
+      T* yi = y + i * d;
+      const double mu = row_sum(xi, d) / double(d);
+      const double inv = 1.0 / std::sqrt(row_squared_deviations(xi, d, mu) / double(d) + eps);
+      mean[i] = T(mu);
+      rstd[i] = T(inv);
+      const T m = T(mu), s = T(inv);
+      if (weight && bias)
+        for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s * weight[j] + bias[j];
+      else if (weight)
+        for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s * weight[j];
+      else if (bias)
+        for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s + bias[j];
+      else
+        for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s;
+    }
+  });
+}
+
+template <class T>
+void normalise_rows_backward(const T* x, const T* dy, const T* weight, const T* mean, const T* rstd, T* dx,
+                             T* dweight, T* dbias, int64_t r, int64_t d) {
+  const int64_t blocks = (r + rows_per_block(d) - 1) / rows_per_block(d);
+  const bool params = dweight || dbias;
+  std::vector<double> partial(params ? size_t(blocks) * size_t(2 * d) : 0, 0.0);  // [block][dweight d | dbias d]
+  for_row_blocks(r, d, [&](int64_t block, int64_t r0, int64_t r1) {
+    double* pw = params ? partial.data() + size_t(block) * size_t(2 * d) : nullptr;
+    double* pb = pw ? pw + d : nullptr;
+    for (int64_t i = r0; i < r1; ++i) {
+      const T* xi = x + i * d;
+      const T* gi = dy + i * d;
+      T* dxi = dx + i * d;
+      const double mu = double(mean[i]), s = double(rstd[i]);
+      double sum_g = 0, sum_gx = 0;  // Σ g, Σ g x̂ with g = dy weight
+      for (int64_t j = 0; j < d; ++j) {
+        const double g = weight ? double(gi[j]) * double(weight[j]) : double(gi[j]);
+        sum_g += g;
+        sum_gx += g * (double(xi[j]) - mu) * s;
+      }
+      const double mg = sum_g / double(d), mgx = sum_gx / double(d);
+      for (int64_t j = 0; j < d; ++j) {
+        const double xh = (double(xi[j]) - mu) * s;
+        const double g = weight ? double(gi[j]) * double(weight[j]) : double(gi[j]);
+        dxi[j] = T(s * (g - mg - xh * mgx));
+        if (pw) {
+          pw[j] += double(gi[j]) * xh;
+          pb[j] += double(gi[j]);
+        }
+      }
+    }
+  });
+  if (!params) return;
+  for (int64_t j = 0; j < d; ++j) {
+    double w = 0, b = 0;
+    for (int64_t k = 0; k < blocks; ++k) {
+      w += partial[size_t(k) * size_t(2 * d) + size_t(j)];
+      b += partial[size_t(k) * size_t(2 * d) + size_t(d + j)];
+    }
+    if (dweight) dweight[j] = T(w);
+    if (dbias) dbias[j] = T(b);
+  }
+}
+
 template <class T> const T* in(const void* p) { return static_cast<const T*>(p); }
 template <class T> T* out(void* p) { return static_cast<T*>(p); }
 
@@ -206,6 +289,32 @@ bool channel_affine(DType t, const void* x, const void* scale, const void* shift
   if (t == DType::f32) affine(in<float>(x), in<float>(scale), in<float>(shift), out<float>(y), n, c, s);
   else if (t == DType::f64) affine(in<double>(x), in<double>(scale), in<double>(shift), out<double>(y), n, c, s);
   else return false;
+  return true;
+}
+
+bool rownorm_forward(DType t, const void* x, const void* weight, const void* bias, void* y, void* mean, void* rstd,
+                     int64_t r, int64_t d, double eps) {
+  if (t == DType::f32)
+    normalise_rows(in<float>(x), in<float>(weight), in<float>(bias), out<float>(y), out<float>(mean), out<float>(rstd),
+                   r, d, eps);
+  else if (t == DType::f64)
+    normalise_rows(in<double>(x), in<double>(weight), in<double>(bias), out<double>(y), out<double>(mean),
+                   out<double>(rstd), r, d, eps);
+  else
+    return false;
+  return true;
+}
+
+bool rownorm_backward(DType t, const void* x, const void* dy, const void* weight, const void* mean, const void* rstd,
+                      void* dx, void* dweight, void* dbias, int64_t r, int64_t d) {
+  if (t == DType::f32)
+    normalise_rows_backward(in<float>(x), in<float>(dy), in<float>(weight), in<float>(mean), in<float>(rstd),
+                            out<float>(dx), out<float>(dweight), out<float>(dbias), r, d);
+  else if (t == DType::f64)
+    normalise_rows_backward(in<double>(x), in<double>(dy), in<double>(weight), in<double>(mean), in<double>(rstd),
+                            out<double>(dx), out<double>(dweight), out<double>(dbias), r, d);
+  else
+    return false;
   return true;
 }
 

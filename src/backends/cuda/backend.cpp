@@ -351,6 +351,17 @@ class GpuBackend final : public backend::Backend {
                      backend::Buffer dx, const backend::ConvGeometry& g) override {
     gpu::pool_backward(*this, device, use(device).stream, op, t, ptr(x), ptr(y), ptr(dy), ptr(dx), g);
   }
+  bool rownorm_forward(int device, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
+                       backend::Buffer mean, backend::Buffer rstd, int64_t r, int64_t d, double eps) override {
+    return gpu::rownorm_forward(use(device).stream, t, ptr(x), or_null(w), or_null(b), ptr(y), ptr(mean), ptr(rstd), r,
+                                d, eps);
+  }
+  bool rownorm_backward(int device, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w,
+                        backend::Buffer mean, backend::Buffer rstd, backend::Buffer dx, backend::Buffer dw,
+                        backend::Buffer db, int64_t r, int64_t d) override {
+    return gpu::rownorm_backward(use(device).stream, t, ptr(x), ptr(dy), or_null(w), ptr(mean), ptr(rstd), ptr(dx),
+                                 or_null(dw), or_null(db), r, d);
+  }
   bool recurrent_forward(int device, backend::RecurrentCell cell, DType t, backend::Buffer xg, backend::Buffer hg,
                          backend::Buffer b_hh, backend::Buffer h_prev, backend::Buffer c_prev, backend::Buffer h,
                          backend::Buffer c, backend::Buffer saved, int64_t n, int64_t hidden) override {

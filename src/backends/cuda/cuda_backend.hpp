@@ -83,6 +83,13 @@ void pool_backward(backend::Backend& be, int device, Stream s, backend::PoolOp o
                    const void* y, const void* dy, void* dx, const backend::ConvGeometry& g);
 void random_uniform(Stream s, DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset);
 
+/// Fused row normalisation (normalisation.cu), formulas in backend.hpp; f32/f64, false otherwise.
+/// w, b, dw, db may be null.
+bool rownorm_forward(Stream s, DType t, const void* x, const void* w, const void* b, void* y, void* mean, void* rstd,
+                     int64_t r, int64_t d, double eps);
+bool rownorm_backward(Stream s, DType t, const void* x, const void* dy, const void* w, const void* mean,
+                      const void* rstd, void* dx, void* dw, void* db, int64_t r, int64_t d);
+
 /// One fused recurrent step (recurrent.cu), formulas in backend.hpp; f32/f64, false otherwise.
 /// Optional pointers (b_hh, c_prev, c, saved, dc, dhg) may be null where backend.hpp allows it.
 bool recurrent_forward(Stream s, backend::RecurrentCell cell, DType t, const void* xg, const void* hg,

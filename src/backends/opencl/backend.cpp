@@ -511,6 +511,15 @@ class OpenCLBackend final : public backend::Backend {
                      backend::Buffer dx, const backend::ConvGeometry& g) override {
     opencl::pool_backward(d, op, t, x, y, dy, dx, g);
   }
+  bool rownorm_forward(int d, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
+                       backend::Buffer mean, backend::Buffer rstd, int64_t r, int64_t cols, double eps) override {
+    return opencl::rownorm_forward(d, t, x, w, b, y, mean, rstd, r, cols, eps);
+  }
+  bool rownorm_backward(int d, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w, backend::Buffer mean,
+                        backend::Buffer rstd, backend::Buffer dx, backend::Buffer dw, backend::Buffer db, int64_t r,
+                        int64_t cols) override {
+    return opencl::rownorm_backward(d, t, x, dy, w, mean, rstd, dx, dw, db, r, cols);
+  }
   bool recurrent_forward(int d, backend::RecurrentCell cell, DType t, backend::Buffer xg, backend::Buffer hg,
                          backend::Buffer b_hh, backend::Buffer h_prev, backend::Buffer c_prev, backend::Buffer h,
                          backend::Buffer c, backend::Buffer saved, int64_t n, int64_t hidden) override {

@@ -157,6 +157,12 @@ void pool_backward(int d, backend::PoolOp op, DType t, backend::Buffer x, backen
                    backend::Buffer dx, const backend::ConvGeometry& g);
 void random_uniform(int d, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset);
 
+/// Fused row normalisation (normalisation.cpp), formulas in backend.hpp; f32/f64, false otherwise.
+bool rownorm_forward(int d, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
+                     backend::Buffer mean, backend::Buffer rstd, int64_t r, int64_t cols, double eps);
+bool rownorm_backward(int d, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w, backend::Buffer mean,
+                      backend::Buffer rstd, backend::Buffer dx, backend::Buffer dw, backend::Buffer db, int64_t r,
+                      int64_t cols);
 /// One fused recurrent step (recurrent.cpp), formulas in backend.hpp; f32/f64, false otherwise.
 bool recurrent_forward(int d, backend::RecurrentCell cell, DType t, backend::Buffer xg, backend::Buffer hg,
                        backend::Buffer b_hh, backend::Buffer h_prev, backend::Buffer c_prev, backend::Buffer h,
