@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -134,7 +135,18 @@ template <class T> std::vector<T> Tensor::to_vector() const {
   std::vector<unsigned char> raw(nbytes());
   if (n) backend().copy_to_host(device().index(), raw.data(), buffer(), raw.size());
   std::vector<T> out(static_cast<size_t>(n));
-  for (int64_t k = 0; k < n; ++k) out[k] = T(detail::load_as_double(raw.data(), i.dtype, k));
+  const bool exact_int64 = std::is_integral_v<T> && !std::is_same_v<T, bool> && i.dtype == DType::i64;
+  for (int64_t k = 0; k < n; ++k) {
+    // Int64 to an integer type without a double in between: doubles hold integers exactly only up to
+    // 2^53, and 2^63 - 1 rounds to 2^63, which no int64_t holds (UB; found by tests/fuzz/fuzz_csv).
+    if (exact_int64) {
+      int64_t v;
+      std::memcpy(&v, raw.data() + size_t(k) * sizeof(int64_t), sizeof v);
+      out[size_t(k)] = T(v);
+    } else {
+      out[size_t(k)] = T(detail::load_as_double(raw.data(), i.dtype, k));
+    }
+  }
   return out;
 }
 template std::vector<float> Tensor::to_vector<float>() const;

@@ -303,3 +303,13 @@ TEST(TensorPrinting, LargeTensorsAreElided) {
   EXPECT_THAT(v, HasSubstr("999.0"));
   EXPECT_LT(v.size(), 200u);
 }
+
+// Found by tests/fuzz/fuzz_csv under UBSan: Int64 values were read back through a double, so those
+// above 2^53 changed and 2^63 - 1 became 2^63, which no int64_t holds (undefined behaviour).
+TEST(Tensor, Int64ValuesReadBackExactly) {
+  const std::vector<int64_t> v{INT64_MAX, INT64_MIN, (int64_t(1) << 53) + 1, -(int64_t(1) << 62) - 3, 9223372036854775616};
+  Tensor t(v, Shape{int64_t(v.size())});
+  EXPECT_EQ(t.to_vector<int64_t>(), v);
+  EXPECT_EQ(Tensor(std::vector<int64_t>{INT64_MAX}, Shape{}).item<int64_t>(), INT64_MAX);
+  EXPECT_EQ(Tensor(std::vector<int64_t>{(int64_t(1) << 40) + 7}, Shape{}).to_vector<int32_t>()[0], int32_t(7));
+}
