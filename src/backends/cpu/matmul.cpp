@@ -188,7 +188,9 @@ GemmEngine choose_engine(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
     std::lock_guard<std::mutex> lock(mutex);
     return chosen.emplace(key, GemmEngine::openblas).first->second;
   }
-  std::vector<float> scratch(size_t(m) * size_t(ldc));
+  // C holds (m - 1) * ldc + n elements from c: its last row ends at column n, not at ldc (a column
+  // piece of a wider C ends where the buffer does; found by scripts/test --asan, heap-buffer-overflow).
+  std::vector<float> scratch(m > 0 ? size_t(m - 1) * size_t(ldc) + size_t(n) : 0);
   double best_blas = 1e30, best_dnnl = 1e30;
   bool dnnl_ok = true;
   for (int rep = 0; rep < 3 && dnnl_ok; ++rep) {
