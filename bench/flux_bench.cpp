@@ -55,6 +55,7 @@ namespace {
 
 Device g_dev;
 double g_train_seconds = 0;  // --seconds=S: every training case runs S seconds (0: the case's own)
+int64_t g_only_batch = 0;    // --batch=N: the inference cases (infer, resnet) run batch N alone (profiling)
 
 // One-hot targets (batch, classes) with class i % classes.
 Tensor onehot_targets(int64_t batch, int64_t classes) {
@@ -132,6 +133,7 @@ void overhead_case() {
 void infer_case() {
   auto model = Chain(Dense(784, 512, relu), Dense(512, 512, relu), Dense(512, 10)) | g_dev;
   for (int64_t batch : {1, 128}) {
+    if (g_only_batch && batch != g_only_batch) continue;
     Tensor x = to(rand({batch, 784}), g_dev);
     auto run = [&] {
       Tensor y = model(x);
@@ -252,6 +254,7 @@ void resnet_case() {
   const int64_t hw = bench::kResnetSize;
   std::printf("resnet_hw %lld\n", (long long)hw);
   for (int64_t batch : {int64_t(1), int64_t(32)}) {
+    if (g_only_batch && batch != g_only_batch) continue;
     Tensor x = to(rand({batch, 3, hw, hw}), g_dev);
     auto run = [&] {
       Tensor y = model(x);
@@ -282,6 +285,11 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a.rfind("--seconds=", 0) == 0) {
       g_train_seconds = std::atof(a.c_str() + 10);
+      if (i == 2) device = "cpu";
+      continue;
+    }
+    if (a.rfind("--batch=", 0) == 0) {
+      g_only_batch = std::atoll(a.c_str() + 8);
       if (i == 2) device = "cpu";
       continue;
     }

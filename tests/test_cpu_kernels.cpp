@@ -272,6 +272,23 @@ TEST(CpuGemm, SplitOverThePoolMatchesFloat64) {
       }
 }
 
+// One row or one column of C runs as GEMV (matmul.cpp's gemv_split): a batch-1 Dense forward
+// (1, n) = (1, k) W^T, its transposes, a column (m, 1), a 1x1 dot; whole and cut over the pool
+// (600 x 500 elements), batched; alpha/beta as Dense (1, 1), a fresh product (1, 0) and general.
+TEST(CpuGemm, VectorProductsMatchFloat64) {
+  struct Case {
+    int64_t batch, m, n, k;
+  };
+  for (Case s : {Case{1, 1, 10, 512}, Case{1, 1, 600, 500}, Case{1, 37, 1, 64}, Case{1, 600, 1, 500},
+                 Case{1, 1, 1, 300}, Case{5, 1, 70, 33}, Case{4, 90, 1, 20}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (auto [alpha, beta] : {std::pair{1.0, 1.0}, std::pair{1.0, 0.0}, std::pair{1.5, 0.5}}) {
+          check_gemm<float>(s.batch, s.m, s.n, s.k, ta, tb, alpha, beta);
+          check_gemm<double>(s.batch, s.m, s.n, s.k, ta, tb, alpha, beta);
+        }
+}
+
 // Every float32 engine the run-time choice can pick, forced in turn, then the measured choice;
 // alpha/beta as Dense's forward (1, 1: C holds the bias), a weight gradient (1, 0) and general.
 TEST(CpuGemm, EveryEngineMatchesFloat64) {

@@ -234,6 +234,65 @@ void piece_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
   blas_gemm(ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
+// ---- Products with one row or one column of C: BLAS GEMV ----
+// OpenBLAS's sgemm packs both operands before its kernel runs; with one row (a batch-1 Dense
+// forward: C (1, n) = x (1, k) W^T) the packing of W is as much memory traffic as the product, and
+// sgemm ran at ~11 GB/s of weights where sgemv streams them at ~40 (784x512 + 512x512 + 512x10 MLP at
+// batch 1, 1 AVX2 core: 248 -> see bench/README.md). gemm_loops above is the reference these match.
+void blas_gemv(bool trans, int rows, int cols, float alpha, const float* a, int lda, const float* x, int incx,
+               float beta, float* y, int incy) {
+  cblas_sgemv(CblasRowMajor, trans ? CblasTrans : CblasNoTrans, rows, cols, alpha, a, lda, x, incx, beta, y, incy);
+}
+void blas_gemv(bool trans, int rows, int cols, double alpha, const double* a, int lda, const double* x, int incx,
+               double beta, double* y, int incy) {
+  cblas_dgemv(CblasRowMajor, trans ? CblasTrans : CblasNoTrans, rows, cols, alpha, a, lda, x, incx, beta, y, incy);
+}
+
+// Matrix elements below which a GEMV stays on the calling thread: it streams its matrix once, so
+// the work is the bytes read; 2^17 floats (512 KiB) take ~10 us from L3 on one core.
+constexpr double kSplitGemvElements = double(1 << 17);
+
+// C = alpha op(A) op(B) + beta C when m == 1 or n == 1: the matrix operand is cut over the pool
+// along C's length in multiples of 16 elements, one GEMV per piece.
+template <class T>
+void gemv_split(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                int64_t ldb, T beta, T* c, int64_t ldc) {
+  const bool row = m == 1;  // C (1, n) = op(A) (1, k) op(B); else C (m, 1) = op(A) op(B) (k, 1)
+  const int64_t len = row ? n : m;
+  const T* vec = row ? a : b;
+  const int64_t inc = row ? (ta ? lda : 1) : (tb ? 1 : ldb);
+  const int64_t incc = row ? 1 : ldc;
+  // The matrix is op(B) (k, n) or op(A) (m, k); its rows or columns [lo, hi) make C's [lo, hi).
+  auto piece = [&](int64_t lo, int64_t hi) {
+    if (row) {
+      if (tb)  // B stored (n, k): rows lo..hi, y = B x
+        blas_gemv(false, int(hi - lo), int(k), alpha, b + lo * ldb, int(ldb), vec, int(inc), beta, c + lo, int(incc));
+      else  // B stored (k, n): columns lo..hi, y = B^T x
+        blas_gemv(true, int(k), int(hi - lo), alpha, b + lo, int(ldb), vec, int(inc), beta, c + lo, int(incc));
+    } else {
+      if (ta)  // A stored (k, m): columns lo..hi
+        blas_gemv(true, int(k), int(hi - lo), alpha, a + lo, int(lda), vec, int(inc), beta, c + lo * ldc, int(incc));
+      else  // A stored (m, k): rows lo..hi
+        blas_gemv(false, int(hi - lo), int(k), alpha, a + lo * lda, int(lda), vec, int(inc), beta, c + lo * ldc,
+                  int(incc));
+    }
+  };
+  double elements = double(len) * double(k);
+  int64_t blocks = (len + 15) / 16;
+  int64_t parts = std::min<int64_t>(
+      {int64_t(num_threads()), blocks, std::max<int64_t>(1, int64_t(elements / kSplitGemvElements))});
+  if (parts <= 1) {
+    piece(0, len);
+    return;
+  }
+  parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      int64_t lo = std::min(len, blocks * p / parts * 16), hi = std::min(len, blocks * (p + 1) / parts * 16);
+      if (lo < hi) piece(lo, hi);
+    }
+  });
+}
+
 // Work below which a GEMM stays on the calling thread (~10-20 us at tens of GFLOP/s) and on
 // OpenBLAS (a library call's own overhead matters there; the seed MLP's GEMMs are such).
 constexpr double kSplitFlops = double(1 << 20);
@@ -243,6 +302,10 @@ constexpr double kSplitFlops = double(1 << 20);
 template <class T>
 void gemm_split(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
                 int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 1 || n == 1) {
+    gemv_split<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   int threads = num_threads();
   double flops = 2.0 * double(m) * double(n) * double(k);
   if (flops < kSplitFlops) {
@@ -279,8 +342,12 @@ template <class T> void gemm_blas(const T* a, const T* b, T* c, const backend::G
     // Many matrices: one whole GEMM per task.
     parallel_for(g.batch, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p)
-        blas_gemm(g.trans_a, g.trans_b, int(g.m), int(g.n), int(g.k), T(g.alpha), a + p * g.stride_a, int(lda),
-                  b + p * g.stride_b, int(ldb), T(g.beta), c + p * g.stride_c, int(ldc));
+        if (g.m == 1 || g.n == 1)  // inside the region: one GEMV on this thread
+          gemv_split<T>(g.trans_a, g.trans_b, g.m, g.n, g.k, T(g.alpha), a + p * g.stride_a, lda, b + p * g.stride_b,
+                        ldb, T(g.beta), c + p * g.stride_c, ldc);
+        else
+          blas_gemm(g.trans_a, g.trans_b, int(g.m), int(g.n), int(g.k), T(g.alpha), a + p * g.stride_a, int(lda),
+                    b + p * g.stride_b, int(ldb), T(g.beta), c + p * g.stride_c, int(ldc));
     });
     return;
   }
