@@ -431,7 +431,10 @@ TEST_P(RecurrentDevices, LSTMLearnsToRememberTheFirstInput) {
   auto loss = [&](const LastStepClassifier& m) { return logitbinarycrossentropy(m(xd), yd); };
   double first_loss = loss(model).item<double>();
   auto st = optimisers::setup(optimisers::Adam(0.03), model);
-  for (int step = 0; step < 60; ++step) optimisers::update(st, model, gradient(loss, model));
+  // 150 steps: at 60 this seed stopped on a plateau at 0.18-0.29 of the first loss depending on the
+  // GEMMs' summation order (OpenCL 0.18, CPU sgemm below 0.25, CPU GEMV 0.29); seeds 5-24 measured at
+  // 150 end at 0.000-0.11 on CPU and OpenCL except one (seed 23 on OpenCL, 0.43), seed 11 at 0.005.
+  for (int step = 0; step < 150; ++step) optimisers::update(st, model, gradient(loss, model));
   double last_loss = loss(model).item<double>();
   EXPECT_LT(last_loss, 0.25 * first_loss) << "first " << first_loss << ", last " << last_loss;
 }
