@@ -516,8 +516,13 @@ TEST(Recurrent, BadInputNamesShapes) {
                      "[GRU] initial state h0 has shape (2, 3); expected (2, 2, 3) (num_layers, batch, hidden)");
   EXPECT_ERROR_EXACT(RNN(4, 3).forward(x, zeros({2, 3}, DType::f64)),
                      "[RNN] initial state h0 is Float64 but the layer's weights are Float32");
-  EXPECT_ERROR_EXACT(small(x.f64()),
-                     "[LSTM] input is Float64 but the layer's weights are Float32; convert one (x.cast(...), f32(model), f64(model))");
+  // Float64 input is converted with Flux's warning (Float64InputIsConvertedAsFluxDoes); other mismatches are errors.
+  EXPECT_ERROR_EXACT(small(x.cast(DType::f16)),
+                     "[LSTM] input is Float16 but the layer's weights are Float32; convert one (x.cast(...), f32(model), f64(model))");
+  EXPECT_ERROR_EXACT(LSTM(4, 3, {.dtype = DType::f64})(x),
+                     "[LSTM] input is Float32 but the layer's weights are Float64; convert one (x.cast(...), f32(model), f64(model))");
+  EXPECT_ERROR_EXACT(LSTMCell(4, 3)(randn({2, 4}).cast(DType::f16)),
+                     "[LSTMCell] input is Float16 but the layer's weights are Float32; convert one (x.cast(...), f32(model), f64(model))");
   // Cells.
   LSTMCell cell(4, 3);
   EXPECT_ERROR_EXACT(cell(randn({2, 5})),
@@ -554,4 +559,35 @@ TEST_P(RecurrentDevices, MixedDevicesAreNamed) {
                                                   "; move one with to() or | dev");
   EXPECT_ERROR_EXACT(lstm.forward(to(randn({2, 5, 4}), d), {zeros({1, 2, 3}), Tensor()}),
                      "[LSTM] initial state h0 on CPU but the layer's weights on " + to_string(d));
+}
+
+// Flux's _match_eltype for the recurrent layers and cells: Float64 input to a Float32 layer runs as
+// x.f32() (the same values, Float32 out), and the gradient flows back to the Float64 input. The
+// warning itself (once per process) is checked in test_error_hints.cpp.
+TEST(Recurrent, Float64InputIsConvertedAsFluxDoes) {
+  seed(12);
+  Tensor x = randn({2, 5, 4}, DType::f64);
+  LSTM lstm(4, 3);
+  GRU gru(4, 3, {.num_layers = 2});
+  RNN rnn(4, 3, relu);
+  auto same = [](const Tensor& a, const Tensor& b) {
+    EXPECT_EQ(a.dtype(), DType::f32);
+    EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
+  };
+  same(lstm(x), lstm(x.f32()));
+  same(gru(x), gru(x.f32()));
+  same(rnn(x), rnn(x.f32()));
+  LSTMOutput o = lstm.forward(x, lstm.initial_state(2));
+  same(o.state.c, lstm.forward(x.f32(), lstm.initial_state(2)).state.c);
+  Tensor x2 = randn({2, 4}, DType::f64);
+  LSTMCell lc(4, 3);
+  same(lc(x2).h, lc(x2.f32()).h);
+  GRUCell gc(4, 3);
+  same(gc(x2), gc(x2.f32()));
+  RNNCell rc(4, 3);
+  same(rc(x2, zeros({2, 3})), rc(x2.f32(), zeros({2, 3})));
+  Tensor g = gradient([&](const Tensor& xx) { return sum(lstm(xx)); }, x);
+  EXPECT_EQ(g.dtype(), DType::f64);
+  Tensor g32 = gradient([&](const Tensor& xx) { return sum(lstm(xx)); }, x.f32());
+  EXPECT_EQ(g.f32().to_vector<float>(), g32.to_vector<float>());
 }

@@ -24,6 +24,7 @@
 #include <array>
 #include <concepts>
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,16 +61,30 @@
 #define FLUX_PP_FOR_EACH(m, ...) FLUX_PP_CAT(FLUX_PP_EACH_, FLUX_PP_NARGS(__VA_ARGS__))(m, __VA_ARGS__)
 #define FLUX_LAYER_FIELD_(field) visit(#field, self.field);
 
+namespace flux::show {
+/// Prints a layer as Flux shows it (defined in flux/nn/show.hpp): containers on several lines with
+/// parameter counts, a FLUX_LAYER struct as "Name(field, ...)".
+template <class L> std::ostream& print_layer(std::ostream& os, const L& layer);
+}  // namespace flux::show
+
 /// Makes `Type` walkable by fmap/params/state: lists its fields in order. Write it right after the
 /// struct, in the struct's own namespace (it is found by argument-dependent lookup). FLUX_LAYER(Type)
-/// with no fields declares a layer without tensors.
+/// with no fields declares a layer without tensors. It also gives `std::cout << layer` in that
+/// namespace (no `using namespace flux` needed); an operator<< the user writes for Type wins over it
+/// (a non-template beats this template).
 #define FLUX_LAYER(Type, ...)                                                              \
   template <class Self_, class Visit_>                                                     \
     requires std::is_same_v<std::remove_const_t<Self_>, Type>                              \
   void flux_fields([[maybe_unused]] Self_& self, [[maybe_unused]] Visit_&& visit) {        \
     __VA_OPT__(FLUX_PP_FOR_EACH(FLUX_LAYER_FIELD_, __VA_ARGS__))                           \
   }                                                                                        \
-  inline const char* flux_layer_name(const Type*) { return #Type; }
+  inline const char* flux_layer_name(const Type*) { return #Type; }                       \
+  inline constexpr bool flux_layer_streams(const Type*) { return true; }                  \
+  template <class Layer_>                                                                  \
+    requires std::is_same_v<Layer_, Type>                                                  \
+  std::ostream& operator<<(std::ostream& os, const Layer_& layer) {                        \
+    return ::flux::show::print_layer(os, layer);                                           \
+  }
 
 namespace flux {
 

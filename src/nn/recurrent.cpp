@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "flux/nn/recurrent.hpp"
+
 #include "flux/nn/show.hpp"
+#include "src/nn/match_eltype.hpp"
 #include "src/ops/ops_internal.hpp"
 
 namespace flux {
@@ -59,10 +61,12 @@ template <class Cell> std::string cell_signature(const char* api, const Cell& ce
   return std::string(api) + "(" + std::to_string(cell.in_features()) + " => " + std::to_string(cell.hidden_size()) + ")";
 }
 
-/// x must be (N, in) on the weights' device with their dtype.
-template <class Cell> void check_cell_input(const char* api, const Cell& cell, const Tensor& x) {
+/// x must be (N, in) on the weights' device with their dtype; Float64 input to a narrower layer is
+/// converted with Flux's warning (once per process), as Dense and Conv do. Returns the input to use.
+template <class Cell> Tensor cell_input(const char* api, const Cell& cell, const Tensor& x0) {
   check_cell_ready(api, cell);
-  detail::check_defined(api, x);
+  detail::check_defined(api, x0);
+  const Tensor x = detail::match_eltype(api, cell, cell.weight_ih, x0);
   const int64_t in = cell.in_features();
   if (x.ndim() != 2 || x.size(1) != in)
     fail("[", api, "] expected input (N, ", in, ") (batch, features) for ", cell_signature(api, cell), "; got shape ",
@@ -73,6 +77,7 @@ template <class Cell> void check_cell_input(const char* api, const Cell& cell, c
   if (x.dtype() != cell.weight_ih.dtype())
     fail("[", api, "] input is ", dtype_name(x.dtype()), " but the layer's weights are ",
          dtype_name(cell.weight_ih.dtype()), "; convert one (x.cast(...), f32(model), f64(model))");
+  return x;
 }
 
 void check_cell_state(const char* api, const char* name, const Tensor& s, int64_t n, int64_t hidden,
@@ -103,12 +108,15 @@ template <class Cell> Tensor cell_step(Kind kind, bool relu, const Cell& cell, c
 
 // ---- sequence layers ----
 
-template <class Layer> void check_layer_input(const char* api, const Layer& layer, const Tensor& x) {
+/// x must be (N, T, in) on the weights' device with their dtype (Float64 input to a narrower layer is
+/// converted, with Flux's warning once per process). Returns the input to use.
+template <class Layer> Tensor layer_input(const char* api, const Layer& layer, const Tensor& x0) {
   if (layer.layers.empty() || !layer.layers[0].weight_ih.defined())
     fail("[", api, "] the layer is empty (default-constructed)");
-  detail::check_defined(api, x);
+  detail::check_defined(api, x0);
   const int64_t in = layer.in_features();
   const Tensor& w = layer.layers[0].weight_ih;
+  const Tensor x = detail::match_eltype(api, layer, w, x0);
   if (x.ndim() != 3 || x.size(2) != in)
     fail("[", api, "] expected input (N, T, ", in, ") (batch, time, features) for ", layer_string(layer),
          "; got shape ", to_string(x.shape()));
@@ -120,6 +128,7 @@ template <class Layer> void check_layer_input(const char* api, const Layer& laye
   if (x.dtype() != w.dtype())
     fail("[", api, "] input is ", dtype_name(x.dtype()), " but the layer's weights are ", dtype_name(w.dtype()),
          "; convert one (x.cast(...), f32(model), f64(model))");
+  return x;
 }
 
 /// The initial state of layer l: s (L, N, H) (or (N, H) when L == 1), zeros when undefined.
@@ -146,9 +155,9 @@ Tensor layer_state(const char* api, const char* name, const Tensor& s, int64_t l
 /// Runs every layer over the sequence. Returns the last layer's (N, T, H) output; finals gets each
 /// layer's final h (and c for LSTM).
 template <class Layer>
-Tensor run_layers(const char* api, Kind kind, bool relu, const Layer& layer, const Tensor& x, const Tensor& h0,
+Tensor run_layers(const char* api, Kind kind, bool relu, const Layer& layer, const Tensor& x0, const Tensor& h0,
                   const Tensor& c0, std::vector<Tensor>& h_final, std::vector<Tensor>& c_final) {
-  check_layer_input(api, layer, x);
+  const Tensor x = layer_input(api, layer, x0);
   const int64_t n = x.size(0), steps = x.size(1), hidden = layer.hidden_size(), nl = layer.num_layers();
   Tensor seq = permute(x, {1, 0, 2});  // (T, N, in): one strided copy, every step then contiguous
   for (int64_t l = 0; l < nl; ++l) {
@@ -204,43 +213,43 @@ RNNCell::RNNCell(int64_t in, int64_t hidden, Activation act, RecurrentOptions op
   check_activation("RNNCell", activation);
   init_cell(*this, "RNNCell", Kind::rnn, in, hidden, options);
 }
-Tensor RNNCell::operator()(const Tensor& x, const Tensor& h) const {
-  check_cell_input("RNNCell", *this, x);
+Tensor RNNCell::operator()(const Tensor& x0, const Tensor& h) const {
+  const Tensor x = cell_input("RNNCell", *this, x0);
   check_cell_state("RNNCell", "h", h, x.size(0), hidden_size(), weight_hh);
   return cell_step(Kind::rnn, activation.name() == "relu", *this, x, h, Tensor())[0];
 }
 Tensor RNNCell::operator()(const Tensor& x) const {
-  check_cell_input("RNNCell", *this, x);
-  return (*this)(x, zeros(Shape{x.size(0), hidden_size()}, x.dtype(), x.device()));
+  cell_input("RNNCell", *this, x);
+  return (*this)(x, zeros(Shape{x.size(0), hidden_size()}, weight_hh.dtype(), x.device()));
 }
 
 LSTMCell::LSTMCell(int64_t in, int64_t hidden, RecurrentOptions options) {
   init_cell(*this, "LSTMCell", Kind::lstm, in, hidden, options);
 }
-LSTMState LSTMCell::operator()(const Tensor& x, const LSTMState& state) const {
-  check_cell_input("LSTMCell", *this, x);
+LSTMState LSTMCell::operator()(const Tensor& x0, const LSTMState& state) const {
+  const Tensor x = cell_input("LSTMCell", *this, x0);
   check_cell_state("LSTMCell", "h", state.h, x.size(0), hidden_size(), weight_hh);
   check_cell_state("LSTMCell", "c", state.c, x.size(0), hidden_size(), weight_hh);
   Tensor y = cell_step(Kind::lstm, false, *this, x, state.h, state.c);
   return {y[0], y[1]};
 }
 LSTMState LSTMCell::operator()(const Tensor& x) const {
-  check_cell_input("LSTMCell", *this, x);
-  Tensor z = zeros(Shape{x.size(0), hidden_size()}, x.dtype(), x.device());
+  cell_input("LSTMCell", *this, x);
+  Tensor z = zeros(Shape{x.size(0), hidden_size()}, weight_hh.dtype(), x.device());
   return (*this)(x, LSTMState{z, z});
 }
 
 GRUCell::GRUCell(int64_t in, int64_t hidden, RecurrentOptions options) {
   init_cell(*this, "GRUCell", Kind::gru, in, hidden, options);
 }
-Tensor GRUCell::operator()(const Tensor& x, const Tensor& h) const {
-  check_cell_input("GRUCell", *this, x);
+Tensor GRUCell::operator()(const Tensor& x0, const Tensor& h) const {
+  const Tensor x = cell_input("GRUCell", *this, x0);
   check_cell_state("GRUCell", "h", h, x.size(0), hidden_size(), weight_hh);
   return cell_step(Kind::gru, false, *this, x, h, Tensor())[0];
 }
 Tensor GRUCell::operator()(const Tensor& x) const {
-  check_cell_input("GRUCell", *this, x);
-  return (*this)(x, zeros(Shape{x.size(0), hidden_size()}, x.dtype(), x.device()));
+  cell_input("GRUCell", *this, x);
+  return (*this)(x, zeros(Shape{x.size(0), hidden_size()}, weight_hh.dtype(), x.device()));
 }
 
 // ---- layers ----

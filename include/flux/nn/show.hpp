@@ -153,35 +153,46 @@ template <class L> void big_show(std::ostream& os, const L& layer, int indent) {
 }
 }  // namespace show
 
-/// Flux's REPL display of a Chain: one line per layer with its parameter count, then the total.
-/// The same for the other containers (SkipConnection, Parallel).
-template <class M>
-  requires(is_chain<M>::value || show::ShowsChildren<M>)
-std::ostream& operator<<(std::ostream& os, const M& c) {
-  show::big_show(os, c, 0);
-  auto ps = params(c);
-  if (ps.size() > 2) {
-    size_t non_arrays = 0, bytes = show::param_bytes(c);
-    for (const Tensor& t : nontrainables(c)) non_arrays += is_floating(t.dtype()), bytes += t.nbytes();
-    if (non_arrays > 0) {  // Flux's _big_finale with non-trainable arrays (BatchNorm's running statistics)
-      os << std::string(9, ' ') << "# Total: " << ps.size() << " trainable arrays, " << show::underscorise(parameter_count(c))
-         << " parameters,\n" << std::string(10, ' ') << "# plus " << non_arrays << " non-trainable, "
-         << show::underscorise(nontrainable_count(c)) << " parameters, summarysize " << show::format_bytes(bytes) << ".";
-    } else {
-      os << std::string(19, ' ') << "# Total: " << ps.size() << " arrays, " << show::underscorise(parameter_count(c))
-         << " parameters, " << show::format_bytes(bytes) << ".";
+namespace show {
+/// Whether FLUX_LAYER gave the type its own operator<< (found by ADL in the type's namespace).
+template <class T>
+concept StreamsThroughMacro = requires(const T* t) { flux_layer_streams(t); };
+
+template <class L> std::ostream& print_layer(std::ostream& os, const L& layer) {
+  if constexpr (is_chain<L>::value || ShowsChildren<L>) {
+    // Flux's REPL display of a container: one line per layer with its parameter count, then the total.
+    big_show(os, layer, 0);
+    auto ps = params(layer);
+    if (ps.size() > 2) {
+      size_t non_arrays = 0, bytes = param_bytes(layer);
+      for (const Tensor& t : nontrainables(layer)) non_arrays += is_floating(t.dtype()), bytes += t.nbytes();
+      if (non_arrays > 0) {  // Flux's _big_finale with non-trainable arrays (BatchNorm's running statistics)
+        os << std::string(9, ' ') << "# Total: " << ps.size() << " trainable arrays, " << underscorise(parameter_count(layer))
+           << " parameters,\n" << std::string(10, ' ') << "# plus " << non_arrays << " non-trainable, "
+           << underscorise(nontrainable_count(layer)) << " parameters, summarysize " << format_bytes(bytes) << ".";
+      } else {
+        os << std::string(19, ' ') << "# Total: " << ps.size() << " arrays, " << underscorise(parameter_count(layer))
+           << " parameters, " << format_bytes(bytes) << ".";
+      }
     }
+  } else if constexpr (HasLayerString<L>) {
+    os << layer_string(layer);
+  } else {
+    // A user's FLUX_LAYER struct without an operator<< of its own, as Flux shows a @layer struct:
+    // "Residual(Dense(8 => 8, relu))"; repr(layer) adds the parameter count.
+    os << fields_line(layer);
   }
   return os;
 }
+}  // namespace show
 
-/// A user's FLUX_LAYER type without an operator<< of its own prints on one line as Flux shows a
-/// @layer struct, "Residual(Dense(8 => 8, relu))"; repr(layer) adds the parameter count.
+/// Flux's REPL display of a Chain: one line per layer with its parameter count, then the total.
+/// The same for the other containers (SkipConnection, Parallel). A user's FLUX_LAYER type prints
+/// through the operator<< that FLUX_LAYER declares beside it (show::print_layer, the same display).
 template <class M>
-  requires(show::Named<M> && functor::HasFields<M> && !show::HasLayerString<M> && !is_chain<M>::value &&
-           !show::ShowsChildren<M>)
-std::ostream& operator<<(std::ostream& os, const M& layer) {
-  return os << show::fields_line(layer);
+  requires(is_chain<M>::value || (show::ShowsChildren<M> && !show::StreamsThroughMacro<M>))
+std::ostream& operator<<(std::ostream& os, const M& c) {
+  return show::print_layer(os, c);
 }
 
 /// One line: "Chain(Dense(10 => 64, relu), Dense(64 => 1))  # 769 parameters".
