@@ -51,6 +51,30 @@ template <class F> double rate_cpu(F&& f, double seconds, int batch = 1) {
 constexpr int64_t kCnnBatch = 128;
 constexpr int64_t kResnetSize = 112;
 
+// The sequence cases, at the defaults of examples/char_lstm.cpp and examples/tiny_transformer.cpp:
+// character windows of kSeqLen over a vocabulary of kVocab symbols, batch kSeqBatch.
+//   lstm:        one-hot (N, T, V) -> LSTM(V => kLstmHidden) -> (N T, H) -> Dense(H => V) logits
+//   transformer: ids (N, T) -> token Embedding(V => D) + positional Embedding(T => D), 2 pre-norm blocks
+//                [x + MHA(LayerNorm(x), kHeads heads, causal), x + Dense(4D => D)(gelu(Dense(D => 4D)(LayerNorm(x))))],
+//                LayerNorm(D) -> Dense(D => V) logits (N T, V), D = kModelDim
+// Loss: cross-entropy of the logits against the next symbol (one-hot for flux, class indices for torch).
+constexpr int64_t kSeqBatch = 32, kSeqLen = 64, kVocab = 62, kLstmHidden = 256, kModelDim = 64, kHeads = 4;
+// Parameter counts the programs print and check: (4H (V + H) + 8H) + (H V + V), and
+// V D + T D + 2 [2 (2D) + (3 D D + 3 D) + (D D + D) + (4 D D + 4 D) + (4 D D + D)] + 2D + (D V + V).
+constexpr int64_t kLstmParameters = 4 * kLstmHidden * (kVocab + kLstmHidden) + 8 * kLstmHidden + kLstmHidden * kVocab + kVocab;
+constexpr int64_t kTransformerParameters =
+    kVocab * kModelDim + kSeqLen * kModelDim +
+    2 * (4 * kModelDim + 4 * kModelDim * kModelDim + 4 * kModelDim + 8 * kModelDim * kModelDim + 5 * kModelDim) +
+    2 * kModelDim + kModelDim * kVocab + kVocab;
+
+// Symbol ids of the benchmark batch, (kSeqBatch, kSeqLen) row-major, and the next-symbol targets: a
+// fixed sequence that visits every symbol (7 and 62 are coprime).
+inline std::vector<int64_t> seq_ids(int64_t shift = 0) {
+  std::vector<int64_t> v(size_t(kSeqBatch * kSeqLen));
+  for (int64_t i = 0; i < kSeqBatch * kSeqLen; ++i) v[size_t(i)] = ((i + shift) * 7 + (i + shift) / 11) % kVocab;
+  return v;
+}
+
 inline double peak_rss_mb() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);

@@ -1,5 +1,6 @@
 // One benchmark case with flux-cpp; prints "key value" lines for bench/run_bench.py.
-// Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | wide | overhead | infer | sgemm | lenet | fmnist | resnet | blas
+// Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | wide | overhead | infer | sgemm | lenet | fmnist | resnet |
+//                                         lstm | transformer | blas
 // DEVICE: cpu (default) or opencl. --gemm=auto|openblas|onednn (after DEVICE) forces the CPU GEMM engine;
 // --seconds=S times every training case for S seconds (e.g. the 30 s system-time check). Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS;
 // FLUX_LIBRARY_KERNELS=0 forces the portable im2col + GEMM convolution path instead of oneDNN.
@@ -269,11 +270,81 @@ void resnet_case() {
 void resnet_case() { std::printf("skipped ResNet-18 (flux/models/resnet.hpp) not built\n"); }
 #endif
 
+// ---- Sequence cases (bench_common.hpp: shapes; the same models are in torch_bench.cpp and
+// torch_bench.py). The batch is encoded once, as a data loader hands it over. ----
+
+// examples/char_lstm.cpp's model: one-hot (N, T, V) -> LSTM(V => H) -> (N T, H) -> Dense(H => V).
+struct BenchCharLSTM {
+  LSTM lstm;
+  Dense head;
+  Tensor operator()(const Tensor& x) const {
+    Tensor h = lstm(x);
+    return head(h.reshape({h.size(0) * h.size(1), h.size(2)}));
+  }
+};
+FLUX_LAYER(BenchCharLSTM, lstm, head)
+
+// Next-symbol targets (N T, V) one-hot.
+Tensor seq_targets() { return to(onehot(Tensor(bench::seq_ids(1), Shape{bench::kSeqBatch * bench::kSeqLen}), bench::kVocab), g_dev); }
+
+void check_parameters(const char* which, int64_t got, int64_t expected) {
+  std::printf("%s_parameters %lld\n", which, (long long)got);
+  if (got != expected) {
+    std::fprintf(stderr, "flux_bench: the %s model has %lld parameters, bench_common.hpp says %lld\n", which,
+                 (long long)got, (long long)expected);
+    std::exit(1);
+  }
+}
+
+void lstm_case() {
+  using namespace bench;
+  auto model = BenchCharLSTM{LSTM(kVocab, kLstmHidden), Dense(kLstmHidden, kVocab)} | g_dev;
+  check_parameters("lstm", parameter_count(model), kLstmParameters);
+  Tensor ids(seq_ids(), Shape{kSeqBatch * kSeqLen});
+  Tensor x = to(onehot(ids, kVocab).reshape({kSeqBatch, kSeqLen, kVocab}), g_dev), y = seq_targets();
+  double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); },
+                               3, 2.0);
+  std::printf("lstm_steps_per_s %.6g\n", r);
+}
+
+// examples/tiny_transformer.cpp's model at its defaults.
+auto transformer_block(int64_t d) {
+  return Chain(SkipConnection(Chain(LayerNorm(d), MultiHeadAttention(d, {.nheads = bench::kHeads, .causal = true})), plus),
+               SkipConnection(Chain(LayerNorm(d), Dense(d, 4 * d, gelu), Dense(4 * d, d)), plus));
+}
+using TransformerBlock = decltype(transformer_block(1));
+
+struct BenchTinyTransformer {
+  Embedding token, position;  // (V, D), (T, D)
+  Chain<TransformerBlock, TransformerBlock> blocks;
+  LayerNorm norm;
+  Dense head;  // D => V
+  BenchTinyTransformer(int64_t vocab, int64_t seq_len, int64_t d)
+      : token(vocab, d), position(seq_len, d), blocks(transformer_block(d), transformer_block(d)), norm(d), head(d, vocab) {}
+  /// ids (N, T) -> logits (N T, V).
+  Tensor operator()(const Tensor& ids) const {
+    const int64_t n = ids.shape()[0], t = ids.shape()[1];
+    Tensor h = token(ids) + position(arange(t, DType::i64, ids.device()));
+    return head(norm(blocks(h))).reshape(Shape{n * t, token.weight.size(0)});
+  }
+};
+FLUX_LAYER(BenchTinyTransformer, token, position, blocks, norm, head)
+
+void transformer_case() {
+  using namespace bench;
+  auto model = BenchTinyTransformer(kVocab, kSeqLen, kModelDim) | g_dev;
+  check_parameters("transformer", parameter_count(model), kTransformerParameters);
+  Tensor x = to(Tensor(seq_ids(), Shape{kSeqBatch, kSeqLen}), g_dev), y = seq_targets();
+  double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); },
+                               3, 2.0);
+  std::printf("transformer_steps_per_s %.6g\n", r);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: flux_bench seed|mnist|wide|overhead|infer|sgemm|lenet|fmnist|resnet|blas [cpu|opencl]\n");
+    std::fprintf(stderr, "usage: flux_bench seed|mnist|wide|overhead|infer|sgemm|lenet|fmnist|resnet|lstm|transformer|blas [cpu|opencl]\n");
     return 2;
   }
   std::string which = argv[1], device = argc > 2 ? argv[2] : "cpu";
@@ -327,6 +398,8 @@ int main(int argc, char** argv) {
   else if (which == "lenet") lenet_case();
   else if (which == "fmnist") fmnist_case();
   else if (which == "resnet") resnet_case();
+  else if (which == "lstm") lstm_case();
+  else if (which == "transformer") transformer_case();
   else {
     std::fprintf(stderr, "flux_bench: unknown case %s\n", which.c_str());
     return 2;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs flux_bench and its peers as separate processes, alternating, and prints ONE markdown table.
 
-Usage: bench/run_bench.py BUILD_DIR [--reps N] [--threads 1,2] [--cases seed,mnist,...,lenet,fmnist,resnet]
+Usage: bench/run_bench.py BUILD_DIR [--reps N] [--threads 1,2] [--cases seed,mnist,...,resnet,lstm,transformer]
                          [--peers lt113,lt2,py2,ort] [--quick]
 
 Processes per case and thread count, in rotating order within each repetition:
@@ -11,7 +11,7 @@ Processes per case and thread count, in rotating order within each repetition:
     user env    : the environment as given (this machine sets OPENBLAS_CORETYPE=Haswell),
                   torch::set_num_threads, OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = threads
     best        : as user, but OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE removed (OpenBLAS detects the CPU)
-                  and OMP_WAIT_POLICY=PASSIVE; for the convolutional cases also without PASSIVE, the
+                  and OMP_WAIT_POLICY=PASSIVE; for the convolutional and sequence cases also without PASSIVE, the
                   better of the two counts (when the user environment is that one, its run serves)
   lt2 (LibTorch 2.x C++ of PyPI's torch wheel, BUILD_DIR/torch2/torch_bench: torch_bench.cpp built
        against it), py2 (PyTorch 2.x eager, bench/torch_bench.py in BUILD_DIR/venv), and ort (ONNX
@@ -34,9 +34,12 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CASES = ["seed", "mnist", "wide", "overhead", "infer", "lenet", "fmnist", "resnet"]
+CASES = ["seed", "mnist", "wide", "overhead", "infer", "lenet", "fmnist", "resnet", "lstm", "transformer"]
 MLP_CASES = ["seed", "mnist", "wide", "infer"]
 CNN_CASES = ["lenet", "fmnist", "resnet"]
+SEQ_CASES = ["lstm", "transformer"]
+# LibTorch 1.13 "best" takes the better of OMP_WAIT_POLICY=PASSIVE and the default for these cases.
+BOTH_WAIT_CASES = CNN_CASES + SEQ_CASES
 ORT_CASES = ["infer", "resnet"]  # the inference rows
 # metric -> (label, unit, higher_is_better)
 METRICS = {
@@ -53,11 +56,14 @@ METRICS = {
     "fmnist_steps_per_s": ("9. Fashion-MNIST CNN training, batch 128", "steps/s", True),
     "resnet1_ms": ("10. ResNet-18 inference {hw}, batch 1", "ms", False),
     "resnet32_ms": ("10. ResNet-18 inference {hw}, batch 32", "ms", False),
+    "lstm_steps_per_s": ("11. char LSTM 62-256 (+Dense 256-62), T 64, batch 32 training", "steps/s", True),
+    "transformer_steps_per_s": ("12. tiny transformer (2 blocks, D 64, T 64, 4 heads), batch 32 training", "steps/s", True),
 }
 CASE_OF = {"seed_steps_per_s": "seed", "mnist_steps_per_s": "mnist", "wide_steps_per_s": "wide",
            "wide_gflops": "wide", "add16_us": "overhead", "dense16_us": "overhead", "infer1_us": "infer",
            "infer128_us": "infer", "peak_rss_mb": "wide", "lenet_steps_per_s": "lenet", "fmnist_steps_per_s": "fmnist",
-           "resnet1_ms": "resnet", "resnet32_ms": "resnet"}
+           "resnet1_ms": "resnet", "resnet32_ms": "resnet", "lstm_steps_per_s": "lstm",
+           "transformer_steps_per_s": "transformer"}
 # The peer columns: key -> heading ({v} is filled with the peer's version).
 PEER_COLUMNS = {"lt113_user": "LibTorch {v} (user env)", "lt113": "LibTorch {v} (best)", "lt2": "LibTorch {v} C++",
                 "py2": "PyTorch {v} eager", "ort": "ONNX Runtime {v}"}
@@ -75,6 +81,9 @@ TARGETS = {
     "fmnist_steps_per_s": [(("lt113", "lt113_user"), 1.3, "≥ 1.3× LibTorch 1.13")],
     "resnet1_ms": [(("lt113", "lt113_user"), 1.2, "≥ 1.2× LibTorch 1.13"), (("ort",), 1.0, "ahead of ONNX Runtime")],
     "resnet32_ms": [(("lt113", "lt113_user"), 1.2, "≥ 1.2× LibTorch 1.13"), (("ort",), 1.0, "ahead of ONNX Runtime")],
+    # issue 12: against LibTorch's torch::nn::LSTM / an equivalent LibTorch model
+    "lstm_steps_per_s": [(("lt113", "lt113_user"), 1.3, "≥ 1.3× LibTorch 1.13")],
+    "transformer_steps_per_s": [(("lt113", "lt113_user"), 1.3, "≥ 1.3× LibTorch 1.13")],
 }
 
 
@@ -341,7 +350,7 @@ def main():
                     jobs.append(("lt113", cmd, torch_env(t, True)))
                     variants[("lt113_user", t)] = ["lt113_user"]
                     variants[("lt113", t)] = ["lt113"]
-                    if case in CNN_CASES:
+                    if case in BOTH_WAIT_CASES:
                         active = torch_active_env(t)
                         # the better of PASSIVE and the default wait policy (the user run when it is that env)
                         variants[("lt113", t)] = ["lt113", "lt113_active" if active else "lt113_user"]

@@ -1,5 +1,6 @@
 // The same cases as flux_bench.cpp, written as a LibTorch C++ user would write them.
-// Usage: torch_bench CASE THREADS   CASE: seed | mnist | wide | overhead | infer | lenet | fmnist | resnet | versions
+// Usage: torch_bench CASE THREADS   CASE: seed | mnist | wide | overhead | infer | lenet | fmnist | resnet | lstm |
+//                                    transformer | versions
 // Builds against Debian's LibTorch 1.13 (bench/CMakeLists.txt inside the project) and against the
 // LibTorch 2.x of PyPI's torch wheel (bench/CMakeLists.txt configured on its own; scripts/bench).
 #include <ATen/Version.h>
@@ -8,6 +9,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
+#include <vector>
 #include <string>
 
 #include "bench_common.hpp"
@@ -169,11 +172,119 @@ void resnet_case() {
   }
 }
 
+// ---- Sequence cases (bench_common.hpp: shapes and the models; the same as flux_bench.cpp). Only API
+// present in both LibTorch 1.13 and 2.x. ----
+
+int64_t parameter_count(const nn::Module& m) {
+  int64_t n = 0;
+  for (const torch::Tensor& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+void check_parameters(const char* which, const nn::Module& m, int64_t expected) {
+  int64_t got = parameter_count(m);
+  std::printf("%s_parameters %lld\n", which, (long long)got);
+  if (got != expected) {
+    std::fprintf(stderr, "torch_bench: the %s model has %lld parameters, bench_common.hpp says %lld\n", which,
+                 (long long)got, (long long)expected);
+    std::exit(1);
+  }
+}
+
+torch::Tensor seq_tensor(int64_t shift) {
+  std::vector<int64_t> v = bench::seq_ids(shift);
+  return torch::tensor(v, torch::kLong).view({bench::kSeqBatch, bench::kSeqLen});
+}
+
+// One-hot (N, T, V) -> LSTM(V => H, batch_first) -> (N T, H) -> Linear(H => V).
+struct CharLSTMImpl : nn::Module {
+  nn::LSTM lstm{nullptr};
+  nn::Linear head{nullptr};
+  CharLSTMImpl() {
+    lstm = register_module("lstm", nn::LSTM(nn::LSTMOptions(bench::kVocab, bench::kLstmHidden).batch_first(true)));
+    head = register_module("head", nn::Linear(bench::kLstmHidden, bench::kVocab));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = std::get<0>(lstm->forward(x));
+    return head(h.reshape({-1, bench::kLstmHidden}));
+  }
+};
+TORCH_MODULE(CharLSTM);
+
+void lstm_case() {
+  CharLSTM model;
+  check_parameters("lstm", *model, bench::kLstmParameters);
+  torch::Tensor x = torch::one_hot(seq_tensor(0), bench::kVocab).to(torch::kFloat);  // (N, T, V)
+  torch::Tensor y = seq_tensor(1).reshape({-1});
+  double r = train_steps_per_s(model, x, y, [](auto a, auto b) { return torch::nn::functional::cross_entropy(a, b); },
+                               3, 2.0);
+  std::printf("lstm_steps_per_s %.6g\n", r);
+}
+
+// A pre-norm block, time-major (T, N, D) as LibTorch's C++ MultiheadAttention takes it (it has no
+// batch_first): x + MHA(LN(x)) with a causal additive mask, then x + Linear(4D => D)(gelu(Linear(D => 4D)(LN(x)))),
+// gelu in the tanh form (Flux's).
+struct BlockImpl : nn::Module {
+  nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  nn::MultiheadAttention attn{nullptr};
+  nn::Linear fc1{nullptr}, fc2{nullptr};
+  explicit BlockImpl(int64_t d) {
+    ln1 = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({d})));
+    attn = register_module("attn", nn::MultiheadAttention(nn::MultiheadAttentionOptions(d, bench::kHeads)));
+    ln2 = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({d})));
+    fc1 = register_module("fc1", nn::Linear(d, 4 * d));
+    fc2 = register_module("fc2", nn::Linear(4 * d, d));
+  }
+  torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask) {
+    torch::Tensor a = ln1(x);
+    x = x + std::get<0>(attn->forward(a, a, a, {}, /*need_weights=*/false, mask));
+    return x + fc2(torch::gelu(fc1(ln2(x)), "tanh"));
+  }
+};
+TORCH_MODULE(Block);
+
+// ids (T, N) -> token + positional embedding (T, N, D) -> 2 blocks -> LayerNorm -> Linear(D => V): (T N, V).
+struct TinyTransformerImpl : nn::Module {
+  nn::Embedding token{nullptr}, position{nullptr};
+  Block block1{nullptr}, block2{nullptr};
+  nn::LayerNorm norm{nullptr};
+  nn::Linear head{nullptr};
+  torch::Tensor mask;  // (T, T) additive: -inf above the diagonal
+  TinyTransformerImpl() {
+    const int64_t d = bench::kModelDim;
+    token = register_module("token", nn::Embedding(bench::kVocab, d));
+    position = register_module("position", nn::Embedding(bench::kSeqLen, d));
+    block1 = register_module("block1", Block(d));
+    block2 = register_module("block2", Block(d));
+    norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({d})));
+    head = register_module("head", nn::Linear(d, bench::kVocab));
+    mask = torch::full({bench::kSeqLen, bench::kSeqLen}, -std::numeric_limits<float>::infinity()).triu(1);
+  }
+  torch::Tensor forward(const torch::Tensor& ids) {
+    const int64_t t = ids.size(0);
+    torch::Tensor h = token(ids) + position(torch::arange(t, torch::kLong)).unsqueeze(1);
+    h = block2(block1(h, mask), mask);
+    return head(norm(h)).reshape({-1, bench::kVocab});
+  }
+};
+TORCH_MODULE(TinyTransformer);
+
+void transformer_case() {
+  TinyTransformer model;
+  check_parameters("transformer", *model, bench::kTransformerParameters);
+  // Time-major ids and targets (the layout the C++ attention wants), transposed once like a loader would.
+  torch::Tensor x = seq_tensor(0).t().contiguous();
+  torch::Tensor y = seq_tensor(1).t().contiguous().reshape({-1});
+  double r = train_steps_per_s(model, x, y, [](auto a, auto b) { return torch::nn::functional::cross_entropy(a, b); },
+                               3, 2.0);
+  std::printf("transformer_steps_per_s %.6g\n", r);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: torch_bench seed|mnist|wide|overhead|infer|lenet|fmnist|resnet [threads]\n");
+    std::fprintf(stderr, "usage: torch_bench seed|mnist|wide|overhead|infer|lenet|fmnist|resnet|lstm|transformer [threads]\n");
     return 2;
   }
   std::string which = argv[1];
@@ -207,6 +318,8 @@ int main(int argc, char** argv) {
   else if (which == "lenet") lenet_case();
   else if (which == "fmnist") fmnist_case();
   else if (which == "resnet") resnet_case();
+  else if (which == "lstm") lstm_case();
+  else if (which == "transformer") transformer_case();
   else {
     std::fprintf(stderr, "torch_bench: unknown case %s\n", which.c_str());
     return 2;

@@ -2,7 +2,7 @@
 """The cases of torch_bench.cpp, written as a PyTorch 2.x (eager, Python) user writes them.
 
 Usage: torch_bench.py CASE [THREADS]
-  CASE: seed | mnist | wide | overhead | infer | lenet | fmnist | resnet | versions
+  CASE: seed | mnist | wide | overhead | infer | lenet | fmnist | resnet | lstm | transformer | versions
 Prints "key value" lines for bench/run_bench.py, the same keys as flux_bench and torch_bench. Runs in
 the virtual environment that scripts/bench makes (PyPI's torch), never in the system Python.
 Shapes, batch sizes, optimiser, warm-up and timed seconds are those of torch_bench.cpp and
@@ -18,6 +18,9 @@ import torch.nn.functional as F
 
 CNN_BATCH = 128  # bench::kCnnBatch
 RESNET_SIZE = 112  # bench::kResnetSize
+# bench_common.hpp's sequence cases: batch, window, vocabulary, LSTM hidden, model dim, heads, parameters.
+SEQ_BATCH, SEQ_LEN, VOCAB, LSTM_HIDDEN, MODEL_DIM, HEADS = 32, 64, 62, 256, 64, 4
+LSTM_PARAMETERS, TRANSFORMER_PARAMETERS = 343_614, 112_190
 
 
 def rate(f, seconds, batch=1):
@@ -201,6 +204,79 @@ def resnet_case():
             print(f"resnet{batch}_ms {1e3 / rate(run, 1.5 if batch == 1 else 2.5):.6g}")
 
 
+def seq_ids(shift):
+    """bench::seq_ids: (SEQ_BATCH, SEQ_LEN) symbol ids."""
+    i = torch.arange(SEQ_BATCH * SEQ_LEN, dtype=torch.long) + shift
+    return ((i * 7 + i // 11) % VOCAB).view(SEQ_BATCH, SEQ_LEN)
+
+
+def check_parameters(which, model, expected):
+    n = sum(p.numel() for p in model.parameters())
+    print(f"{which}_parameters {n}")
+    if n != expected:
+        sys.exit(f"torch_bench.py: the {which} model has {n} parameters, bench_common.hpp says {expected}")
+
+
+class CharLSTM(nn.Module):
+    """One-hot (N, T, V) -> LSTM(V => H, batch_first) -> (N T, H) -> Linear(H => V)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(VOCAB, LSTM_HIDDEN, batch_first=True)
+        self.head = nn.Linear(LSTM_HIDDEN, VOCAB)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0].reshape(-1, LSTM_HIDDEN))
+
+
+def lstm_case():
+    model = CharLSTM()
+    check_parameters("lstm", model, LSTM_PARAMETERS)
+    x = F.one_hot(seq_ids(0), VOCAB).float()
+    y = seq_ids(1).reshape(-1)
+    print(f"lstm_steps_per_s {train_steps_per_s(model, x, y, F.cross_entropy, 3, 2.0):.6g}")
+
+
+class Block(nn.Module):
+    """Pre-norm block, batch-first: x + MHA(LN(x)) causal, then x + Linear(4D => D)(gelu_tanh(Linear(D => 4D)(LN(x))))."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, HEADS, batch_first=True)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x, mask):
+        a = self.ln1(x)
+        x = x + self.attn(a, a, a, need_weights=False, attn_mask=mask)[0]
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
+class TinyTransformer(nn.Module):
+    """ids (N, T) -> token + positional embedding -> 2 blocks -> LayerNorm -> Linear(D => V): (N T, V)."""
+
+    def __init__(self):
+        super().__init__()
+        d = MODEL_DIM
+        self.token, self.position = nn.Embedding(VOCAB, d), nn.Embedding(SEQ_LEN, d)
+        self.blocks = nn.ModuleList([Block(d), Block(d)])
+        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, VOCAB)
+        self.register_buffer("mask", torch.full((SEQ_LEN, SEQ_LEN), float("-inf")).triu(1))
+
+    def forward(self, ids):
+        h = self.token(ids) + self.position(torch.arange(ids.shape[1]))
+        for b in self.blocks:
+            h = b(h, self.mask)
+        return self.head(self.norm(h)).reshape(-1, VOCAB)
+
+
+def transformer_case():
+    model = TinyTransformer()
+    check_parameters("transformer", model, TRANSFORMER_PARAMETERS)
+    x, y = seq_ids(0), seq_ids(1).reshape(-1)
+    print(f"transformer_steps_per_s {train_steps_per_s(model, x, y, F.cross_entropy, 3, 2.0):.6g}")
+
+
 def versions_case():
     """Text lines for the table's header: torch's version and the libraries it was built with."""
     print(f"version torch {torch.__version__}")
@@ -216,7 +292,8 @@ def versions_case():
 
 
 CASES = {"seed": seed_case, "mnist": mnist_case, "wide": wide_case, "overhead": overhead_case, "infer": infer_case,
-         "lenet": lenet_case, "fmnist": fmnist_case, "resnet": resnet_case, "versions": versions_case}
+         "lenet": lenet_case, "fmnist": fmnist_case, "resnet": resnet_case, "lstm": lstm_case,
+         "transformer": transformer_case, "versions": versions_case}
 
 
 def main():
