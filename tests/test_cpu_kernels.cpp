@@ -4,6 +4,7 @@
 // against a float64 loop for every transpose and shape class.
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -155,6 +156,247 @@ TEST(CpuIsa, UnaryVariantsMatchFloat64) {
         double x = a[i];
         double want = op == UnaryOp::relu ? (x > 0 ? x : 0) : op == UnaryOp::neg ? -x : op == UnaryOp::square ? x * x : (x > 0 ? 1 : 0);
         ASSERT_LT(rel(out[i], want), 1e-7) << cpu::isa_name(level) << " op " << int(op) << " at " << i;
+      }
+    }
+  }
+}
+
+// vector_math.hpp's exp, tanh and sigmoid (and gelu, swish built on sigmoid) in every ISA variant of
+// the unary kernel against float64 libm: random values, then the edges (0, -0, tiny, the polynomial
+// switch of tanh at 0.625, the under/overflow limits of exp, ±inf, NaN). Error bound: 4 ulp of the
+// result (4 * 2^-23 relative) plus the effect of rounding exp's argument in float, plus 1e-37 absolute
+// (below float's normal range exp flushes to 0).
+TEST(CpuIsa, TranscendentalVariantsMatchFloat64) {
+  IsaGuard guard;
+  using backend::UnaryOp;
+  std::vector<float> a = random_floats(40000, -12, 12, 22);
+  std::vector<float> wide = random_floats(20000, -110, 95, 23);
+  a.insert(a.end(), wide.begin(), wide.end());
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float v : {0.f, -0.f, 1e-30f, -1e-30f, 1e-8f, -1e-8f, 0.625f, -0.625f, 0.62499997f, 0.62500006f, 9.f, -9.f,
+                  20.f, -20.f, 88.7f, 88.72f, 88.7229f, 89.f, -87.3f, -100.f, -103.9f, -104.f, -104.1f, -200.f, inf,
+                  -inf})
+    a.push_back(v);
+  const int64_t n = int64_t(a.size());
+  auto ref = [](UnaryOp op, double x) {
+    auto sig = [](double u) { return 1 / (1 + std::exp(-u)); };
+    switch (op) {
+      case UnaryOp::exp: return std::exp(x);
+      case UnaryOp::tanh: return std::tanh(x);
+      case UnaryOp::sigmoid: return sig(x);
+      case UnaryOp::gelu: return x * sig(1.5957691216057308 * x * (1 + 0.044715 * x * x));
+      default: return x * sig(x);  // swish
+    }
+  };
+  for (Isa level : usable_isas()) {
+    cpu::force_isa(level);
+    for (UnaryOp op : {UnaryOp::exp, UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::gelu, UnaryOp::swish}) {
+      std::vector<float> out(a.size());
+      cpu::unary(op, DType::f32, a.data(), out.data(), n, 0);
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = ref(op, a[i]);
+        if (std::isinf(float(want)) || std::isinf(a[i])) {
+          if (std::isnan(want)) continue;  // gelu/swish at -inf: -inf * 0 in the formula
+          ASSERT_EQ(double(out[i]), double(float(want))) << cpu::isa_name(level) << " op " << int(op) << " x " << a[i];
+          continue;
+        }
+        if (double(float(want)) == 0) {
+          ASSERT_LE(std::abs(out[i] - want), 1e-37) << cpu::isa_name(level) << " op " << int(op) << " x " << a[i];
+          continue;
+        }
+        // float's rounding of the argument of exp inside (gelu: u2 = c2 x (1 + k x^2), a few roundings)
+        // moves the result by that much, relatively
+        const double x = a[i], arg = op == UnaryOp::gelu ? 1.5957691216057308 * x * (1 + 0.044715 * x * x) : x;
+        const double tol = 4.8e-7 + (op == UnaryOp::gelu ? 2.4e-7 : 6e-8) * std::abs(arg);
+        ASSERT_LE(std::abs(out[i] - want), tol * std::abs(want) + 1e-37)
+            << cpu::isa_name(level) << " op " << int(op) << " x " << a[i] << " got " << out[i] << " want " << want;
+      }
+      float nan = std::numeric_limits<float>::quiet_NaN(), got = 0;
+      cpu::unary(op, DType::f32, &nan, &got, 1, 0);
+      EXPECT_TRUE(std::isnan(got)) << cpu::isa_name(level) << " op " << int(op);
+    }
+    // Sign and exact saturation: tanh is odd and reaches ±1 exactly, sigmoid reaches 1 exactly.
+    std::vector<float> x = {0.3f, -0.3f, 2.5f, -2.5f, 50.f, -50.f}, y(x.size());
+    cpu::unary(UnaryOp::tanh, DType::f32, x.data(), y.data(), int64_t(x.size()), 0);
+    EXPECT_EQ(y[0], -y[1]);
+    EXPECT_EQ(y[2], -y[3]);
+    EXPECT_EQ(y[4], 1.f);
+    EXPECT_EQ(y[5], -1.f);
+    cpu::unary(UnaryOp::sigmoid, DType::f32, x.data(), y.data(), int64_t(x.size()), 0);
+    EXPECT_EQ(y[4], 1.f);
+    EXPECT_GT(y[5], 0.f);
+  }
+}
+
+// The fused gelu and swish backward (Backend::unary_backward) against their float64 derivatives.
+TEST(CpuIsa, ActivationBackwardVariantsMatchFloat64) {
+  IsaGuard guard;
+  using backend::UnaryOp;
+  const int64_t n = 30011;
+  std::vector<float> x = random_floats(size_t(n), -9, 9, 24), g = random_floats(size_t(n), -2, 2, 25);
+  auto sig = [](double u) { return 1 / (1 + std::exp(-u)); };
+  for (Isa level : usable_isas()) {
+    cpu::force_isa(level);
+    for (UnaryOp op : {UnaryOp::gelu, UnaryOp::swish}) {
+      std::vector<float> dx(x.size());
+      ASSERT_TRUE(cpu::unary_backward(op, DType::f32, x.data(), g.data(), dx.data(), n));
+      // Relative to the size of the two terms of f' (they cancel where f' crosses 0, in float as in float64).
+      double worst = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = x[i];
+        double first, second, arg;
+        if (op == UnaryOp::gelu) {
+          const double c2 = 1.5957691216057308, k = 0.044715, u = c2 * v * (1 + k * v * v);
+          first = sig(u), second = v * sig(u) * sig(-u) * c2 * (1 + 3 * k * v * v), arg = u;
+        } else {
+          first = sig(v), second = v * sig(v) * sig(-v), arg = v;
+        }
+        const double want = g[i] * (first + second);
+        // as above, float's rounding of exp's argument counts (relative 2.4e-7 |arg|)
+        const double scale = std::abs(g[i]) * (first + std::abs(second)) * (1 + 0.1 * std::abs(arg)) + 1e-30;
+        worst = std::max(worst, std::abs(dx[i] - want) / scale);
+      }
+      EXPECT_LT(worst, 3e-6) << cpu::isa_name(level) << " op " << int(op);
+    }
+  }
+  std::vector<float> dx(4);
+  EXPECT_FALSE(cpu::unary_backward(UnaryOp::tanh, DType::f32, x.data(), g.data(), dx.data(), 4));  // not fused
+}
+
+// Softmax and logsoftmax over contiguous rows, forward and the fused backward, in every ISA variant
+// against float64; rows of lengths around the 16-lane blocks, with masked (-inf) entries.
+TEST(CpuIsa, SoftmaxVariantsMatchFloat64) {
+  IsaGuard guard;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t len : {int64_t(1), int64_t(7), int64_t(16), int64_t(33), int64_t(64), int64_t(1000)}) {
+    const int64_t rows = 37;
+    std::vector<float> x = random_floats(size_t(rows * len), -30, 30, 26), g = random_floats(size_t(rows * len), -1, 1, 27);
+    for (int64_t r = 1; r < rows; r += 3)  // a causal-mask pattern: the tail of every third row masked
+      for (int64_t j = r % len + 1; j < len; ++j) x[size_t(r * len + j)] = -inf;
+    for (Isa level : usable_isas()) {
+      cpu::force_isa(level);
+      for (bool log : {false, true}) {
+        std::vector<float> y(x.size()), dx(x.size());
+        cpu::softmax(DType::f32, x.data(), y.data(), rows, len, 1, log);
+        ASSERT_TRUE(cpu::softmax_backward(DType::f32, y.data(), g.data(), dx.data(), rows, len, 1, log));
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* xr = x.data() + r * len;
+          double m = -INFINITY, total = 0, gp = 0, gs = 0;
+          for (int64_t j = 0; j < len; ++j) m = std::max(m, double(xr[j]));
+          for (int64_t j = 0; j < len; ++j) total += std::exp(double(xr[j]) - m);
+          std::vector<double> p(static_cast<size_t>(len));
+          for (int64_t j = 0; j < len; ++j) {
+            p[size_t(j)] = std::exp(double(xr[j]) - m) / total;
+            gp += double(g[size_t(r * len + j)]) * p[size_t(j)];
+            gs += g[size_t(r * len + j)];
+          }
+          for (int64_t j = 0; j < len; ++j) {
+            const size_t k = size_t(r * len + j);
+            if (log) {
+              if (std::isinf(xr[j])) {
+                ASSERT_EQ(y[k], -inf);
+              } else {
+                ASSERT_LE(std::abs(y[k] - (double(xr[j]) - m - std::log(total))), 2e-6 * (1 + std::abs(double(y[k]))))
+                    << cpu::isa_name(level) << " len " << len;
+              }
+              ASSERT_LE(std::abs(dx[k] - (g[k] - p[size_t(j)] * gs)), 1e-5 * (1 + std::abs(gs))) << cpu::isa_name(level);
+            } else {
+              // float's x - max rounds by up to 2^-24 |x - max|: exp then moves by that much, relatively
+              if (std::isinf(xr[j])) {
+                ASSERT_EQ(y[k], 0.f);
+                ASSERT_EQ(dx[k], 0.f);
+                continue;
+              }
+              const double tol = 5e-7 + 6e-8 * std::abs(double(xr[j]) - m);
+              ASSERT_LE(std::abs(y[k] - p[size_t(j)]), tol * p[size_t(j)] + 1e-37) << cpu::isa_name(level) << " len " << len;
+              ASSERT_LE(std::abs(dx[k] - p[size_t(j)] * (g[k] - gp)), 2 * tol * p[size_t(j)] * (std::abs(g[k]) + std::abs(gp)) + 1e-37)
+                  << cpu::isa_name(level) << " len " << len;
+            }
+          }
+        }
+      }
+    }
+  }
+  std::vector<float> y(8), g(8), dx(8);
+  EXPECT_FALSE(cpu::softmax_backward(DType::f32, y.data(), g.data(), dx.data(), 2, 2, 2, false));  // inner > 1: not fused
+}
+
+// One fused LSTM and GRU step (forward and backward, recurrent.cpp) in every ISA variant against the
+// formulas of backend.hpp in float64; H = 37 leaves vector tails; with and without bias.
+TEST(CpuIsa, RecurrentStepVariantsMatchFloat64) {
+  IsaGuard guard;
+  using backend::RecurrentCell;
+  const int64_t n = 5, H = 37;
+  auto sig = [](double u) { return 1 / (1 + std::exp(-u)); };
+  for (RecurrentCell cell : {RecurrentCell::lstm, RecurrentCell::gru, RecurrentCell::rnn_tanh}) {
+    const int64_t G = cell == RecurrentCell::lstm ? 4 * H : cell == RecurrentCell::gru ? 3 * H : H;
+    std::vector<float> xg = random_floats(size_t(n * G), -4, 4, 28), hg = random_floats(size_t(n * G), -4, 4, 29),
+                       bias = random_floats(size_t(G), -1, 1, 30), hp = random_floats(size_t(n * H), -1, 1, 31),
+                       cp = random_floats(size_t(n * H), -2, 2, 32), dy = random_floats(size_t(n * H), -1, 1, 33),
+                       dh0 = random_floats(size_t(n * H), -1, 1, 34), dc0 = random_floats(size_t(n * H), -1, 1, 35);
+    for (bool with_bias : {true, false}) {
+      // float64 reference of the forward (h, c, saved) and the backward (dxg, dhg, dh_next, dc)
+      std::vector<double> h(size_t(n * H)), c(size_t(n * H)), dxg(size_t(n * G)), dhg(size_t(n * G)),
+          dhn(size_t(n * H)), dcn(size_t(n * H));
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < H; ++j) {
+          auto pre = [&](int64_t gate) {
+            const int64_t k = r * G + gate * H + j;
+            return double(xg[size_t(k)]) + hg[size_t(k)] + (with_bias ? bias[size_t(gate * H + j)] : 0.f);
+          };
+          const size_t k = size_t(r * H + j);
+          const double dh = double(dy[k]) + dh0[k];
+          auto dx = [&](int64_t gate) -> double& { return dxg[size_t(r * G + gate * H + j)]; };
+          if (cell == RecurrentCell::lstm) {
+            const double i = sig(pre(0)), f = sig(pre(1)), g = std::tanh(pre(2)), o = sig(pre(3));
+            c[k] = f * cp[k] + i * g;
+            h[k] = o * std::tanh(c[k]);
+            const double tc = std::tanh(c[k]), d_c = dc0[k] + dh * o * (1 - tc * tc);
+            dx(0) = d_c * g * i * (1 - i), dx(1) = d_c * cp[k] * f * (1 - f), dx(2) = d_c * i * (1 - g * g);
+            dx(3) = dh * tc * o * (1 - o);
+            dcn[k] = d_c * f, dhn[k] = 0;
+          } else if (cell == RecurrentCell::gru) {
+            const double rg = sig(pre(0)), z = sig(pre(1));
+            const double hn = double(hg[size_t(r * G + 2 * H + j)]) + (with_bias ? bias[size_t(2 * H + j)] : 0.f);
+            const double nn = std::tanh(double(xg[size_t(r * G + 2 * H + j)]) + rg * hn);
+            h[k] = (1 - z) * nn + z * hp[k];
+            const double dn = dh * (1 - z) * (1 - nn * nn), dz = dh * (hp[k] - nn) * z * (1 - z),
+                         dr = dn * hn * rg * (1 - rg);
+            dx(0) = dr, dx(1) = dz, dx(2) = dn;
+            dhg[size_t(r * G + j)] = dr, dhg[size_t(r * G + H + j)] = dz, dhg[size_t(r * G + 2 * H + j)] = dn * rg;
+            dhn[k] = dh * z;
+          } else {
+            h[k] = std::tanh(pre(0));
+            dx(0) = dh * (1 - h[k] * h[k]);
+            dhn[k] = 0;
+          }
+        }
+      for (Isa level : usable_isas()) {
+        cpu::force_isa(level);
+        std::vector<float> hf(size_t(n * H)), cf(size_t(n * H)), saved(size_t(n * 4 * H)), dxf(size_t(n * G)),
+            dhf(size_t(n * G)), dh_next = dh0, dc = dc0;
+        const bool lstm = cell == RecurrentCell::lstm, gru = cell == RecurrentCell::gru;
+        ASSERT_TRUE(cpu::recurrent_forward(cell, DType::f32, xg.data(), hg.data(), with_bias ? bias.data() : nullptr,
+                                           hp.data(), lstm ? cp.data() : nullptr, hf.data(), lstm ? cf.data() : nullptr,
+                                           lstm || gru ? saved.data() : nullptr, n, H));
+        ASSERT_TRUE(cpu::recurrent_backward(cell, DType::f32, dy.data(), dh_next.data(), lstm ? dc.data() : nullptr,
+                                            saved.data(), lstm ? cp.data() : nullptr, lstm ? cf.data() : nullptr,
+                                            hp.data(), hf.data(), dxf.data(), gru ? dhf.data() : nullptr, n, H));
+        const char* name = cpu::isa_name(level);
+        for (size_t k = 0; k < h.size(); ++k) {
+          ASSERT_LE(std::abs(hf[k] - h[k]), 1e-6) << name << " cell " << int(cell) << " h at " << k;
+          ASSERT_LE(std::abs(dh_next[k] - dhn[k]), 1e-6) << name << " cell " << int(cell) << " dh_next at " << k;
+          if (lstm) {
+            ASSERT_LE(std::abs(cf[k] - c[k]), 2e-6) << name << " c at " << k;
+            ASSERT_LE(std::abs(dc[k] - dcn[k]), 4e-6) << name << " dc at " << k;
+          }
+        }
+        for (size_t k = 0; k < dxg.size(); ++k) {
+          ASSERT_LE(std::abs(dxf[k] - dxg[k]), 4e-6) << name << " cell " << int(cell) << " dxg at " << k;
+          if (gru) {
+            ASSERT_LE(std::abs(dhf[k] - dhg[k]), 4e-6) << name << " dhg at " << k;
+          }
+        }
       }
     }
   }

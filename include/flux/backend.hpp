@@ -10,7 +10,7 @@
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 5;
+inline constexpr int kBackendAbiVersion = 6;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
@@ -195,6 +195,22 @@ class Backend {
                                 Buffer dx, Buffer dweight, Buffer dbias, int64_t r, int64_t d) {
     (void)device, (void)t, (void)x, (void)dy, (void)weight, (void)mean, (void)rstd, (void)dx, (void)dweight,
         (void)dbias, (void)r, (void)d;
+    return false;
+  }
+
+  // ---- fused backward passes of elementwise and softmax ops (src/backends/<name>/unary, softmax);
+  // false = the core composes portable ops. dtype t is f32 or f64; arrays contiguous. ----
+  /// dx = g f'(x) over n elements for op gelu (tanh form; with u2 = 2 sqrt(2/pi) x (1 + 0.044715 x²),
+  /// s = σ(u2): s + x s σ(-u2) 2 sqrt(2/pi) (1 + 3 · 0.044715 x²)) or swish (s = σ(x): s + x s σ(-x)).
+  virtual bool unary_backward(int device, UnaryOp op, DType t, Buffer x, Buffer g, Buffer dx, int64_t n) {
+    (void)device, (void)op, (void)t, (void)x, (void)g, (void)dx, (void)n;
+    return false;
+  }
+  /// The adjoint of (log)softmax over the middle axis of [outer, len, inner] from its output y and the
+  /// output gradient g, overwriting dx: softmax dx = y (g - Σ_j g y); logsoftmax dx = g - exp(y) Σ_j g.
+  virtual bool softmax_backward(int device, DType t, Buffer y, Buffer g, Buffer dx, int64_t outer, int64_t len,
+                                int64_t inner, bool log) {
+    (void)device, (void)t, (void)y, (void)g, (void)dx, (void)outer, (void)len, (void)inner, (void)log;
     return false;
   }
 

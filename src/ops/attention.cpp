@@ -35,7 +35,8 @@ Tensor dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
     detail::fail("[dot_product_attention] shapes do not compose: q ", to_string(q.shape()), " (..., Tq, d), k ",
                  to_string(k.shape()), " (..., Tk, d), v ", to_string(v.shape()), " (..., Tk, dv)");
   const double s = scale > 0 ? scale : 1.0 / std::sqrt(double(d));
-  Tensor scores = matmul(q, k, false, true) * s;  // (..., Tq, Tk)
+  // (q s) kᵀ rather than (q kᵀ) s: the scale touches Tq d values per head instead of Tq Tk.
+  Tensor scores = matmul(q * s, k, false, true);  // (..., Tq, Tk)
   if (mask.defined()) {
     detail::check_same_device("dot_product_attention", q, mask);
     if (mask.dtype() != DType::boolean)

@@ -152,22 +152,29 @@ Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) 
   }
   if (!cmp && is_floating(compute)) {
     Shape sa = a.shape(), sb = b.shape();
+    // Only the gradients of tracked operands are computed: x * 2.0 or x + bias_constant would
+    // otherwise pay a full-size product and a reduction for the constant (undefined = zero).
+    const bool need_a = autodiff::tracked(a), need_b = autodiff::tracked(b);
     switch (op) {
       case BinaryOp::add:
-        autodiff::record(out, {&a, &b}, [sa, sb](const Tensor& g) { return Grads{sum_to(g, sa), sum_to(g, sb)}; });
+        autodiff::record(out, {&a, &b}, [sa, sb, need_a, need_b](const Tensor& g) {
+          return Grads{need_a ? sum_to(g, sa) : Tensor(), need_b ? sum_to(g, sb) : Tensor()};
+        });
         break;
       case BinaryOp::sub:
-        autodiff::record(out, {&a, &b}, [sa, sb](const Tensor& g) { return Grads{sum_to(g, sa), sum_to(-g, sb)}; });
+        autodiff::record(out, {&a, &b}, [sa, sb, need_a, need_b](const Tensor& g) {
+          return Grads{need_a ? sum_to(g, sa) : Tensor(), need_b ? sum_to(-g, sb) : Tensor()};
+        });
         break;
       case BinaryOp::mul:
-        autodiff::record(out, {&a, &b}, [a, b](const Tensor& g) {
-          return Grads{sum_to(g * b, a.shape()), sum_to(g * a, b.shape())};
+        autodiff::record(out, {&a, &b}, [a, b, need_a, need_b](const Tensor& g) {
+          return Grads{need_a ? sum_to(g * b, a.shape()) : Tensor(), need_b ? sum_to(g * a, b.shape()) : Tensor()};
         });
         break;
       case BinaryOp::div:
-        autodiff::record(out, {&a, &b}, [a, b](const Tensor& g) {
+        autodiff::record(out, {&a, &b}, [a, b, need_b](const Tensor& g) {
           Tensor ga = g / b;
-          return Grads{sum_to(ga, a.shape()), sum_to(-(ga * a) / b, b.shape())};
+          return Grads{sum_to(ga, a.shape()), need_b ? sum_to(-(ga * a) / b, b.shape()) : Tensor()};
         });
         break;
       case BinaryOp::pow:
@@ -264,11 +271,13 @@ Tensor where(const Tensor& cond, const Tensor& a0, const Tensor& b0) {
     backend::Broadcast plan = make_plan(s, {&cond.shape(), &a.shape(), &b.shape()});
     a.backend().where(a.device().index(), compute, cond.buffer(), a.buffer(), b.buffer(), out.buffer(), plan);
   }
-  if (is_floating(compute))
-    autodiff::record(out, {&a, &b}, [cond, sa = a.shape(), sb = b.shape()](const Tensor& g) {
+  if (is_floating(compute)) {
+    const bool need_a = autodiff::tracked(a), need_b = autodiff::tracked(b);  // e.g. where(mask, s, -inf)
+    autodiff::record(out, {&a, &b}, [cond, sa = a.shape(), sb = b.shape(), need_a, need_b](const Tensor& g) {
       Tensor z = zeros(Shape{}, g.dtype(), g.device());
-      return Grads{sum_to(where(cond, g, z), sa), sum_to(where(cond, z, g), sb)};
+      return Grads{need_a ? sum_to(where(cond, g, z), sa) : Tensor(), need_b ? sum_to(where(cond, z, g), sb) : Tensor()};
     });
+  }
   return is_half(t) ? out.cast(t) : out;
 }
 
@@ -356,8 +365,21 @@ Tensor elu_op(const Tensor& x, double a) {
     return where(x > 0.0, g, g * exp(x) * a);
   });
 }
+// The backend's fused dx = g f'(x) (Backend::unary_backward) for f32/f64, or undefined when it has none
+// (or FLUX_LIBRARY_KERNELS=0): the callers then compose the same formula from ops.
+Tensor fused_unary_grad(UnaryOp op, const Tensor& x, const Tensor& g) {
+  const DType t = x.dtype();
+  if (!library_kernels() || (t != DType::f32 && t != DType::f64) || g.dtype() != t || g.shape() != x.shape())
+    return Tensor();
+  Tensor dx = Tensor::empty(x.shape(), t, x.device());
+  if (x.numel() == 0) return dx;
+  if (!x.backend().unary_backward(x.device().index(), op, t, x.buffer(), g.buffer(), dx.buffer(), x.numel()))
+    return Tensor();
+  return dx;
+}
 Tensor gelu_op(const Tensor& x) {
   return unary("gelu", UnaryOp::gelu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+    if (Tensor dx = fused_unary_grad(UnaryOp::gelu, x, g); dx.defined()) return dx;
     // gelu(x) = x s(u), u = c2 x (1 + k x^2), c2 = 2 sqrt(2 / pi):
     // gelu'(x) = s(u) + x s(u) s(-u) c2 (1 + 3 k x^2)
     const double c2 = 1.5957691216057308, k = 0.044715;
@@ -372,6 +394,7 @@ Tensor softplus_op(const Tensor& x) {
 }
 Tensor swish_op(const Tensor& x) {
   return unary("swish", UnaryOp::swish, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+    if (Tensor dx = fused_unary_grad(UnaryOp::swish, x, g); dx.defined()) return dx;
     Tensor s = sigmoid_op(x);  // swish'(x) = s + x s (1 - s), with 1 - s = sigmoid(-x): exact for large x
     return g * (s + x * s * sigmoid_op(-x));
   });

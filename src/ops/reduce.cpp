@@ -150,13 +150,32 @@ Tensor softmax_raw(const char* api, const Tensor& x0, int axis, bool log, Tensor
   x_out = x;
   return y;
 }
+
+
+// The backend's fused (log)softmax adjoint (Backend::softmax_backward) for f32/f64, or undefined when it
+// has none for this layout (or FLUX_LIBRARY_KERNELS=0): the callers then compose the formula from ops.
+Tensor fused_softmax_grad(const Tensor& y, const Tensor& g, int axis, bool log) {
+  const DType t = y.dtype();
+  if (!library_kernels() || (t != DType::f32 && t != DType::f64) || g.dtype() != t || g.shape() != y.shape())
+    return Tensor();
+  Split p = split(y.shape(), axis);
+  Tensor dx = Tensor::empty(y.shape(), t, y.device());
+  if (y.numel() == 0) return dx;
+  if (!y.backend().softmax_backward(y.device().index(), t, y.buffer(), g.buffer(), dx.buffer(), p.outer, p.len, p.inner,
+                                    log))
+    return Tensor();
+  return dx;
+}
 }  // namespace
 
 Tensor softmax_(const Tensor& x0, int axis) {
   Tensor x;
   Tensor y = softmax_raw("softmax", x0, axis, false, x);
   int a = normalize_axis("softmax", axis, x.ndim());
-  autodiff::record(y, {&x}, [y, a](const Tensor& g) { return Grads{y * (g - sum(g * y, a, true))}; });
+  autodiff::record(y, {&x}, [y, a](const Tensor& g) {
+    if (Tensor dx = fused_softmax_grad(y, g, a, false); dx.defined()) return Grads{dx};
+    return Grads{y * (g - sum(g * y, a, true))};
+  });
   return is_half(x0.dtype()) ? y.cast(x0.dtype()) : y;
 }
 
@@ -164,7 +183,10 @@ Tensor logsoftmax_(const Tensor& x0, int axis) {
   Tensor x;
   Tensor y = softmax_raw("logsoftmax", x0, axis, true, x);
   int a = normalize_axis("logsoftmax", axis, x.ndim());
-  autodiff::record(y, {&x}, [y, a](const Tensor& g) { return Grads{g - exp(y) * sum(g, a, true)}; });
+  autodiff::record(y, {&x}, [y, a](const Tensor& g) {
+    if (Tensor dx = fused_softmax_grad(y, g, a, true); dx.defined()) return Grads{dx};
+    return Grads{g - exp(y) * sum(g, a, true)};
+  });
   return is_half(x0.dtype()) ? y.cast(x0.dtype()) : y;
 }
 

@@ -175,6 +175,14 @@ class CpuBackend final : public backend::Backend {
                       int64_t n, int64_t c, int64_t s) override {
     return cpu::channel_affine(t, ptr(x), ptr(scale), shift.handle ? ptr(shift) : nullptr, ptr(y), n, c, s);
   }
+  bool unary_backward(int, backend::UnaryOp op, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer dx,
+                      int64_t n) override {
+    return cpu::unary_backward(op, t, ptr(x), ptr(g), ptr(dx), n);
+  }
+  bool softmax_backward(int, DType t, backend::Buffer y, backend::Buffer g, backend::Buffer dx, int64_t outer,
+                        int64_t len, int64_t inner, bool log) override {
+    return cpu::softmax_backward(t, ptr(y), ptr(g), ptr(dx), outer, len, inner, log);
+  }
   bool rownorm_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
                        backend::Buffer mean, backend::Buffer rstd, int64_t r, int64_t d, double eps) override {
     return cpu::rownorm_forward(t, ptr(x), or_null(w), or_null(b), ptr(y), ptr(mean), ptr(rstd), r, d, eps);

@@ -30,6 +30,11 @@ enum class GemmEngine : int { automatic = -1, openblas = 0, onednn = 1 };
 /// Tests and benchmarks: every later f32 GEMM piece uses `e` (automatic: measured); returns the old.
 GemmEngine force_gemm_engine(GemmEngine e);
 void softmax(DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner, bool log);
+/// Fused backward passes (backend.hpp's unary_backward, softmax_backward): f32/f64 (softmax: inner == 1
+/// rows), false otherwise.
+bool unary_backward(backend::UnaryOp op, DType t, const void* x, const void* g, void* dx, int64_t n);
+bool softmax_backward(DType t, const void* y, const void* g, void* dx, int64_t outer, int64_t len, int64_t inner,
+                      bool log);
 void gather(DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);
 void scatter_add(DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);
 void adam_step(DType t, void* x, const void* g, void* m, void* v, int64_t n, const backend::AdamStep& s);

@@ -5,6 +5,7 @@
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
+#include "src/backends/cpu/vector_math.hpp"
 
 namespace flux::cpu {
 
@@ -17,12 +18,12 @@ template <class T> inline T apply(UnaryOp op, T x, double alpha) {
     const T a = T(alpha);
     switch (op) {
       case UnaryOp::neg: return -x;
-      case UnaryOp::exp: return std::exp(x);
+      case UnaryOp::exp: return vmath::exp(x);  // f32: vectorisable (vector_math.hpp); f64: libm
       case UnaryOp::log: return std::log(x);
       case UnaryOp::sqrt: return std::sqrt(x);
       case UnaryOp::abs: return std::abs(x);
-      case UnaryOp::tanh: return std::tanh(x);
-      case UnaryOp::sigmoid: return x >= 0 ? T(1) / (T(1) + std::exp(-x)) : std::exp(x) / (T(1) + std::exp(x));
+      case UnaryOp::tanh: return vmath::tanh(x);
+      case UnaryOp::sigmoid: return vmath::sigmoid(x);
       case UnaryOp::relu: return x > 0 ? x : T(0);
       case UnaryOp::leakyrelu: return x > 0 ? x : a * x;
       case UnaryOp::elu: return x > 0 ? x : a * std::expm1(x);
@@ -30,10 +31,10 @@ template <class T> inline T apply(UnaryOp op, T x, double alpha) {
         // exact 0 and x in the tails whatever the last ulp of tanh
         const T c2 = T(1.5957691216057308);  // 2 sqrt(2 / pi)
         const T u2 = c2 * x * (T(1) + T(0.044715) * x * x);
-        return x * (u2 >= 0 ? T(1) / (T(1) + std::exp(-u2)) : std::exp(u2) / (T(1) + std::exp(u2)));
+        return x * vmath::sigmoid(u2);
       }
       case UnaryOp::softplus: return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
-      case UnaryOp::swish: return x * (x >= 0 ? T(1) / (T(1) + std::exp(-x)) : std::exp(x) / (T(1) + std::exp(x)));
+      case UnaryOp::swish: return x * vmath::sigmoid(x);
       case UnaryOp::sign: return x > 0 ? T(1) : (x < 0 ? T(-1) : T(0));
       case UnaryOp::square: return x * x;
       case UnaryOp::reciprocal: return T(1) / x;
@@ -69,6 +70,32 @@ template <class T, UnaryOp Op> void run(const T* s, T* d, int64_t n, double alph
     unary_range(s, d, b, e, alpha, std::integral_constant<UnaryOp, Op>{});
   });
 }
+// dx = g f'(x) for gelu (tanh form) and swish; the formulas of src/ops/elementwise.cpp's backward
+// (sigmoid(-u) rather than 1 - sigmoid(u), exact in the tails).
+template <class T, UnaryOp Op>
+FLUX_CPU_INLINE void unary_backward_body(const T* __restrict x, const T* __restrict g, T* __restrict dx, int64_t b,
+                                         int64_t e, std::integral_constant<UnaryOp, Op>) {
+  for (int64_t i = b; i < e; ++i) {
+    const T v = x[i];
+    if constexpr (Op == UnaryOp::gelu) {
+      const T c2 = T(1.5957691216057308), k = T(0.044715);
+      const T x2 = v * v;
+      const T u = v * (T(1) + x2 * k) * c2;
+      const T s = vmath::sigmoid(u);
+      dx[i] = g[i] * (s + v * s * vmath::sigmoid(-u) * (T(1) + x2 * (T(3) * k)) * c2);
+    } else {
+      const T s = vmath::sigmoid(v);
+      dx[i] = g[i] * (s + v * s * vmath::sigmoid(-v));
+    }
+  }
+}
+FLUX_CPU_VARIANTS(unary_backward_range, unary_backward_body)
+
+template <class T, UnaryOp Op> void run_backward(const T* x, const T* g, T* dx, int64_t n) {
+  parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
+    unary_backward_range(x, g, dx, b, e, std::integral_constant<UnaryOp, Op>{});
+  });
+}
 }  // namespace
 
 void unary(UnaryOp op, DType t, const void* src, void* dst, int64_t n, double alpha) {
@@ -81,12 +108,32 @@ void unary(UnaryOp op, DType t, const void* src, void* dst, int64_t n, double al
       case UnaryOp::neg: run<T, UnaryOp::neg>(s, d, n, alpha); return;
       case UnaryOp::square: run<T, UnaryOp::square>(s, d, n, alpha); return;
       case UnaryOp::step: run<T, UnaryOp::step>(s, d, n, alpha); return;
+      case UnaryOp::exp: run<T, UnaryOp::exp>(s, d, n, alpha); return;
+      case UnaryOp::tanh: run<T, UnaryOp::tanh>(s, d, n, alpha); return;
+      case UnaryOp::sigmoid: run<T, UnaryOp::sigmoid>(s, d, n, alpha); return;
+      case UnaryOp::gelu: run<T, UnaryOp::gelu>(s, d, n, alpha); return;
+      case UnaryOp::swish: run<T, UnaryOp::swish>(s, d, n, alpha); return;
       default:
         parallel_for(n, 1 << 13, [&](int64_t b, int64_t e) {
           for (int64_t i = b; i < e; ++i) d[i] = apply<T>(op, s[i], alpha);
         });
     }
   });
+}
+
+bool unary_backward(UnaryOp op, DType t, const void* x, const void* g, void* dx, int64_t n) {
+  if ((op != UnaryOp::gelu && op != UnaryOp::swish) || (t != DType::f32 && t != DType::f64)) return false;
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    const T* xs = static_cast<const T*>(x);
+    const T* gs = static_cast<const T*>(g);
+    T* d = static_cast<T*>(dx);
+    if (op == UnaryOp::gelu) run_backward<T, UnaryOp::gelu>(xs, gs, d, n);
+    else run_backward<T, UnaryOp::swish>(xs, gs, d, n);
+  };
+  if (t == DType::f32) run(0.0f);
+  else run(0.0);
+  return true;
 }
 
 }  // namespace flux::cpu
