@@ -141,6 +141,51 @@ TEST(CpuIsa, BinaryVariantsMatchFloat64) {
   }
 }
 
+// Broadcasts whose innermost axis is a run in both operands or a run against one value (binary.cpp's
+// per-run path): (A, B, C) op (B, C) (a mask over heads), (A, B, C) op (A, B, 1) (a per-row value) and
+// (B, C) op (A, B, C), each against float64 with the broadcast indices written out; C = 37 and 8.
+TEST(CpuIsa, BinaryRowBroadcastsMatchFloat64) {
+  IsaGuard guard;
+  using backend::BinaryOp;
+  for (int64_t C : {int64_t(37), int64_t(8)}) {
+    const int64_t A = 3, B = 5, n = A * B * C;
+    std::vector<float> big = random_floats(size_t(n), -3, 3, 13), small = random_floats(size_t(B * C), 0.5f, 2, 14),
+                       col = random_floats(size_t(A * B), 0.5f, 2, 15);
+    for (Isa level : usable_isas()) {
+      cpu::force_isa(level);
+      for (BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div}) {
+        auto ref = [&](double x, double y) {
+          return op == BinaryOp::add ? x + y : op == BinaryOp::sub ? x - y : op == BinaryOp::mul ? x * y : x / y;
+        };
+        for (int form = 0; form < 3; ++form) {
+          backend::Broadcast p;
+          p.ndim = 3;
+          p.shape[0] = A, p.shape[1] = B, p.shape[2] = C;
+          const int64_t dense[3] = {B * C, C, 1}, row[3] = {0, C, 1}, per_row[3] = {B, 1, 0};
+          const float* x = form == 2 ? small.data() : big.data();
+          const float* y = form == 0 ? small.data() : form == 1 ? col.data() : big.data();
+          for (int i = 0; i < 3; ++i) {
+            p.stride[0][i] = form == 2 ? row[i] : dense[i];
+            p.stride[1][i] = form == 0 ? row[i] : form == 1 ? per_row[i] : dense[i];
+            p.stride[2][i] = dense[i];
+          }
+          std::vector<float> out(big.size());
+          cpu::binary(op, DType::f32, x, y, out.data(), p);
+          for (int64_t a = 0; a < A; ++a)
+            for (int64_t b = 0; b < B; ++b)
+              for (int64_t c = 0; c < C; ++c) {
+                const int64_t o = (a * B + b) * C + c;
+                const double xv = x[size_t(a * p.stride[0][0] + b * p.stride[0][1] + c * p.stride[0][2])];
+                const double yv = y[size_t(a * p.stride[1][0] + b * p.stride[1][1] + c * p.stride[1][2])];
+                ASSERT_LT(rel(out[size_t(o)], ref(xv, yv)), 1e-7)
+                    << cpu::isa_name(level) << " op " << int(op) << " form " << form << " at " << o;
+              }
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuIsa, UnaryVariantsMatchFloat64) {
   IsaGuard guard;
   using backend::UnaryOp;

@@ -1,7 +1,7 @@
 // Scaled dot-product attention (Vaswani et al. 2017; NNlib.dot_product_attention and PyTorch's
 // scaled_dot_product_attention), batched over leading axes:
 //   q (..., Tq, d), k (..., Tk, d), v (..., Tk, dv):  s = q kᵀ * scale  (..., Tq, Tk),
-//   s = where(mask, s, -inf),  p = softmax(s, -1),  out = p v  (..., Tq, dv).
+//   s = where(mask, s, -inf) (applied as s + (mask ? 0 : -inf)),  p = softmax(s, -1),  out = p v  (..., Tq, dv).
 // Composed from recorded ops (batched matmul with kᵀ inside the GEMM, where, the backend's softmax,
 // which subtracts each row's maximum), so its backward is theirs.
 #include <cmath>
@@ -51,8 +51,17 @@ Tensor dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
       detail::fail("[dot_product_attention] mask of shape ", to_string(mask.shape()),
                    " does not broadcast to the scores (..., Tq, Tk) = ", to_string(scores.shape()), " of q ",
                    to_string(q.shape()), " and k ", to_string(k.shape()));
-    Tensor neg_inf = Tensor::scalar(-std::numeric_limits<double>::infinity(), scores.dtype(), scores.device());
-    scores = where(mask, scores, neg_inf);
+    // As an additive bias (0 where attended, -inf where masked), built on the mask's own (small) shape:
+    // the same scores as where(mask, scores, -inf) for finite scores, and the backward of the add
+    // passes the gradient through untouched (where's backward costs a full pass over the scores).
+    Tensor bias;
+    {
+      autodiff::NoGrad constant;
+      Tensor zero = Tensor::scalar(0.0, scores.dtype(), scores.device());
+      Tensor neg_inf = Tensor::scalar(-std::numeric_limits<double>::infinity(), scores.dtype(), scores.device());
+      bias = where(mask, zero, neg_inf);
+    }
+    scores = scores + bias;
   }
   Tensor p = softmax_(scores, -1);
   if (dropout_p > 0) p = dropout(p, dropout_p);

@@ -45,6 +45,29 @@ template <class T> inline uint8_t compare(BinaryOp op, T x, T y) {
 
 bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq; }
 
+// Visits the innermost-axis runs o in [b, e) of a broadcast as g(o, offset_0, offset_1, offset_2), the
+// operands' element offsets of the run's first element: decomposed once per chunk, then advanced like
+// an odometer (no division per run).
+template <class G> void for_runs(const backend::Broadcast& p, int operands, int64_t b, int64_t e, G g) {
+  const int nd = p.ndim;
+  int64_t idx[backend::kMaxDims] = {}, off[3] = {0, 0, 0};
+  int64_t rem = b;
+  for (int i = nd - 2; i >= 0; --i) {
+    idx[i] = rem % p.shape[i];
+    rem /= p.shape[i];
+    for (int k = 0; k < operands; ++k) off[k] += idx[i] * p.stride[k][i];
+  }
+  for (int64_t o = b; o < e; ++o) {
+    g(o, off[0], off[1], off[2]);
+    for (int i = nd - 2; i >= 0; --i) {  // next run
+      for (int k = 0; k < operands; ++k) off[k] += p.stride[k][i];
+      if (++idx[i] < p.shape[i]) break;
+      for (int k = 0; k < operands; ++k) off[k] -= idx[i] * p.stride[k][i];
+      idx[i] = 0;
+    }
+  }
+}
+
 // Visits every output element as f(out_index, offset_0, offset_1, offset_2), innermost axis in runs.
 template <class F> void for_each_broadcast(const backend::Broadcast& p, int operands, F f) {
   int nd = p.ndim;
@@ -61,18 +84,10 @@ template <class F> void for_each_broadcast(const backend::Broadcast& p, int oper
   int64_t s0 = p.stride[0][nd - 1], s1 = p.stride[1][nd - 1], s2 = operands > 2 ? p.stride[2][nd - 1] : 0;
   int64_t outer = total / inner;
   parallel_for(outer, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(inner, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t o = b; o < e; ++o) {
-      int64_t rem = o, off0 = 0, off1 = 0, off2 = 0;
-      for (int i = nd - 2; i >= 0; --i) {
-        int64_t c = rem % p.shape[i];
-        rem /= p.shape[i];
-        off0 += c * p.stride[0][i];
-        off1 += c * p.stride[1][i];
-        if (operands > 2) off2 += c * p.stride[2][i];
-      }
+    for_runs(p, operands, b, e, [&](int64_t o, int64_t off0, int64_t off1, int64_t off2) {
       int64_t base = o * inner;
       for (int64_t j = 0; j < inner; ++j) f(base + j, off0 + j * s0, off1 + j * s1, off2 + j * s2);
-    }
+    });
   });
 }
 
@@ -116,20 +131,40 @@ bool dense(const backend::Broadcast& p, int k) {
   return true;
 }
 
+// A broadcast whose innermost axis is a dense run in one operand and a dense run or one value in the
+// other (a bias row, a (T, T) mask over (N, H, T, T)): each run through arith_range.
+template <class T, BinaryOp Op> void runs_arith(const T* x, const T* y, T* z, const backend::Broadcast& p) {
+  const int nd = p.ndim;
+  const int64_t inner = p.shape[nd - 1];
+  int64_t outer = 1;
+  for (int i = 0; i < nd - 1; ++i) outer *= p.shape[i];
+  const int mode = p.stride[1][nd - 1] == 0 ? 1 : p.stride[0][nd - 1] == 0 ? 2 : 0;
+  parallel_for(outer, std::max<int64_t>(1, (1 << 15) / inner), [&](int64_t b, int64_t e) {
+    for_runs(p, 2, b, e, [&](int64_t o, int64_t off0, int64_t off1, int64_t) {
+      arith_range(x + off0, y + off1, z + o * inner, int64_t(0), inner, mode, std::integral_constant<BinaryOp, Op>{});
+    });
+  });
+}
+
 template <class T> bool fast_path(BinaryOp op, const T* x, const T* y, T* z, const backend::Broadcast& p) {
   int64_t n = 1;
   for (int i = 0; i < p.ndim; ++i) n *= p.shape[i];
-  bool xs = false, ys = false;
+  bool xs = false, ys = false, runs = false;
   if (!p.contiguous) {
     if (all_zero(p, 1) && dense(p, 0)) ys = true;
     else if (all_zero(p, 0) && dense(p, 1)) xs = true;
-    else return false;
+    else {
+      const int last = p.ndim - 1;
+      const int64_t s0 = last >= 0 ? p.stride[0][last] : 0, s1 = last >= 0 ? p.stride[1][last] : 0;
+      runs = last >= 0 && p.shape[last] >= 8 && (s0 == 0 || s0 == 1) && (s1 == 0 || s1 == 1) && s0 + s1 > 0;
+      if (!runs) return false;
+    }
   }
   switch (op) {
-    case BinaryOp::add: contiguous_arith<T, BinaryOp::add>(x, y, z, n, xs, ys); return true;
-    case BinaryOp::sub: contiguous_arith<T, BinaryOp::sub>(x, y, z, n, xs, ys); return true;
-    case BinaryOp::mul: contiguous_arith<T, BinaryOp::mul>(x, y, z, n, xs, ys); return true;
-    case BinaryOp::div: contiguous_arith<T, BinaryOp::div>(x, y, z, n, xs, ys); return true;
+    case BinaryOp::add: runs ? runs_arith<T, BinaryOp::add>(x, y, z, p) : contiguous_arith<T, BinaryOp::add>(x, y, z, n, xs, ys); return true;
+    case BinaryOp::sub: runs ? runs_arith<T, BinaryOp::sub>(x, y, z, p) : contiguous_arith<T, BinaryOp::sub>(x, y, z, n, xs, ys); return true;
+    case BinaryOp::mul: runs ? runs_arith<T, BinaryOp::mul>(x, y, z, p) : contiguous_arith<T, BinaryOp::mul>(x, y, z, n, xs, ys); return true;
+    case BinaryOp::div: runs ? runs_arith<T, BinaryOp::div>(x, y, z, p) : contiguous_arith<T, BinaryOp::div>(x, y, z, n, xs, ys); return true;
     default: return false;
   }
 }

@@ -60,38 +60,64 @@ void cast(DType from, const void* src, DType to, void* dst, int64_t n) {
   });
 }
 
-void strided_copy(DType t, const void* src, void* dst, const backend::StridedCopy& p) {
+namespace {
+// Copies `inner` elements of es bytes with strides ss, ds (elements): a typed loop (short dense runs,
+// such as the 16-float head rows of an attention permute, cost less than a memcpy call) or memcpy.
+void copy_run(const char* s, char* q, int64_t inner, int64_t ss, int64_t ds, size_t es) {
+  if (ss == 1 && ds == 1 && inner * int64_t(es) > 256) {
+    std::memcpy(q, s, size_t(inner) * es);
+    return;
+  }
+  switch (es) {
+    case 1: for (int64_t j = 0; j < inner; ++j) q[j * ds] = s[j * ss]; break;
+    case 2: for (int64_t j = 0; j < inner; ++j) reinterpret_cast<uint16_t*>(q)[j * ds] = reinterpret_cast<const uint16_t*>(s)[j * ss]; break;
+    case 4: for (int64_t j = 0; j < inner; ++j) reinterpret_cast<uint32_t*>(q)[j * ds] = reinterpret_cast<const uint32_t*>(s)[j * ss]; break;
+    default: for (int64_t j = 0; j < inner; ++j) reinterpret_cast<uint64_t*>(q)[j * ds] = reinterpret_cast<const uint64_t*>(s)[j * ss]; break;
+  }
+}
+}  // namespace
+
+void strided_copy(DType t, const void* src, void* dst, const backend::StridedCopy& plan) {
   size_t es = dtype_size(t);
   int64_t total = 1;
-  for (int i = 0; i < p.ndim; ++i) total *= p.shape[i];
+  for (int i = 0; i < plan.ndim; ++i) total *= plan.shape[i];
   if (total == 0) return;
-  int nd = p.ndim;
-  // The innermost axis is copied as a run when both strides are 1.
-  int64_t inner = nd ? p.shape[nd - 1] : 1;
-  bool runs = nd && p.src_stride[nd - 1] == 1 && p.dst_stride[nd - 1] == 1;
-  int64_t outer = total / inner;
+  // Merge neighbouring axes that are one run in both source and destination, and drop size-1 axes:
+  // fewer, longer runs (a permute that keeps the last two axes together copies them as one).
+  backend::StridedCopy p;
+  for (int i = 0; i < plan.ndim; ++i) {
+    if (plan.shape[i] == 1) continue;
+    if (p.ndim > 0 && p.src_stride[p.ndim - 1] == plan.src_stride[i] * plan.shape[i] &&
+        p.dst_stride[p.ndim - 1] == plan.dst_stride[i] * plan.shape[i]) {
+      p.shape[p.ndim - 1] *= plan.shape[i];
+      p.src_stride[p.ndim - 1] = plan.src_stride[i];
+      p.dst_stride[p.ndim - 1] = plan.dst_stride[i];
+      continue;
+    }
+    p.shape[p.ndim] = plan.shape[i], p.src_stride[p.ndim] = plan.src_stride[i], p.dst_stride[p.ndim] = plan.dst_stride[i];
+    ++p.ndim;
+  }
+  const int nd = p.ndim;
+  const int64_t inner = nd ? p.shape[nd - 1] : 1;
+  const int64_t ss = nd ? p.src_stride[nd - 1] : 0, ds = nd ? p.dst_stride[nd - 1] : 0;
+  const int64_t outer = total / inner;
   auto body = [&](int64_t b, int64_t e) {
+    // The run index o over axes [0, nd - 1), decomposed once, then advanced like an odometer.
+    int64_t idx[backend::kMaxDims] = {}, so = 0, d = 0, rem = b;
+    for (int i = nd - 2; i >= 0; --i) {
+      idx[i] = rem % p.shape[i];
+      rem /= p.shape[i];
+      so += idx[i] * p.src_stride[i];
+      d += idx[i] * p.dst_stride[i];
+    }
     for (int64_t o = b; o < e; ++o) {
-      // decompose o over axes [0, nd-1)
-      int64_t rem = o, so = 0, d = 0;
+      copy_run(static_cast<const char*>(src) + so * int64_t(es), static_cast<char*>(dst) + d * int64_t(es), inner, ss,
+               ds, es);
       for (int i = nd - 2; i >= 0; --i) {
-        int64_t c = rem % p.shape[i];
-        rem /= p.shape[i];
-        so += c * p.src_stride[i];
-        d += c * p.dst_stride[i];
-      }
-      const char* s = static_cast<const char*>(src) + so * int64_t(es);
-      char* q = static_cast<char*>(dst) + d * int64_t(es);
-      if (runs) {
-        std::memcpy(q, s, size_t(inner) * es);
-      } else {
-        int64_t ss = nd ? p.src_stride[nd - 1] : 0, ds = nd ? p.dst_stride[nd - 1] : 0;
-        switch (es) {
-          case 1: for (int64_t j = 0; j < inner; ++j) q[j * ds] = s[j * ss]; break;
-          case 2: for (int64_t j = 0; j < inner; ++j) reinterpret_cast<uint16_t*>(q)[j * ds] = reinterpret_cast<const uint16_t*>(s)[j * ss]; break;
-          case 4: for (int64_t j = 0; j < inner; ++j) reinterpret_cast<uint32_t*>(q)[j * ds] = reinterpret_cast<const uint32_t*>(s)[j * ss]; break;
-          default: for (int64_t j = 0; j < inner; ++j) reinterpret_cast<uint64_t*>(q)[j * ds] = reinterpret_cast<const uint64_t*>(s)[j * ss]; break;
-        }
+        so += p.src_stride[i], d += p.dst_stride[i];
+        if (++idx[i] < p.shape[i]) break;
+        so -= idx[i] * p.src_stride[i], d -= idx[i] * p.dst_stride[i];
+        idx[i] = 0;
       }
     }
   };
