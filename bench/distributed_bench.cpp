@@ -1,0 +1,183 @@
+// Data-parallel training speed (issue 13): one process, or one rank of `mpirun -np N`, training a model
+// on synthetic data with a FIXED batch per rank (weak scaling, as DDP reports it), through
+// distributed::withgradient + Adam. Rank 0 prints "key value" lines for bench/distributed_bench.py,
+// which runs 1 rank and 2 ranks (overlapped and not) side by side and computes the scaling efficiency
+// and the hidden fraction of the allreduce.
+//
+// Usage: distributed_bench [--model wide|mnist|cnn] [--batch N] [--steps N] [--warmup N]
+//                          [--bucket-mb X] [--no-overlap]
+//   wide  : Dense 1024 -> 4096 -> 4096 -> 1024 (relu), mse, batch 256 per rank by default (row 3 of bench/)
+//   mnist : Dense 784 -> 1024 -> 1024 -> 10 (relu), logitcrossentropy (examples/distributed_mnist's MLP)
+//   cnn   : examples/distributed_mnist's Fashion-MNIST CNN on 28x28 images
+// Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS (the driver sets 1 per rank).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <flux/flux.hpp>
+#include <flux/nn/conv.hpp>
+#include <flux/nn/pooling.hpp>
+
+namespace flux::detail {
+const char* cpu_isa_name();  // src/backends/cpu/isa.cpp (not installed)
+}
+
+using namespace flux;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct Options {
+  std::string model = "wide";
+  int64_t batch = 0;  // 0: the model's default
+  int steps = 8, warmup = 2;
+  double bucket_mb = 0;  // 0: the library's default
+  bool overlap = true;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "distributed_bench: %s\nusage: distributed_bench [--model wide|mnist|cnn] [--batch N] [--steps N] "
+               "[--warmup N] [--bucket-mb X] [--no-overlap]\n",
+               why);
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value after " + a).c_str());
+      return argv[++i];
+    };
+    if (a == "--model") {
+      o.model = value();
+      if (o.model != "wide" && o.model != "mnist" && o.model != "cnn") usage("--model must be wide, mnist or cnn");
+    } else if (a == "--batch") {
+      o.batch = std::atoll(value().c_str());
+      if (o.batch < 1) usage("--batch must be positive");
+    } else if (a == "--steps") {
+      o.steps = std::atoi(value().c_str());
+      if (o.steps < 1) usage("--steps must be positive");
+    } else if (a == "--warmup") {
+      o.warmup = std::atoi(value().c_str());
+      if (o.warmup < 0) usage("--warmup must be >= 0");
+    } else if (a == "--bucket-mb") {
+      o.bucket_mb = std::atof(value().c_str());
+      if (!(o.bucket_mb > 0)) usage("--bucket-mb must be positive");
+    } else if (a == "--no-overlap") {
+      o.overlap = false;
+    } else {
+      usage(("unknown argument " + a).c_str());
+    }
+  }
+  return o;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+template <class Model, class Loss>
+int run(const Options& o, const distributed::Communicator& comm, Model init, const Tensor& x, const Tensor& y, Loss loss) {
+  const bool root = comm.rank() == 0;
+  auto model = distributed::broadcast(comm, init, 0);
+  auto opt = optimisers::setup(optimisers::Adam(1e-4), model);
+  distributed::GradientOptions g;
+  if (o.bucket_mb > 0) g.bucket_bytes = int64_t(o.bucket_mb * double(1 << 20));
+  g.overlap = o.overlap;
+  int64_t nparams = 0;
+  for (const Tensor& p : params(model)) nparams += p.numel();
+
+  std::vector<double> step_s, grad_s, update_s, bwd_s, wait_s;
+  int buckets = 0, launched = 0;
+  float last_loss = 0;
+  for (int i = 0; i < o.warmup + o.steps; ++i) {
+    if (i == o.warmup) distributed::barrier(comm);  // every rank starts the timed steps together
+    auto t0 = Clock::now();
+    auto [l, grads] = distributed::withgradient(comm, [&](auto& m) { return loss(m(x), y); }, model, g);
+    double tg = since(t0);
+    auto t1 = Clock::now();
+    optimisers::update(opt, model, grads);
+    double tu = since(t1);
+    last_loss = l.template item<float>();
+    double ts = since(t0);
+    if (i < o.warmup) continue;
+    step_s.push_back(ts);
+    grad_s.push_back(tg);
+    update_s.push_back(tu);
+    if (comm.size() > 1) {
+      distributed::GradientStats st = distributed::last_gradient_stats();
+      bwd_s.push_back(st.backward_seconds);
+      wait_s.push_back(st.wait_seconds);
+      buckets = st.buckets;
+      launched = st.launched_during_backward;
+    }
+  }
+  // Rank 0's step times are the job's: every step ends with the allreduce all ranks take part in.
+  if (root) {
+    double step = median(step_s);
+    std::printf("ranks %d\nmodel %s\nbatch_per_rank %lld\nparams %lld\ngrad_mb %.6g\n", comm.size(), o.model.c_str(),
+                (long long)o.batch, (long long)nparams, double(nparams) * 4.0 / double(1 << 20));
+    std::printf("overlap %d\nbucket_mb %.6g\nbuckets %d\nlaunched_during_backward %d\n", int(o.overlap),
+                double(g.bucket_bytes) / double(1 << 20), buckets, launched);
+    std::printf("steps %d\nstep_ms %.6g\nstep_ms_mean %.6g\nstep_ms_min %.6g\n", o.steps, 1e3 * step,
+                1e3 * [&] { double s = 0; for (double v : step_s) s += v; return s / double(step_s.size()); }(),
+                1e3 * *std::min_element(step_s.begin(), step_s.end()));
+    std::printf("withgradient_ms %.6g\nupdate_ms %.6g\n", 1e3 * median(grad_s), 1e3 * median(update_s));
+    if (!bwd_s.empty()) std::printf("fwd_bwd_ms %.6g\nwait_ms %.6g\n", 1e3 * median(bwd_s), 1e3 * median(wait_s));
+    std::printf("samples_per_s %.6g\nloss %.6g\n", double(comm.size() * o.batch) / step, double(last_loss));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+// Targets with class i % classes, rotated by the rank (the ranks see different data).
+Tensor onehot_targets(int64_t batch, int64_t classes, int rank) {
+  std::vector<float> v(size_t(batch * classes), 0.f);
+  for (int64_t i = 0; i < batch; ++i) v[size_t(i * classes + (i * 7 + rank) % classes)] = 1.f;
+  return Tensor(v, Shape{batch, classes});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Options o = parse(argc, argv);
+    auto comm = distributed::initialize();
+    if (o.batch == 0) o.batch = o.model == "wide" ? 256 : 128;
+    if (comm.rank() == 0)
+      std::printf("flux_cpu_isa %s\nbackend %s\nthreads_env %s\n", detail::cpu_isa_name(), comm.backend().c_str(),
+                  std::getenv("FLUX_NUM_THREADS") ? std::getenv("FLUX_NUM_THREADS") : "unset");
+    seed(uint64_t(1000 + comm.rank()));  // each rank its own batch
+    auto ce = [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); };
+    if (o.model == "wide") {
+      Tensor x = rand({o.batch, 1024}), y = rand({o.batch, 1024});
+      seed(42);
+      return run(o, comm, Chain(Dense(1024, 4096, relu), Dense(4096, 4096, relu), Dense(4096, 1024)), x, y,
+                 [](const Tensor& a, const Tensor& b) { return mse(a, b); });
+    }
+    if (o.model == "mnist") {
+      Tensor x = rand({o.batch, 784}), y = onehot_targets(o.batch, 10, comm.rank());
+      seed(42);
+      return run(o, comm, Chain(Dense(784, 1024, relu), Dense(1024, 1024, relu), Dense(1024, 10)), x, y, ce);
+    }
+    Tensor x = rand({o.batch, 1, 28, 28}), y = onehot_targets(o.batch, 10, comm.rank());
+    seed(42);
+    return run(o, comm,
+               Chain(Conv({3, 3}, 1, 16, relu, {.pad = 1}), MaxPool({2, 2}), Conv({3, 3}, 16, 32, relu, {.pad = 1}),
+                     MaxPool({2, 2}), flatten, Dense(32 * 7 * 7, 128, relu), Dense(128, 10)),
+               x, y, ce);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "distributed_bench: error: %s\n", e.what());
+    return 1;
+  }
+}
