@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Data-parallel scaling of flux-cpp (issue 13), measured side by side in one run.
+
+Runs build/bin/distributed_bench (bench/distributed_bench.cpp) as
+  (a) 1 rank  (a plain process),
+  (b) 2 ranks `mpirun --allow-run-as-root -np 2`, gradients reduced during backward (overlapped),
+  (c) 2 ranks, gradients reduced after backward (--no-overlap),
+each with FLUX_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 per rank and the same batch per
+rank (weak scaling, as DDP reports it), alternating the three over --reps repetitions. Prints:
+  scaling efficiency = throughput(2 ranks, samples/s) / (2 x throughput(1 rank))       target >= 85%
+  hidden fraction    = 1 - wait(overlapped) / wait(not overlapped)                      target >= 50%
+where wait is the reducer's own "allreduce wait after backward" (distributed::last_gradient_stats()),
+and, as a check on it, the net saving (step(not overlapped) - step(overlapped)) / wait(not overlapped).
+Every run records `uptime` and the mean number of OTHER runnable tasks while it ran (from
+/proc/loadavg, minus our own ranks), so a loaded machine shows in the output.
+
+Usage: bench/distributed_bench.py [--build build] [--reps 3] [--model wide] [--batch 256] [--steps 6]
+                                  [--warmup 2] [--bucket-mb X] [--wait-quiet LOAD] [--json FILE]
+(bench/distributed_bench.sh builds the program first and calls this.)
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+TARGET_EFFICIENCY = 0.85
+TARGET_HIDDEN = 0.50
+
+
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=30).stdout.strip()
+    except Exception:
+        return ""
+
+
+def uptime():
+    return sh("uptime")
+
+
+def load1():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def cpu_header():
+    model, flags = "?", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and model == "?":
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    isa = "AVX-512 (" + " ".join(x for x in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16") if x in flags) + ")" \
+        if "avx512f" in flags else ("AVX2+FMA" if {"avx2", "fma"} <= flags else "SSE only")
+    return model, isa
+
+
+class RunQueueSampler:
+    """Mean of /proc/loadavg's runnable-task count while a run goes on (includes this sampler: -1)."""
+
+    def __init__(self):
+        self.samples = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            try:
+                with open("/proc/loadavg") as f:
+                    self.samples.append(int(f.read().split()[3].split("/")[0]) - 1)
+            except Exception:
+                pass
+            self._stop.wait(0.25)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *a):
+        self._stop.set()
+        self._t.join()
+
+    def mean(self):
+        return statistics.mean(self.samples) if self.samples else float("nan")
+
+
+def parse_kv(text):
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-z_0-9]+) (.+)$", line.strip())
+        if not m:
+            continue
+        k, v = m.group(1), m.group(2)
+        try:
+            out[k] = float(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build", help="build folder holding bin/distributed_bench")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--model", default="wide", choices=["wide", "mnist", "cnn"])
+    ap.add_argument("--batch", type=int, default=0, help="per rank (default: wide 256, others 128)")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--bucket-mb", type=float, default=0, help="gradient bucket size (default: the library's)")
+    ap.add_argument("--wait-quiet", type=float, default=0,
+                    help="before each run, wait (up to 10 min) until the 1-minute load average is below this")
+    ap.add_argument("--json", default="", help="also write the results here")
+    a = ap.parse_args()
+
+    exe = os.path.join(a.build, "bin", "distributed_bench")
+    if not os.access(exe, os.X_OK):
+        sys.exit(f"distributed_bench.py: {exe} not found; build it: cmake --build {a.build} --target distributed_bench "
+                 "(configured with -DFLUX_BENCH=ON), or run bench/distributed_bench.sh")
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        sys.exit("distributed_bench.py: mpirun not found (Debian: apt-get install libopenmpi-dev openmpi-bin)")
+
+    env = dict(os.environ, FLUX_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    args = ["--model", a.model, "--steps", str(a.steps), "--warmup", str(a.warmup)]
+    if a.batch:
+        args += ["--batch", str(a.batch)]
+    if a.bucket_mb:
+        args += ["--bucket-mb", str(a.bucket_mb)]
+    mpi = [mpirun, "--allow-run-as-root", "-x", "FLUX_NUM_THREADS", "-x", "OPENBLAS_NUM_THREADS", "-x",
+           "OMP_NUM_THREADS", "-np", "2"]
+    configs = {
+        "1 rank": [exe] + args,
+        "2 ranks, overlapped": mpi + [exe] + args,
+        "2 ranks, after backward": mpi + [exe] + args + ["--no-overlap"],
+    }
+    nranks = {"1 rank": 1, "2 ranks, overlapped": 2, "2 ranks, after backward": 2}
+
+    model_name, isa = cpu_header()
+    commit = sh("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD")
+    print("flux-cpp data-parallel scaling (bench/distributed_bench.py)")
+    print(f"date      {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, commit {commit}")
+    print(f"CPU       {model_name}, {os.cpu_count()} cores, {isa}")
+    print(f"MPI       {sh(mpirun + ' --version').splitlines()[0] if sh(mpirun + ' --version') else '?'}")
+    print(f"threads   FLUX_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 per rank")
+    print(f"commands  1 rank : {' '.join(configs['1 rank'])}")
+    print(f"          2 ranks: {' '.join(configs['2 ranks, overlapped'])} [--no-overlap]")
+    print(f"start     {uptime()}")
+    sys.stdout.flush()
+
+    results = {k: [] for k in configs}
+    order = list(configs)
+    flux_isa = "?"
+    for rep in range(a.reps):
+        for name in (order if rep % 2 == 0 else order[::-1]):
+            if a.wait_quiet > 0:
+                t0 = time.time()
+                while load1() >= a.wait_quiet and time.time() - t0 < 600:
+                    time.sleep(10)
+            up_before = uptime()
+            with RunQueueSampler() as rq:
+                p = subprocess.run(configs[name], env=env, capture_output=True, text=True)
+            if p.returncode != 0:
+                print(f"run '{name}' failed (exit {p.returncode}):\n{p.stdout}\n{p.stderr}")
+                sys.exit(1)
+            kv = parse_kv(p.stdout)
+            if int(kv.get("ranks", 0)) != nranks[name]:
+                sys.exit(f"run '{name}' ran {kv.get('ranks')} rank(s), not {nranks[name]} (flux built without MPI? "
+                         f"reconfigure with -DFLUX_MPI=ON):\n{p.stdout}\n{p.stderr}")
+            flux_isa = kv.get("flux_cpu_isa", flux_isa)
+            kv["others_running"] = max(0.0, rq.mean() - nranks[name])
+            kv["uptime"] = up_before
+            results[name].append(kv)
+            extra = ""
+            if "wait_ms" in kv:
+                extra = f", fwd+bwd {kv['fwd_bwd_ms']:.1f} ms, wait {kv['wait_ms']:.1f} ms"
+            print(f"rep {rep + 1} {name:24s}: step {kv['step_ms']:8.1f} ms (update {kv['update_ms']:.1f}{extra}), "
+                  f"{kv['samples_per_s']:.1f} samples/s; other runnable tasks {kv['others_running']:.2f}; "
+                  f"before: {up_before.split('load average:')[-1].strip()}")
+            sys.stdout.flush()
+
+    med = lambda name, key: statistics.median(r[key] for r in results[name])
+    one, ov, no = "1 rank", "2 ranks, overlapped", "2 ranks, after backward"
+    eff = med(ov, "samples_per_s") / (2 * med(one, "samples_per_s"))
+    eff_no = med(no, "samples_per_s") / (2 * med(one, "samples_per_s"))
+    pair_eff = [r2["samples_per_s"] / (2 * r1["samples_per_s"]) for r1, r2 in zip(results[one], results[ov])]
+    hidden = 1 - med(ov, "wait_ms") / med(no, "wait_ms")
+    net = (med(no, "step_ms") - med(ov, "step_ms")) / med(no, "wait_ms")
+    r0 = results[ov][0]
+    print()
+    print(f"model {a.model}: {int(r0['params']):,} parameters ({r0['grad_mb']:.1f} MiB of f32 gradients), batch "
+          f"{int(r0['batch_per_rank'])} per rank, {int(r0['buckets'])} buckets of <= {r0['bucket_mb']:g} MiB; "
+          f"flux CPU kernels: {flux_isa}; medians of {a.reps} repetitions x {a.steps} steps")
+    print("| run | step (ms) | fwd+bwd (ms) | allreduce wait after backward (ms) | Adam update (ms) | samples/s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name in order:
+        fb = f"{med(name, 'fwd_bwd_ms'):.1f}" if "fwd_bwd_ms" in results[name][0] else f"{med(name, 'withgradient_ms'):.1f}"
+        wt = f"{med(name, 'wait_ms'):.1f}" if "wait_ms" in results[name][0] else "-"
+        print(f"| {name} | {med(name, 'step_ms'):.1f} | {fb} | {wt} | {med(name, 'update_ms'):.1f} | "
+              f"{med(name, 'samples_per_s'):.1f} |")
+    print()
+    ok = lambda v, t: "MET" if v >= t else "NOT met"
+    print(f"scaling efficiency, 2 ranks vs 1 (overlapped): {100 * eff:.1f}%  (target >= {100 * TARGET_EFFICIENCY:.0f}%: "
+          f"{ok(eff, TARGET_EFFICIENCY)}); per repetition {', '.join(f'{100 * e:.1f}%' for e in pair_eff)}; "
+          f"not overlapped {100 * eff_no:.1f}%")
+    print(f"allreduce hidden behind backward (reducer stats): {100 * hidden:.1f}%  (target >= "
+          f"{100 * TARGET_HIDDEN:.0f}%: {ok(hidden, TARGET_HIDDEN)}); net step saving / wait: {100 * net:.1f}%")
+    others = [r["others_running"] for rs in results.values() for r in rs]
+    print(f"load: other runnable tasks during the runs: mean {statistics.mean(others):.2f}, max {max(others):.2f}")
+    print(f"end       {uptime()}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"results": results, "efficiency": eff, "hidden": hidden, "net_hidden": net}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
