@@ -8,6 +8,7 @@
 // of ranks and copies the means back to the parameters' devices. On a backend with device
 // collectives (NCCL) a bucket is concatenated on its device and reduced there, on the device's
 // stream, without host copies.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <unordered_map>
@@ -29,15 +30,23 @@ namespace detail {
 
 struct GradientReducer::State {
   struct Bucket {
-    std::vector<size_t> members;  // indices into leaves
-    std::vector<int64_t> offsets;  // element offset of each member in host
+    std::vector<size_t> members;   // indices into leaves
+    std::vector<int64_t> offsets;  // element offset of each member in `result`
+    std::vector<bool> direct;      // reduced straight from the gradient's own memory (CPU, staged dtype)
+    int64_t packed_count = 0;      // elements of the other members, copied to `packed`: result[0, packed_count)
     DType staged = DType::f32;
     int64_t count = 0;
     int pending = 0;
     bool launched = false;
-    std::vector<uint8_t> host;
-    InFlight op;
-    void* device_comm = nullptr;  // NCCL: the bucket is reduced on its device, in `flat`
+    Tensor packed, result;         // host (CPU tensors from the caching pool): send buffer, sums -> means
+    std::vector<Tensor> keep;      // the gradients MPI reads, alive until their allreduces complete
+    struct Piece {
+      InFlight op;
+      int64_t begin = 0, end = 0;  // elements of `result` it produces
+      bool scaled = false;         // divided by the number of ranks
+    };
+    std::vector<Piece> pieces;
+    void* device_comm = nullptr;   // NCCL: the bucket is reduced on its device, in `flat`
     Tensor flat;
   };
   CommunicatorState* comm = nullptr;
@@ -53,6 +62,40 @@ struct GradientReducer::State {
 
   static DType staged_dtype(DType t) { return t == DType::f16 || t == DType::bf16 ? DType::f32 : t; }
 
+  static void* host_ptr(const Tensor& t) {
+    backend::Buffer b = t.buffer();
+    return static_cast<uint8_t*>(b.handle) + b.offset;
+  }
+
+  // The sums of result[begin, end) are in: divide them by the number of ranks, while they are warm.
+  void scale(Bucket& b, Bucket::Piece& piece) {
+    piece.scaled = true;
+    const int64_t n = comm->size;
+    if (b.staged == DType::f64) {
+      double* p = static_cast<double*>(host_ptr(b.result));
+      for (int64_t i = piece.begin; i < piece.end; ++i) p[i] /= double(n);
+    } else if (b.staged == DType::f32) {
+      float* p = static_cast<float*>(host_ptr(b.result));
+      for (int64_t i = piece.begin; i < piece.end; ++i) p[i] /= float(n);
+    }
+  }
+
+  // One MPI_Iallreduce per piece of at most bucket_bytes (a parameter larger than a bucket is cut):
+  // Open MPI's non-blocking allreduce allocates a temporary as large as its message on every call,
+  // and pieces of one bounded size are served again from the heap instead of fresh pages each step.
+  void start_pieces(Bucket& b, const uint8_t* send, int64_t begin, int64_t count) {
+    const size_t es = dtype_size(b.staged);
+    const int64_t most = std::max<int64_t>(1, std::min<int64_t>(int64_t(1) << 30, options.bucket_bytes / int64_t(es)));
+    uint8_t* recv = static_cast<uint8_t*>(host_ptr(b.result));
+    for (int64_t at = 0; at < count; at += most) {
+      Bucket::Piece& piece = b.pieces.emplace_back();
+      piece.begin = begin + at;
+      piece.end = begin + std::min(count, at + most);
+      piece.op = start_allreduce_sum(*comm, send + size_t(at) * es, recv + size_t(piece.begin) * es,
+                                     piece.end - piece.begin, b.staged);
+    }
+  }
+
   void launch(Bucket& b) {
     b.launched = true;
     ++launched;
@@ -67,15 +110,29 @@ struct GradientReducer::State {
                                                 b.count);
       return;
     }
-    b.host.resize(size_t(b.count) * dtype_size(b.staged));
+    const size_t es = dtype_size(b.staged);
+    b.result = Tensor::empty({b.count}, b.staged, Device{});
+    if (b.packed_count) b.packed = Tensor::empty({b.packed_count}, b.staged, Device{});
     for (size_t k = 0; k < b.members.size(); ++k) {
       Tensor g = tape->grad(leaves[b.members[k]]);  // zeros for a parameter f did not use
       if (g.dtype() != b.staged) g = g.cast(b.staged);
-      if (g.numel())
-        g.backend().copy_to_host(g.device().index(), b.host.data() + size_t(b.offsets[k]) * dtype_size(b.staged),
+      if (b.direct[k]) {  // MPI reads the gradient where it is (it is final: backward writes it no more)
+        b.keep.push_back(g);
+        start_pieces(b, static_cast<const uint8_t*>(host_ptr(g)), b.offsets[k], g.numel());
+      } else if (g.numel()) {
+        g.backend().copy_to_host(g.device().index(), static_cast<uint8_t*>(host_ptr(b.packed)) + size_t(b.offsets[k]) * es,
                                  g.buffer(), g.nbytes());
+      }
     }
-    b.op = start_allreduce_sum(*comm, b.host.data(), b.count, b.staged);
+    if (b.packed_count) start_pieces(b, static_cast<const uint8_t*>(host_ptr(b.packed)), 0, b.packed_count);
+  }
+
+  // Lets MPI progress every bucket in flight; scales the pieces that completed.
+  void progress() {
+    for (Bucket& b : buckets)
+      if (b.launched && !b.device_comm)
+        for (Bucket::Piece& piece : b.pieces)
+          if (!piece.scaled && piece.op.test()) scale(b, piece);
   }
 };
 
@@ -103,14 +160,32 @@ GradientReducer::GradientReducer(const Communicator& comm, std::vector<Tensor> l
       s.buckets.back().staged = staged;
     }
     State::Bucket& b = s.buckets.back();
-    if (b.count + p.numel() > int64_t(1) << 30)
-      flux::detail::fail("[distributed::withgradient] parameter ", i, " of shape ", to_string(p.shape()),
-                         " exceeds 2^30 elements per bucket");
     b.members.push_back(i);
-    b.offsets.push_back(b.count);
     b.count += p.numel();
     ++b.pending;
     s.bucket_of[i] = s.buckets.size() - 1;
+  }
+  // Host layout of each bucket: the members copied into the packed send buffer first, then those MPI
+  // reads in place: CPU gradients of the staged dtype from kDirectBytes up (a copy costs more than the
+  // extra MPI call there).
+  constexpr int64_t kDirectBytes = int64_t(64) << 10;
+  for (State::Bucket& b : s.buckets) {
+    b.offsets.assign(b.members.size(), 0);
+    b.direct.assign(b.members.size(), false);
+    for (size_t k = 0; k < b.members.size(); ++k) {
+      const Tensor& p = s.leaves[b.members[k]];
+      b.direct[k] = p.device().is_cpu() && p.dtype() == b.staged && int64_t(p.nbytes()) >= kDirectBytes;
+      if (!b.direct[k]) {
+        b.offsets[k] = b.packed_count;
+        b.packed_count += p.numel();
+      }
+    }
+    int64_t at = b.packed_count;
+    for (size_t k = 0; k < b.members.size(); ++k)
+      if (b.direct[k]) {
+        b.offsets[k] = at;
+        at += s.leaves[b.members[k]].numel();
+      }
   }
   // Buckets on one device of a backend with device collectives reduce there (joining is collective:
   // every rank has the same buckets, checked before).
@@ -119,6 +194,9 @@ GradientReducer::GradientReducer(const Communicator& comm, std::vector<Tensor> l
     bool one_device = true;
     for (size_t m : b.members) one_device = one_device && s.leaves[m].device() == first.device();
     if (one_device) b.device_comm = device_comm(*s.comm, first, "distributed::withgradient");
+    if (b.device_comm && b.count > int64_t(1) << 30)
+      flux::detail::fail("[distributed::withgradient] a bucket of ", b.count,
+                         " elements exceeds the 2^30 a device collective takes; lower bucket_bytes");
   }
 }
 
@@ -131,8 +209,7 @@ void GradientReducer::ready(int64_t tape_id) {
   s.reported[it->second] = true;
   State::Bucket& b = s.buckets[s.bucket_of[it->second]];
   if (--b.pending == 0 && s.options.overlap) s.launch(b);
-  for (State::Bucket& other : s.buckets)
-    if (other.launched) other.op.test();
+  s.progress();
 }
 
 std::unordered_map<const TensorImpl*, Tensor> GradientReducer::finish() {
@@ -157,19 +234,21 @@ std::unordered_map<const TensorImpl*, Tensor> GradientReducer::finish() {
       }
       continue;
     }
-    b.op.wait("distributed::withgradient", s.comm->timeout);
-    const double n = s.comm->size;
-    if (b.staged == DType::f64)
-      for (double *p = reinterpret_cast<double*>(b.host.data()), *e = p + b.count; p != e; ++p) *p /= n;
-    else if (b.staged == DType::f32)
-      for (float *p = reinterpret_cast<float*>(b.host.data()), *e = p + b.count; p != e; ++p) *p /= float(n);
+    for (State::Bucket::Piece& piece : b.pieces) {
+      piece.op.wait("distributed::withgradient", s.comm->timeout);
+      if (!piece.scaled) s.scale(b, piece);
+    }
+    b.keep.clear();
+    b.packed = Tensor();
     for (size_t k = 0; k < b.members.size(); ++k) {
       const Tensor& leaf = s.leaves[b.members[k]];
-      Tensor g = Tensor::empty(leaf.shape(), b.staged, leaf.device());
-      if (g.numel())
-        g.backend().copy_from_host(g.device().index(), g.buffer(),
-                                   b.host.data() + size_t(b.offsets[k]) * dtype_size(b.staged), g.nbytes());
-      out.emplace(leaf.impl(), g.dtype() == leaf.dtype() ? g : g.cast(leaf.dtype()));
+      Tensor mean = b.result.slice(b.offsets[k], b.offsets[k] + leaf.numel()).reshape(leaf.shape());
+      if (!leaf.device().is_cpu()) {  // back to the parameter's device
+        Tensor g = Tensor::empty(leaf.shape(), b.staged, leaf.device());
+        if (g.numel()) g.backend().copy_from_host(g.device().index(), g.buffer(), State::host_ptr(mean), g.nbytes());
+        mean = g;
+      }
+      out.emplace(leaf.impl(), mean.dtype() == leaf.dtype() ? mean : mean.cast(leaf.dtype()));
     }
   }
   stats.wait_seconds = std::chrono::duration<double>(Clock::now() - backward_end).count();

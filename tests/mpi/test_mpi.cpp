@@ -2,6 +2,7 @@
 // once without mpirun, where the communicator has one rank and the cross-rank checks skip). Every
 // rank runs every test in the same order: the tests themselves are collective.
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <numeric>
 
@@ -149,18 +150,41 @@ TEST_P(MpiDevices, BroadcastModelIncludingBatchNormState) {
 
 // The parity test: k optimiser steps under mpirun, each rank on its shard of batchsize b, give the
 // parameters of one process training on the concatenated batches (batchsize b * ranks), in float64.
-// Several buckets (bucket_bytes 512), launched during backward or after it; an unused Dense too.
-TEST_P(MpiDevices, TrainingMatchesOneProcessOnTheConcatenatedBatch) {
+// Several buckets, launched during backward or after it; an unused Dense too. Three layouts:
+//  - hidden 16, bucket_bytes 512: three buckets of small gradients, each copied into one message;
+//  - hidden 2048, 1 MiB: one bucket mixing the 0.0.weight gradient (96 KiB, on the CPU read by MPI
+//    where it is) with the small ones (copied);
+//  - hidden 2048, 40,000 bytes: four buckets, 0.0.weight cut into three pieces of at most 40,000 bytes.
+struct ParityCase {
+  int64_t hidden, bucket_bytes;
+  int buckets;
+};
+class MpiParity : public ::testing::TestWithParam<std::tuple<Device, ParityCase>> {};
+INSTANTIATE_TEST_SUITE_P(Layouts, MpiParity,
+                         ::testing::Combine(::testing::ValuesIn(test_devices()),
+                                            ::testing::Values(ParityCase{16, 512, 3}, ParityCase{2048, 1 << 20, 1},
+                                                              ParityCase{2048, 40000, 4})),
+                         [](const auto& info) {
+                           std::string name = to_string(std::get<0>(info.param)) + "_hidden" +
+                                              std::to_string(std::get<1>(info.param).hidden) + "_bucket" +
+                                              std::to_string(std::get<1>(info.param).bucket_bytes);
+                           for (char& c : name)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return name;
+                         });
+
+TEST_P(MpiParity, TrainingMatchesOneProcessOnTheConcatenatedBatch) {
   auto comm = world();
-  const Device dev = GetParam();
-  const int64_t b = 4, steps = 3, p = comm.size();
+  const Device dev = std::get<0>(GetParam());
+  const ParityCase pc = std::get<1>(GetParam());
+  const int64_t b = 4, steps = 3, p = comm.size(), h = pc.hidden;
   seed(7);
   Tensor X = randn({steps * b * p, 6}, DType::f64), Y = randn({steps * b * p, 3}, DType::f64);
   for (bool overlap : {true, false}) {
     SCOPED_TRACE(overlap ? "overlapped buckets" : "reduced after backward");
     seed(200 + uint64_t(comm.rank()));  // a different model per rank until broadcast
     auto init = fmap([](const Tensor& t) { return t.f64(); },
-                     std::make_tuple(Chain(Dense(6, 16, tanh_act), Dense(16, 3)), Dense(3, 3)));
+                     std::make_tuple(Chain(Dense(6, h, tanh_act), Dense(h, 3)), Dense(3, 3)));
     auto model = distributed::broadcast(comm, on(init, dev), 0);
     auto reference = fmap([](const Tensor& t) { return t.contiguous_copy(); }, model);
     std::vector<std::vector<double>> start;
@@ -174,12 +198,21 @@ TEST_P(MpiDevices, TrainingMatchesOneProcessOnTheConcatenatedBatch) {
     int taken = 0;
     for (auto [x, y] : loader) {
       EXPECT_EQ(x.shape(), Shape({b, 6}));
-      auto [loss, grads] = distributed::withgradient(comm, f(x, y), model, {.bucket_bytes = 512, .overlap = overlap});
+      auto [loss, grads] =
+          distributed::withgradient(comm, f(x, y), model, {.bucket_bytes = pc.bucket_bytes, .overlap = overlap});
       auto stats = distributed::last_gradient_stats();
       if (p > 1) {
-        // reverse order: [1.bias 1.weight 0.1.bias 0.1.weight] 504 B, [0.0.bias], [0.0.weight]
-        EXPECT_EQ(stats.buckets, 3);
-        EXPECT_EQ(stats.launched_during_backward, overlap ? 3 : 0);
+        // hidden 16, reverse order: [1.bias 1.weight 0.1.bias 0.1.weight] 504 B, [0.0.bias], [0.0.weight]
+        EXPECT_EQ(stats.buckets, pc.buckets);
+        EXPECT_EQ(stats.launched_during_backward, overlap ? pc.buckets : 0);
+      }
+      // the averaged gradients are separate tensors of the parameters' shapes, devices and dtypes
+      std::vector<Tensor> gs = params(grads), ps = params(model);
+      ASSERT_EQ(gs.size(), ps.size());
+      for (size_t i = 0; i < gs.size(); ++i) {
+        EXPECT_EQ(gs[i].shape(), ps[i].shape()) << "gradient " << i;
+        EXPECT_EQ(gs[i].device(), dev) << "gradient " << i;
+        EXPECT_EQ(gs[i].dtype(), DType::f64) << "gradient " << i;
       }
       optimisers::update(opt, model, grads);
       ++taken;
@@ -201,7 +234,9 @@ TEST_P(MpiDevices, TrainingMatchesOneProcessOnTheConcatenatedBatch) {
       for (size_t k = 0; k < g.size(); ++k) worst = std::max(worst, std::abs(g[k] - w[k]));
     }
     EXPECT_LT(worst, 1e-5);
-    if (comm.rank() == 0) std::printf("[parity] %s, %lld ranks: max |difference| %.3g\n", to_string(dev).c_str(), (long long)p, worst);
+    if (comm.rank() == 0)
+      std::printf("[parity] %s, hidden %lld, buckets of %lld B, %lld ranks: max |difference| %.3g\n",
+                  to_string(dev).c_str(), (long long)h, (long long)pc.bucket_bytes, (long long)p, worst);
     // training moved the used parameters; the unused Dense (zero gradients) stayed where it was
     EXPECT_NE(got[0].to_vector<double>(), start[0]);
     EXPECT_EQ(got[4].to_vector<double>(), start[4]);
