@@ -5,6 +5,8 @@
 #include <cctype>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
+#include <string>
 
 #include <gmock/gmock.h>
 
@@ -40,7 +42,30 @@ bool same_on_all_ranks(const Tensor& x) {
   return true;
 }
 
+// The device this rank tests on: `d` itself, except on a backend with device collectives (NCCL in
+// the CUDA plugin), which needs a device per rank: rank r takes device local_rank there, and the test
+// is skipped (on every rank alike) when the host has fewer such devices than ranks, since NCCL
+// refuses two ranks of one communicator on one GPU.
+std::optional<Device> rank_device(const Device& d, std::string& why) {
+  auto comm = world();
+  if (d.is_cpu() || comm.size() == 1) return d;
+  backend::Backend& be = detail::backend_for(d);
+  if (be.collective_id_bytes() == 0) return d;
+  if (be.device_count() < comm.size()) {
+    why = d.backend() + " has device collectives (NCCL), which need one device per rank: " +
+          std::to_string(comm.size()) + " ranks, " + std::to_string(be.device_count()) + " device(s) on this host";
+    return std::nullopt;
+  }
+  return Device(d.backend(), comm.local_rank());
+}
+
 }  // namespace
+
+#define FLUX_RANK_DEVICE(dev, param)                    \
+  std::string why_not_;                                 \
+  std::optional<Device> maybe_ = rank_device(param, why_not_); \
+  if (!maybe_) GTEST_SKIP() << why_not_;                \
+  const Device dev = *maybe_
 
 TEST(Mpi, CommunicatorFromTheEnvironment) {
   auto comm = world();
@@ -62,7 +87,7 @@ FLUX_DEVICE_SUITE(MpiDevices);
 
 TEST_P(MpiDevices, Collectives) {
   auto comm = world();
-  const Device dev = GetParam();
+  FLUX_RANK_DEVICE(dev, GetParam());
   const int p = comm.size(), r = comm.rank();
   for (DType t : {DType::f32, DType::f64, DType::f16, DType::i64}) {
     SCOPED_TRACE(dtype_name(t));
@@ -126,7 +151,7 @@ TEST(Mpi, DifferentModelsFailBeforeTraining) {
 // Every tensor leaf comes from the root: parameters and BatchNorm's running statistics.
 TEST_P(MpiDevices, BroadcastModelIncludingBatchNormState) {
   auto comm = world();
-  const Device dev = GetParam();
+  FLUX_RANK_DEVICE(dev, GetParam());
   seed(100 + uint64_t(comm.rank()));  // a different initial model on every rank
   auto model = Chain(Dense(3, 4), BatchNorm(4, relu));
   std::get<1>(model.layers).running_mean = full({4}, comm.rank() + 1.0);
@@ -175,7 +200,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MpiParity,
 
 TEST_P(MpiParity, TrainingMatchesOneProcessOnTheConcatenatedBatch) {
   auto comm = world();
-  const Device dev = std::get<0>(GetParam());
+  FLUX_RANK_DEVICE(dev, std::get<0>(GetParam()));
   const ParityCase pc = std::get<1>(GetParam());
   const int64_t b = 4, steps = 3, p = comm.size(), h = pc.hidden;
   seed(7);
