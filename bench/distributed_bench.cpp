@@ -10,6 +10,8 @@
 //   mnist : Dense 784 -> 1024 -> 1024 -> 10 (relu), logitcrossentropy (examples/distributed_mnist's MLP)
 //   cnn   : examples/distributed_mnist's Fashion-MNIST CNN on 28x28 images
 // Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS (the driver sets 1 per rank).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -100,8 +102,12 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
   std::vector<double> step_s, grad_s, update_s, bwd_s, wait_s;
   int buckets = 0, launched = 0;
   float last_loss = 0;
+  rusage r0{}, r1{};
   for (int i = 0; i < o.warmup + o.steps; ++i) {
-    if (i == o.warmup) distributed::barrier(comm);  // every rank starts the timed steps together
+    if (i == o.warmup) {
+      distributed::barrier(comm);  // every rank starts the timed steps together
+      getrusage(RUSAGE_SELF, &r0);
+    }
     auto t0 = Clock::now();
     auto [l, grads] = distributed::withgradient(comm, [&](auto& m) { return loss(m(x), y); }, model, g);
     double tg = since(t0);
@@ -122,8 +128,15 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
       launched = st.launched_during_backward;
     }
   }
+  getrusage(RUSAGE_SELF, &r1);
+  auto secs = [](const timeval& a, const timeval& b) { return double(b.tv_sec - a.tv_sec) + 1e-6 * double(b.tv_usec - a.tv_usec); };
+  const double user = secs(r0.ru_utime, r1.ru_utime), sys = secs(r0.ru_stime, r1.ru_stime);
   // Rank 0's step times are the job's: every step ends with the allreduce all ranks take part in.
   if (root) {
+    // CPU time of this process (all its threads) per step: far less sensitive to other load than
+    // the wall times; with one thread per rank, wall - cpu is time spent waiting or descheduled.
+    std::printf("cpu_ms_per_step %.6g\nsys_ms_per_step %.6g\nminflt_per_step %.6g\n", 1e3 * (user + sys) / o.steps,
+                1e3 * sys / o.steps, double(r1.ru_minflt - r0.ru_minflt) / o.steps);
     double step = median(step_s);
     std::printf("ranks %d\nmodel %s\nbatch_per_rank %lld\nparams %lld\ngrad_mb %.6g\n", comm.size(), o.model.c_str(),
                 (long long)o.batch, (long long)nparams, double(nparams) * 4.0 / double(1 << 20));
