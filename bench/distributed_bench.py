@@ -45,11 +45,6 @@ def uptime():
     return sh("uptime")
 
 
-def load1():
-    with open("/proc/loadavg") as f:
-        return float(f.read().split()[0])
-
-
 def cpu_header():
     model, flags = "?", set()
     with open("/proc/cpuinfo") as f:
@@ -116,7 +111,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--bucket-mb", type=float, default=0, help="gradient bucket size (default: the library's)")
     ap.add_argument("--wait-quiet", type=float, default=0,
-                    help="before each run, wait (up to 10 min) until the 1-minute load average is below this")
+                    help="before each run, wait until the mean number of runnable tasks over 5 s (none of ours "
+                         "run then) is below this, e.g. 0.5")
+    ap.add_argument("--wait-max", type=float, default=600, help="seconds --wait-quiet waits at most per run")
     ap.add_argument("--json", default="", help="also write the results here")
     a = ap.parse_args()
 
@@ -162,8 +159,14 @@ def main():
         for name in (order if rep % 2 == 0 else order[::-1]):
             if a.wait_quiet > 0:
                 t0 = time.time()
-                while load1() >= a.wait_quiet and time.time() - t0 < 600:
-                    time.sleep(10)
+                while time.time() - t0 < a.wait_max:
+                    with RunQueueSampler() as rq:
+                        time.sleep(5)
+                    if rq.mean() < a.wait_quiet:
+                        break
+                waited = time.time() - t0
+                if waited > 6:
+                    print(f"  (waited {waited:.0f} s for a quiet machine; runnable tasks before this run: {rq.mean():.2f})")
             up_before = uptime()
             with RunQueueSampler() as rq:
                 p = subprocess.run(configs[name], env=env, capture_output=True, text=True)

@@ -58,7 +58,7 @@ void record(Tensor& out, const std::vector<const Tensor*>& inputs, Backward back
 NoGrad::NoGrad() : saved_(g_active) { g_active = nullptr; }
 NoGrad::~NoGrad() { g_active = saved_; }
 
-void Tape::backward(const Tensor& output) {
+void Tape::backward(const Tensor& output, double seed) {
   if (output.numel() != 1)
     detail::fail("[gradient] the function must return a scalar (one-element) tensor; got shape ",
                  to_string(output.shape()));
@@ -91,7 +91,8 @@ void Tape::backward(const Tensor& output) {
   };
   if (!tracked(output)) return;  // output does not depend on the inputs: all gradients are zero
   NoGrad no_grad;
-  grads_[output.impl()->tape_id] = ones(output.shape(), output.dtype(), output.device());
+  grads_[output.impl()->tape_id] =
+      seed == 1 ? ones(output.shape(), output.dtype(), output.device()) : full(output.shape(), seed, output.dtype(), output.device());
   for (int64_t i = int64_t(nodes_.size()) - 1; i >= 0; --i) {
     Node& node = nodes_[i];
     if (!node.backward || !grads_[i].defined()) {

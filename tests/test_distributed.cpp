@@ -147,6 +147,34 @@ TEST(DistributedSingle, TapeReportsEachLeafWhenItsGradientIsFinal) {
   }
 }
 
+// backward(output, seed) differentiates seed * output: the gradients are seed times those of
+// backward(output) (distributed::withgradient passes 1/ranks so the ranks' sum is their mean); a
+// power of two scales every intermediate exactly, so the results are equal bit for bit.
+TEST(DistributedSingle, TapeBackwardFromASeedScalesEveryGradient) {
+  seed(6);
+  auto model = fmap([](const Tensor& t) { return t.f64(); }, Chain(Dense(3, 5, tanh_act), Dense(5, 2)));
+  Tensor x = randn({4, 3}).f64(), y = randn({4, 2}).f64();
+  auto f = [&](auto& m) { return mse(m(x), y); };
+  std::vector<Tensor> want = params(gradient(f, model));
+  for (double s : {0.5, 0.25, 1.0 / 3}) {
+    SCOPED_TRACE(s);
+    autodiff::Tape tape;
+    auto tracked = fmap([&](const Tensor& t) { return tape.leaf(t); }, model);
+    Tensor loss = f(tracked);
+    tape.backward(loss, s);
+    std::vector<Tensor> leaves = params(tracked);
+    ASSERT_EQ(leaves.size(), want.size());
+    for (size_t i = 0; i < leaves.size(); ++i) {
+      std::vector<double> got = tape.grad(leaves[i]).to_vector<double>(), w = want[i].to_vector<double>();
+      ASSERT_EQ(got.size(), w.size());
+      for (size_t k = 0; k < got.size(); ++k) {
+        if (s == 1.0 / 3) EXPECT_NEAR(got[k], w[k] * s, 1e-15 * std::max(1.0, std::abs(w[k]))) << "leaf " << i;
+        else EXPECT_EQ(got[k], w[k] * s) << "leaf " << i;
+      }
+    }
+  }
+}
+
 TEST(DistributedSingle, TapeReportsEveryLeafWhenTheOutputIgnoresThem) {
   autodiff::Tape tape;
   Tensor a = tape.leaf(ones({2})), b = tape.leaf(ones({3}));

@@ -19,7 +19,9 @@ class Tape {
   /// A handle to x's storage that is recorded as an input of the differentiation.
   Tensor leaf(const Tensor& x);
   /// Runs the tape backwards from the scalar `output`; gradients are then looked up with grad().
-  void backward(const Tensor& output);
+  /// `seed` is d(objective)/d(output): 1 differentiates output itself; distributed::withgradient
+  /// passes 1/ranks, so that the sum of the ranks' gradients is their mean without a pass over it.
+  void backward(const Tensor& output, double seed = 1);
   /// The gradient of a tracked tensor (zeros of its shape when it did not influence the output).
   Tensor grad(const Tensor& tracked) const;
   /// During backward(), calls f(tape_id) once per leaf as soon as its gradient is final (no op left

@@ -148,7 +148,9 @@ WithGradient<M> withgradient(const Communicator& comm, F&& f, const M& model, Gr
   tape.on_gradient_final([&](int64_t id) { reducer.ready(id); });
   Tensor value = f(tracked);
   if (!value.defined()) flux::detail::fail("[distributed::withgradient] the function returned an undefined tensor");
-  tape.backward(value);
+  // Backward from 1/ranks instead of 1: every gradient comes out divided by the number of ranks,
+  // and the allreduce's sum is the mean (no pass over the gradients to divide them).
+  tape.backward(value, 1.0 / comm.size());
   std::unordered_map<const TensorImpl*, Tensor> averaged = reducer.finish();
   M grads = fmap(
       [&](const Tensor& t) {

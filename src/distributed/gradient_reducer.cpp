@@ -1,13 +1,15 @@
 // distributed::withgradient's gradient averaging, as PyTorch's DDP reducer does it: the trainable
 // parameters are grouped, in reverse order (the order backward finishes them), into buckets of
-// about GradientOptions::bucket_bytes of one staged dtype. The tape reports each parameter's
-// gradient as final (autodiff::Tape::on_gradient_final); when a bucket's last gradient is final,
-// its values are copied to host memory and its MPI_Iallreduce starts, while backward goes on with
-// the earlier layers. Every report also lets MPI progress the buckets in flight (Open MPI moves
-// non-blocking collectives forward inside MPI calls). finish() waits for all, divides by the number
-// of ranks and copies the means back to the parameters' devices. On a backend with device
-// collectives (NCCL) a bucket is concatenated on its device and reduced there, on the device's
-// stream, without host copies.
+// about GradientOptions::bucket_bytes of one staged dtype. Backward runs from 1/ranks, so every
+// gradient is already divided by the number of ranks and the allreduce's sum is the mean. The tape
+// reports each parameter's gradient as final (autodiff::Tape::on_gradient_final); when a bucket's
+// last gradient is final its MPI_Iallreduce starts, while backward goes on with the earlier layers.
+// MPI reads a large CPU gradient where it is; the small ones, and those on other devices, are
+// copied into one host buffer first; the sums land in a pooled host buffer whose slices ARE the
+// averaged CPU gradients (other devices get a copy). Every report also lets MPI progress the
+// buckets in flight (Open MPI moves non-blocking collectives forward only inside MPI calls);
+// finish() waits for the rest. On a backend with device collectives (NCCL) a bucket is concatenated
+// on its device and reduced there, on the device's stream, without host copies.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -38,12 +40,11 @@ struct GradientReducer::State {
     int64_t count = 0;
     int pending = 0;
     bool launched = false;
-    Tensor packed, result;         // host (CPU tensors from the caching pool): send buffer, sums -> means
+    Tensor packed, result;         // host (CPU tensors from the caching pool): send buffer, sums
     std::vector<Tensor> keep;      // the gradients MPI reads, alive until their allreduces complete
     struct Piece {
       InFlight op;
       int64_t begin = 0, end = 0;  // elements of `result` it produces
-      bool scaled = false;         // divided by the number of ranks
     };
     std::vector<Piece> pieces;
     void* device_comm = nullptr;   // NCCL: the bucket is reduced on its device, in `flat`
@@ -65,19 +66,6 @@ struct GradientReducer::State {
   static void* host_ptr(const Tensor& t) {
     backend::Buffer b = t.buffer();
     return static_cast<uint8_t*>(b.handle) + b.offset;
-  }
-
-  // The sums of result[begin, end) are in: divide them by the number of ranks, while they are warm.
-  void scale(Bucket& b, Bucket::Piece& piece) {
-    piece.scaled = true;
-    const int64_t n = comm->size;
-    if (b.staged == DType::f64) {
-      double* p = static_cast<double*>(host_ptr(b.result));
-      for (int64_t i = piece.begin; i < piece.end; ++i) p[i] /= double(n);
-    } else if (b.staged == DType::f32) {
-      float* p = static_cast<float*>(host_ptr(b.result));
-      for (int64_t i = piece.begin; i < piece.end; ++i) p[i] /= float(n);
-    }
   }
 
   // One MPI_Iallreduce per piece of at most bucket_bytes (a parameter larger than a bucket is cut):
@@ -127,12 +115,11 @@ struct GradientReducer::State {
     if (b.packed_count) start_pieces(b, static_cast<const uint8_t*>(host_ptr(b.packed)), 0, b.packed_count);
   }
 
-  // Lets MPI progress every bucket in flight; scales the pieces that completed.
+  // Lets MPI progress every bucket in flight.
   void progress() {
     for (Bucket& b : buckets)
       if (b.launched && !b.device_comm)
-        for (Bucket::Piece& piece : b.pieces)
-          if (!piece.scaled && piece.op.test()) scale(b, piece);
+        for (Bucket::Piece& piece : b.pieces) piece.op.test();
   }
 };
 
@@ -226,18 +213,14 @@ std::unordered_map<const TensorImpl*, Tensor> GradientReducer::finish() {
   for (State::Bucket& b : s.buckets) {
     if (b.device_comm) {
       device_wait(*s.comm, b.flat, b.device_comm, "distributed::withgradient");
-      Tensor mean = mul(b.flat, full({}, 1.0 / s.comm->size, b.staged, b.flat.device()));
       for (size_t k = 0; k < b.members.size(); ++k) {
         const Tensor& leaf = s.leaves[b.members[k]];
-        Tensor g = mean.slice(b.offsets[k], b.offsets[k] + leaf.numel()).reshape(leaf.shape());
+        Tensor g = b.flat.slice(b.offsets[k], b.offsets[k] + leaf.numel()).reshape(leaf.shape());
         out.emplace(leaf.impl(), g.dtype() == leaf.dtype() ? g : g.cast(leaf.dtype()));
       }
       continue;
     }
-    for (State::Bucket::Piece& piece : b.pieces) {
-      piece.op.wait("distributed::withgradient", s.comm->timeout);
-      if (!piece.scaled) s.scale(b, piece);
-    }
+    for (State::Bucket::Piece& piece : b.pieces) piece.op.wait("distributed::withgradient", s.comm->timeout);
     b.keep.clear();
     b.packed = Tensor();
     for (size_t k = 0; k < b.members.size(); ++k) {
