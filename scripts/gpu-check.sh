@@ -4,7 +4,9 @@
 # against the float64 CPU reference, and FLUX_EXPECT_GPU=CUDA makes "not functional" a failure),
 # prints the conv / pool / norm / dropout rows on CUDA_0, reruns those suites on CUDA:0 with
 # FLUX_LIBRARY_KERNELS=0 (the im2col path instead of cuDNN), trains the CNN examples on CUDA:0 and
-# prints their test accuracies, runs GPU benchmarks when flux_bench has a CUDA mode, and prints a
+# prints their test accuracies, runs NCCL on a one-rank communicator (and the MPI tests under
+# mpirun -np 2 where Open MPI is installed: NCCL itself needs a GPU per rank, so its suites skip on
+# one GPU with a line saying so), runs GPU benchmarks when flux_bench has a CUDA mode, and prints a
 # short table. Meant to finish well inside 10 minutes on a 16-core H200 machine.
 #
 #   scripts/gpu-check.sh --fetch-deps [--with-fashion-mnist]
@@ -152,6 +154,41 @@ FLUX_LIBRARY_KERNELS=0 FLUX_TEST_DEVICES=CUDA:0 timeout 240 "$BUILD/bin/flux_tes
 portable_rc=$?
 portable_row="$(grep -E '^\[  PASSED  \]' "$BUILD.portable.log" | sed 's/\[  PASSED  \] //') $(grep -E '^\[  FAILED  \] [0-9]+ test' "$BUILD.portable.log" | sed 's/\[  FAILED  \] /failed: /') (rc $portable_rc, $(( $(date +%s) - tp )) s)"
 
+# ---- 4b. data-parallel training (issue 13): NCCL on one rank; MPI ranks where Open MPI is installed ----
+# NCCL refuses two ranks of one communicator on one GPU, and the core never calls the device
+# collectives for one rank, so with one GPU: DistributedSingle.DeviceCollectivesOnOneRank drives
+# the plugin's NCCL calls (ncclCommInitRank, AllReduce, Broadcast, AllGather, the event wait) on a
+# one-rank communicator; under mpirun the device suites skip CUDA naming why (one device per rank
+# needed) and run on the CPU. Open MPI is not among the carried .debs: without it the MPI rows say so.
+dist_rows=()
+mpi_line=$(grep -m1 'flux: MPI for distributed training' "$BUILD.configure.log" | sed 's/^-- //')
+nccl_line=$(grep -m1 -E 'libflux-cuda.so (with|without) NCCL' "$BUILD.configure.log" | sed 's/^-- //')
+dist_rows+=("MPI / NCCL in this build|${mpi_line:-MPI: unknown}; ${nccl_line:-NCCL: unknown}")
+td=$(date +%s)
+timeout 120 "$BUILD/bin/flux_tests" --gtest_color=no --gtest_filter='DistributedSingle.DeviceCollectivesOnOneRank' \
+  > "$BUILD.nccl.log" 2>&1
+nccl_rc=$?
+if grep -q '^\[  PASSED  \] 1 test' "$BUILD.nccl.log"; then nccl_state="passed"
+elif grep -q '^\[  SKIPPED \]' "$BUILD.nccl.log"; then nccl_state="skipped: $(grep -m1 -o 'no functional device backend.*' "$BUILD.nccl.log")"
+else nccl_state="FAILED: $(grep -m1 -E 'Failure|error|failed' "$BUILD.nccl.log" | cut -c1-160)"; fi
+dist_rows+=("NCCL, 1 rank (CUDA)|$nccl_state (rc $nccl_rc, $(( $(date +%s) - td )) s)")
+nccl_ok=0
+case "$nccl_state" in passed) nccl_ok=1 ;; skipped*) case "$nccl_line" in *without*) nccl_ok=1 ;; esac ;; esac
+if [ -x "$BUILD/bin/flux_mpi_tests" ] && command -v mpirun >/dev/null; then
+  tm=$(date +%s)
+  OPENBLAS_NUM_THREADS=1 FLUX_NUM_THREADS=1 FLUX_DISTRIBUTED_TIMEOUT=60 FLUX_TEST_DEVICES=CPU,CUDA:0 \
+    timeout 300 mpirun --allow-run-as-root -x OPENBLAS_NUM_THREADS -x FLUX_NUM_THREADS -x FLUX_DISTRIBUTED_TIMEOUT \
+    -x FLUX_TEST_DEVICES ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} -np 2 "$BUILD/bin/flux_mpi_tests" --gtest_color=no \
+    > "$BUILD.mpi.log" 2>&1
+  mpi_rc=$?
+  mpi_sum="$(grep -m1 -E '^\[  PASSED  \]' "$BUILD.mpi.log" | sed 's/\[  PASSED  \] //') $(grep -m1 -E '^\[  FAILED  \] [0-9]+ test' "$BUILD.mpi.log" | sed 's/\[  FAILED  \] /failed: /')"
+  mpi_skip=$(grep -m1 -o 'CUDA has device collectives (NCCL), which need one device per rank[^"]*' "$BUILD.mpi.log")
+  dist_rows+=("mpirun -np 2, CPU + CUDA:0|$mpi_sum(rc $mpi_rc, $(( $(date +%s) - tm )) s)${mpi_skip:+; CUDA suites skipped: $mpi_skip}")
+else
+  mpi_rc=0
+  dist_rows+=("mpirun -np 2|skipped: no Open MPI on this machine (mpirun / libopenmpi-dev absent), flux_mpi_tests not built")
+fi
+
 # ---- 5. the CNN examples on CUDA:0, accuracies ----
 example_rows=()
 run_example() {  # label, log name, command...
@@ -203,11 +240,13 @@ printf '%-28s %s (%s s, rc %s)\n' "ctest (whole suite)" "${summary:-no summary}"
 printf '%-28s %s run, %s not passed\n' "ctest entries on CUDA_*" "$cuda_total" "$cuda_failed"
 for row in "${family_rows[@]}"; do printf '%-28s %s\n' "${row%%|*}" "${row#*|}"; done
 printf '%-28s %s\n' "conv/pool/norm, im2col path" "$portable_row"
+for row in "${dist_rows[@]}"; do printf '%-28s %s\n' "${row%%|*}" "${row#*|}"; done
 for row in "${example_rows[@]}"; do printf '%-28s %s\n' "${row%%|*}" "${row#*|}"; done
 for row in "${bench_rows[@]}"; do printf '%-28s %s\n' "${row%%|*}" "${row#*|}"; done
 printf '%-28s %s s\n' "total" "$(( $(date +%s) - t0 ))"
-echo "logs: $BUILD.{configure,build,info,ctest,portable,lenet,fashion-ci,fashion-full}.log"
+echo "logs: $BUILD.{configure,build,info,ctest,portable,nccl,mpi,lenet,fashion-ci,fashion-full}.log"
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp "$BUILD".*.log "$OUT"/ 2>/dev/null; fi
 examples_ok=1
 for row in "${example_rows[@]}"; do case "$row" in *"(rc 0,"*|*skipped*) ;; *) examples_ok=0 ;; esac; done
-[ "$ctest_rc" -eq 0 ] && [ "$cuda_total" -gt 0 ] && [ "$portable_rc" -eq 0 ] && [ "$examples_ok" -eq 1 ]
+[ "$ctest_rc" -eq 0 ] && [ "$cuda_total" -gt 0 ] && [ "$portable_rc" -eq 0 ] && [ "$examples_ok" -eq 1 ] &&
+  [ "$nccl_ok" -eq 1 ] && [ "$mpi_rc" -eq 0 ]
