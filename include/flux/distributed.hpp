@@ -18,6 +18,7 @@
 
 #include "flux/functor.hpp"
 #include "flux/gradient.hpp"
+#include "flux/ops.hpp"
 #include "flux/tensor.hpp"
 
 namespace flux::distributed {
@@ -155,7 +156,11 @@ WithGradient<M> withgradient(const Communicator& comm, F&& f, const M& model, Gr
   M grads = fmap(
       [&](const Tensor& t) {
         auto it = averaged.find(t.impl());
-        return it != averaged.end() ? it->second : tape.grad(t);
+        if (it != averaged.end()) return it->second;
+        // Not averaged (state that is not trainable, e.g. BatchNorm's running statistics): this
+        // rank's own gradient, without the 1/ranks backward started from.
+        Tensor g = tape.grad(t);
+        return is_floating(g.dtype()) ? mul(g, full({}, double(comm.size()), g.dtype(), g.device())) : g;
       },
       tracked);
   Tensor plain(std::make_shared<TensorImpl>(*value.impl()));

@@ -269,6 +269,37 @@ TEST_P(MpiParity, TrainingMatchesOneProcessOnTheConcatenatedBatch) {
   }
 }
 
+// State that is not trainable is not averaged: its gradient (BatchNorm's running statistics, used
+// in test mode) is the rank's own, as withgradient on the rank's batch alone gives it; the trainable
+// parameters' gradients are the mean over the ranks.
+TEST(Mpi, NonTrainableStateKeepsTheRanksOwnGradient) {
+  auto comm = world();
+  if (comm.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or more";
+  seed(31);
+  auto model = distributed::broadcast(comm, Chain(Dense(3, 4), BatchNorm(4, relu)), 0);
+  std::get<1>(model.layers).active = false;  // test mode: the running statistics enter the loss
+  seed(40 + uint64_t(comm.rank()));
+  Tensor x = randn({5, 3}), y = randn({5, 4});
+  auto f = [&](auto& m) { return mse(m(x), y); };
+  auto [loss, grads] = distributed::withgradient(comm, f, model);
+  auto [local_loss, local] = withgradient(f, model);
+  EXPECT_EQ(loss.item<float>(), local_loss.item<float>());
+  const BatchNorm& g = std::get<1>(grads.layers);
+  const BatchNorm& w = std::get<1>(local.layers);
+  EXPECT_NE(w.running_mean.to_vector<float>(), std::vector<float>(4, 0.f));  // it does enter the loss
+  // (backward ran from 1/ranks and the result is scaled back: exact for 2 ranks, an ulp for 3)
+  auto expect_close = [](const Tensor& got, const Tensor& want, const char* what) {
+    std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
+    ASSERT_EQ(g.size(), w.size()) << what;
+    for (size_t k = 0; k < g.size(); ++k) EXPECT_NEAR(g[k], w[k], 1e-6f * std::max(1.f, std::abs(w[k]))) << what << " " << k;
+  };
+  expect_close(g.running_mean, w.running_mean, "running_mean");
+  expect_close(g.running_var, w.running_var, "running_var");
+  // the trainable ones: the mean over the ranks of the local gradients
+  expect_close(std::get<0>(grads.layers).weight,
+               distributed::allreduce(comm, std::get<0>(local.layers).weight, distributed::ReduceOp::mean), "weight");
+}
+
 // Sharded and shuffled: every epoch the ranks' shards are disjoint and cover the data (12
 // observations, batches of 2 per rank), and the order changes from one epoch to the next.
 TEST(Mpi, ShardedShuffleCoversTheDataOnce) {
