@@ -16,7 +16,7 @@ and, as a check on it, the net saving (step(not overlapped) - step(overlapped)) 
 Every run records `uptime` and the mean number of OTHER runnable tasks while it ran (from
 /proc/loadavg, minus our own ranks), so a loaded machine shows in the output.
 
-Usage: bench/distributed_bench.py [--build build] [--reps 3] [--model wide] [--batch 256] [--steps 6]
+Usage: bench/distributed_bench.py [--build build-bench] [--reps 3] [--model wide] [--batch 256] [--steps 6]
                                   [--warmup 2] [--bucket-mb X] [--wait-quiet LOAD] [--json FILE]
 (bench/distributed_bench.sh builds the program first and calls this.)
 """
@@ -105,7 +105,7 @@ def parse_kv(text):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", default="build", help="build folder holding bin/distributed_bench")
+    ap.add_argument("--build", default="build-bench", help="build folder holding bin/distributed_bench")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--model", default="wide", choices=["wide", "mnist", "cnn"])
     ap.add_argument("--batch", type=int, default=0, help="per rank (default: wide 256, others 128)")
