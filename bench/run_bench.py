@@ -370,6 +370,11 @@ def main():
                     e = flux_env(t)
                     e["FLUX_LIBRARY_KERNELS"] = "0"
                     jobs.append(("flux_im2col", [flux, case], e))
+                    if case == "resnet":
+                        # before/after of the inference conv + BatchNorm (+ relu, + residual) fusion
+                        e = flux_env(t)
+                        e["FLUX_CONV_FUSION"] = "0"
+                        jobs.append(("flux_unfused", [flux, case], e))
                     if t > 1:
                         # diagnostic: oneDNN's OpenMP threads sleeping instead of spinning
                         e = flux_env(t)
@@ -466,10 +471,12 @@ def main():
         if CASE_OF[m] in CNN_CASES:
             # the same flux case with the portable conv path (im2col + GEMM) forced, and with PASSIVE
             for key, what, vs_what in (("flux_im2col", "flux im2col+GEMM path", "of oneDNN path"),
+                                       ("flux_unfused", "flux without conv+BatchNorm fusion (FLUX_CONV_FUSION=0)",
+                                        "of plain flux"),
                                        ("flux_passive", "flux with OMP_WAIT_POLICY=PASSIVE", "of plain flux")):
                 for t in threads:
                     f, fo = get(key, t, m), get("flux", t, m)
-                    if f is None and key == "flux_passive":
+                    if f is None and key in ("flux_passive", "flux_unfused"):
                         continue
                     b, bc = best_peer(t, m)
                     rs = "—" if not f or not b else f"{speedup(m, f, b):.2f}× ({short[bc]})"

@@ -259,6 +259,18 @@ class Backend {
     (void)device, (void)t, (void)x, (void)w, (void)bias, (void)y, (void)g;
     return false;
   }
+  /// Inference only (never recorded for gradients): a conv followed by a BatchNorm on its running
+  /// statistics, its relu and a residual add, in one pass (oneDNN's post-ops):
+  ///   z = conv(x, w) * scale[o] + shift[o];  z = relu(z) if relu;  z += residual unless its handle
+  ///   is null (residual (batch, out_channels, out...));  y = relu(z) if relu_after.
+  /// scale, shift (out_channels,) hold the BatchNorm (and any conv bias) folded per call. false: the
+  /// core composes conv_forward and elementwise ops.
+  virtual bool conv_forward_affine(int device, DType t, Buffer x, Buffer w, Buffer scale, Buffer shift,
+                                   Buffer residual, Buffer y, const ConvGeometry& g, bool relu, bool relu_after) {
+    (void)device, (void)t, (void)x, (void)w, (void)scale, (void)shift, (void)residual, (void)y, (void)g, (void)relu,
+        (void)relu_after;
+    return false;
+  }
   /// dx = the gradient of conv with respect to x (overwritten, not accumulated).
   virtual bool conv_backward_data(int device, DType t, Buffer dy, Buffer w, Buffer dx, const ConvGeometry& g) {
     (void)device, (void)t, (void)dy, (void)w, (void)dx, (void)g;

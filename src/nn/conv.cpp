@@ -2,6 +2,9 @@
 // the conv / conv_transpose ops (src/ops/conv.cpp).
 #include "flux/nn/conv.hpp"
 
+#include "flux/autodiff.hpp"
+#include "flux/nn/conv_fusion.hpp"
+#include "flux/nn/normalisation.hpp"
 #include "flux/nn/show.hpp"
 #include "src/nn/match_eltype.hpp"
 #include "src/nn/window_options.hpp"
@@ -139,6 +142,45 @@ Tensor Conv::operator()(const Tensor& x0) const {
   // relu is fused into the convolution where the backend can (oneDNN's post-op on the CPU).
   if (activation.is<Relu>()) return detail::conv_relu(x, weight, bias, p);
   return activation(conv(x, weight, bias, p));
+}
+
+Tensor detail::conv_batchnorm(const Conv& conv, const BatchNorm& bn, const Tensor& x, const Tensor& residual,
+                              bool relu_after) {
+  // Only where the result equals the layers' own: see include/flux/nn/conv_fusion.hpp.
+  if (!conv_fusion() || !library_kernels() || autodiff::recording()) return Tensor();
+  if (!conv.activation.is_identity() || !conv.weight.defined() || bn.training() || !bn.running_mean.defined())
+    return Tensor();
+  const bool bn_relu = bn.activation.is<Relu>();
+  if (residual.defined() && !bn_relu && !bn.activation.is_identity()) return Tensor();
+  const DType t = DType::f32;
+  if (!x.defined() || x.dtype() != t || x.ndim() != conv.weight.ndim() || x.shape()[1] != conv.in_channels() ||
+      conv.weight.dtype() != t || x.device() != conv.weight.device() || bn.channels != conv.out_channels())
+    return Tensor();
+  for (const Tensor* v : {&conv.bias, &bn.weight, &bn.bias, &static_cast<const Tensor&>(bn.running_mean),
+                          &static_cast<const Tensor&>(bn.running_var)})
+    if (v->defined() && (v->dtype() != t || v->device() != x.device())) return Tensor();
+  // The same folding as the batchnorm op (src/ops/normalisation.cpp), plus the conv's bias.
+  Tensor scale = 1.0 / sqrt(bn.running_var + bn.eps);
+  if (bn.weight.defined()) scale = scale * bn.weight;
+  Tensor shift = -(bn.running_mean * scale);
+  if (bn.bias.defined()) shift = shift + bn.bias;
+  if (conv.bias.defined()) shift = shift + conv.bias * scale;
+  ConvParams p;
+  p.stride = Dims(conv.stride);
+  p.pad = Padding(conv.pad);
+  p.dilation = Dims(conv.dilation);
+  p.groups = conv.groups;
+  Tensor y;
+  if (residual.defined()) {
+    y = conv_affine(x, conv.weight, scale, shift, residual, p, bn_relu, relu_after);
+    if (y.defined()) return y;
+  }
+  y = conv_affine(x, conv.weight, scale, shift, Tensor(), p, bn_relu, false);
+  if (!y.defined()) return y;
+  if (!bn_relu) y = bn.activation(y);
+  if (!residual.defined()) return y;
+  y = y + residual;  // a residual the kernel could not take (e.g. broadcast): added as the layers would
+  return relu_after ? relu(y) : y;
 }
 
 std::string layer_string(const Conv& c) {

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "flux/autodiff.hpp"
+#include "flux/nn/conv_fusion.hpp"
 #include "flux/ops.hpp"
 #include "src/ops/conv_geometry.hpp"
 #include "src/ops/ops_internal.hpp"
@@ -28,21 +29,26 @@ namespace detail {
 
 namespace {
 std::atomic<int> g_library_kernels{-1};  // -1: not yet read from FLUX_LIBRARY_KERNELS
-}
+std::atomic<int> g_conv_fusion{-1};      // -1: not yet read from FLUX_CONV_FUSION
 
-void set_library_kernels(bool enabled) { g_library_kernels = enabled ? 1 : 0; }
-
-bool library_kernels() {
-  int v = g_library_kernels.load();
+/// A switch that is on unless the environment variable `name` is "0", until set explicitly.
+bool switch_value(std::atomic<int>& value, const char* name) {
+  int v = value.load();
   if (v < 0) {
-    const char* env = std::getenv("FLUX_LIBRARY_KERNELS");
+    const char* env = std::getenv(name);
     v = env && std::strcmp(env, "0") == 0 ? 0 : 1;
     int expected = -1;
-    g_library_kernels.compare_exchange_strong(expected, v);
-    v = g_library_kernels.load();
+    value.compare_exchange_strong(expected, v);
+    v = value.load();
   }
   return v == 1;
 }
+}  // namespace
+
+void set_library_kernels(bool enabled) { g_library_kernels = enabled ? 1 : 0; }
+bool library_kernels() { return switch_value(g_library_kernels, "FLUX_LIBRARY_KERNELS"); }
+void set_conv_fusion(bool enabled) { g_conv_fusion = enabled ? 1 : 0; }
+bool conv_fusion() { return switch_value(g_conv_fusion, "FLUX_CONV_FUSION"); }
 
 }  // namespace detail
 
@@ -296,7 +302,8 @@ ConvGeometry check_operands(const char* api, const Tensor& x, const Tensor& w, c
 }  // namespace
 
 namespace {
-Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p, bool relu) {
+/// conv's checked geometry for x, w, bias under p.
+ConvGeometry conv_geometry(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p) {
   const char* api = "conv";
   ConvGeometry g = check_operands(api, x, w, bias, p.groups, false);
   int n = g.spatial;
@@ -309,6 +316,11 @@ Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const Con
   }
   resolve_padding(api, p.pad, g);
   compute_output_size(api, g);
+  return g;
+}
+
+Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p, bool relu) {
+  ConvGeometry g = conv_geometry(x, w, bias, p);
   Tensor y = conv_forward_raw(x, w, bias, g, relu);
   bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
   if (need_x || need_w || need_b) {
@@ -334,6 +346,27 @@ Tensor conv(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvPara
 
 Tensor detail::conv_relu(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p) {
   return conv_impl(x, w, bias, p, true);
+}
+
+Tensor detail::conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& shift,
+                           const Tensor& residual, const ConvParams& p, bool relu, bool relu_after) {
+  // Never on a tape: the fused kernel has no backward (callers run the recorded composition there).
+  if (autodiff::recording() || !library_kernels()) return Tensor();
+  ConvGeometry g = conv_geometry(x, w, Tensor(), p);
+  const DType t = x.dtype();
+  for (const Tensor* v : {&scale, &shift})
+    if (!v->defined() || v->dtype() != t || v->device() != x.device() || v->shape() != Shape{g.out_channels})
+      return Tensor();
+  Shape out = output_shape(g);
+  if (residual.defined() && (residual.dtype() != t || residual.device() != x.device() || residual.shape() != out))
+    return Tensor();
+  Tensor y = Tensor::empty(out, t, x.device());
+  if (y.numel() == 0 || x.numel() == 0 || w.numel() == 0) return Tensor();
+  backend::Buffer r = residual.defined() ? residual.buffer() : backend::Buffer{};
+  if (!x.backend().conv_forward_affine(x.device().index(), t, x.buffer(), w.buffer(), scale.buffer(), shift.buffer(), r,
+                                       y.buffer(), g, relu, relu_after))
+    return Tensor();
+  return y;
 }
 
 Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvTransposeParams& p) {

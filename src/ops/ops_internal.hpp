@@ -40,4 +40,11 @@ Tensor conv_relu(const Tensor& x, const Tensor& w, const Tensor& bias, const Con
 void set_library_kernels(bool enabled);
 bool library_kernels();
 
+/// Inference only: relu?(relu?(conv(x, w) * scale + shift) + residual) as one backend kernel
+/// (Backend::conv_forward_affine; scale, shift (O,), residual of y's shape or undefined). An undefined
+/// tensor when it cannot run fused: recording a tape, library kernels off, operands that do not fit,
+/// or a backend without the kernel; the caller then composes the ops. Shapes are checked as conv's.
+Tensor conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& shift, const Tensor& residual,
+                   const ConvParams& p, bool relu, bool relu_after);
+
 }  // namespace flux::detail

@@ -16,6 +16,7 @@
 
 #include "flux/nn/chain.hpp"
 #include "flux/nn/conv.hpp"
+#include "flux/nn/conv_fusion.hpp"
 #include "flux/nn/dense.hpp"
 #include "flux/nn/normalisation.hpp"
 #include "flux/nn/pooling.hpp"
@@ -49,7 +50,15 @@ template <class Shortcut> struct BasicBlock {
   }
 
   /// x: (N, in, H, W) -> (N, planes, H / stride, W / stride).
-  Tensor operator()(const Tensor& x) const { return relu(bn2(conv2(bn1(conv1(x)))) + downsample(x)); }
+  /// In inference each conv runs fused with its BatchNorm, relu and the residual add
+  /// (include/flux/nn/conv_fusion.hpp); otherwise (training, gradients) the layers as written.
+  Tensor operator()(const Tensor& x) const {
+    Tensor h = detail::conv_batchnorm(conv1, bn1, x);
+    if (!h.defined()) h = bn1(conv1(x));
+    Tensor shortcut = downsample(x);
+    Tensor y = detail::conv_batchnorm(conv2, bn2, h, shortcut, true);
+    return y.defined() ? y : relu(bn2(conv2(h)) + shortcut);
+  }
 };
 
 template <class T> struct is_basic_block : std::false_type {};
@@ -96,7 +105,8 @@ struct ResNet18 {
 
   /// x: (N, 3, H, W) with H, W >= 32 -> (N, num_classes) logits.
   Tensor operator()(const Tensor& x) const {
-    Tensor y = maxpool(bn1(conv1(x)));
+    Tensor y = detail::conv_batchnorm(conv1, bn1, x);  // the stem, fused in inference
+    y = maxpool(y.defined() ? y : bn1(conv1(x)));
     y = layer4(layer3(layer2(layer1(y))));
     return fc(flatten(avgpool(y)));
   }

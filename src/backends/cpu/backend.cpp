@@ -220,6 +220,12 @@ class CpuBackend final : public backend::Backend {
                          const backend::ConvGeometry& g) override {
     return cpu::onednn_conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g, true);
   }
+  bool conv_forward_affine(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer scale,
+                           backend::Buffer shift, backend::Buffer residual, backend::Buffer y,
+                           const backend::ConvGeometry& g, bool relu, bool relu_after) override {
+    return cpu::onednn_conv_forward_affine(t, ptr(x), ptr(w), ptr(scale), ptr(shift),
+                                           residual.handle ? ptr(residual) : nullptr, ptr(y), g, relu, relu_after);
+  }
   bool conv_backward_data(int, DType t, backend::Buffer dy, backend::Buffer w, backend::Buffer dx,
                           const backend::ConvGeometry& g) override {
     return cpu::onednn_conv_backward_data(t, ptr(dy), ptr(w), ptr(dx), g);

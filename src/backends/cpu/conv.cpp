@@ -118,12 +118,21 @@ namespace {
 using dnnl::memory;
 using Tag = memory::format_tag;
 
-enum class Kind : int64_t { forward, forward_relu, backward_data, backward_weight };
+enum class Kind : int64_t { forward, forward_relu, forward_affine, backward_data, backward_weight };
+
+bool is_forward(Kind k) { return k == Kind::forward || k == Kind::forward_relu || k == Kind::forward_affine; }
+
+/// Kind::forward_affine's post-ops after conv * scale + shift (Backend::conv_forward_affine).
+struct Epilogue {
+  bool relu = false, residual = false, relu_after = false;
+  int64_t flags() const { return int64_t(relu) | int64_t(residual) << 1 | int64_t(relu_after) << 2; }
+};
 
 using Key = std::array<int64_t, 32>;
 
-Key make_key(Kind kind, bool bias, const backend::ConvGeometry& g) {
+Key make_key(Kind kind, bool bias, const backend::ConvGeometry& g, const Epilogue& ep) {
   Key k{};
+  k[k.size() - 2] = ep.flags();
   size_t i = 0;
   k[i++] = int64_t(kind), k[i++] = bias, k[i++] = g.spatial, k[i++] = g.batch, k[i++] = g.in_channels;
   k[i++] = g.out_channels, k[i++] = g.groups;
@@ -145,10 +154,17 @@ struct Operand {
   bool reordered = false;
 };
 
+/// How a fused forward adds its residual: not at all, or by a binary add post-op reading the residual
+/// reordered into the destination's layout (oneDNN 2.6's jit kernels run a sum post-op after binary
+/// ones only in their reference implementation).
+enum class Residual { none, binary };
+
 struct Entry {
   dnnl::primitive primitive;
   std::vector<Operand> operands;
   memory scratchpad;  // its own (scratchpad_mode::user): chunks run concurrently on pool threads
+  Residual residual = Residual::none;
+  Operand residual_operand;  // plain (N, O, out...) residual -> the destination's layout
 };
 
 dnnl::primitive_attr user_scratchpad() {
@@ -256,7 +272,55 @@ Operand make_operand(Dnnl& s, int arg, bool input, const memory::desc& plain, co
   return op;
 }
 
-std::unique_ptr<Entry> create(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g) {
+/// The fused inference forward: conv * scale + shift as binary post-ops on {1, O, 1...} operands, then
+/// relu, the residual and relu again as asked. The layouts are those the unfused forward chooses, so
+/// the same kernel runs with an epilogue (asked with `any` for inference, oneDNN 2.6 picks brgconv on
+/// channels-last here, whose reorders from and to nchw cost more than the fusion saves). Null when
+/// oneDNN would run it with a reference kernel only (the core then runs the unfused composition).
+std::unique_ptr<Entry> create_affine(Dnnl& s, const Descs& plain, const Descs& asked, const backend::ConvGeometry& g,
+                                     const Epilogue& ep) {
+  using F = dnnl::convolution_forward;
+  memory::dims channel_dims{1, g.out_channels};
+  for (int i = 0; i < g.spatial; ++i) channel_dims.push_back(1);
+  memory::desc channel(channel_dims, memory::data_type::f32, activation_tag(g.spatial));
+  auto make_pd = [&](const Descs& d, bool with_post_ops) {
+    dnnl::post_ops ops;
+    if (with_post_ops) {
+      ops.append_binary(dnnl::algorithm::binary_mul, channel);
+      ops.append_binary(dnnl::algorithm::binary_add, channel);
+      if (ep.relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+      if (ep.residual) ops.append_binary(dnnl::algorithm::binary_add, d.dst);
+      if (ep.relu_after) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    }
+    dnnl::primitive_attr attr = user_scratchpad();
+    attr.set_post_ops(ops);
+    F::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst,
+                 d.strides, d.dilates, d.pad_l, d.pad_r);
+    return F::primitive_desc(desc, attr, s.engine);
+  };
+  F::primitive_desc unfused = forward_pd(s, asked, false);  // the unfused forward's choice
+  Descs chosen = asked;
+  chosen.src = unfused.src_desc(), chosen.weights = unfused.weights_desc(), chosen.dst = unfused.dst_desc();
+  F::primitive_desc pd = make_pd(chosen, true);
+  if (std::strncmp(pd.impl_info_str(), "ref", 3) == 0) return nullptr;
+  auto e = std::make_unique<Entry>();
+  e->primitive = F(pd);
+  e->scratchpad = memory(pd.scratchpad_desc(), s.engine);
+  e->operands.push_back(make_operand(s, DNNL_ARG_SRC, true, plain.src, pd.src_desc()));
+  e->operands.push_back(make_operand(s, DNNL_ARG_WEIGHTS, true, plain.weights, pd.weights_desc()));
+  e->operands.push_back(make_operand(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, true, channel, channel));
+  e->operands.push_back(make_operand(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(1) | DNNL_ARG_SRC_1, true, channel, channel));
+  e->operands.push_back(make_operand(s, DNNL_ARG_DST, false, plain.dst, pd.dst_desc()));
+  if (ep.residual) {
+    e->residual = Residual::binary;
+    int index = ep.relu ? 3 : 2;  // after scale, shift (and relu)
+    e->residual_operand = make_operand(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_SRC_1, true, plain.dst,
+                                       pd.dst_desc());
+  }
+  return e;
+}
+
+std::unique_ptr<Entry> create(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g, const Epilogue& ep) {
   auto e = std::make_unique<Entry>();
   Descs plain = make_descs(g, false, bias);
   // oneDNN's blocked kernels (jit:avx2/avx512 on nChw8c/16c) beat its plain-layout gemm kernel when
@@ -271,6 +335,7 @@ std::unique_ptr<Entry> create(Dnnl& s, Kind kind, bool bias, const backend::Conv
   bool any = s.layout == 2 || s.layout == 3 || (s.layout == 0 && (per_pixel >= 64 || few));
   bool plain_src = s.layout == 3 || (s.layout == 0 && per_pixel < 64 && few);
   Descs asked = make_descs(g, any, bias, plain_src);
+  if (kind == Kind::forward_affine) return create_affine(s, plain, asked, g, ep);
   if (kind == Kind::forward || kind == Kind::forward_relu) {
     auto pd = forward_pd(s, asked, bias, kind == Kind::forward_relu);
     e->primitive = dnnl::convolution_forward(pd);
@@ -310,14 +375,14 @@ std::unique_ptr<Entry> create(Dnnl& s, Kind kind, bool bias, const backend::Conv
 
 /// The cached entry for (kind, bias, g, chunk), created on first use; null when oneDNN refuses the
 /// case (remembered, so the portable path runs without asking again). Called under the mutex.
-Entry* lookup(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g, int64_t chunk) {
-  Key key = make_key(kind, bias, g);
+Entry* lookup(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g, int64_t chunk, const Epilogue& ep) {
+  Key key = make_key(kind, bias, g, ep);
   key[key.size() - 1] = chunk;  // one entry per chunk: chunks run at once and each binds its own memories
   auto it = s.cache.find(key);
   if (it == s.cache.end()) {
     std::unique_ptr<Entry> e;
     try {
-      e = create(s, kind, bias, g);
+      e = create(s, kind, bias, g, ep);
     } catch (const dnnl::error&) {
       e = nullptr;
     }
@@ -327,7 +392,8 @@ Entry* lookup(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g, int
   return it->second.get();
 }
 
-void execute(Dnnl& s, Entry& e, const std::vector<void*>& buffers) {
+/// residual: Kind::forward_affine's residual (plain, the destination's shape), or null.
+void execute(Dnnl& s, Entry& e, const std::vector<void*>& buffers, void* residual) {
   thread_local dnnl::stream stream(s.engine);  // one stream per pool thread
   if (s.omp_set_num_threads) s.omp_set_num_threads(s.pool_threading ? 1 : num_threads());
   std::unordered_map<int, memory> args;
@@ -336,6 +402,12 @@ void execute(Dnnl& s, Entry& e, const std::vector<void*>& buffers) {
     op.user.set_data_handle(buffers[i]);
     if (op.reordered && op.input) op.reorder.execute(stream, op.user, op.inner);
     args[op.arg] = op.inner;
+  }
+  if (e.residual == Residual::binary) {
+    Operand& r = e.residual_operand;
+    r.user.set_data_handle(residual);
+    if (r.reordered) r.reorder.execute(stream, r.user, r.inner);
+    args[r.arg] = r.inner;
   }
   args[DNNL_ARG_SCRATCHPAD] = e.scratchpad;
   e.primitive.execute(stream, args);
@@ -348,7 +420,9 @@ void execute(Dnnl& s, Entry& e, const std::vector<void*>& buffers) {
 /// implementation for this case. The batch is split over our pool's threads, each running oneDNN on
 /// one OpenMP thread (libgomp's idle threads spin and fought our pool and OpenBLAS: see the header);
 /// weight gradients of the later chunks go to scratch rows and are summed into the first.
-bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_list<void*> list) {
+/// forward_affine: list = {x, w, scale, shift, y}, with `residual` (y's shape) or null.
+bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_list<void*> list,
+         const Epilogue& ep = {}, void* residual = nullptr) {
   if (g.spatial < 1 || g.spatial > 3) return false;
   Dnnl& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
@@ -362,6 +436,7 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
   int64_t chunks = s.pool_threading ? std::min<int64_t>({num_threads(), g.batch, std::max<int64_t>(1, flops >> 21)}) : 1;
   std::vector<Entry*> entries;
   std::vector<std::vector<void*>> args;
+  std::vector<void*> residuals;  // per chunk, for forward_affine
   int64_t weight_size = (g.in_channels / g.groups) * g.out_channels;
   for (int i = 0; i < g.spatial; ++i) weight_size *= g.kernel[i];
   size_t partial_size = size_t(weight_size + (bias ? g.out_channels : 0));
@@ -371,13 +446,14 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
   // output's channel axis are contiguous. Each chunk reads the whole input.
   // Runs entries[0, n) with their args: inline for one, one per pool task otherwise.
   auto execute_all = [&](int64_t n) {
-    if (n == 1) return execute(s, *entries[0], args[0]);
+    residuals.resize(size_t(n), nullptr);
+    if (n == 1) return execute(s, *entries[0], args[0], residuals[0]);
     parallel_for(n, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) execute(s, *entries[size_t(c)], args[size_t(c)]);
+      for (int64_t c = begin; c < end; ++c) execute(s, *entries[size_t(c)], args[size_t(c)], residuals[size_t(c)]);
     });
   };
   int64_t oc_chunks = 1;
-  if ((kind == Kind::forward || kind == Kind::forward_relu) && s.pool_threading && g.batch == 1 && g.groups == 1)
+  if (is_forward(kind) && s.pool_threading && g.batch == 1 && g.groups == 1)
     oc_chunks = std::min<int64_t>({num_threads(), g.out_channels / 16, std::max<int64_t>(1, flops >> 21)});
   if (oc_chunks > 1) {
     int64_t blocks = g.out_channels / 16, per_oc_w = weight_size / g.out_channels, per_oc_y = out_size / g.out_channels;
@@ -386,14 +462,16 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
       int64_t o1 = c + 1 == oc_chunks ? g.out_channels : blocks * (c + 1) / oc_chunks * 16;
       backend::ConvGeometry part = g;
       part.out_channels = o1 - o0;
-      Entry* e = lookup(s, kind, bias, part, c);
+      Entry* e = lookup(s, kind, bias, part, c, ep);
       if (!e) return false;
       std::vector<void*> a = buffers;
       a[1] = shift(a[1], o0 * per_oc_w);
       if (bias) a[2] = shift(a[2], o0);
+      if (kind == Kind::forward_affine) a[2] = shift(a[2], o0), a[3] = shift(a[3], o0);
       a.back() = shift(a.back(), o0 * per_oc_y);
       entries.push_back(e);
       args.push_back(std::move(a));
+      residuals.push_back(residual ? shift(residual, o0 * per_oc_y) : nullptr);
     }
     execute_all(oc_chunks);
     return true;
@@ -403,11 +481,12 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
     int64_t b0 = g.batch * c / chunks, b1 = g.batch * (c + 1) / chunks;
     backend::ConvGeometry part = g;
     part.batch = b1 - b0;
-    Entry* e = lookup(s, kind, bias, part, chunks > 1 ? c : -1);
+    Entry* e = lookup(s, kind, bias, part, chunks > 1 ? c : -1, ep);
     if (!e) return false;
     entries.push_back(e);
+    residuals.push_back(residual ? shift(residual, b0 * out_size) : nullptr);
     std::vector<void*> a = buffers;
-    if (kind == Kind::forward || kind == Kind::forward_relu) {
+    if (is_forward(kind)) {
       a[0] = shift(a[0], b0 * in_size), a.back() = shift(a.back(), b0 * out_size);
     } else if (kind == Kind::backward_data) {
       a[0] = shift(a[0], b0 * out_size), a[2] = shift(a[2], b0 * in_size);
@@ -443,6 +522,14 @@ bool onednn_conv_forward(DType t, void* x, void* w, void* bias, void* y, const b
   return run(kind, false, g, {x, w, y});
 }
 
+bool onednn_conv_forward_affine(DType t, void* x, void* w, void* scale, void* shift, void* residual, void* y,
+                                const backend::ConvGeometry& g, bool relu, bool relu_after) {
+  if (t != DType::f32) return false;
+  Epilogue ep;
+  ep.relu = relu, ep.residual = residual != nullptr, ep.relu_after = relu_after;
+  return run(Kind::forward_affine, false, g, {x, w, scale, shift, y}, ep, residual);
+}
+
 bool onednn_conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g) {
   if (t != DType::f32) return false;
   return run(Kind::backward_data, false, g, {dy, w, dx});
@@ -456,7 +543,10 @@ bool onednn_conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbi
 
 #else  // built without oneDNN (FLUX_ONEDNN=OFF or libdnnl-dev missing): the portable path only
 
-bool onednn_conv_forward(DType, void*, void*, void*, void*, const backend::ConvGeometry&) { return false; }
+bool onednn_conv_forward(DType, void*, void*, void*, void*, const backend::ConvGeometry&, bool) { return false; }
+bool onednn_conv_forward_affine(DType, void*, void*, void*, void*, void*, void*, const backend::ConvGeometry&, bool, bool) {
+  return false;
+}
 bool onednn_conv_backward_data(DType, void*, void*, void*, const backend::ConvGeometry&) { return false; }
 bool onednn_conv_backward_weight(DType, void*, void*, void*, void*, const backend::ConvGeometry&) { return false; }
 

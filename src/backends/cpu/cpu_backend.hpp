@@ -52,6 +52,9 @@ void im2col(DType t, const void* x, void* col, const backend::ConvGeometry& g);
 void col2im(DType t, const void* col, void* dx, const backend::ConvGeometry& g);
 bool onednn_conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend::ConvGeometry& g,
                          bool relu = false);
+/// Inference: y = relu?(relu?(conv(x, w) * scale + shift) + residual) (Backend::conv_forward_affine).
+bool onednn_conv_forward_affine(DType t, void* x, void* w, void* scale, void* shift, void* residual, void* y,
+                                const backend::ConvGeometry& g, bool relu, bool relu_after);
 bool onednn_conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g);
 bool onednn_conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, const backend::ConvGeometry& g);
 /// Pooling over (N, C, spatial...) (pooling.cpp): y from x; dx (pre-filled) += the adjoint of dy.
