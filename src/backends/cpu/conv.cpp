@@ -146,18 +146,20 @@ Key make_key(Kind kind, bool bias, const backend::ConvGeometry& g, const Epilogu
 /// One primitive argument: the plain (user) memory, and when the primitive chose another layout, a
 /// scratch memory in that layout with the reorder between them.
 struct Operand {
-  int arg = 0;
+  int arg = 0;  // kNoArgument: read by a reorder, not by the primitive
   bool input = true;
+  int scales = -1;  // >= 0: the reorder multiplies output channel o by operand[scales][o] (runtime output scales)
   memory user;
   memory inner;  // == user when no reorder is needed
   dnnl::reorder reorder;
   bool reordered = false;
 };
 
-/// How a fused forward adds its residual: not at all, or by a binary add post-op reading the residual
-/// reordered into the destination's layout (oneDNN 2.6's jit kernels run a sum post-op after binary
-/// ones only in their reference implementation).
-enum class Residual { none, binary };
+constexpr int kNoArgument = -1;
+
+/// How a fused forward adds its residual: not at all, or by oneDNN's sum post-op (the residual is
+/// first written into the destination, reordered to its layout).
+enum class Residual { none, sum };
 
 struct Entry {
   dnnl::primitive primitive;
@@ -272,50 +274,60 @@ Operand make_operand(Dnnl& s, int arg, bool input, const memory::desc& plain, co
   return op;
 }
 
-/// The fused inference forward: conv * scale + shift as binary post-ops on {1, O, 1...} operands, then
-/// relu, the residual and relu again as asked. The layouts are those the unfused forward chooses, so
-/// the same kernel runs with an epilogue (asked with `any` for inference, oneDNN 2.6 picks brgconv on
-/// channels-last here, whose reorders from and to nchw cost more than the fusion saves). Null when
-/// oneDNN would run it with a reference kernel only (the core then runs the unfused composition).
+/// The fused inference forward. The BatchNorm's per-channel scale multiplies the weights while the
+/// per-call weight reorder (plain -> the kernel's blocked layout) runs anyway (the reorder's runtime
+/// output scales: no extra pass, nothing cached), its shift is the conv's bias, then relu, the residual
+/// (sum post-op) and relu again as asked: the kernels and layouts of the unfused forward (LibTorch's
+/// conv + bias + sum + relu pattern). Measured against binary mul/add post-ops on the output: those
+/// ran ~5% slower than no fusion at all at batch 1 (1 thread, AVX-512). Null when the layouts are
+/// plain (oneDNN's gemm kernel) or oneDNN offers a reference kernel only: the core then runs the
+/// unfused composition.
 std::unique_ptr<Entry> create_affine(Dnnl& s, const Descs& plain, const Descs& asked, const backend::ConvGeometry& g,
                                      const Epilogue& ep) {
   using F = dnnl::convolution_forward;
-  memory::dims channel_dims{1, g.out_channels};
-  for (int i = 0; i < g.spatial; ++i) channel_dims.push_back(1);
-  memory::desc channel(channel_dims, memory::data_type::f32, activation_tag(g.spatial));
-  auto make_pd = [&](const Descs& d, bool with_post_ops) {
-    dnnl::post_ops ops;
-    if (with_post_ops) {
-      ops.append_binary(dnnl::algorithm::binary_mul, channel);
-      ops.append_binary(dnnl::algorithm::binary_add, channel);
-      if (ep.relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-      if (ep.residual) ops.append_binary(dnnl::algorithm::binary_add, d.dst);
-      if (ep.relu_after) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-    }
-    dnnl::primitive_attr attr = user_scratchpad();
-    attr.set_post_ops(ops);
-    F::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst,
-                 d.strides, d.dilates, d.pad_l, d.pad_r);
-    return F::primitive_desc(desc, attr, s.engine);
-  };
-  F::primitive_desc unfused = forward_pd(s, asked, false);  // the unfused forward's choice
-  Descs chosen = asked;
-  chosen.src = unfused.src_desc(), chosen.weights = unfused.weights_desc(), chosen.dst = unfused.dst_desc();
-  F::primitive_desc pd = make_pd(chosen, true);
+  if (asked.dst == plain.dst) return nullptr;
+  F::primitive_desc unfused = forward_pd(s, asked, false);  // the unfused forward's layouts
+  memory::desc channels({g.out_channels}, memory::data_type::f32, Tag::x);
+  dnnl::post_ops ops;
+  if (ep.relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+  if (ep.residual) ops.append_sum(1.0f);
+  if (ep.relu_after) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+  dnnl::primitive_attr attr = user_scratchpad();
+  attr.set_post_ops(ops);
+  F::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, unfused.src_desc(),
+               unfused.weights_desc(), channels, unfused.dst_desc(), asked.strides, asked.dilates, asked.pad_l,
+               asked.pad_r);
+  F::primitive_desc pd(desc, attr, s.engine);
   if (std::strncmp(pd.impl_info_str(), "ref", 3) == 0) return nullptr;
   auto e = std::make_unique<Entry>();
   e->primitive = F(pd);
   e->scratchpad = memory(pd.scratchpad_desc(), s.engine);
   e->operands.push_back(make_operand(s, DNNL_ARG_SRC, true, plain.src, pd.src_desc()));
-  e->operands.push_back(make_operand(s, DNNL_ARG_WEIGHTS, true, plain.weights, pd.weights_desc()));
-  e->operands.push_back(make_operand(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, true, channel, channel));
-  e->operands.push_back(make_operand(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(1) | DNNL_ARG_SRC_1, true, channel, channel));
+  // Weights (O, C/G, k...) or (G, O/G, C/G, k...): the output channel is axis 0, or axes 0 and 1.
+  Operand weights;
+  weights.arg = DNNL_ARG_WEIGHTS;
+  weights.user = memory(plain.weights, s.engine, DNNL_MEMORY_NONE);
+  weights.inner = memory(pd.weights_desc(), s.engine);
+  weights.reordered = true;
+  weights.scales = 2;
+  dnnl::primitive_attr scaled;
+  scaled.set_output_scales(g.groups > 1 ? 3 : 1, {DNNL_RUNTIME_F32_VAL});
+  weights.reorder = dnnl::reorder(dnnl::reorder::primitive_desc(s.engine, plain.weights, s.engine, pd.weights_desc(), scaled));
+  e->operands.push_back(std::move(weights));
+  Operand scale;
+  scale.arg = kNoArgument;
+  scale.user = scale.inner = memory(channels, s.engine, DNNL_MEMORY_NONE);
+  e->operands.push_back(std::move(scale));
+  e->operands.push_back(make_operand(s, DNNL_ARG_BIAS, true, channels, pd.bias_desc()));
   e->operands.push_back(make_operand(s, DNNL_ARG_DST, false, plain.dst, pd.dst_desc()));
   if (ep.residual) {
-    e->residual = Residual::binary;
-    int index = ep.relu ? 3 : 2;  // after scale, shift (and relu)
-    e->residual_operand = make_operand(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_SRC_1, true, plain.dst,
-                                       pd.dst_desc());
+    // Written into the destination (its blocked scratch memory) before the conv adds onto it.
+    const Operand& dst = e->operands.back();
+    e->residual = Residual::sum;
+    e->residual_operand.user = memory(plain.dst, s.engine, DNNL_MEMORY_NONE);
+    e->residual_operand.inner = dst.inner;
+    e->residual_operand.reordered = dst.reordered;
+    if (dst.reordered) e->residual_operand.reorder = dnnl::reorder(e->residual_operand.user, dst.inner);
   }
   return e;
 }
@@ -332,7 +344,17 @@ std::unique_ptr<Entry> create(Dnnl& s, Kind kind, bool bias, const backend::Conv
   // choose blocked dst/weights, as LibTorch does: its direct kernels read a plain source with few
   // channels, and the source is not padded to 8/16 channels by a reorder.
   bool few = g.groups == 1 && g.in_channels < 4;
-  bool any = s.layout == 2 || s.layout == 3 || (s.layout == 0 && (per_pixel >= 64 || few));
+  // A forward with very few output pixels (batch x out <= 32: ResNet-18's last stage at batch 1) is
+  // bound by reading the weights: the blocked kernels reorder them on every call (read + write all of
+  // them) and then read them again, while oneDNN's gemm kernel reads them once in place. Measured
+  // (1 thread, AVX-512, CPU time, 3x3 convs): 512 -> 512 on 4x4 at batch 1 2.52 ms blocked, 0.99 ms
+  // plain; 256 -> 512 stride 2 from 7x7 0.63 / 0.50 ms; but 256 -> 256 on 7x7 (49 pixels) 0.55 / 0.83
+  // and 512 -> 512 on 4x4 at batch 4 (64 pixels) 3.79 / 4.04. The fused forward (forward_affine) then
+  // runs unfused (gemm with binary post-ops is slow).
+  int64_t out_pixels = g.batch;
+  for (int i = 0; i < g.spatial; ++i) out_pixels *= g.out[i];
+  bool weight_bound = is_forward(kind) && g.groups == 1 && per_pixel >= 64 && out_pixels <= 32;
+  bool any = s.layout == 2 || s.layout == 3 || (s.layout == 0 && (per_pixel >= 64 || few) && !weight_bound);
   bool plain_src = s.layout == 3 || (s.layout == 0 && per_pixel < 64 && few);
   Descs asked = make_descs(g, any, bias, plain_src);
   if (kind == Kind::forward_affine) return create_affine(s, plain, asked, g, ep);
@@ -397,17 +419,20 @@ void execute(Dnnl& s, Entry& e, const std::vector<void*>& buffers, void* residua
   thread_local dnnl::stream stream(s.engine);  // one stream per pool thread
   if (s.omp_set_num_threads) s.omp_set_num_threads(s.pool_threading ? 1 : num_threads());
   std::unordered_map<int, memory> args;
-  for (size_t i = 0; i < e.operands.size(); ++i) {
-    Operand& op = e.operands[i];
-    op.user.set_data_handle(buffers[i]);
-    if (op.reordered && op.input) op.reorder.execute(stream, op.user, op.inner);
-    args[op.arg] = op.inner;
+  for (size_t i = 0; i < e.operands.size(); ++i) e.operands[i].user.set_data_handle(buffers[i]);
+  for (Operand& op : e.operands) {
+    if (op.reordered && op.input && op.scales >= 0)
+      op.reorder.execute(stream, {{DNNL_ARG_FROM, op.user}, {DNNL_ARG_TO, op.inner},
+                                  {DNNL_ARG_ATTR_OUTPUT_SCALES, e.operands[size_t(op.scales)].user}});
+    else if (op.reordered && op.input)
+      op.reorder.execute(stream, op.user, op.inner);
+    if (op.arg != kNoArgument) args[op.arg] = op.inner;
   }
-  if (e.residual == Residual::binary) {
+  if (e.residual == Residual::sum) {
     Operand& r = e.residual_operand;
     r.user.set_data_handle(residual);
     if (r.reordered) r.reorder.execute(stream, r.user, r.inner);
-    args[r.arg] = r.inner;
+    else std::memcpy(buffers.back(), residual, r.user.get_desc().get_size());  // plain: dst starts as it
   }
   args[DNNL_ARG_SCRATCHPAD] = e.scratchpad;
   e.primitive.execute(stream, args);
