@@ -10,7 +10,7 @@
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 6;
+inline constexpr int kBackendAbiVersion = 7;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
