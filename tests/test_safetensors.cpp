@@ -379,17 +379,28 @@ class SafetensorsBadInput : public ::testing::Test {
  protected:
   TempDir dir;
   std::string path = dir.file("bad.safetensors");
-  /// Loads `bytes` every way a user can, expecting the same kind of error each time.
+  /// Loads `bytes` every way a user can, expecting the same kind of error each time, named after the
+  /// function called (load_checkpoint's said [load_metadata] before it read the file once).
   void expect_bad(const std::string& bytes, const std::vector<std::string>& parts) {
     write_bytes(path, bytes);
-    std::vector<std::string> with_path = parts;
-    with_path.push_back(path);
-    expect_error([&] { load_state(path); }, with_path);
-    expect_error([&] { load_metadata(path); }, with_path);
+    auto with = [&](const std::string& api) {
+      std::vector<std::string> all = parts;
+      all.push_back("[" + api + "] " + path + ": ");
+      return all;
+    };
+    expect_error([&] { load_state(path); }, with("load_state"));
+    expect_error([&] { load_metadata(path); }, with("load_metadata"));
     auto model = make_mlp(10);
     auto before = model_bytes(model);
-    expect_error([&] { load(path, model); }, with_path);
+    expect_error([&] { load(path, model); }, with("load"));
     EXPECT_EQ(model_bytes(model), before);  // untouched
+    auto opt = optimisers::setup(optimisers::Adam(), model);
+    auto moments = tensor_bytes(opt.leaves.at(0).buffers.at(0));
+    opt.leaves.at(0).t = 5;
+    expect_error([&] { load_checkpoint(path, model, opt); }, with("load_checkpoint"));
+    EXPECT_EQ(model_bytes(model), before);
+    EXPECT_EQ(tensor_bytes(opt.leaves.at(0).buffers.at(0)), moments);
+    EXPECT_EQ(opt.leaves.at(0).t, 5);
   }
 };
 

@@ -240,6 +240,52 @@ class AtomicFile {
 
 constexpr size_t kStagingBytes = size_t(64) << 20;
 
+/// Copies the file's tensors into `targets` after checking that every name and shape matches (nothing
+/// is copied otherwise, so a file that does not match leaves the targets as they were).
+Metadata load_from(const std::string& context, const Reader& reader, const io_detail::Targets& targets) {
+  std::map<std::string, const safetensors::Entry*> in_file;
+  for (const safetensors::Entry& e : reader.layout.entries) in_file.emplace(e.name, &e);
+
+  // Check everything before copying anything, so a bad file leaves the model as it was.
+  std::vector<std::string> missing, extra, mismatched;
+  std::set<std::string> wanted;
+  for (const auto& [name, t] : targets) {
+    wanted.insert(name);
+    auto it = in_file.find(name);
+    if (it == in_file.end()) {
+      missing.push_back(name);
+      continue;
+    }
+    if (Shape(it->second->shape) != t.shape())
+      mismatched.push_back("'" + name + "' is " + to_string(Shape(it->second->shape)) + " in the file but " +
+                           to_string(t.shape()) + " in the model");
+  }
+  for (const auto& [name, e] : in_file)
+    if (!wanted.count(name)) extra.push_back(name);
+  if (!missing.empty() || !extra.empty() || !mismatched.empty()) {
+    std::ostringstream os;
+    os << context << ": the file does not match the model:";
+    if (!missing.empty()) os << " missing from the file: " << list_names(missing) << ";";
+    if (!extra.empty()) os << " in the file but not in the model: " << list_names(extra) << ";";
+    if (!mismatched.empty()) {
+      os << " shape mismatch:";
+      for (size_t i = 0; i < mismatched.size() && i < 8; ++i) os << (i ? ", " : " ") << mismatched[i];
+      os << ";";
+    }
+    std::string message = os.str();
+    message.pop_back();
+    throw Error(message);
+  }
+
+  DeviceSync sync;
+  for (const auto& [name, t] : targets) {
+    Tensor dst = t;
+    copy_entry_into(reader, *in_file.at(name), dst, sync);
+  }
+  sync.wait();
+  return reader.layout.metadata;
+}
+
 }  // namespace
 
 std::string pytorch_name(const std::string& flux_name, const std::vector<std::string>& chain_prefixes) {
@@ -294,48 +340,7 @@ void save_named(const std::string& api, const std::string& path, const Targets& 
 
 Metadata load_into(const std::string& api, const std::string& path, const Targets& targets) {
   const std::string context = context_of(api, path);
-  Reader reader(context, path);
-  std::map<std::string, const safetensors::Entry*> in_file;
-  for (const safetensors::Entry& e : reader.layout.entries) in_file.emplace(e.name, &e);
-
-  // Check everything before copying anything, so a bad file leaves the model as it was.
-  std::vector<std::string> missing, extra, mismatched;
-  std::set<std::string> wanted;
-  for (const auto& [name, t] : targets) {
-    wanted.insert(name);
-    auto it = in_file.find(name);
-    if (it == in_file.end()) {
-      missing.push_back(name);
-      continue;
-    }
-    if (Shape(it->second->shape) != t.shape())
-      mismatched.push_back("'" + name + "' is " + to_string(Shape(it->second->shape)) + " in the file but " +
-                           to_string(t.shape()) + " in the model");
-  }
-  for (const auto& [name, e] : in_file)
-    if (!wanted.count(name)) extra.push_back(name);
-  if (!missing.empty() || !extra.empty() || !mismatched.empty()) {
-    std::ostringstream os;
-    os << context << ": the file does not match the model:";
-    if (!missing.empty()) os << " missing from the file: " << list_names(missing) << ";";
-    if (!extra.empty()) os << " in the file but not in the model: " << list_names(extra) << ";";
-    if (!mismatched.empty()) {
-      os << " shape mismatch:";
-      for (size_t i = 0; i < mismatched.size() && i < 8; ++i) os << (i ? ", " : " ") << mismatched[i];
-      os << ";";
-    }
-    std::string message = os.str();
-    message.pop_back();
-    throw Error(message);
-  }
-
-  DeviceSync sync;
-  for (const auto& [name, t] : targets) {
-    Tensor dst = t;
-    copy_entry_into(reader, *in_file.at(name), dst, sync);
-  }
-  sync.wait();
-  return reader.layout.metadata;
+  return load_from(context, Reader(context, path), targets);
 }
 
 namespace {
@@ -366,8 +371,11 @@ void add_optimiser_state(const optimisers::State& s, Targets& out) {
 }
 
 Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_targets, optimisers::State& s) {
+  // One open and one header parse: errors name load_checkpoint, and the metadata checked below belong to
+  // the tensors loaded (a save replacing the file in between cannot mix two files).
   const std::string context = context_of("load_checkpoint", path);
-  Metadata meta = load_metadata(path);
+  const Reader reader(context, path);
+  Metadata meta = reader.layout.metadata;
   if (!meta.count("flux.format"))
     detail::fail(context, ": not a flux checkpoint (no \"flux.format\" in __metadata__); use load() for a model file");
   if (s.rule && meta.count("flux.rule") && rule_kind(meta["flux.rule"]) != rule_kind(s.rule->name()))
@@ -376,9 +384,9 @@ Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_t
   for (const auto& [name, t] : model_targets) all.emplace_back("model." + name, t);
   std::vector<std::pair<int64_t*, Tensor>> steps;
   for (size_t i = 0; i < s.leaves.size(); ++i) leaf_targets(s.leaves[i], "optimiser." + std::to_string(i), all, steps);
-  Metadata loaded = load_into("load_checkpoint", path, all);
+  load_from(context, reader, all);
   for (auto& [dst, t] : steps) *dst = t.item<int64_t>();
-  return loaded;
+  return meta;
 }
 
 }  // namespace io_detail
