@@ -6,6 +6,7 @@
 // sequence is either a table or a flux::Error (tests/fuzz drives parse_csv with arbitrary input).
 #include "flux/data/csv.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -145,9 +146,18 @@ void push_value(std::vector<T>& out, const Field& f, int64_t col, const std::str
       out.push_back(v);
       return;
     }
+    // "123.000", as pandas and spreadsheets write whole numbers: the digits before the point, exactly
+    // (through a double, 9007199254740993.0 would become ...992).
+    const char* dot = std::find(b, e, '.');
+    if (ec == std::errc() && ptr == dot && dot != e && std::all_of(dot + 1, e, [](char c) { return c == '0'; })) {
+      out.push_back(v);
+      return;
+    }
+    // Other forms ("1e3") through a double. T's largest value + 1 = 2^digits is the bound: double(max)
+    // rounds up to it for Int64, and converting 2^63 to int64_t is undefined.
     double d = 0;
     if (ec != std::errc::result_out_of_range && parse_double(f.text, d) && std::isfinite(d) && d == std::floor(d) &&
-        d >= double(std::numeric_limits<T>::min()) && d <= double(std::numeric_limits<T>::max())) {
+        d >= double(std::numeric_limits<T>::min()) && d < std::ldexp(1.0, std::numeric_limits<T>::digits)) {
       out.push_back(T(d));  // "5.0", "1e3"
       return;
     }
