@@ -20,7 +20,6 @@ if ! command -v mpirun >/dev/null || ! dpkg -s libopenmpi-dev >/dev/null 2>&1; t
   echo "distributed_bench.sh: installing Open MPI (scripts/deps.sh mpi)"
   bash scripts/deps.sh mpi
 fi
-[ -f /work/ccache.env ] && source /work/ccache.env
 if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLUX_BENCH=ON -DFLUX_CUDA=OFF -DFLUX_AMDGPU=OFF
 elif ! grep -q "^FLUX_BENCH:BOOL=ON" "$build/CMakeCache.txt"; then
