@@ -219,8 +219,8 @@ Tensor RNNCell::operator()(const Tensor& x0, const Tensor& h) const {
   return cell_step(Kind::rnn, activation.name() == "relu", *this, x, h, Tensor())[0];
 }
 Tensor RNNCell::operator()(const Tensor& x) const {
-  cell_input("RNNCell", *this, x);
-  return (*this)(x, zeros(Shape{x.size(0), hidden_size()}, weight_hh.dtype(), x.device()));
+  const Tensor x1 = cell_input("RNNCell", *this, x);  // converted once; the call below finds it ready
+  return (*this)(x1, zeros(Shape{x1.size(0), hidden_size()}, weight_hh.dtype(), x1.device()));
 }
 
 LSTMCell::LSTMCell(int64_t in, int64_t hidden, RecurrentOptions options) {
@@ -234,9 +234,9 @@ LSTMState LSTMCell::operator()(const Tensor& x0, const LSTMState& state) const {
   return {y[0], y[1]};
 }
 LSTMState LSTMCell::operator()(const Tensor& x) const {
-  cell_input("LSTMCell", *this, x);
-  Tensor z = zeros(Shape{x.size(0), hidden_size()}, weight_hh.dtype(), x.device());
-  return (*this)(x, LSTMState{z, z});
+  const Tensor x1 = cell_input("LSTMCell", *this, x);  // converted once; the call below finds it ready
+  Tensor z = zeros(Shape{x1.size(0), hidden_size()}, weight_hh.dtype(), x1.device());
+  return (*this)(x1, LSTMState{z, z});
 }
 
 GRUCell::GRUCell(int64_t in, int64_t hidden, RecurrentOptions options) {
@@ -248,8 +248,8 @@ Tensor GRUCell::operator()(const Tensor& x0, const Tensor& h) const {
   return cell_step(Kind::gru, false, *this, x, h, Tensor())[0];
 }
 Tensor GRUCell::operator()(const Tensor& x) const {
-  cell_input("GRUCell", *this, x);
-  return (*this)(x, zeros(Shape{x.size(0), hidden_size()}, weight_hh.dtype(), x.device()));
+  const Tensor x1 = cell_input("GRUCell", *this, x);  // converted once; the call below finds it ready
+  return (*this)(x1, zeros(Shape{x1.size(0), hidden_size()}, weight_hh.dtype(), x1.device()));
 }
 
 // ---- layers ----
