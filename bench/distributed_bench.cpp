@@ -5,7 +5,7 @@
 // and the hidden fraction of the allreduce.
 //
 // Usage: distributed_bench [--model wide|mnist|cnn] [--batch N] [--steps N] [--warmup N]
-//                          [--bucket-mb X] [--no-overlap]
+//                          [--bucket-mb X] [--no-overlap] [--no-progress-thread]
 //   wide  : Dense 1024 -> 4096 -> 4096 -> 1024 (relu), mse, batch 256 per rank by default (row 3 of bench/)
 //   mnist : Dense 784 -> 1024 -> 1024 -> 10 (relu), logitcrossentropy (examples/distributed_mnist's MLP)
 //   cnn   : examples/distributed_mnist's Fashion-MNIST CNN on 28x28 images
@@ -40,12 +40,13 @@ struct Options {
   int steps = 8, warmup = 2;
   double bucket_mb = 0;  // 0: the library's default
   bool overlap = true;
+  bool progress_thread = true;
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "distributed_bench: %s\nusage: distributed_bench [--model wide|mnist|cnn] [--batch N] [--steps N] "
-               "[--warmup N] [--bucket-mb X] [--no-overlap]\n",
+               "[--warmup N] [--bucket-mb X] [--no-overlap] [--no-progress-thread]\n",
                why);
   std::exit(2);
 }
@@ -75,6 +76,8 @@ Options parse(int argc, char** argv) {
       if (!(o.bucket_mb > 0)) usage("--bucket-mb must be positive");
     } else if (a == "--no-overlap") {
       o.overlap = false;
+    } else if (a == "--no-progress-thread") {
+      o.progress_thread = false;
     } else {
       usage(("unknown argument " + a).c_str());
     }
@@ -96,11 +99,12 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
   distributed::GradientOptions g;
   if (o.bucket_mb > 0) g.bucket_bytes = int64_t(o.bucket_mb * double(1 << 20));
   g.overlap = o.overlap;
+  g.progress_thread = o.progress_thread;
   int64_t nparams = 0;
   for (const Tensor& p : params(model)) nparams += p.numel();
 
   std::vector<double> step_s, grad_s, update_s, bwd_s, wait_s;
-  int buckets = 0, launched = 0;
+  int buckets = 0, launched = 0, helped = 0;
   float last_loss = 0;
   rusage r0{}, r1{};
   for (int i = 0; i < o.warmup + o.steps; ++i) {
@@ -126,6 +130,7 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
       wait_s.push_back(st.wait_seconds);
       buckets = st.buckets;
       launched = st.launched_during_backward;
+      helped += st.progress_thread;
     }
   }
   getrusage(RUSAGE_SELF, &r1);
@@ -142,6 +147,7 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
                 (long long)o.batch, (long long)nparams, double(nparams) * 4.0 / double(1 << 20));
     std::printf("overlap %d\nbucket_mb %.6g\nbuckets %d\nlaunched_during_backward %d\n", int(o.overlap),
                 double(g.bucket_bytes) / double(1 << 20), buckets, launched);
+    std::printf("progress_thread_steps %d\n", helped);  // timed steps in which the helper thread ran
     std::printf("steps %d\nstep_ms %.6g\nstep_ms_mean %.6g\nstep_ms_min %.6g\n", o.steps, 1e3 * step,
                 1e3 * [&] { double s = 0; for (double v : step_s) s += v; return s / double(step_s.size()); }(),
                 1e3 * *std::min_element(step_s.begin(), step_s.end()));

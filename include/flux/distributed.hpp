@@ -77,6 +77,13 @@ struct GradientOptions {
   /// Launch each bucket's allreduce as soon as its gradients are final during backward (true), or
   /// all of them after backward (false; for measurements).
   bool overlap = true;
+  /// With overlap: a helper thread lets MPI move the buckets in flight forward while backward runs
+  /// (Open MPI advances a non-blocking collective only inside an MPI call, and backward makes none
+  /// between its gradient reports). It polls every 100 us while an allreduce is in flight and sleeps
+  /// otherwise; it shares the rank's cores with backward. false: MPI progresses only at each gradient
+  /// report. Without an MPI thread level of SERIALIZED or more (a user who started MPI with FUNNELED)
+  /// there is no helper thread either way. Not used by device collectives (NCCL runs on its stream).
+  bool progress_thread = true;
 };
 
 /// What the last distributed::withgradient on this thread did (for tests and measurements).
@@ -85,6 +92,8 @@ struct GradientStats {
   int launched_during_backward = 0;  // buckets whose allreduce started before backward ended
   double backward_seconds = 0;       // forward + backward, including the launches
   double wait_seconds = 0;           // after backward: waiting for the allreduces and unpacking
+  bool progress_thread = false;      // the progress thread started: a host allreduce launched during
+                                     // backward was still in flight after its first MPI_Test
 };
 GradientStats last_gradient_stats();
 

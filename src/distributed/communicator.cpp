@@ -8,6 +8,7 @@
 #include "src/distributed/transport.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -56,7 +57,7 @@ InFlight& InFlight::operator=(InFlight&&) noexcept = default;
 namespace {
 
 // Set when a collective timed out: MPI_Finalize would wait for the missing rank, so exit aborts.
-bool g_broken = false;
+std::atomic<bool> g_broken{false};  // atomic: the reducer's progress thread tests requests too
 
 #if FLUX_HAVE_MPI
 [[noreturn]] void mpi_fail(const char* api, const char* call, int code) {
@@ -145,8 +146,10 @@ std::shared_ptr<CommunicatorState> make_world(const InitOptions& o) {
         std::_Exit(1);
       }
     });
+    // SERIALIZED: the gradient reducer's progress thread calls MPI_Test while the main thread runs
+    // backward, one of them at a time (the reducer's mutex); every other call stays on one thread.
     int provided = 0;
-    int code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    int code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     {
       std::lock_guard<std::mutex> lock(m);
       done = true;
@@ -157,6 +160,9 @@ std::shared_ptr<CommunicatorState> make_world(const InitOptions& o) {
     std::atexit(finalize_at_exit);
   }
   s->mpi = std::make_unique<CommunicatorState::Mpi>();
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);  // also when the user started MPI, with whatever level they asked for
+  s->helper_threads = level >= MPI_THREAD_SERIALIZED;
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &s->mpi->comm), "distributed::initialize", "MPI_Comm_dup");
   MPI_Comm_set_errhandler(s->mpi->comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(s->mpi->comm, &s->rank);

@@ -6,13 +6,20 @@
 // last gradient is final its MPI_Iallreduce starts, while backward goes on with the earlier layers.
 // MPI reads a large CPU gradient where it is; the small ones, and those on other devices, are
 // copied into one host buffer first; the sums land in a pooled host buffer whose slices ARE the
-// averaged CPU gradients (other devices get a copy). Every report also lets MPI progress the
-// buckets in flight (Open MPI moves non-blocking collectives forward only inside MPI calls);
-// finish() waits for the rest. On a backend with device collectives (NCCL) a bucket is concatenated
+// averaged CPU gradients (other devices get a copy). Open MPI moves a non-blocking collective
+// forward only inside an MPI call, and backward makes none for the length of a big layer's GEMMs: a
+// progress thread (GradientOptions::progress_thread) calls MPI_Test on the pieces in flight every
+// 100 us while any is in flight, and sleeps otherwise; the reducer's mutex keeps its MPI calls and
+// the main thread's launches one at a time (MPI_THREAD_SERIALIZED). Without it, every gradient
+// report lets MPI progress. finish() stops the thread and waits for the rest. On a backend with device collectives (NCCL) a bucket is concatenated
 // on its device and reduced there, on the device's stream, without host copies.
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "flux/backend.hpp"
@@ -60,6 +67,13 @@ struct GradientReducer::State {
   std::vector<Bucket> buckets;
   int launched = 0;
   Clock::time_point start = Clock::now();
+  // The progress thread: `mutex` guards the buckets' pieces and every MPI call the reducer makes
+  // while the thread lives; `in_flight` tells it that some host piece may still be incomplete.
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::thread helper;
+  bool in_flight = false, stop = false, helped = false;
+  std::exception_ptr helper_error;  // an MPI error met by the thread, rethrown by finish()
 
   static DType staged_dtype(DType t) { return t == DType::f16 || t == DType::bf16 ? DType::f32 : t; }
 
@@ -115,12 +129,45 @@ struct GradientReducer::State {
     if (b.packed_count) start_pieces(b, static_cast<const uint8_t*>(host_ptr(b.packed)), 0, b.packed_count);
   }
 
-  // Lets MPI progress every bucket in flight.
-  void progress() {
+  // Lets MPI progress every bucket in flight; true when no host piece is left incomplete.
+  bool progress() {
+    bool all = true;
     for (Bucket& b : buckets)
       if (b.launched && !b.device_comm)
-        for (Bucket::Piece& piece : b.pieces) piece.op.test();
+        for (Bucket::Piece& piece : b.pieces) all = piece.op.test() && all;
+    return all;
   }
+
+  void help() {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!stop) {
+      if (!in_flight) {
+        wake.wait(lock, [&] { return stop || in_flight; });
+        continue;
+      }
+      try {
+        if (progress()) in_flight = false;
+      } catch (...) {  // e.g. a rank died: finish() rethrows it on the main thread
+        helper_error = std::current_exception();
+        return;
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      lock.lock();
+    }
+  }
+
+  void stop_helper() {
+    if (!helper.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stop = true;
+    }
+    wake.notify_one();
+    helper.join();
+  }
+
+  ~State() { stop_helper(); }  // before the pieces it tests go (an exception in backward)
 };
 
 GradientReducer::GradientReducer(const Communicator& comm, std::vector<Tensor> leaves, autodiff::Tape& tape,
@@ -195,8 +242,27 @@ void GradientReducer::ready(int64_t tape_id) {
   if (it == s.leaf_of_tape_id.end() || s.reported[it->second]) return;  // non-trainable state
   s.reported[it->second] = true;
   State::Bucket& b = s.buckets[s.bucket_of[it->second]];
-  if (--b.pending == 0 && s.options.overlap) s.launch(b);
-  s.progress();
+  const bool launch = --b.pending == 0 && s.options.overlap;
+  if (s.helper.joinable()) {  // the thread progresses the pieces; only a launch needs the mutex
+    if (launch) {
+      {
+        std::lock_guard<std::mutex> lock(s.mutex);
+        s.launch(b);
+        s.in_flight = true;
+      }
+      s.wake.notify_one();
+    }
+    return;
+  }
+  if (launch) s.launch(b);
+  bool all_done = s.progress();
+  // The first host bucket in flight starts the helper (one rank's decision only: it makes no
+  // collective call of its own, so ranks may differ).
+  if (launch && !b.device_comm && !all_done && s.options.progress_thread && s.comm->helper_threads) {
+    s.in_flight = true;
+    s.helped = true;
+    s.helper = std::thread([&s] { s.help(); });
+  }
 }
 
 std::unordered_map<const TensorImpl*, Tensor> GradientReducer::finish() {
@@ -207,6 +273,9 @@ std::unordered_map<const TensorImpl*, Tensor> GradientReducer::finish() {
   stats.launched_during_backward = s.launched;
   stats.backward_seconds = std::chrono::duration<double>(backward_end - s.start).count();
   std::unordered_map<const TensorImpl*, Tensor> out;
+  s.stop_helper();
+  stats.progress_thread = s.helped;
+  if (s.helper_error) std::rethrow_exception(s.helper_error);
   for (State::Bucket& b : s.buckets) {
     if (!b.launched) s.launch(b);
   }

@@ -17,6 +17,9 @@ struct CommunicatorState {
   int size = 1;
   int local_rank = 0;
   double timeout = 60;
+  /// MPI's thread level lets a helper thread make MPI calls, one thread at a time (SERIALIZED or
+  /// MULTIPLE): the gradient reducer's progress thread.
+  bool helper_threads = false;
   std::string backend = "single";
   struct Mpi;                 // MPI_Comm and friends (communicator.cpp)
   std::unique_ptr<Mpi> mpi;   // null for the single-process communicator

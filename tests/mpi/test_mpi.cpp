@@ -2,11 +2,13 @@
 // once without mpirun, where the communicator has one rank and the cross-rank checks skip). Every
 // rank runs every test in the same order: the tests themselves are collective.
 #include <algorithm>
+#include <chrono>
 #include <cctype>
 #include <cstdlib>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <gmock/gmock.h>
 
@@ -205,8 +207,12 @@ TEST_P(MpiParity, TrainingMatchesOneProcessOnTheConcatenatedBatch) {
   const int64_t b = 4, steps = 3, p = comm.size(), h = pc.hidden;
   seed(7);
   Tensor X = randn({steps * b * p, 6}, DType::f64), Y = randn({steps * b * p, 3}, DType::f64);
-  for (bool overlap : {true, false}) {
-    SCOPED_TRACE(overlap ? "overlapped buckets" : "reduced after backward");
+  // overlapped with the progress thread (the default), overlapped without it, after backward
+  for (int mode : {0, 1, 2}) {
+    const bool overlap = mode < 2, helper = mode == 0;
+    SCOPED_TRACE(mode == 0 ? "overlapped buckets, progress thread"
+                           : mode == 1 ? "overlapped buckets, no progress thread" : "reduced after backward");
+    int helped = 0;
     seed(200 + uint64_t(comm.rank()));  // a different model per rank until broadcast
     auto init = fmap([](const Tensor& t) { return t.f64(); },
                      std::make_tuple(Chain(Dense(6, h, tanh_act), Dense(h, 3)), Dense(3, 3)));
@@ -224,8 +230,13 @@ TEST_P(MpiParity, TrainingMatchesOneProcessOnTheConcatenatedBatch) {
     for (auto [x, y] : loader) {
       EXPECT_EQ(x.shape(), Shape({b, 6}));
       auto [loss, grads] =
-          distributed::withgradient(comm, f(x, y), model, {.bucket_bytes = pc.bucket_bytes, .overlap = overlap});
+          distributed::withgradient(comm, f(x, y), model,
+                                    {.bucket_bytes = pc.bucket_bytes, .overlap = overlap, .progress_thread = helper});
       auto stats = distributed::last_gradient_stats();
+      if (!helper) {
+        EXPECT_FALSE(stats.progress_thread);
+      }
+      helped += stats.progress_thread;
       if (p > 1) {
         // hidden 16, reverse order: [1.bias 1.weight 0.1.bias 0.1.weight] 504 B, [0.0.bias], [0.0.weight]
         EXPECT_EQ(stats.buckets, pc.buckets);
@@ -260,12 +271,49 @@ TEST_P(MpiParity, TrainingMatchesOneProcessOnTheConcatenatedBatch) {
     }
     EXPECT_LT(worst, 1e-5);
     if (comm.rank() == 0)
-      std::printf("[parity] %s, hidden %lld, buckets of %lld B, %lld ranks: max |difference| %.3g\n",
-                  to_string(dev).c_str(), (long long)h, (long long)pc.bucket_bytes, (long long)p, worst);
+      std::printf("[parity] %s, hidden %lld, buckets of %lld B, %lld ranks, %s: max |difference| %.3g (%d of %d "
+                  "steps used the progress thread)\n",
+                  to_string(dev).c_str(), (long long)h, (long long)pc.bucket_bytes, (long long)p,
+                  mode == 0 ? "progress thread" : mode == 1 ? "no progress thread" : "after backward", worst, helped,
+                  taken);
     // training moved the used parameters; the unused Dense (zero gradients) stayed where it was
     EXPECT_NE(got[0].to_vector<double>(), start[0]);
     EXPECT_EQ(got[4].to_vector<double>(), start[4]);
     EXPECT_EQ(got[5].to_vector<double>(), start[5]);
+  }
+}
+
+// The progress thread starts when a launched bucket is still in flight after its first MPI_Test: the
+// other ranks start their backward 300 ms late, so rank 0's first bucket cannot complete at once.
+// The averaged gradients are the same with and without it.
+TEST(Mpi, ProgressThreadStartsWhenABucketIsInFlight) {
+  auto comm = world();
+  if (comm.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or more";
+  seed(11);
+  auto model = distributed::broadcast(comm, fmap([](const Tensor& t) { return t.f64(); }, Chain(Dense(6, 32, relu), Dense(32, 3))), 0);
+  seed(20 + uint64_t(comm.rank()));
+  Tensor x = randn({5, 6}, DType::f64), y = randn({5, 3}, DType::f64);
+  auto f = [&](auto& m) { return mse(m(x), y); };
+  std::vector<std::vector<double>> first;
+  for (bool helper : {true, false}) {
+    SCOPED_TRACE(helper ? "progress thread" : "no progress thread");
+    distributed::barrier(comm);
+    if (comm.rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto [loss, grads] = distributed::withgradient(comm, f, model, {.bucket_bytes = 512, .progress_thread = helper});
+    auto stats = distributed::last_gradient_stats();
+    EXPECT_EQ(stats.launched_during_backward, stats.buckets);
+    if (comm.rank() == 0) {
+      EXPECT_EQ(stats.progress_thread, helper);
+    }
+    std::vector<Tensor> gs = params(grads);
+    for (size_t i = 0; i < gs.size(); ++i) {
+      EXPECT_TRUE(same_on_all_ranks(gs[i])) << "gradient " << i;
+      if (helper) {
+        first.push_back(gs[i].to_vector<double>());
+      } else {
+        EXPECT_EQ(gs[i].to_vector<double>(), first[i]) << "gradient " << i;
+      }
+    }
   }
 }
 
