@@ -19,14 +19,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-/// For its scope: conv + BatchNorm fusion on or off (FLUX_CONV_FUSION=0 for a whole process).
-struct ConvFusion {
-  explicit ConvFusion(bool on) : saved(detail::conv_fusion()) { detail::set_conv_fusion(on); }
-  ~ConvFusion() { detail::set_conv_fusion(saved); }
-  ConvFusion(const ConvFusion&) = delete;
-  ConvFusion& operator=(const ConvFusion&) = delete;
-  bool saved;
-};
+using flux::testing::ConvFusion;
 
 /// Whether conv + BatchNorm runs fused on `d`: the CPU of a build with oneDNN, unless the process
 /// runs with FLUX_LIBRARY_KERNELS=0 or FLUX_CONV_FUSION=0.
