@@ -91,8 +91,7 @@ void Tape::backward(const Tensor& output, double seed) {
   };
   if (!tracked(output)) return;  // output does not depend on the inputs: all gradients are zero
   NoGrad no_grad;
-  grads_[output.impl()->tape_id] =
-      seed == 1 ? ones(output.shape(), output.dtype(), output.device()) : full(output.shape(), seed, output.dtype(), output.device());
+  grads_[output.impl()->tape_id] = full(output.shape(), seed, output.dtype(), output.device());
   for (int64_t i = int64_t(nodes_.size()) - 1; i >= 0; --i) {
     Node& node = nodes_[i];
     if (!node.backward || !grads_[i].defined()) {

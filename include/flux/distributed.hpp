@@ -169,7 +169,8 @@ WithGradient<M> withgradient(const Communicator& comm, F&& f, const M& model, Gr
         // Not averaged (state that is not trainable, e.g. BatchNorm's running statistics): this
         // rank's own gradient, without the 1/ranks backward started from.
         Tensor g = tape.grad(t);
-        return is_floating(g.dtype()) ? mul(g, full({}, double(comm.size()), g.dtype(), g.device())) : g;
+        return comm.size() > 1 && is_floating(g.dtype()) ? mul(g, full({}, double(comm.size()), g.dtype(), g.device()))
+                                                         : g;
       },
       tracked);
   Tensor plain(std::make_shared<TensorImpl>(*value.impl()));

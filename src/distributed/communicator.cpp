@@ -216,21 +216,7 @@ void InFlight::wait(const char* api, double timeout) {
 }
 
 InFlight start_allreduce_sum(CommunicatorState& s, void* data, int64_t count, DType t) {
-  InFlight op;
-  op.impl = std::make_unique<InFlight::Impl>();
-#if FLUX_HAVE_MPI
-  if (s.mpi && s.size > 1) {
-    op.impl->state = &s;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, int(count), mpi_type(t, "distributed::allreduce"), MPI_SUM,
-                             s.mpi->comm, &op.impl->request),
-              "distributed::allreduce", "MPI_Iallreduce");
-  } else {
-    op.impl->done = true;
-  }
-#else
-  (void)s, (void)data, (void)count, (void)t;
-#endif
-  return op;
+  return start_allreduce_sum(s, data, data, count, t);
 }
 
 InFlight start_allreduce_sum(CommunicatorState& s, const void* send, void* recv, int64_t count, DType t) {
@@ -239,8 +225,8 @@ InFlight start_allreduce_sum(CommunicatorState& s, const void* send, void* recv,
 #if FLUX_HAVE_MPI
   if (s.mpi && s.size > 1) {
     op.impl->state = &s;
-    check_mpi(MPI_Iallreduce(send, recv, int(count), mpi_type(t, "distributed::allreduce"), MPI_SUM, s.mpi->comm,
-                             &op.impl->request),
+    check_mpi(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, int(count), mpi_type(t, "distributed::allreduce"),
+                             MPI_SUM, s.mpi->comm, &op.impl->request),
               "distributed::allreduce", "MPI_Iallreduce");
     return op;
   }

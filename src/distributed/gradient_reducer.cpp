@@ -11,8 +11,9 @@
 // progress thread (GradientOptions::progress_thread) calls MPI_Test on the pieces in flight every
 // 100 us while any is in flight, and sleeps otherwise; the reducer's mutex keeps its MPI calls and
 // the main thread's launches one at a time (MPI_THREAD_SERIALIZED). Without it, every gradient
-// report lets MPI progress. finish() stops the thread and waits for the rest. On a backend with device collectives (NCCL) a bucket is concatenated
-// on its device and reduced there, on the device's stream, without host copies.
+// report lets MPI progress. finish() stops the thread and waits for the rest. On a backend with
+// device collectives (NCCL) a bucket is concatenated on its device and reduced there, on the device's
+// stream, without host copies.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>

@@ -46,8 +46,8 @@ class InFlight {
 
 /// In-place sum of `count` host elements of dtype t (f32, f64, i32, i64, u8) over all ranks.
 InFlight start_allreduce_sum(CommunicatorState& s, void* data, int64_t count, DType t);
-/// The same from `send` (only read) into `recv` (count < 2^31): Open MPI's non-blocking allreduce
-/// copies an in-place buffer aside first; a separate send buffer saves that pass over the data.
+/// The same from `send` (only read) into `recv` (count < 2^31; send == recv: in place). Open MPI's
+/// non-blocking allreduce copies an in-place buffer aside first; a separate send buffer saves that pass.
 InFlight start_allreduce_sum(CommunicatorState& s, const void* send, void* recv, int64_t count, DType t);
 /// Blocking forms (with the timeout): in-place sum, root's bytes to all, every rank's bytes in rank order.
 void allreduce_sum(CommunicatorState& s, void* data, int64_t count, DType t, const char* api);
