@@ -42,10 +42,12 @@ bool library_kernels();
 
 #include "bench_common.hpp"
 
-// From src/backends/cpu (not installed): the CPU kernels' ISA level, and the GEMM engine override
-// (--gemm=auto|openblas|onednn; auto, the default, is the per-shape measured choice).
+// From src/backends/cpu (not installed): the CPU kernels' ISA level and a cap on it (FLUX_BENCH_MAX_ISA,
+// set by run_bench.py --max-isa), and the GEMM engine override (--gemm=auto|openblas|onednn; auto, the
+// default, is the per-shape measured choice).
 namespace flux::detail {
 const char* cpu_isa_name();
+int cpu_force_isa(int level);
 int cpu_force_gemm_engine(int engine);
 }  // namespace flux::detail
 
@@ -373,6 +375,15 @@ int main(int argc, char** argv) {
       return 2;
     }
     detail::cpu_force_gemm_engine(engine);
+  }
+  if (const char* cap = std::getenv("FLUX_BENCH_MAX_ISA"); cap && *cap) {
+    std::string c = cap;
+    int level = c == "baseline" ? 0 : c == "avx2" ? 1 : c == "avx512" ? 2 : -1;
+    if (level < 0) {
+      std::fprintf(stderr, "flux_bench: FLUX_BENCH_MAX_ISA takes baseline, avx2 or avx512, got %s\n", cap);
+      return 2;
+    }
+    detail::cpu_force_isa(level);
   }
   std::printf("flux_cpu_isa %s\n", detail::cpu_isa_name());
   seed(1);

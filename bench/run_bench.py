@@ -87,11 +87,29 @@ TARGETS = {
 }
 
 
+# --max-isa avx2: every program runs its AVX2 code paths on this (AVX-512) CPU, to measure the AVX2 kind
+# of machine on the core at hand: flux's own kernels (FLUX_BENCH_MAX_ISA, read by flux_bench), OpenBLAS's
+# kernels (OPENBLAS_CORETYPE=Haswell), oneDNN 2.x and 3.x (flux, Debian LibTorch, the torch wheel),
+# ATen's vectorised kernels (ATEN_CPU_CAPABILITY) and MKL. ONNX Runtime's MLAS has no such switch: it
+# keeps its AVX-512 kernels, which the header says.
+MAX_ISA_ENV = {
+    "avx2": dict(FLUX_BENCH_MAX_ISA="avx2", OPENBLAS_CORETYPE="Haswell", ONEDNN_MAX_CPU_ISA="AVX2",
+                 DNNL_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2"),
+}
+MAX_ISA = None
+
+
+def capped(env):
+    if MAX_ISA:
+        env.update(MAX_ISA_ENV[MAX_ISA])
+    return env
+
+
 def base_env():
     env = dict(os.environ)
     for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "FLUX_NUM_THREADS", "OMP_WAIT_POLICY"):
         env.pop(k, None)
-    return env
+    return capped(env)
 
 
 def flux_env(threads):
@@ -103,7 +121,7 @@ def flux_env(threads):
 
 
 def torch_env(threads, best):
-    env = base_env() if best else dict(os.environ)
+    env = base_env() if best else capped(dict(os.environ))
     env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     if best:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -302,7 +320,11 @@ def main():
     ap.add_argument("--peers", default="lt113,lt2,py2,ort")
     ap.add_argument("--opencl-cases", default="seed,mnist,overhead,infer")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--max-isa", choices=sorted(MAX_ISA_ENV), default=None,
+                    help="run every program's AVX2 code paths on an AVX-512 CPU (see MAX_ISA_ENV)")
     args = ap.parse_args()
+    global MAX_ISA
+    MAX_ISA = args.max_isa
     bindir = os.path.join(args.build, "bin")
     flux = os.path.join(bindir, "flux_bench")
     peers = Peers(args.build, [p for p in args.peers.split(",") if p])
@@ -317,12 +339,15 @@ def main():
 
     # The header: machine, ISA, BLAS core, peer versions.
     blas = dict(run_text([flux, "blas"], flux_env(1)))
-    blas_user = dict(run_text([flux, "blas"], dict(os.environ, OPENBLAS_NUM_THREADS="1")))
+    blas_user = dict(run_text([flux, "blas"], capped(dict(os.environ, OPENBLAS_NUM_THREADS="1"))))
     info = peers.versions()
     commit = (run_raw(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], dict(os.environ)) or "?").strip()
     print(f"flux-cpp benchmarks, {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, commit {commit}, "
           f"{os.cpu_count()} cores: {cpu_model()}")
     print(f"- ISA: {isa()}")
+    if MAX_ISA:
+        print(f"- **Capped to {MAX_ISA.upper()}** (--max-isa): {', '.join(f'{k}={v}' for k, v in MAX_ISA_ENV[MAX_ISA].items())} "
+              f"for every program; ONNX Runtime's kernels are not capped")
     core = blas.get("blas_core", "?")
     user_core = blas_user.get("blas_core", "?")
     user_note = "" if user_core == core else \
@@ -387,7 +412,7 @@ def main():
                     # the better counts.
                     jobs.append(("limit", [flux, "sgemm"], flux_env(t)))
                     e = flux_env(t)
-                    e["OPENBLAS_CORETYPE"] = "SkylakeX" if "avx512f" in cpu_flags() else "Haswell"
+                    e["OPENBLAS_CORETYPE"] = "SkylakeX" if "avx512f" in cpu_flags() and not MAX_ISA else "Haswell"
                     jobs.append(("limit", [flux, "sgemm"], e))
                 if have_opencl and case in args.opencl_cases.split(","):
                     e = flux_env(t)
