@@ -70,6 +70,18 @@ template <class T, UnaryOp Op> void run(const T* s, T* d, int64_t n, double alph
     unary_range(s, d, b, e, alpha, std::integral_constant<UnaryOp, Op>{});
   });
 }
+// sigmoid(u) and sigmoid(-u) from one exponential, as vmath::sigmoid computes each (the same values):
+// e = e^{-|u|}, r = 1 / (1 + e); sigmoid(u) = r for u >= 0, else e r, and the other way round for -u.
+// Both products are formed before the selects: straight-line code the AVX2 variant vectorises too.
+template <class T> FLUX_CPU_INLINE void sigmoid_pair(T u, T& s_pos, T& s_neg) {
+  const T en = vmath::exp(-std::abs(u));
+  const T r = T(1) / (T(1) + en);
+  const T er = en * r;
+  const bool pos = u >= T(0);
+  s_pos = pos ? r : er;
+  s_neg = pos ? er : r;
+}
+
 // dx = g f'(x) for gelu (tanh form) and swish; the formulas of src/ops/elementwise.cpp's backward
 // (sigmoid(-u) rather than 1 - sigmoid(u), exact in the tails).
 template <class T, UnaryOp Op>
@@ -77,15 +89,16 @@ FLUX_CPU_INLINE void unary_backward_body(const T* __restrict x, const T* __restr
                                          int64_t e, std::integral_constant<UnaryOp, Op>) {
   for (int64_t i = b; i < e; ++i) {
     const T v = x[i];
+    T s, sn;
     if constexpr (Op == UnaryOp::gelu) {
       const T c2 = T(1.5957691216057308), k = T(0.044715);
       const T x2 = v * v;
       const T u = v * (T(1) + x2 * k) * c2;
-      const T s = vmath::sigmoid(u);
-      dx[i] = g[i] * (s + v * s * vmath::sigmoid(-u) * (T(1) + x2 * (T(3) * k)) * c2);
+      sigmoid_pair(u, s, sn);
+      dx[i] = g[i] * (s + v * s * sn * (T(1) + x2 * (T(3) * k)) * c2);
     } else {
-      const T s = vmath::sigmoid(v);
-      dx[i] = g[i] * (s + v * s * vmath::sigmoid(-v));
+      sigmoid_pair(v, s, sn);
+      dx[i] = g[i] * (s + v * s * sn);
     }
   }
 }
