@@ -52,9 +52,23 @@ std::string to_string(const Shape& s) {
 std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << to_string(s); }
 
 // ---------------- Storage ----------------
-Storage::Storage(backend::Backend* b, Device d, size_t nbytes) : backend(b), device(std::move(d)), bytes(nbytes) {
+Storage::Storage(backend::Backend* b, Device d, size_t nbytes)
+    : backend(b), device(std::move(d)), bytes(nbytes), stamp(detail::fresh_stamp()) {
   buffer = backend->allocate(device.index(), bytes);
 }
+
+namespace detail {
+uint64_t fresh_stamp() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+void mark_written(const Tensor& t) {
+  if (t.defined() && t.impl()->storage) t.impl()->storage->stamp.store(fresh_stamp(), std::memory_order_relaxed);
+}
+uint64_t content_stamp(const Tensor& t) {
+  return t.defined() && t.impl()->storage ? t.impl()->storage->stamp.load(std::memory_order_relaxed) : 0;
+}
+}  // namespace detail
 Storage::~Storage() { backend->deallocate(device.index(), buffer, bytes); }
 
 // ---------------- Tensor basics ----------------

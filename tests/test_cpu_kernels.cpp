@@ -613,3 +613,130 @@ TEST(CpuGemm, MeasuredChoiceIsStableWithinAProcess) {
 }
 
 }  // namespace
+
+namespace {
+
+// Dense inference with kept (prepacked) weights, cpu::linear_forward, against a float64 loop:
+// y = relu?(x w^T + bias). Same stamp: the kept copy is read (so a change made behind the stamp's back
+// does not show: that is what proves it is kept); a new stamp: packed again from the new weights.
+std::vector<double> linear_ref(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>* b,
+                               int64_t n, int64_t in, int64_t out, bool relu) {
+  std::vector<double> y(size_t(n * out));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = b ? double((*b)[size_t(o)]) : 0.0;
+      for (int64_t l = 0; l < in; ++l) acc += double(x[size_t(i * in + l)]) * double(w[size_t(o * in + l)]);
+      y[size_t(i * out + o)] = relu ? std::max(acc, 0.0) : acc;
+    }
+  return y;
+}
+
+double max_abs_diff(const std::vector<float>& got, const std::vector<double>& want) {
+  double worst = got.size() == want.size() ? 0.0 : 1e300;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+    worst = std::max(worst, std::abs(double(got[i]) - want[i]) / std::max(1.0, std::abs(want[i])));
+  return worst;
+}
+
+TEST(CpuLinear, KeptWeightsMatchReferenceAndFollowTheStamp) {
+  struct Case {
+    int64_t n, in, out;
+  };
+  uint64_t stamp = 1000;
+  for (Case s : {Case{128, 784, 512}, Case{128, 512, 10}, Case{8, 17, 33}, Case{300, 96, 70}, Case{64, 1, 1}})
+    for (bool bias : {true, false})
+      for (bool relu : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "n " << s.n << " in " << s.in << " out " << s.out << " bias " << bias
+                                          << " relu " << relu);
+        std::vector<float> x = random_floats(size_t(s.n * s.in), -1, 1, 51);
+        std::vector<float> w = random_floats(size_t(s.out * s.in), -1, 1, 52);
+        std::vector<float> b = random_floats(size_t(s.out), -1, 1, 53);
+        std::vector<float> y(size_t(s.n * s.out), -7.f);
+        const std::vector<double> want = linear_ref(x, w, bias ? &b : nullptr, s.n, s.in, s.out, relu);
+        ++stamp;
+        bool ran = cpu::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(), s.n,
+                                       s.in, s.out, relu);
+        if (!FLUX_TEST_HAVE_ONEDNN) {
+          EXPECT_FALSE(ran);
+        }
+        if (!ran) continue;  // oneDNN may decline odd shapes (reference kernel only): the GEMM path runs
+        EXPECT_LT(max_abs_diff(y, want), 1e-4);
+        // The same buffer and stamp: the kept copy, however the buffer changed meanwhile.
+        for (float& v : w) v = -v;
+        std::fill(y.begin(), y.end(), -7.f);
+        ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
+                                        s.n, s.in, s.out, relu));
+        const std::vector<double> want_new = linear_ref(x, w, bias ? &b : nullptr, s.n, s.in, s.out, relu);
+        // Whether a copy is kept depends on the kernel oneDNN picks (a plain-layout kernel keeps none):
+        // either the old weights' result (kept) or the new one (read in place), never anything else.
+        double d_old = max_abs_diff(y, want), d_new = max_abs_diff(y, want_new);
+        EXPECT_TRUE(d_old < 1e-4 || d_new < 1e-4) << d_old << " " << d_new;
+        // A new stamp: the new weights.
+        ++stamp;
+        std::fill(y.begin(), y.end(), -7.f);
+        ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
+                                        s.n, s.in, s.out, relu));
+        EXPECT_LT(max_abs_diff(y, want_new), 1e-4);
+      }
+}
+
+TEST(CpuLinear, KeepsACopyForMnistShapesAndDeclinesWhatItCannotKeep) {
+  if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN";
+  const int64_t n = 128, in = 784, out = 512;
+  std::vector<float> x = random_floats(size_t(n * in), -1, 1, 61), w = random_floats(size_t(out * in), -1, 1, 62);
+  std::vector<float> y1(size_t(n * out)), y2(size_t(n * out));
+  ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), 77, nullptr, y1.data(), n, in, out, false));
+  for (float& v : w) v *= 2;  // behind the stamp's back: a kept copy ignores it
+  ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), 77, nullptr, y2.data(), n, in, out, false));
+  EXPECT_EQ(y1, y2) << "MNIST's first layer should run from a packed copy (oneDNN's blocked weights)";
+  // Not for it: float64, unknown stamp, one row (GEMV), fewer than 8 rows.
+  std::vector<double> xd(size_t(n * in)), wd(size_t(out * in)), yd(size_t(n * out));
+  EXPECT_FALSE(cpu::linear_forward(DType::f64, xd.data(), wd.data(), 5, nullptr, yd.data(), n, in, out, false));
+  EXPECT_FALSE(cpu::linear_forward(DType::f32, x.data(), w.data(), 0, nullptr, y1.data(), n, in, out, false));
+  EXPECT_FALSE(cpu::linear_forward(DType::f32, x.data(), w.data(), 78, nullptr, y1.data(), 1, in, out, false));
+  EXPECT_FALSE(cpu::linear_forward(DType::f32, x.data(), w.data(), 78, nullptr, y1.data(), 7, in, out, false));
+}
+
+}  // namespace
+
+namespace {
+
+// Forward convs keep their weights reordered into oneDNN's blocked layout under
+// ConvGeometry::weight_stamp: the same stamp reads the kept copy, a new stamp (or 0) reorders anew;
+// results equal the unkept call's bit for bit. Convs of one geometry share the cached primitive and
+// keep one copy each.
+TEST(CpuConv, ForwardKeepsReorderedWeightsPerStamp) {
+  if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN";
+  for (int64_t batch : {2, 1}) {  // batch 1: output channels split over the pool, one copy per piece
+    SCOPED_TRACE(::testing::Message() << "batch " << batch);
+    backend::ConvGeometry g;
+    g.batch = batch, g.in_channels = 16, g.out_channels = 32;
+    g.in[0] = 9, g.in[1] = 10, g.kernel[0] = g.kernel[1] = 3, g.pad_lo[0] = g.pad_lo[1] = 1;
+    g.pad_hi[0] = g.pad_hi[1] = 1, g.out[0] = 9, g.out[1] = 10;
+    std::vector<float> x = random_floats(size_t(batch * 16 * 90), -1, 1, 71);
+    std::vector<float> w1 = random_floats(size_t(32 * 16 * 9), -1, 1, 72), w2 = random_floats(size_t(32 * 16 * 9), -1, 1, 73);
+    std::vector<float> b = random_floats(32, -1, 1, 74);
+    const size_t ny = size_t(batch * 32 * 90);
+    auto run = [&](std::vector<float>& w, uint64_t stamp) {
+      std::vector<float> y(ny, -7.f);
+      backend::ConvGeometry gs = g;
+      gs.weight_stamp = stamp;
+      EXPECT_TRUE(cpu::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), gs));
+      return y;
+    };
+    const std::vector<float> y1 = run(w1, 0), y2 = run(w2, 0);  // nothing kept: the reference
+    EXPECT_NE(y1, y2);
+    EXPECT_EQ(run(w1, 501), y1);
+    EXPECT_EQ(run(w2, 502), y2);  // a second conv of the same geometry: its own copy
+    EXPECT_EQ(run(w1, 501), y1);
+    EXPECT_EQ(run(w2, 502), y2);
+    std::vector<float> w1_before = w1;
+    w1 = w2;  // behind the stamp's back: the kept copy of w1 still answers
+    EXPECT_EQ(run(w1, 501), y1);
+    EXPECT_EQ(run(w1, 503), y2);  // a new stamp: reordered from what the buffer holds now
+    w1 = w1_before;
+    EXPECT_EQ(run(w1, 0), y1);  // stamp 0: always reordered
+  }
+}
+
+}  // namespace

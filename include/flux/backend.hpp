@@ -10,7 +10,7 @@
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 7;
+inline constexpr int kBackendAbiVersion = 8;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
@@ -73,6 +73,9 @@ struct ConvGeometry {
   int64_t batch = 0, in_channels = 0, out_channels = 0, groups = 1;
   int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, kernel[3] = {1, 1, 1};
   int64_t stride[3] = {1, 1, 1}, pad_lo[3] = {0, 0, 0}, pad_hi[3] = {0, 0, 0}, dilation[3] = {1, 1, 1};
+  /// Forward convs: the weights' content stamp (Storage::stamp; 0 = unknown). A backend may keep the
+  /// weights reordered into its kernel's layout and reuse them while the stamp is the same.
+  uint64_t weight_stamp = 0;
 };
 
 /// Pooling kinds. mean divides by the full window size, padding included (NNlib's meanpool and
@@ -247,6 +250,16 @@ class Backend {
 
   // Library fast paths (oneDNN, cuDNN). Each returns false when the backend has none for this case;
   // the core then runs the portable path built from the primitives above (im2col + matmul).
+  /// Inference only (never recorded for gradients): y (n, out) = x (n, in) w^T + bias, w (out, in)
+  /// row-major, bias (out,) (bias.handle == nullptr: none), then relu when asked. w_stamp: w's content
+  /// stamp (Storage::stamp, never 0); the backend may keep w packed for its GEMM kernel and reuse it
+  /// while the stamp is the same. false: the core runs its GEMM path.
+  virtual bool linear_forward(int device, DType t, Buffer x, Buffer w, uint64_t w_stamp, Buffer bias, Buffer y,
+                              int64_t n, int64_t in, int64_t out, bool relu) {
+    (void)device, (void)t, (void)x, (void)w, (void)w_stamp, (void)bias, (void)y, (void)n, (void)in, (void)out,
+        (void)relu;
+    return false;
+  }
   /// y = conv(x, w) + bias (bias.handle == nullptr: none).
   virtual bool conv_forward(int device, DType t, Buffer x, Buffer w, Buffer bias, Buffer y, const ConvGeometry& g) {
     (void)device, (void)t, (void)x, (void)w, (void)bias, (void)y, (void)g;

@@ -1,6 +1,7 @@
 // Tensor: a small handle to shape, dtype, device and shared storage. Row-major and contiguous;
 // observations along the first axis.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <iosfwd>
@@ -46,6 +47,10 @@ struct Storage {
   Device device;
   backend::Buffer buffer;
   size_t bytes = 0;
+  /// Names the content: a process-wide number never used before, given at allocation and again by
+  /// every in-place write (copy_, sub_, optimiser steps, state loading, collectives). Caches derived
+  /// from the content (the CPU backend's prepacked weights) are valid while it is unchanged.
+  std::atomic<uint64_t> stamp{0};
   Storage(backend::Backend* b, Device d, size_t nbytes);
   ~Storage();
   Storage(const Storage&) = delete;
@@ -105,7 +110,9 @@ class Tensor {
 
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
-  backend::Buffer buffer() const;               // storage buffer with this tensor's offset applied
+  /// The storage buffer with this tensor's offset applied. Writing through it in place bypasses
+  /// Storage::stamp: the library's in-place writers (copy_, sub_, optimisers, load) renew the stamp.
+  backend::Buffer buffer() const;
   backend::Backend& backend() const;
 
  private:

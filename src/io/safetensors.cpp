@@ -20,6 +20,7 @@
 
 #include "flux/backend.hpp"
 #include "flux/ops.hpp"
+#include "src/internal.hpp"
 #include "src/io/safetensors_format.hpp"
 
 namespace flux {
@@ -110,6 +111,7 @@ void copy_entry_into(const Reader& reader, const safetensors::Entry& e, Tensor& 
   size_t nbytes = size_t(e.end - e.begin);
   if (e.dtype == dst.dtype()) {
     if (nbytes) dst.backend().copy_from_host(dst.device().index(), dst.buffer(), reader.bytes(e), nbytes);
+    detail::mark_written(dst);
     sync.touch(dst.device());
     return;
   }

@@ -36,20 +36,24 @@ Tensor Dense::operator()(const Tensor& x0) const {
     detail::fail("[Dense] input on ", to_string(x.device()), " but the layer's weight on ", to_string(weight.device()),
                  "; move one with to() or | dev");
   Tensor y;
+  const bool relu = activation.is<Relu>();
+  bool relu_pending = relu;  // cleared when the inference path fused it
   if (bias.defined()) {  // fused bias (float input), else below; (..., in) runs as one (rows, in) GEMM
     if (x.ndim() > 2) {
       Shape out_shape = x.shape();
       out_shape[out_shape.size() - 1] = weight.shape()[0];
-      y = detail::linear(x.reshape(Shape{x.numel() / in, in}), weight, bias);
+      y = detail::linear(x.reshape(Shape{x.numel() / in, in}), weight, bias, &relu_pending);
       if (y.defined()) y = y.reshape(out_shape);
     } else {
-      y = detail::linear(x, weight, bias);
+      y = detail::linear(x, weight, bias, &relu_pending);
     }
   }
   if (!y.defined()) {
+    relu_pending = relu;
     y = matmul(x, weight, false, true);
     if (bias.defined()) y = y + bias;
   }
+  if (relu && !relu_pending) return y;
   return activation(y);
 }
 

@@ -321,6 +321,7 @@ ConvGeometry conv_geometry(const Tensor& x, const Tensor& w, const Tensor& bias,
 
 Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p, bool relu) {
   ConvGeometry g = conv_geometry(x, w, bias, p);
+  g.weight_stamp = content_stamp(w);
   Tensor y = conv_forward_raw(x, w, bias, g, relu);
   bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
   if (need_x || need_w || need_b) {
@@ -353,6 +354,7 @@ Tensor detail::conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale
   // Never on a tape: the fused kernel has no backward (callers run the recorded composition there).
   if (autodiff::recording() || !library_kernels()) return Tensor();
   ConvGeometry g = conv_geometry(x, w, Tensor(), p);
+  g.weight_stamp = content_stamp(w);
   const DType t = x.dtype();
   for (const Tensor* v : {&scale, &shift})
     if (!v->defined() || v->dtype() != t || v->device() != x.device() || v->shape() != Shape{g.out_channels})

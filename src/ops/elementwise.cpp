@@ -412,6 +412,7 @@ void copy_(Tensor& dst, const Tensor& src) {
   if (s.device() != dst.device()) s = to(s, dst.device());
   if (s.dtype() != dst.dtype()) s = raw_cast(s, dst.dtype());
   if (dst.nbytes()) dst.backend().copy(dst.device().index(), dst.buffer(), s.buffer(), dst.nbytes());
+  mark_written(dst);
 }
 
 void sub_(Tensor& dst, const Tensor& src) {
@@ -430,6 +431,7 @@ void sub_(Tensor& dst, const Tensor& src) {
   backend::Broadcast plan = make_plan(dst.shape(), {&dst.shape(), &src.shape()});
   if (dst.numel())
     dst.backend().binary(dst.device().index(), BinaryOp::sub, dst.dtype(), dst.buffer(), src.buffer(), dst.buffer(), plan);
+  mark_written(dst);
 }
 
 }  // namespace flux

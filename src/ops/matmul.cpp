@@ -68,15 +68,22 @@ Tensor matmul_core(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 
 }  // namespace
 
-Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool* relu) {
   DType t = x.dtype();
   if ((t != DType::f32 && t != DType::f64) || w.dtype() != t || b.dtype() != t || x.ndim() != 2 || w.ndim() != 2 ||
       b.ndim() != 1 || x.device() != w.device() || b.device() != w.device())
     return Tensor();
   int64_t n = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
   if (w.shape()[1] != in || b.shape()[0] != out || n == 0) return Tensor();
-  // y (n, out): every row a copy of b, then y += x W^T.
   Tensor y = Tensor::empty(Shape{n, out}, t, x.device());
+  bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(b);
+  if (!need_x && !need_w && !need_b && library_kernels() &&
+      x.backend().linear_forward(x.device().index(), t, x.buffer(), w.buffer(), content_stamp(w), b.buffer(),
+                                 y.buffer(), n, in, out, relu && *relu)) {
+    if (relu) *relu = false;  // applied
+    return y;
+  }
+  // y (n, out): every row a copy of b, then y += x W^T.
   backend::StridedCopy rows;
   rows.ndim = 2;
   rows.shape[0] = n, rows.shape[1] = out;
@@ -89,7 +96,6 @@ Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   g.stride_a = n * in, g.stride_b = out * in, g.stride_c = n * out;
   g.beta = 1.0;
   x.backend().matmul(x.device().index(), t, x.buffer(), w.buffer(), y.buffer(), g);
-  bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(b);
   autodiff::record(y, {&x, &w, &b}, [x, w, need_x, need_w, need_b](const Tensor& gy) {
     Tensor dx, dw, db;
     if (need_x) dx = matmul(gy, w);                 // (n, out) (out, in)

@@ -57,6 +57,9 @@ void adam_fused(LeafState& s, Tensor& x, const Tensor& dx, double eta, double b1
   Tensor g = dx.dtype() == x.dtype() ? dx : dx.cast(x.dtype());
   x.backend().adam_step(x.device().index(), x.dtype(), x.buffer(), g.buffer(), s.buffers[0].buffer(),
                         s.buffers[1].buffer(), x.numel(), st);
+  flux::detail::mark_written(x);
+  flux::detail::mark_written(s.buffers[0]);
+  flux::detail::mark_written(s.buffers[1]);
 }
 Tensor adam_apply(LeafState& s, const Tensor& dx, double eta, double b1, double b2, double eps) {
   ++s.t;

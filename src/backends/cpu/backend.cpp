@@ -220,6 +220,11 @@ class CpuBackend final : public backend::Backend {
                          const backend::ConvGeometry& g) override {
     return cpu::onednn_conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g, true);
   }
+  bool linear_forward(int, DType t, backend::Buffer x, backend::Buffer w, uint64_t w_stamp, backend::Buffer bias,
+                      backend::Buffer y, int64_t n, int64_t in, int64_t out, bool relu) override {
+    return cpu::linear_forward(t, ptr(x), ptr(w), w_stamp, bias.handle ? ptr(bias) : nullptr, ptr(y), n, in, out,
+                               relu);
+  }
   bool conv_forward_affine(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer scale,
                            backend::Buffer shift, backend::Buffer residual, backend::Buffer y,
                            const backend::ConvGeometry& g, bool relu, bool relu_after) override {

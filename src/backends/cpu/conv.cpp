@@ -143,6 +143,17 @@ Key make_key(Kind kind, bool bias, const backend::ConvGeometry& g, const Epilogu
   return k;
 }
 
+/// A forward's weights reordered into the kernel's layout, kept for the next call with the same
+/// content: the user buffer, its content stamp (ConvGeometry::weight_stamp) and, for the fused
+/// BatchNorm forward, the per-channel scales the reorder multiplied in.
+struct WeightCopy {
+  const void* from = nullptr;
+  uint64_t stamp = 0;
+  std::vector<float> scales;
+  memory inner;
+  uint64_t used = 0;  // the entry's call count at the last use (least recently used goes first)
+};
+
 /// One primitive argument: the plain (user) memory, and when the primitive chose another layout, a
 /// scratch memory in that layout with the reorder between them.
 struct Operand {
@@ -153,7 +164,12 @@ struct Operand {
   memory inner;  // == user when no reorder is needed
   dnnl::reorder reorder;
   bool reordered = false;
+  std::vector<WeightCopy> copies;  // forward weights with a known stamp (one per conv sharing this entry)
 };
+
+/// Reordered weight copies kept per entry: convs of one geometry share an entry (ResNet-18 has up
+/// to four per stage), each keeps its own copy.
+constexpr size_t kWeightCopies = 8;
 
 constexpr int kNoArgument = -1;
 
@@ -167,6 +183,7 @@ struct Entry {
   memory scratchpad;  // its own (scratchpad_mode::user): chunks run concurrently on pool threads
   Residual residual = Residual::none;
   Operand residual_operand;  // plain (N, O, out...) residual -> the destination's layout
+  uint64_t calls = 0;
 };
 
 dnnl::primitive_attr user_scratchpad() {
@@ -414,13 +431,59 @@ Entry* lookup(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g, int
   return it->second.get();
 }
 
-/// residual: Kind::forward_affine's residual (plain, the destination's shape), or null.
-void execute(Dnnl& s, Entry& e, const std::vector<void*>& buffers, void* residual) {
+/// The forward's weights in the kernel's layout for this call: a kept copy when one was made from the
+/// same buffer with the same content stamp (and scales), else reordered now into the copy of this
+/// buffer or the least recently used one. The weights' user memory has this call's handle.
+const memory& kept_weights(Entry& e, Operand& op, uint64_t stamp, dnnl::stream& stream) {
+  const void* from = op.user.get_data_handle();
+  const float* scales = nullptr;
+  size_t n_scales = 0;
+  if (op.scales >= 0) {
+    const memory& sm = e.operands[size_t(op.scales)].user;
+    scales = static_cast<const float*>(sm.get_data_handle());
+    n_scales = sm.get_desc().get_size() / sizeof(float);
+  }
+  ++e.calls;
+  WeightCopy* slot = nullptr;
+  for (WeightCopy& c : op.copies)
+    if (c.from == from) slot = &c;
+  if (slot && slot->stamp == stamp && std::equal(slot->scales.begin(), slot->scales.end(), scales, scales + n_scales) &&
+      slot->scales.size() == n_scales) {
+    slot->used = e.calls;
+    return slot->inner;
+  }
+  if (!slot && op.copies.size() < kWeightCopies) {
+    op.copies.emplace_back();
+    slot = &op.copies.back();
+    slot->inner = memory(op.inner.get_desc(), op.inner.get_engine());
+  }
+  if (!slot)
+    slot = &*std::min_element(op.copies.begin(), op.copies.end(),
+                              [](const WeightCopy& a, const WeightCopy& b) { return a.used < b.used; });
+  if (op.scales >= 0)
+    op.reorder.execute(stream, {{DNNL_ARG_FROM, op.user}, {DNNL_ARG_TO, slot->inner},
+                                {DNNL_ARG_ATTR_OUTPUT_SCALES, e.operands[size_t(op.scales)].user}});
+  else
+    op.reorder.execute(stream, op.user, slot->inner);
+  slot->from = from;
+  slot->stamp = stamp;
+  slot->scales.assign(scales, scales + n_scales);
+  slot->used = e.calls;
+  return slot->inner;
+}
+
+/// residual: Kind::forward_affine's residual (plain, the destination's shape), or null. stamp: the
+/// weights' content stamp for a forward (0: unknown, reorder them).
+void execute(Dnnl& s, Entry& e, const std::vector<void*>& buffers, void* residual, uint64_t stamp) {
   thread_local dnnl::stream stream(s.engine);  // one stream per pool thread
   if (s.omp_set_num_threads) s.omp_set_num_threads(s.pool_threading ? 1 : num_threads());
   std::unordered_map<int, memory> args;
   for (size_t i = 0; i < e.operands.size(); ++i) e.operands[i].user.set_data_handle(buffers[i]);
   for (Operand& op : e.operands) {
+    if (stamp != 0 && op.reordered && op.input && op.arg == DNNL_ARG_WEIGHTS) {
+      args[op.arg] = kept_weights(e, op, stamp, stream);
+      continue;
+    }
     if (op.reordered && op.input && op.scales >= 0)
       op.reorder.execute(stream, {{DNNL_ARG_FROM, op.user}, {DNNL_ARG_TO, op.inner},
                                   {DNNL_ARG_ATTR_OUTPUT_SCALES, e.operands[size_t(op.scales)].user}});
@@ -462,6 +525,8 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
   std::vector<Entry*> entries;
   std::vector<std::vector<void*>> args;
   std::vector<void*> residuals;  // per chunk, for forward_affine
+  // Forwards only: a backward's weights could have been written since the forward read the stamp.
+  const uint64_t stamp = is_forward(kind) ? g.weight_stamp : 0;
   int64_t weight_size = (g.in_channels / g.groups) * g.out_channels;
   for (int i = 0; i < g.spatial; ++i) weight_size *= g.kernel[i];
   size_t partial_size = size_t(weight_size + (bias ? g.out_channels : 0));
@@ -472,9 +537,10 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
   // Runs entries[0, n) with their args: inline for one, one per pool task otherwise.
   auto execute_all = [&](int64_t n) {
     residuals.resize(size_t(n), nullptr);
-    if (n == 1) return execute(s, *entries[0], args[0], residuals[0]);
+    if (n == 1) return execute(s, *entries[0], args[0], residuals[0], stamp);
     parallel_for(n, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) execute(s, *entries[size_t(c)], args[size_t(c)], residuals[size_t(c)]);
+      for (int64_t c = begin; c < end; ++c)
+        execute(s, *entries[size_t(c)], args[size_t(c)], residuals[size_t(c)], stamp);
     });
   };
   int64_t oc_chunks = 1;

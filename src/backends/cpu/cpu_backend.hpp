@@ -25,6 +25,10 @@ void binary(backend::BinaryOp op, DType t, const void* a, const void* b, void* o
 void where(DType t, const void* cond, const void* a, const void* b, void* out, const backend::Broadcast& plan);
 void reduce(backend::ReduceOp op, DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner);
 void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm& g);
+/// Inference y (n, out) = relu?(x (n, in) w^T + bias) with w kept packed under w_stamp (Backend::
+/// linear_forward, matmul.cpp); false where the GEMM path runs instead.
+bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, const void* bias, void* y, int64_t n,
+                    int64_t in, int64_t out, bool relu);
 /// The library that runs a float32 GEMM piece (matmul.cpp): measured per shape (automatic) or forced.
 enum class GemmEngine : int { automatic = -1, openblas = 0, onednn = 1 };
 /// Tests and benchmarks: every later f32 GEMM piece uses `e` (automatic: measured); returns the old.

@@ -1,0 +1,203 @@
+// Kept weights: the CPU backend keeps a forward's weights in its kernel's layout (reordered conv
+// weights, prepacked Dense weights) under the content stamp of their storage (Storage::stamp), and
+// reuses them while the stamp is unchanged. These tests change the weights between forwards by every
+// in-place writer a user has (copy_, sub_, optimiser updates, loading a state, BatchNorm's running
+// statistics in training mode, a BatchNorm's eps) and by freeing a layer and making another of the
+// same shape; after each, the forward must equal a float64 reference of the new weights. On devices
+// that keep nothing (OpenCL) the same sequence runs and must agree too.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include <gmock/gmock.h>
+
+#include "test_devices.hpp"
+
+using namespace flux;
+using flux::testing::max_rel_error;
+
+namespace {
+
+class WeightCacheDevices : public ::testing::TestWithParam<Device> {};
+
+constexpr double kTol = 5e-5;
+
+/// float64 reference of a 2-D Conv layer with stride 1 and padding 1 on x (CPU, float64: the
+/// im2col + GEMM path, which keeps nothing).
+std::vector<double> conv_want(const Conv& c, const Tensor& x) {
+  Tensor b = c.bias.defined() ? to(c.bias, Device()).f64() : Tensor();
+  ConvParams p;
+  p.pad = 1;
+  return conv(to(x, Device()).f64(), to(c.weight, Device()).f64(), b, p).to_vector<double>();
+}
+
+/// float64 reference of a Dense layer (identity or relu) on x (N, in).
+std::vector<double> dense_want(const Dense& d, const Tensor& x, bool relu_after) {
+  Tensor y = matmul(to(x, Device()).f64(), to(d.weight, Device()).f64(), false, true);
+  if (d.bias.defined()) y = y + to(d.bias, Device()).f64();
+  std::vector<double> v = y.to_vector<double>();
+  if (relu_after)
+    for (double& e : v) e = std::max(e, 0.0);
+  return v;
+}
+
+std::string temp_path(const char* name) {
+  return (std::filesystem::temp_directory_path() / (std::string("flux_weight_cache_") + name)).string();
+}
+
+}  // namespace
+
+// One Conv, every way a user writes its weights, a forward after each (twice: the second reuses
+// whatever the first kept).
+TEST_P(WeightCacheDevices, ConvSeesEveryInPlaceWrite) {
+  const Device dev = GetParam();
+  seed(11);
+  Conv c = Conv({3, 3}, 16, 32, {.pad = 1}) | dev;
+  Tensor x = to(randn(Shape{2, 16, 9, 10}), dev);
+  auto check = [&](const char* what) {
+    SCOPED_TRACE(what);
+    std::vector<double> want = conv_want(c, x);
+    EXPECT_LT(max_rel_error(c(x), want), kTol);
+    EXPECT_LT(max_rel_error(c(x), want), kTol);
+  };
+  check("new layer");
+  copy_(c.weight, to(randn(c.weight.shape()), dev));
+  check("copy_ into the weight");
+  sub_(c.weight, full_like(c.weight, 0.25));
+  check("sub_ from the weight");
+  Tensor view = c.weight.slice(5, 6);  // a view shares the storage: writing it changes the weight
+  copy_(view, zeros_like(view));
+  check("copy_ into a slice of the weight");
+  for (int rule = 0; rule < 2; ++rule) {
+    auto loss = [&](Conv& m) { return sum(m(x) * m(x)); };
+    auto [l, g] = withgradient(loss, c);
+    (void)l;
+    if (rule == 0) {
+      auto st = optimisers::setup(optimisers::Adam(0.05), c);
+      optimisers::update(st, c, g);
+      check("Adam update");
+    } else {
+      auto st = optimisers::setup(optimisers::Descent(1e-4), c);
+      optimisers::update(st, c, g);
+      check("Descent update");
+    }
+  }
+  const std::string path = temp_path("conv.safetensors");
+  Conv other = Conv({3, 3}, 16, 32, {.pad = 1});
+  save(path, other);
+  load(path, c);
+  std::filesystem::remove(path);
+  EXPECT_EQ(c.weight.to_vector<float>(), other.weight.to_vector<float>());
+  check("state loaded from a file");
+}
+
+// Layers of one geometry share the backend's cached primitive; each must keep its own weights.
+// Freed layers' memory is reused by new ones of the same shape: the new weights must be used.
+TEST_P(WeightCacheDevices, ConvsOfOneShapeAndReusedMemory) {
+  const Device dev = GetParam();
+  seed(12);
+  std::vector<Conv> convs;
+  for (int i = 0; i < 10; ++i) convs.push_back(Conv({3, 3}, 16, 16, {.pad = 1, .bias = false}) | dev);
+  Tensor x = to(randn(Shape{1, 16, 8, 8}), dev);  // batch 1: output channels split over threads
+  Tensor x2 = to(randn(Shape{3, 16, 8, 8}), dev);
+  for (int round = 0; round < 3; ++round)
+    for (size_t i = 0; i < convs.size(); ++i) {
+      SCOPED_TRACE("conv " + std::to_string(i) + ", round " + std::to_string(round));
+      EXPECT_LT(max_rel_error(convs[i](x), conv_want(convs[i], x)), kTol);
+      EXPECT_LT(max_rel_error(convs[i](x2), conv_want(convs[i], x2)), kTol);
+    }
+  for (int i = 0; i < 20; ++i) {
+    SCOPED_TRACE("fresh layer " + std::to_string(i));
+    Conv c = Conv({3, 3}, 16, 16, {.pad = 1, .bias = false}) | dev;
+    EXPECT_LT(max_rel_error(c(x2), conv_want(c, x2)), kTol);
+  }
+}
+
+// Conv -> BatchNorm in test mode runs fused on the CPU: the BatchNorm's scale is multiplied into the
+// kept weights, so changing the running variance, the BatchNorm's weight or its eps must show.
+TEST_P(WeightCacheDevices, ConvBatchNormSeesBatchNormChanges) {
+  const Device dev = GetParam();
+  seed(13);
+  auto model = Chain(Conv({3, 3}, 16, 32, {.pad = 1, .bias = false}), BatchNorm(32, relu)) | dev;
+  testmode(model);
+  Tensor x = to(randn(Shape{2, 16, 9, 9}), dev);
+  auto check = [&](const char* what) {
+    SCOPED_TRACE(what);
+    const Conv& c = model.get<0>();
+    const BatchNorm& bn = model.get<1>();
+    std::vector<double> y = conv_want(c, x);
+    const std::vector<double> w = bn.weight.to_vector<double>(), b = bn.bias.to_vector<double>(),
+                              m = bn.running_mean.to_vector<double>(), v = bn.running_var.to_vector<double>();
+    const size_t per_channel = y.size() / (2 * 32);
+    for (size_t i = 0; i < y.size(); ++i) {
+      size_t ch = (i / per_channel) % 32;
+      y[i] = std::max(0.0, (y[i] - m[ch]) / std::sqrt(v[ch] + bn.eps) * w[ch] + b[ch]);
+    }
+    EXPECT_LT(max_rel_error(model(x), y), kTol);
+    EXPECT_LT(max_rel_error(model(x), y), kTol);
+  };
+  check("fresh BatchNorm");
+  copy_(model.get<1>().running_var, to(rand(Shape{32}) + 0.5, dev));
+  check("running_var written");
+  copy_(model.get<1>().weight, to(randn(Shape{32}), dev));
+  check("BatchNorm weight written");
+  model.get<1>().eps = 0.3;
+  check("eps changed");
+  trainmode(model);
+  model(x * 2.0 + 1.0);  // training mode: the running statistics move
+  testmode(model);
+  check("running statistics updated in training mode");
+}
+
+// Dense at batch sizes that run as a GEMM (the CPU may keep its weight prepacked) and as a GEMV.
+TEST_P(WeightCacheDevices, DenseSeesEveryInPlaceWrite) {
+  const Device dev = GetParam();
+  seed(14);
+  Dense d = Dense(96, 80, relu) | dev;
+  Tensor xs[] = {to(randn(Shape{64, 96}), dev), to(randn(Shape{1, 96}), dev), to(randn(Shape{5, 96}), dev)};
+  auto check = [&](const char* what) {
+    SCOPED_TRACE(what);
+    for (const Tensor& x : xs) {
+      std::vector<double> want = dense_want(d, x, true);
+      EXPECT_LT(max_rel_error(d(x), want), kTol) << "batch " << x.size(0);
+      EXPECT_LT(max_rel_error(d(x), want), kTol) << "batch " << x.size(0);
+    }
+  };
+  check("new layer");
+  copy_(d.weight, to(randn(d.weight.shape()), dev));
+  check("copy_ into the weight");
+  sub_(d.weight, full_like(d.weight, 0.125));
+  check("sub_ from the weight");
+  copy_(d.bias, to(randn(d.bias.shape()), dev));
+  check("copy_ into the bias");
+  auto loss = [&](Dense& m) { return sum(m(xs[0])); };
+  {
+    auto [l, g] = withgradient(loss, d);
+    (void)l;
+    auto st = optimisers::setup(optimisers::Adam(0.05), d);
+    optimisers::update(st, d, g);
+    check("Adam update");
+  }
+  {
+    auto [l, g] = withgradient(loss, d);
+    (void)l;
+    auto st = optimisers::setup(optimisers::Momentum(0.01, 0.9), d);
+    optimisers::update(st, d, g);
+    check("Momentum update");
+  }
+  const std::string path = temp_path("dense.safetensors");
+  Dense other(96, 80, relu);
+  save(path, other);
+  load(path, d);
+  std::filesystem::remove(path);
+  check("state loaded from a file");
+  // Layers of one shape, and fresh layers in freed memory.
+  for (int i = 0; i < 12; ++i) {
+    SCOPED_TRACE("fresh layer " + std::to_string(i));
+    Dense e = Dense(96, 80) | dev;
+    EXPECT_LT(max_rel_error(e(xs[0]), dense_want(e, xs[0], false)), kTol);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, WeightCacheDevices, ::testing::ValuesIn(flux::testing::test_devices()),
+                         flux::testing::device_test_name);
