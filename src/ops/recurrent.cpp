@@ -172,6 +172,11 @@ Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, cons
   assign(hist[0], h0);
   if (lstm) assign(c_hist[0], c0);
   Tensor hg = Tensor::empty(Shape{n, g}, t, dev);
+  // W_hh does not change during the recurrence: the backend may pack it for its GEMM kernel at the
+  // first step and read the packed copy at the other T - 1 (Backend::linear_forward, keyed by W_hh's
+  // content stamp), where a plain GEMM packs it at every step.
+  const uint64_t w_hh_stamp = detail::content_stamp(w_hh);
+  const bool kept_w_hh = detail::library_kernels();
   {
     autodiff::NoGrad no_grad;  // the whole recurrence is recorded once, below
     for (int64_t s = 0; s < steps; ++s) {
@@ -179,7 +184,9 @@ Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, cons
       Tensor c_prev = lstm ? c_hist[s] : Tensor(), c = lstm ? c_hist[s + 1] : Tensor();
       Tensor sv = saved.defined() ? saved[s] : Tensor();
       Tensor x_s = xg[s];
-      gemm(h_prev, w_hh, hg, n, g, hidden, true, 0.0);
+      if (!kept_w_hh || !be.linear_forward(dev.index(), t, h_prev.buffer(), w_hh.buffer(), w_hh_stamp,
+                                           backend::Buffer{}, hg.buffer(), n, hidden, g, false))
+        gemm(h_prev, w_hh, hg, n, g, hidden, true, 0.0);
       bool fused = fusable && be.recurrent_forward(dev.index(), cell, t, x_s.buffer(), hg.buffer(), buffer_or_none(b_hh),
                                                    h_prev.buffer(), buffer_or_none(c_prev), h.buffer(), buffer_or_none(c),
                                                    buffer_or_none(sv), n, hidden);
