@@ -388,9 +388,13 @@ TEST(RecurrentGradients, CellsMatchFiniteDifferences) {
   expect_close(gh, numeric_grad(h, [&] { return gru_loss(gc); }));
 }
 
+// N = 12: 8 rows or more, where the CPU runs h W_hh^T and dh W_hh from a W_hh packed once per
+// sequence (Backend::linear_forward); N = 4: the plain GEMM path.
 TEST_P(RecurrentDevices, GradientMatchesFloat64Cpu) {
+  for (int64_t N : {4, 12}) {
+  SCOPED_TRACE(::testing::Message() << "batch " << N);
   Device d = GetParam();
-  const int64_t N = 4, T = 6, in = 5, H = 8;
+  const int64_t T = 6, in = 5, H = 8;
   seed(10);
   Tensor x = randn({N, T, in}, DType::f64), r = randn({N, T, H}, DType::f64);
   auto compare = [&](auto layer, const char* what) {
@@ -415,6 +419,7 @@ TEST_P(RecurrentDevices, GradientMatchesFloat64Cpu) {
   compare(GRU(in, H, o), "GRU");
   compare(RNN(in, H, o), "RNN");
   compare(RNN(in, H, relu, o), "RNN relu");
+  }
 }
 
 TEST_P(RecurrentDevices, LSTMLearnsToRememberTheFirstInput) {
