@@ -388,7 +388,7 @@ TEST(RecurrentGradients, CellsMatchFiniteDifferences) {
   expect_close(gh, numeric_grad(h, [&] { return gru_loss(gc); }));
 }
 
-// N = 12: 8 rows or more, where the CPU runs h W_hh^T and dh W_hh from a W_hh packed once per
+// N = 12: 8 rows or more, where the CPU runs the forward's h W_hh^T from a W_hh packed once per
 // sequence (Backend::linear_forward); N = 4: the plain GEMM path.
 TEST_P(RecurrentDevices, GradientMatchesFloat64Cpu) {
   for (int64_t N : {4, 12}) {

@@ -204,16 +204,6 @@ Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, cons
     Tensor dhg = gru ? Tensor::empty(Shape{steps, n, g}, t, dev) : dxg;
     Tensor dh_next = zeros(Shape{n, hidden}, t, dev);
     Tensor dc = lstm ? gy[steps].contiguous_copy() : Tensor();
-    // dh_{t-1} += dhg_t W_hh at each step: as the forward, through linear_forward with W_hh^T (a copy
-    // made once per backward, its own stamp) so the backend packs it once, not at every step.
-    Tensor w_hh_t, dh_add;
-    uint64_t w_hh_t_stamp = 0;
-    if (kept_w_hh && t == DType::f32) {
-      autodiff::NoGrad no_grad;
-      w_hh_t = w_hh.transpose().contiguous_copy();  // (hidden, g)
-      w_hh_t_stamp = detail::content_stamp(w_hh_t);
-      dh_add = Tensor::empty(Shape{n, hidden}, t, dev);
-    }
     for (int64_t s = steps - 1; s >= 0; --s) {
       Tensor dy = gy[s], sv = saved.defined() ? saved[s] : Tensor();
       Tensor c_prev = lstm ? c_hist[s] : Tensor(), c = lstm ? c_hist[s + 1] : Tensor();
@@ -225,13 +215,7 @@ Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, cons
                                                     buffer_or_none(dh_s), n, hidden);
       if (!fused) portable_backward(cell, dy, dh_next, dc, sv, c_prev, c, h_prev, h, dx_s, dh_s, hidden);
       Tensor dh_rec = gru ? dh_s : dx_s;
-      if (w_hh_t.defined() && bep->linear_forward(dev.index(), t, dh_rec.buffer(), w_hh_t.buffer(), w_hh_t_stamp,
-                                                  backend::Buffer{}, dh_add.buffer(), n, g, hidden, false)) {
-        const backend::Broadcast plan = detail::make_plan(dh_next.shape(), {&dh_next.shape(), &dh_add.shape()});
-        bep->binary(dev.index(), backend::BinaryOp::add, t, dh_next.buffer(), dh_add.buffer(), dh_next.buffer(), plan);
-      } else {
-        gemm(dh_rec, w_hh, dh_next, n, hidden, g, false, 1.0);  // dh_{t-1} += dhg_t W_hh
-      }
+      gemm(dh_rec, w_hh, dh_next, n, hidden, g, false, 1.0);  // dh_{t-1} += dhg_t W_hh
     }
     Tensor rows = dhg.reshape(Shape{steps * n, g});
     Tensor dw = matmul(rows, hist.slice(0, steps).reshape(Shape{steps * n, hidden}), true, false);
