@@ -278,6 +278,9 @@ class Backend {
   ///   is null (residual (batch, out_channels, out...));  y = relu(z) if relu_after.
   /// scale, shift (out_channels,) hold the BatchNorm (and any conv bias) folded per call. false: the
   /// core composes conv_forward and elementwise ops.
+  /// Whether conv_forward_affine can ever return true here: the core folds the BatchNorm into
+  /// scale/shift (several small kernels) only for a backend that may take them.
+  virtual bool has_conv_forward_affine() { return false; }
   virtual bool conv_forward_affine(int device, DType t, Buffer x, Buffer w, Buffer scale, Buffer shift,
                                    Buffer residual, Buffer y, const ConvGeometry& g, bool relu, bool relu_after) {
     (void)device, (void)t, (void)x, (void)w, (void)scale, (void)shift, (void)residual, (void)y, (void)g, (void)relu,

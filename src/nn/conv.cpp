@@ -159,6 +159,8 @@ Tensor detail::conv_batchnorm(const Conv& conv, const BatchNorm& bn, const Tenso
   for (const Tensor* v : {&conv.bias, &bn.weight, &bn.bias, &static_cast<const Tensor&>(bn.running_mean),
                           &static_cast<const Tensor&>(bn.running_var)})
     if (v->defined() && (v->dtype() != t || v->device() != x.device())) return Tensor();
+  // Folding runs several small kernels: not for a backend without the fused kernel (OpenCL, CUDA).
+  if (!x.backend().has_conv_forward_affine()) return Tensor();
   // The same folding as the batchnorm op (src/ops/normalisation.cpp), plus the conv's bias.
   Tensor scale = 1.0 / sqrt(bn.running_var + bn.eps);
   if (bn.weight.defined()) scale = scale * bn.weight;

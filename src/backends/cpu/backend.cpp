@@ -225,6 +225,9 @@ class CpuBackend final : public backend::Backend {
     return cpu::linear_forward(t, ptr(x), ptr(w), w_stamp, bias.handle ? ptr(bias) : nullptr, ptr(y), n, in, out,
                                relu);
   }
+#if FLUX_HAVE_ONEDNN
+  bool has_conv_forward_affine() override { return true; }
+#endif
   bool conv_forward_affine(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer scale,
                            backend::Buffer shift, backend::Buffer residual, backend::Buffer y,
                            const backend::ConvGeometry& g, bool relu, bool relu_after) override {
