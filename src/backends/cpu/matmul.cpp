@@ -96,6 +96,21 @@ OneDnn& onednn() {
   return *d;
 }
 
+// A matmul entry (Matmul, Linear below) takes its primitive and scratchpad size from `pd`.
+template <class Entry> void set_primitive(Entry& e, const dnnl::matmul::primitive_desc& pd) {
+  e.scratch_desc = pd.scratchpad_desc();
+  e.scratch = e.scratch_desc.get_size();
+  e.primitive = dnnl::matmul(pd);
+}
+
+// Stores `e` under `key` (null: remembered as unavailable), emptying the cache first when it holds
+// `bound` entries (a bound for programs that sweep many shapes); returns the stored entry.
+template <class Cache, class Key, class Entry>
+Entry* remember(Cache& cache, const Key& key, std::unique_ptr<Entry> e, size_t bound) {
+  if (cache.size() >= bound) cache.clear();
+  return cache.emplace(key, std::move(e)).first->second.get();
+}
+
 // The primitive for one piece shape; `slot` (the piece's index) keeps concurrently running pieces
 // on distinct primitives. Null when oneDNN has no implementation.
 Matmul* onednn_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, int64_t lda, int64_t ldb,
@@ -121,15 +136,11 @@ Matmul* onednn_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
       po.append_sum(beta);
       attr.set_post_ops(po);
     }
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e->a, e->b, e->c), attr, s.engine);
-    e->scratch_desc = pd.scratchpad_desc();
-    e->scratch = e->scratch_desc.get_size();
-    e->primitive = dnnl::matmul(pd);
+    set_primitive(*e, dnnl::matmul::primitive_desc(dnnl::matmul::desc(e->a, e->b, e->c), attr, s.engine));
   } catch (const dnnl::error&) {
     e = nullptr;
   }
-  if (s.cache.size() >= 1024) s.cache.clear();  // a bound for programs that sweep many shapes
-  return s.cache.emplace(key, std::move(e)).first->second.get();
+  return remember(s.cache, key, std::move(e), 1024);
 }
 
 bool onednn_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -426,15 +437,12 @@ Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, bool bias
       e->packed = pd.weights_desc();
       e->packs = e->packed != e->plain;
       if (e->packs) e->pack = dnnl::reorder(dnnl::reorder::primitive_desc(engine, e->plain, engine, e->packed));
-      e->scratch_desc = pd.scratchpad_desc();
-      e->scratch = e->scratch_desc.get_size();
-      e->primitive = dnnl::matmul(pd);
+      set_primitive(*e, pd);
     }
   } catch (const dnnl::error&) {
     e = nullptr;
   }
-  if (l.cache.size() >= 256) l.cache.clear();  // a bound for programs that sweep many shapes
-  return l.cache.emplace(key, std::move(e)).first->second.get();
+  return remember(l.cache, key, std::move(e), 256);
 }
 
 // One piece on the calling thread: w's packed copy for (w, stamp), packed now unless kept.
