@@ -12,12 +12,11 @@ class Tensor;
 
 namespace flux::detail {
 
-/// Content stamps (Storage::stamp, src/tensor.cpp): a number never handed out before; marking a
-/// tensor's storage as written in place (every in-place writer must: copy_, sub_, the optimisers'
-/// fused steps, state loading, collectives into existing tensors); the current stamp of a tensor's
-/// storage (0 for an undefined tensor). Backends cache data derived from a buffer's content (reordered
-/// conv weights, prepacked Dense weights) under the stamp the core passes with it.
-uint64_t fresh_stamp();
+/// Content stamps (Storage::stamp, src/tensor.cpp): marks a tensor's storage as written in place
+/// (every writer into an existing tensor must: copy_, sub_, the optimisers' fused steps, state
+/// loading; ops writing only tensors they allocated need not); the current stamp of a tensor's storage
+/// (0 for an undefined tensor). Backends cache data derived from a buffer's content (reordered conv
+/// weights, packed Dense weights) under the stamp the core passes with it.
 void mark_written(const Tensor& t);
 uint64_t content_stamp(const Tensor& t);
 

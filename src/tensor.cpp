@@ -52,16 +52,20 @@ std::string to_string(const Shape& s) {
 std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << to_string(s); }
 
 // ---------------- Storage ----------------
-Storage::Storage(backend::Backend* b, Device d, size_t nbytes)
-    : backend(b), device(std::move(d)), bytes(nbytes), stamp(detail::fresh_stamp()) {
-  buffer = backend->allocate(device.index(), bytes);
-}
-
-namespace detail {
+namespace {
+// A content stamp never handed out before (Storage::stamp).
 uint64_t fresh_stamp() {
   static std::atomic<uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);
 }
+}  // namespace
+
+Storage::Storage(backend::Backend* b, Device d, size_t nbytes)
+    : backend(b), device(std::move(d)), bytes(nbytes), stamp(fresh_stamp()) {
+  buffer = backend->allocate(device.index(), bytes);
+}
+
+namespace detail {
 void mark_written(const Tensor& t) {
   if (t.defined() && t.impl()->storage) t.impl()->storage->stamp.store(fresh_stamp(), std::memory_order_relaxed);
 }

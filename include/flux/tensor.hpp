@@ -48,7 +48,7 @@ struct Storage {
   backend::Buffer buffer;
   size_t bytes = 0;
   /// Names the content: a process-wide number never used before, given at allocation and again by
-  /// every in-place write (copy_, sub_, optimiser steps, state loading, collectives). Caches derived
+  /// every in-place write (copy_, sub_, optimiser steps, state loading). Caches derived
   /// from the content (the CPU backend's prepacked weights) are valid while it is unchanged.
   std::atomic<uint64_t> stamp{0};
   Storage(backend::Backend* b, Device d, size_t nbytes);

@@ -35,25 +35,22 @@ Tensor Dense::operator()(const Tensor& x0) const {
   if (x.device() != weight.device())
     detail::fail("[Dense] input on ", to_string(x.device()), " but the layer's weight on ", to_string(weight.device()),
                  "; move one with to() or | dev");
-  Tensor y;
+  // Fused bias (float input) and relu, else below; (..., in) runs as one (rows, in) GEMM.
   const bool relu = activation.is<Relu>();
-  bool relu_pending = relu;  // cleared when the inference path fused it
-  if (bias.defined()) {  // fused bias (float input), else below; (..., in) runs as one (rows, in) GEMM
+  if (bias.defined()) {
+    Tensor y;
     if (x.ndim() > 2) {
       Shape out_shape = x.shape();
       out_shape[out_shape.size() - 1] = weight.shape()[0];
-      y = detail::linear(x.reshape(Shape{x.numel() / in, in}), weight, bias, &relu_pending);
+      y = detail::linear(x.reshape(Shape{x.numel() / in, in}), weight, bias, relu);
       if (y.defined()) y = y.reshape(out_shape);
     } else {
-      y = detail::linear(x, weight, bias, &relu_pending);
+      y = detail::linear(x, weight, bias, relu);
     }
+    if (y.defined()) return relu ? y : activation(y);
   }
-  if (!y.defined()) {
-    relu_pending = relu;
-    y = matmul(x, weight, false, true);
-    if (bias.defined()) y = y + bias;
-  }
-  if (relu && !relu_pending) return y;
+  Tensor y = matmul(x, weight, false, true);
+  if (bias.defined()) y = y + bias;
   return activation(y);
 }
 

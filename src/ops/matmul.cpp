@@ -68,7 +68,7 @@ Tensor matmul_core(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 
 }  // namespace
 
-Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool* relu) {
+Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
   DType t = x.dtype();
   if ((t != DType::f32 && t != DType::f64) || w.dtype() != t || b.dtype() != t || x.ndim() != 2 || w.ndim() != 2 ||
       b.ndim() != 1 || x.device() != w.device() || b.device() != w.device())
@@ -79,10 +79,8 @@ Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool* r
   bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(b);
   if (!need_x && !need_w && !need_b && library_kernels() &&
       x.backend().linear_forward(x.device().index(), t, x.buffer(), w.buffer(), content_stamp(w), b.buffer(),
-                                 y.buffer(), n, in, out, relu && *relu)) {
-    if (relu) *relu = false;  // applied
+                                 y.buffer(), n, in, out, relu))
     return y;
-  }
   // y (n, out): every row a copy of b, then y += x W^T.
   backend::StridedCopy rows;
   rows.ndim = 2;
@@ -103,7 +101,7 @@ Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool* r
     if (need_b) db = sum(gy, 0);                    // (out,)
     return Grads{dx, dw, db};
   });
-  return y;
+  return relu ? relu_op(y) : y;  // the op Dense's relu activation runs (recorded)
 }
 
 Tensor matmul(const Tensor& a0, const Tensor& b0, bool ta, bool tb) {

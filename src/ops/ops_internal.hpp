@@ -29,11 +29,10 @@ Tensor swish_op(const Tensor& x);
 Tensor step_raw(const Tensor& x);
 /// Dense's affine map x W^T + b for 2-D x (N, in), W (out, in), b (out,) of one float dtype: b is
 /// broadcast into the output and the GEMM accumulates onto it (beta = 1), so no separate add runs.
-/// Outside gradients (nothing tracked) the backend's linear_forward runs first: it may keep W packed
-/// under its content stamp. relu (optional): in, whether a relu follows, which that path then fuses;
-/// out, whether the relu is still to be applied. Returns an undefined tensor when the operands do not
-/// fit that case (the caller falls back).
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool* relu = nullptr);
+/// relu: then relu(y) (fused there). Outside gradients (nothing tracked) the backend's linear_forward
+/// runs first: it may keep W packed under its content stamp. Returns an undefined tensor when the
+/// operands do not fit that case (the caller falls back).
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu = false);
 
 /// relu(conv(x, w, bias, p)) as one op: the backend's fused kernel where it has one (oneDNN post-op on
 /// the CPU), else conv then relu in place. The backward masks the output gradient with y > 0.

@@ -33,6 +33,9 @@
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#if FLUX_HAVE_ONEDNN
+#include "src/backends/cpu/kept_weights.hpp"
+#endif
 
 namespace flux::cpu {
 
@@ -143,17 +146,6 @@ Key make_key(Kind kind, bool bias, const backend::ConvGeometry& g, const Epilogu
   return k;
 }
 
-/// A forward's weights reordered into the kernel's layout, kept for the next call with the same
-/// content: the user buffer, its content stamp (ConvGeometry::weight_stamp) and, for the fused
-/// BatchNorm forward, the per-channel scales the reorder multiplied in.
-struct WeightCopy {
-  const void* from = nullptr;
-  uint64_t stamp = 0;
-  std::vector<float> scales;
-  memory inner;
-  uint64_t used = 0;  // the entry's call count at the last use (least recently used goes first)
-};
-
 /// One primitive argument: the plain (user) memory, and when the primitive chose another layout, a
 /// scratch memory in that layout with the reorder between them.
 struct Operand {
@@ -164,12 +156,8 @@ struct Operand {
   memory inner;  // == user when no reorder is needed
   dnnl::reorder reorder;
   bool reordered = false;
-  std::vector<WeightCopy> copies;  // forward weights with a known stamp (one per conv sharing this entry)
+  KeptWeights kept;  // forward weights with a known stamp (convs of one geometry share the entry)
 };
-
-/// Reordered weight copies kept per entry: convs of one geometry share an entry (ResNet-18 has up
-/// to four per stage), each keeps its own copy.
-constexpr size_t kWeightCopies = 8;
 
 constexpr int kNoArgument = -1;
 
@@ -183,7 +171,6 @@ struct Entry {
   memory scratchpad;  // its own (scratchpad_mode::user): chunks run concurrently on pool threads
   Residual residual = Residual::none;
   Operand residual_operand;  // plain (N, O, out...) residual -> the destination's layout
-  uint64_t calls = 0;
 };
 
 dnnl::primitive_attr user_scratchpad() {
@@ -431,45 +418,14 @@ Entry* lookup(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g, int
   return it->second.get();
 }
 
-/// The forward's weights in the kernel's layout for this call: a kept copy when one was made from the
-/// same buffer with the same content stamp (and scales), else reordered now into the copy of this
-/// buffer or the least recently used one. The weights' user memory has this call's handle.
-const memory& kept_weights(Entry& e, Operand& op, uint64_t stamp, dnnl::stream& stream) {
-  const void* from = op.user.get_data_handle();
-  const float* scales = nullptr;
-  size_t n_scales = 0;
-  if (op.scales >= 0) {
-    const memory& sm = e.operands[size_t(op.scales)].user;
-    scales = static_cast<const float*>(sm.get_data_handle());
-    n_scales = sm.get_desc().get_size() / sizeof(float);
-  }
-  ++e.calls;
-  WeightCopy* slot = nullptr;
-  for (WeightCopy& c : op.copies)
-    if (c.from == from) slot = &c;
-  if (slot && slot->stamp == stamp && std::equal(slot->scales.begin(), slot->scales.end(), scales, scales + n_scales) &&
-      slot->scales.size() == n_scales) {
-    slot->used = e.calls;
-    return slot->inner;
-  }
-  if (!slot && op.copies.size() < kWeightCopies) {
-    op.copies.emplace_back();
-    slot = &op.copies.back();
-    slot->inner = memory(op.inner.get_desc(), op.inner.get_engine());
-  }
-  if (!slot)
-    slot = &*std::min_element(op.copies.begin(), op.copies.end(),
-                              [](const WeightCopy& a, const WeightCopy& b) { return a.used < b.used; });
+/// An input operand's reorder into `to` (its scratch memory or a kept copy), multiplying in the
+/// runtime output scales where it has them (the fused BatchNorm's weights).
+void reorder_input(Entry& e, Operand& op, memory& to, dnnl::stream& stream) {
   if (op.scales >= 0)
-    op.reorder.execute(stream, {{DNNL_ARG_FROM, op.user}, {DNNL_ARG_TO, slot->inner},
+    op.reorder.execute(stream, {{DNNL_ARG_FROM, op.user}, {DNNL_ARG_TO, to},
                                 {DNNL_ARG_ATTR_OUTPUT_SCALES, e.operands[size_t(op.scales)].user}});
   else
-    op.reorder.execute(stream, op.user, slot->inner);
-  slot->from = from;
-  slot->stamp = stamp;
-  slot->scales.assign(scales, scales + n_scales);
-  slot->used = e.calls;
-  return slot->inner;
+    op.reorder.execute(stream, op.user, to);
 }
 
 /// residual: Kind::forward_affine's residual (plain, the destination's shape), or null. stamp: the
@@ -481,14 +437,18 @@ void execute(Dnnl& s, Entry& e, const std::vector<void*>& buffers, void* residua
   for (size_t i = 0; i < e.operands.size(); ++i) e.operands[i].user.set_data_handle(buffers[i]);
   for (Operand& op : e.operands) {
     if (stamp != 0 && op.reordered && op.input && op.arg == DNNL_ARG_WEIGHTS) {
-      args[op.arg] = kept_weights(e, op, stamp, stream);
+      const float* scales = nullptr;
+      size_t n_scales = 0;
+      if (op.scales >= 0) {
+        const memory& sm = e.operands[size_t(op.scales)].user;
+        scales = static_cast<const float*>(sm.get_data_handle());
+        n_scales = sm.get_desc().get_size() / sizeof(float);
+      }
+      args[op.arg] = op.kept.get(op.user.get_data_handle(), stamp, scales, n_scales, op.inner.get_desc(), s.engine,
+                                 [&](memory& to) { reorder_input(e, op, to, stream); });
       continue;
     }
-    if (op.reordered && op.input && op.scales >= 0)
-      op.reorder.execute(stream, {{DNNL_ARG_FROM, op.user}, {DNNL_ARG_TO, op.inner},
-                                  {DNNL_ARG_ATTR_OUTPUT_SCALES, e.operands[size_t(op.scales)].user}});
-    else if (op.reordered && op.input)
-      op.reorder.execute(stream, op.user, op.inner);
+    if (op.reordered && op.input) reorder_input(e, op, op.inner, stream);
     if (op.arg != kNoArgument) args[op.arg] = op.inner;
   }
   if (e.residual == Residual::sum) {

@@ -27,6 +27,9 @@
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#if FLUX_HAVE_ONEDNN
+#include "src/backends/cpu/kept_weights.hpp"
+#endif
 
 namespace flux::cpu {
 
@@ -260,6 +263,18 @@ void blas_gemv(bool trans, int rows, int cols, double alpha, const double* a, in
   cblas_dgemv(CblasRowMajor, trans ? CblasTrans : CblasNoTrans, rows, cols, alpha, a, lda, x, incx, beta, y, incy);
 }
 
+// `len` elements (rows or columns of C) cut over the pool into `parts` pieces of whole 16-element
+// blocks (the kernels' register blocks): at most one per thread and per block, and no more than
+// work / unit, so that each piece is worth its hand-off.
+struct Pieces {
+  int64_t len, blocks, parts;
+  Pieces(int64_t n, double work, double unit)
+      : len(n), blocks((n + 15) / 16),
+        parts(std::min<int64_t>({int64_t(num_threads()), blocks, std::max<int64_t>(1, int64_t(work / unit))})) {}
+  int64_t lo(int64_t p) const { return std::min(len, blocks * p / parts * 16); }
+  int64_t hi(int64_t p) const { return std::min(len, blocks * (p + 1) / parts * 16); }
+};
+
 // Matrix elements below which a GEMV stays on the calling thread: it streams its matrix once, so
 // the work is the bytes read; 2^17 floats (512 KiB) take ~10 us from L3 on one core.
 constexpr double kSplitGemvElements = double(1 << 17);
@@ -289,19 +304,14 @@ void gemv_split(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, cons
                   int(incc));
     }
   };
-  double elements = double(len) * double(k);
-  int64_t blocks = (len + 15) / 16;
-  int64_t parts = std::min<int64_t>(
-      {int64_t(num_threads()), blocks, std::max<int64_t>(1, int64_t(elements / kSplitGemvElements))});
-  if (parts <= 1) {
+  const Pieces cut(len, double(len) * double(k), kSplitGemvElements);
+  if (cut.parts <= 1) {
     piece(0, len);
     return;
   }
-  parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      int64_t lo = std::min(len, blocks * p / parts * 16), hi = std::min(len, blocks * (p + 1) / parts * 16);
-      if (lo < hi) piece(lo, hi);
-    }
+  parallel_for(cut.parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      if (cut.lo(p) < cut.hi(p)) piece(cut.lo(p), cut.hi(p));
   });
 }
 
@@ -318,22 +328,20 @@ void gemm_split(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, cons
     gemv_split<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  int threads = num_threads();
   double flops = 2.0 * double(m) * double(n) * double(k);
   if (flops < kSplitFlops) {
     blas_gemm(ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
     return;
   }
   bool split_n = n >= m;
-  int64_t len = split_n ? n : m, blocks = (len + 15) / 16;
-  int64_t parts = std::min<int64_t>({int64_t(threads), blocks, std::max<int64_t>(1, int64_t(flops / kSplitFlops))});
-  if (parts <= 1) {
+  const Pieces cut(split_n ? n : m, flops, kSplitFlops);
+  if (cut.parts <= 1) {
     piece_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 0);
     return;
   }
-  parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
+  parallel_for(cut.parts, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
-      int64_t lo = std::min(len, blocks * p / parts * 16), hi = std::min(len, blocks * (p + 1) / parts * 16);
+      const int64_t lo = cut.lo(p), hi = cut.hi(p);
       if (lo >= hi) continue;
       if (split_n) {  // columns [lo, hi) of C and of op(B)
         const T* bp = tb ? b + lo * ldb : b + lo;
@@ -376,20 +384,13 @@ template <class T> void gemm_blas(const T* a, const T* b, T* c, const backend::G
 // run as the kernel's epilogue. Output columns are cut over the pool as in gemm_split; each piece is
 // its own rows of w (contiguous) with its own kept copy. gemm_loops is the reference (tests).
 #if FLUX_HAVE_ONEDNN
-struct Kept {
-  const void* from = nullptr;
-  uint64_t stamp = 0;
-  dnnl::memory packed;
-  uint64_t used = 0;  // the entry's call count at the last use: the least recently used is replaced
-};
 struct Linear {
   dnnl::matmul primitive;
   dnnl::memory::desc src, plain, packed, bias, dst, scratch_desc;
   dnnl::reorder pack;
   bool packs = false;  // false: the kernel reads w as it is (no copy kept)
   size_t scratch = 0;
-  std::vector<Kept> kept;  // layers of one shape share the entry: one copy each
-  uint64_t calls = 0;
+  KeptWeights kept;  // layers of one shape share the entry: one copy each
 };
 using LinearKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t>;  // n in cols ldy bias relu piece
 struct Linears {
@@ -400,7 +401,6 @@ Linears& linears() {
   static Linears* l = new Linears();  // never destroyed, as the backend
   return *l;
 }
-constexpr size_t kKeptCopies = 8;
 // Fewer rows: one row is a GEMV (gemv_split streams w once); a few rows cannot repay a kernel call.
 constexpr int64_t kLinearMinRows = 8;
 
@@ -452,27 +452,10 @@ void linear_piece(Linear& e, const float* x, const float* w, uint64_t stamp, con
   thread_local std::vector<char> scratch;
   if (scratch.size() < e.scratch) scratch.resize(e.scratch);
   if (s.omp_set_num_threads) s.omp_set_num_threads(1);  // this pool thread's team: itself alone
-  dnnl::memory weights(e.plain, s.engine, const_cast<float*>(w));
-  if (e.packs) {
-    ++e.calls;
-    Kept* slot = nullptr;
-    for (Kept& k : e.kept)
-      if (k.from == w) slot = &k;
-    if (!slot || slot->stamp != stamp) {
-      if (!slot && e.kept.size() < kKeptCopies) {
-        e.kept.emplace_back();
-        slot = &e.kept.back();
-        slot->packed = dnnl::memory(e.packed, s.engine);
-      }
-      if (!slot)
-        slot = &*std::min_element(e.kept.begin(), e.kept.end(), [](const Kept& a, const Kept& b) { return a.used < b.used; });
-      e.pack.execute(stream, weights, slot->packed);
-      slot->from = w;
-      slot->stamp = stamp;
-    }
-    slot->used = e.calls;
-    weights = slot->packed;
-  }
+  dnnl::memory plain(e.plain, s.engine, const_cast<float*>(w));
+  const dnnl::memory weights = e.packs ? e.kept.get(w, stamp, nullptr, 0, e.packed, s.engine,
+                                                    [&](dnnl::memory& to) { e.pack.execute(stream, plain, to); })
+                                       : plain;
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(e.src, s.engine, const_cast<float*>(x))},
                                              {DNNL_ARG_WEIGHTS, weights},
                                              {DNNL_ARG_DST, dnnl::memory(e.dst, s.engine, y)}};
@@ -489,19 +472,14 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
 #if FLUX_HAVE_ONEDNN
   if (t != DType::f32 || w_stamp == 0 || n < kLinearMinRows || in == 0 || out == 0) return false;
   if (g_forced_engine.load(std::memory_order_relaxed) == int(GemmEngine::openblas)) return false;
-  const double flops = 2.0 * double(n) * double(in) * double(out);
-  const int64_t blocks = (out + 15) / 16;
-  const int64_t parts = flops < kSplitFlops ? 1
-                                            : std::min<int64_t>({int64_t(num_threads()), blocks,
-                                                                 std::max<int64_t>(1, int64_t(flops / kSplitFlops))});
-  auto lo = [&](int64_t p) { return std::min(out, blocks * p / parts * 16); };
-  auto hi = [&](int64_t p) { return p + 1 == parts ? out : std::min(out, blocks * (p + 1) / parts * 16); };
+  const Pieces cut(out, 2.0 * double(n) * double(in) * double(out), kSplitFlops);  // output columns
+  const int64_t parts = cut.parts;
   Linears& l = linears();
   std::lock_guard<std::mutex> lock(l.mutex);
   std::vector<Linear*> entries(size_t(parts), nullptr);
   for (int64_t p = 0; p < parts; ++p) {
-    if (lo(p) >= hi(p)) continue;
-    entries[size_t(p)] = linear_entry(n, in, hi(p) - lo(p), out, bias != nullptr, relu, parts > 1 ? p : -1);
+    if (cut.lo(p) >= cut.hi(p)) continue;
+    entries[size_t(p)] = linear_entry(n, in, cut.hi(p) - cut.lo(p), out, bias != nullptr, relu, parts > 1 ? p : -1);
     if (!entries[size_t(p)]) return false;
   }
   const float* xf = static_cast<const float*>(x);
@@ -510,7 +488,8 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
   float* yf = static_cast<float*>(y);
   auto run = [&](int64_t p) {
     if (entries[size_t(p)])
-      linear_piece(*entries[size_t(p)], xf, wf + lo(p) * in, w_stamp, bf ? bf + lo(p) : nullptr, yf + lo(p));
+      linear_piece(*entries[size_t(p)], xf, wf + cut.lo(p) * in, w_stamp, bf ? bf + cut.lo(p) : nullptr,
+                   yf + cut.lo(p));
   };
   if (parts == 1) {
     run(0);
