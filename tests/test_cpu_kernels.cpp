@@ -742,4 +742,72 @@ TEST(CpuConv, ForwardKeepsReorderedWeightsPerStamp) {
   }
 }
 
+// A forward whose destination is channel-blocked keeps that blocked copy under y's content stamp
+// (ConvGeometry::output_stamp); the next forward reads it for its input (input_stamp) or fused
+// residual (residual_stamp) instead of reordering the plain buffer. Results equal the calls without
+// stamps bit for bit; a plain buffer changed behind an unchanged stamp still reads the kept copy (so
+// the copy is what is read), a new stamp reads the buffer again. Batch 1 splits output channels over
+// the pool, batch 3 the samples.
+TEST(CpuConv, ForwardReadsBlockedCopyOfItsInputPerStamp) {
+  if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN";
+  for (int64_t batch : {3, 1}) {
+    SCOPED_TRACE(::testing::Message() << "batch " << batch);
+    const int64_t h = 20, w = 21, c = 32;
+    backend::ConvGeometry g;  // c -> c channels, 3x3, padding 1: the shape of x, y and z alike
+    g.batch = batch, g.in_channels = c, g.out_channels = c;
+    g.in[0] = g.out[0] = h, g.in[1] = g.out[1] = w, g.kernel[0] = g.kernel[1] = 3;
+    g.pad_lo[0] = g.pad_lo[1] = g.pad_hi[0] = g.pad_hi[1] = 1;
+    const size_t n = size_t(batch * c * h * w);
+    std::vector<float> x = random_floats(n, -1, 1, 81), w1 = random_floats(size_t(c * c * 9), -0.2f, 0.2f, 82);
+    std::vector<float> w2 = random_floats(size_t(c * c * 9), -0.2f, 0.2f, 83), b = random_floats(size_t(c), -1, 1, 84);
+    std::vector<float> scale = random_floats(size_t(c), 0.5f, 1.5f, 85), shift = random_floats(size_t(c), -1, 1, 86);
+    // y = conv(x, w1) + b written into y (kept under stamp `out` when out != 0)
+    auto first = [&](std::vector<float>& y, uint64_t out) {
+      std::fill(y.begin(), y.end(), -7.f);
+      backend::ConvGeometry gs = g;
+      gs.output_stamp = out;
+      EXPECT_TRUE(cpu::onednn_conv_forward(DType::f32, x.data(), w1.data(), b.data(), y.data(), gs));
+    };
+    // z = conv(y, w2) + b, reading y under stamp `in`
+    auto second = [&](std::vector<float>& y, uint64_t in) {
+      std::vector<float> z(n, -7.f);
+      backend::ConvGeometry gs = g;
+      gs.input_stamp = in;
+      EXPECT_TRUE(cpu::onednn_conv_forward(DType::f32, y.data(), w2.data(), b.data(), z.data(), gs));
+      return z;
+    };
+    // r = relu(conv(x, w2) * scale + shift + y), the residual y under stamp `res`
+    auto residual = [&](std::vector<float>& y, uint64_t res) {
+      std::vector<float> r(n, -7.f);
+      backend::ConvGeometry gs = g;
+      gs.residual_stamp = res;
+      EXPECT_TRUE(cpu::onednn_conv_forward_affine(DType::f32, x.data(), w2.data(), scale.data(), shift.data(), y.data(),
+                                                  r.data(), gs, false, true));
+      return r;
+    };
+    std::vector<float> y(n), y_plain(n);
+    first(y_plain, 0);
+    const std::vector<float> z_want = second(y_plain, 0), r_want = residual(y_plain, 0);
+    first(y, 901);
+    EXPECT_EQ(y, y_plain);
+    EXPECT_EQ(second(y, 901), z_want);
+    EXPECT_EQ(residual(y, 901), r_want);
+    EXPECT_EQ(second(y, 901), z_want);  // still kept after being read
+    const std::vector<float> y_before = y;
+    for (float& v : y) v = -v;  // behind the stamp's back: the kept copy still answers
+    EXPECT_EQ(second(y, 901), z_want);
+    EXPECT_EQ(residual(y, 901), r_want);
+    const std::vector<float> z_negated = second(y, 0);
+    EXPECT_NE(z_negated, z_want);
+    EXPECT_EQ(second(y, 902), z_negated);  // another stamp: the plain buffer
+    EXPECT_EQ(residual(y, 902), residual(y, 0));
+    y = y_before;
+    // Later outputs take the kept copies' places (four at most): y's is gone, its stamp reads the buffer.
+    std::vector<float> other(n);
+    for (uint64_t out = 910; out < 916; ++out) first(other, out);
+    for (float& v : y) v = -v;
+    EXPECT_EQ(second(y, 901), z_negated);
+  }
+}
+
 }  // namespace

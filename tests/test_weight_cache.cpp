@@ -1,6 +1,7 @@
 // Kept weights: the CPU backend keeps a forward's weights in its kernel's layout (reordered conv
 // weights, prepacked Dense weights) under the content stamp of their storage (Storage::stamp), and
-// reuses them while the stamp is unchanged. These tests change the weights between forwards by every
+// reuses them while the stamp is unchanged; likewise a conv's output in the blocked layout, read by
+// the next conv in place of the plain tensor (the last tests here). These tests change the weights between forwards by every
 // in-place writer a user has (copy_, sub_, optimiser updates, loading a state, BatchNorm's running
 // statistics in training mode, a BatchNorm's eps) and by freeing a layer and making another of the
 // same shape; after each, the forward must equal a float64 reference of the new weights. On devices
@@ -11,6 +12,7 @@
 
 #include <gmock/gmock.h>
 
+#include "flux/models/resnet.hpp"
 #include "test_devices.hpp"
 
 using namespace flux;
@@ -201,3 +203,93 @@ TEST_P(WeightCacheDevices, DenseSeesEveryInPlaceWrite) {
 
 INSTANTIATE_TEST_SUITE_P(Devices, WeightCacheDevices, ::testing::ValuesIn(flux::testing::test_devices()),
                          flux::testing::device_test_name);
+
+namespace {
+
+/// float64 reference of BatchNorm `bn` (test mode) on y (N, C, ...), then relu when asked.
+std::vector<double> batchnorm_want(const BatchNorm& bn, std::vector<double> y, int64_t channels, int64_t batch,
+                                   bool relu_after) {
+  const std::vector<double> w = bn.weight.to_vector<double>(), b = bn.bias.to_vector<double>(),
+                            m = bn.running_mean.to_vector<double>(), v = bn.running_var.to_vector<double>();
+  const size_t per_channel = y.size() / size_t(batch * channels);
+  for (size_t i = 0; i < y.size(); ++i) {
+    size_t ch = (i / per_channel) % size_t(channels);
+    y[i] = (y[i] - m[ch]) / std::sqrt(v[ch] + bn.eps) * w[ch] + b[ch];
+    if (relu_after) y[i] = std::max(y[i], 0.0);
+  }
+  return y;
+}
+
+Tensor f32_on(const std::vector<double>& v, const Shape& shape, const Device& dev) {
+  return to(Tensor(v, shape).f32(), dev);
+}
+
+}  // namespace
+
+// A conv's output feeds the next conv: the CPU keeps it in the blocked layout under its stamp and
+// the next conv reads that copy. Every in-place write into the output between the two convs must
+// show, as must outputs in freed and reused memory; batch 1 splits output channels over threads.
+TEST_P(WeightCacheDevices, ConvChainSeesWritesToItsActivations) {
+  const Device dev = GetParam();
+  seed(15);
+  Conv c1 = Conv({3, 3}, 16, 32, {.pad = 1}) | dev, c2 = Conv({3, 3}, 32, 32, {.pad = 1}) | dev;
+  for (int64_t batch : {3, 1}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    Tensor x = to(randn(Shape{batch, 16, 12, 11}), dev);
+    Tensor y = c1(x);
+    auto check = [&](const char* what) {
+      SCOPED_TRACE(what);
+      std::vector<double> want = conv_want(c2, y);
+      EXPECT_LT(max_rel_error(c2(y), want), kTol);
+      EXPECT_LT(max_rel_error(c2(y), want), kTol);
+    };
+    check("conv output");
+    copy_(y, to(randn(y.shape()), dev));
+    check("copy_ into the output");
+    y = c1(x);
+    sub_(y, full_like(y, 0.5));
+    check("sub_ from the output");
+    y = c1(x);
+    Tensor first = y.slice(0, 1);
+    copy_(first, zeros_like(first));
+    check("copy_ into a slice of the output");
+    for (int i = 0; i < 8; ++i) {
+      y = c1(to(randn(x.shape()), dev));
+      check("a new output in reused memory");
+    }
+  }
+}
+
+// ResNet's block in test mode runs each conv fused with its BatchNorm, relu and residual: the block's
+// input is read by conv1 and added by conv2, on the CPU from the kept blocked copy of the conv output
+// it is; writes into it must show in both.
+TEST_P(WeightCacheDevices, ResidualBlockSeesWritesToItsInput) {
+  const Device dev = GetParam();
+  seed(16);
+  const int64_t batch = 2, c = 32, hw = 10;
+  Conv stem = Conv({3, 3}, 16, c, {.pad = 1}) | dev;
+  auto block = models::BasicBlock<models::NoDownsample>(c, c) | dev;
+  for (BatchNorm* bn : {&block.bn1, &block.bn2}) {
+    copy_(bn->running_mean, to(randn(Shape{c}) * 0.1, dev));
+    copy_(bn->running_var, to(rand(Shape{c}) + 0.5, dev));
+    copy_(bn->weight, to(rand(Shape{c}) + 0.5, dev));
+  }
+  testmode(block);
+  Tensor x = stem(to(randn(Shape{batch, 16, hw, hw}), dev));
+  auto check = [&](const char* what) {
+    SCOPED_TRACE(what);
+    const Shape shape = x.shape();
+    std::vector<double> h = batchnorm_want(block.bn1, conv_want(block.conv1, x), c, batch, true);
+    std::vector<double> y = batchnorm_want(block.bn2, conv_want(block.conv2, f32_on(h, shape, dev)), c, batch, false);
+    const std::vector<double> in = x.to_vector<double>();
+    for (size_t i = 0; i < y.size(); ++i) y[i] = std::max(y[i] + in[i], 0.0);
+    EXPECT_LT(max_rel_error(block(x), y), 1e-4);
+    EXPECT_LT(max_rel_error(block(x), y), 1e-4);
+  };
+  check("conv output as the block's input");
+  copy_(x, to(randn(x.shape()), dev));
+  check("copy_ into the input");
+  x = stem(to(randn(Shape{batch, 16, hw, hw}), dev));
+  sub_(x, full_like(x, 0.25));
+  check("sub_ from the input");
+}

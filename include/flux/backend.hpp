@@ -10,7 +10,7 @@
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 8;
+inline constexpr int kBackendAbiVersion = 9;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
@@ -76,6 +76,10 @@ struct ConvGeometry {
   /// Forward convs: the weights' content stamp (Storage::stamp; 0 = unknown). A backend may keep the
   /// weights reordered into its kernel's layout and reuse them while the stamp is the same.
   uint64_t weight_stamp = 0;
+  /// Forward convs: the content stamps of x, of the freshly allocated y and of the fused residual
+  /// (0 = unknown). A backend may keep y in its kernel's activation layout beside the plain y it
+  /// writes, and read that copy instead of reordering x (or the residual) while the stamp is the same.
+  uint64_t input_stamp = 0, output_stamp = 0, residual_stamp = 0;
 };
 
 /// Pooling kinds. mean divides by the full window size, padding included (NNlib's meanpool and

@@ -152,15 +152,21 @@ Tensor im2col_raw(const Tensor& x, const ConvGeometry& g) {
 
 /// y = conv(x, w) + bias (bias may be undefined) for the geometry g.
 /// y = conv(x, w) + bias, followed by relu when `relu` (fused by the backend where it can).
-Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvGeometry& g,
+Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvGeometry& geometry,
                         bool relu = false) {
-  Tensor y = Tensor::empty(output_shape(g), x.dtype(), x.device());
+  Tensor y = Tensor::empty(output_shape(geometry), x.dtype(), x.device());
   if (y.numel() == 0) return y;
+  ConvGeometry g = geometry;
+  g.input_stamp = content_stamp(x);
+  g.output_stamp = content_stamp(y);
   backend::Backend& be = x.backend();
   int dev = x.device().index();
   backend::Buffer b = bias.defined() ? bias.buffer() : backend::Buffer{};
   auto finish = [&] {
-    if (relu) be.unary(dev, backend::UnaryOp::relu, y.dtype(), y.buffer(), y.buffer(), y.numel(), 0);
+    if (relu) {
+      be.unary(dev, backend::UnaryOp::relu, y.dtype(), y.buffer(), y.buffer(), y.numel(), 0);
+      mark_written(y);  // in place: a copy the backend kept of the conv's y (output_stamp) is stale
+    }
     return y;
   };
   if (x.numel() == 0 || w.numel() == 0) {  // no input channels: the bias alone
@@ -364,6 +370,9 @@ Tensor detail::conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale
     return Tensor();
   Tensor y = Tensor::empty(out, t, x.device());
   if (y.numel() == 0 || x.numel() == 0 || w.numel() == 0) return Tensor();
+  g.input_stamp = content_stamp(x);
+  g.output_stamp = content_stamp(y);
+  g.residual_stamp = residual.defined() ? content_stamp(residual) : 0;
   backend::Buffer r = residual.defined() ? residual.buffer() : backend::Buffer{};
   if (!x.backend().conv_forward_affine(x.device().index(), t, x.buffer(), w.buffer(), scale.buffer(), shift.buffer(), r,
                                        y.buffer(), g, relu, relu_after))
