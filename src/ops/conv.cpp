@@ -157,8 +157,10 @@ Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, co
   Tensor y = Tensor::empty(output_shape(geometry), x.dtype(), x.device());
   if (y.numel() == 0) return y;
   ConvGeometry g = geometry;
-  g.input_stamp = content_stamp(x);
-  g.output_stamp = content_stamp(y);
+  if (!autodiff::recording()) {  // inference: the backend may keep y for the next conv (not in training)
+    g.input_stamp = content_stamp(x);
+    g.output_stamp = content_stamp(y);
+  }
   backend::Backend& be = x.backend();
   int dev = x.device().index();
   backend::Buffer b = bias.defined() ? bias.buffer() : backend::Buffer{};
