@@ -701,6 +701,15 @@ TEST(CpuLinear, KeepsACopyForMnistShapesAndDeclinesWhatItCannotKeep) {
 
 namespace {
 
+/// onednn_conv_forward(x, w, b) -> y under g with the given content stamps (weights, x, y).
+void conv_with_stamps(const backend::ConvGeometry& g, const float* x, const float* w, const float* b, float* y,
+                      uint64_t weight_stamp, uint64_t input_stamp = 0, uint64_t output_stamp = 0) {
+  backend::ConvGeometry gs = g;
+  gs.weight_stamp = weight_stamp, gs.input_stamp = input_stamp, gs.output_stamp = output_stamp;
+  EXPECT_TRUE(cpu::onednn_conv_forward(DType::f32, const_cast<float*>(x), const_cast<float*>(w),
+                                       const_cast<float*>(b), y, gs));
+}
+
 // Forward convs keep their weights reordered into oneDNN's blocked layout under
 // ConvGeometry::weight_stamp: the same stamp reads the kept copy, a new stamp (or 0) reorders anew;
 // results equal the unkept call's bit for bit. Convs of one geometry share the cached primitive and
@@ -722,9 +731,7 @@ TEST(CpuConv, ForwardKeepsReorderedWeightsPerStamp) {
     const size_t ny = size_t(batch * 32 * h * w);
     auto run = [&](std::vector<float>& w, uint64_t stamp) {
       std::vector<float> y(ny, -7.f);
-      backend::ConvGeometry gs = g;
-      gs.weight_stamp = stamp;
-      EXPECT_TRUE(cpu::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), gs));
+      conv_with_stamps(g, x.data(), w.data(), b.data(), y.data(), stamp);
       return y;
     };
     const std::vector<float> y1 = run(w1, 0), y2 = run(w2, 0);  // nothing kept: the reference
@@ -764,16 +771,12 @@ TEST(CpuConv, ForwardReadsBlockedCopyOfItsInputPerStamp) {
     // y = conv(x, w1) + b written into y (kept under stamp `out` when out != 0)
     auto first = [&](std::vector<float>& y, uint64_t out) {
       std::fill(y.begin(), y.end(), -7.f);
-      backend::ConvGeometry gs = g;
-      gs.output_stamp = out;
-      EXPECT_TRUE(cpu::onednn_conv_forward(DType::f32, x.data(), w1.data(), b.data(), y.data(), gs));
+      conv_with_stamps(g, x.data(), w1.data(), b.data(), y.data(), 0, 0, out);
     };
     // z = conv(y, w2) + b, reading y under stamp `in`
     auto second = [&](std::vector<float>& y, uint64_t in) {
       std::vector<float> z(n, -7.f);
-      backend::ConvGeometry gs = g;
-      gs.input_stamp = in;
-      EXPECT_TRUE(cpu::onednn_conv_forward(DType::f32, y.data(), w2.data(), b.data(), z.data(), gs));
+      conv_with_stamps(g, y.data(), w2.data(), b.data(), z.data(), 0, in);
       return z;
     };
     // r = relu(conv(x, w2) * scale + shift + y), the residual y under stamp `res`

@@ -43,6 +43,13 @@ std::vector<double> dense_want(const Dense& d, const Tensor& x, bool relu_after)
   return v;
 }
 
+/// c(x) against conv_want, twice (the second call reuses whatever the first kept).
+void expect_conv_matches(const Conv& c, const Tensor& x) {
+  const std::vector<double> want = conv_want(c, x);
+  EXPECT_LT(max_rel_error(c(x), want), kTol);
+  EXPECT_LT(max_rel_error(c(x), want), kTol);
+}
+
 std::string temp_path(const char* name) {
   return (std::filesystem::temp_directory_path() / (std::string("flux_weight_cache_") + name)).string();
 }
@@ -58,9 +65,7 @@ TEST_P(WeightCacheDevices, ConvSeesEveryInPlaceWrite) {
   Tensor x = to(randn(Shape{2, 16, 9, 10}), dev);
   auto check = [&](const char* what) {
     SCOPED_TRACE(what);
-    std::vector<double> want = conv_want(c, x);
-    EXPECT_LT(max_rel_error(c(x), want), kTol);
-    EXPECT_LT(max_rel_error(c(x), want), kTol);
+    expect_conv_matches(c, x);
   };
   check("new layer");
   copy_(c.weight, to(randn(c.weight.shape()), dev));
@@ -239,9 +244,7 @@ TEST_P(WeightCacheDevices, ConvChainSeesWritesToItsActivations) {
     Tensor y = c1(x);
     auto check = [&](const char* what) {
       SCOPED_TRACE(what);
-      std::vector<double> want = conv_want(c2, y);
-      EXPECT_LT(max_rel_error(c2(y), want), kTol);
-      EXPECT_LT(max_rel_error(c2(y), want), kTol);
+      expect_conv_matches(c2, y);
     };
     check("conv output");
     copy_(y, to(randn(y.shape()), dev));
