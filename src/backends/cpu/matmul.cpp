@@ -390,6 +390,7 @@ struct Linear {
   dnnl::reorder pack;
   bool packs = false;  // false: the kernel reads w as it is (no copy kept)
   size_t scratch = 0;
+  int64_t ldy = 0;  // y's row stride: > the piece's columns when it is one piece of y's columns
   KeptWeights kept;  // layers of one shape share the entry: one copy each
 };
 using LinearKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t>;  // n in cols ldy bias relu piece
@@ -419,7 +420,12 @@ Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, bool bias
     e = std::make_unique<Linear>();
     e->src = dnnl::memory::desc(dims{n, in}, f32, dims{in, 1});
     e->plain = dnnl::memory::desc(dims{in, cols}, f32, dims{1, in});  // rows of w (cols, in) as B (in, cols)
-    e->dst = dnnl::memory::desc(dims{n, cols}, f32, dims{ldy, 1});
+    // A piece's own dense output, copied into y's columns after: with y's row stride (ldy > cols)
+    // oneDNN 2.6 has only its gemm:jit kernel, which repacks the weights on every call (a 16 x 4608
+    // x 256 piece ran slower than the whole 16 x 4608 x 512 product on one thread); dense, the
+    // brgemm kernel reads the kept packed weights.
+    e->dst = dnnl::memory::desc(dims{n, cols}, f32, dims{cols, 1});
+    e->ldy = ldy;
     if (bias) e->bias = dnnl::memory::desc(dims{1, cols}, f32, dims{cols, 1});
     dnnl::memory::desc any(dims{in, cols}, f32, dnnl::memory::format_tag::any);
     dnnl::primitive_attr attr;
@@ -456,13 +462,23 @@ void linear_piece(Linear& e, const float* x, const float* w, uint64_t stamp, con
   const dnnl::memory weights = e.packs ? e.kept.get(w, stamp, nullptr, 0, e.packed, s.engine,
                                                     [&](dnnl::memory& to) { e.pack.execute(stream, plain, to); })
                                        : plain;
+  const dnnl::memory::dims dims = e.dst.dims();
+  const int64_t rows = dims[0], cols = dims[1];
+  thread_local std::vector<float> piece;  // the dense output of one piece of y's columns
+  float* out = y;
+  if (e.ldy != cols) {
+    if (piece.size() < size_t(rows * cols)) piece.resize(size_t(rows * cols));
+    out = piece.data();
+  }
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(e.src, s.engine, const_cast<float*>(x))},
                                              {DNNL_ARG_WEIGHTS, weights},
-                                             {DNNL_ARG_DST, dnnl::memory(e.dst, s.engine, y)}};
+                                             {DNNL_ARG_DST, dnnl::memory(e.dst, s.engine, out)}};
   if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias, s.engine, const_cast<float*>(bias)));
   if (e.scratch) args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(e.scratch_desc, s.engine, scratch.data()));
   e.primitive.execute(stream, args);
   stream.wait();
+  if (out != y)
+    for (int64_t r = 0; r < rows; ++r) std::copy(out + r * cols, out + (r + 1) * cols, y + r * e.ldy);
 }
 #endif
 }  // namespace
