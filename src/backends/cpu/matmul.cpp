@@ -420,12 +420,6 @@ Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, bool bias
     e = std::make_unique<Linear>();
     e->src = dnnl::memory::desc(dims{n, in}, f32, dims{in, 1});
     e->plain = dnnl::memory::desc(dims{in, cols}, f32, dims{1, in});  // rows of w (cols, in) as B (in, cols)
-    // A piece's own dense output, copied into y's columns after: with y's row stride (ldy > cols)
-    // oneDNN 2.6 has only its gemm:jit kernel, which repacks the weights on every call (a 16 x 4608
-    // x 256 piece ran slower than the whole 16 x 4608 x 512 product on one thread); dense, the
-    // brgemm kernel reads the kept packed weights.
-    e->dst = dnnl::memory::desc(dims{n, cols}, f32, dims{cols, 1});
-    e->ldy = ldy;
     if (bias) e->bias = dnnl::memory::desc(dims{1, cols}, f32, dims{cols, 1});
     dnnl::memory::desc any(dims{in, cols}, f32, dnnl::memory::format_tag::any);
     dnnl::primitive_attr attr;
@@ -435,9 +429,27 @@ Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, bool bias
       po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
       attr.set_post_ops(po);
     }
-    auto desc = bias ? dnnl::matmul::desc(e->src, any, e->bias, e->dst) : dnnl::matmul::desc(e->src, any, e->dst);
-    dnnl::matmul::primitive_desc pd(desc, attr, engine);
-    if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) {
+    auto make = [&](int64_t stride) {
+      e->dst = dnnl::memory::desc(dims{n, cols}, f32, dims{stride, 1});
+      e->ldy = ldy;
+      auto desc = bias ? dnnl::matmul::desc(e->src, any, e->bias, e->dst) : dnnl::matmul::desc(e->src, any, e->dst);
+      return dnnl::matmul::primitive_desc(desc, attr, engine);
+    };
+    auto starts = [](const dnnl::matmul::primitive_desc& p, const char* prefix) {
+      return std::string(p.impl_info_str()).rfind(prefix, 0) == 0;
+    };
+    // One piece of y's columns writes into y's rows (stride ldy) where oneDNN's brgemm kernel takes
+    // that; where only its gemm:jit kernel does (oneDNN 2.6 with AVX-512: it repacks the weights on
+    // every call, and a 16 x 4608 x 256 piece ran slower than the whole 16 x 4608 x 512 product on
+    // one thread), into a dense output of its own that brgemm takes, copied into y's rows after.
+    // Dense 4608 -> 512 at 16 rows, 2 threads, weights streamed from memory: 633 -> 463-476 us.
+    dnnl::matmul::primitive_desc pd = make(ldy);
+    if (ldy != cols && !starts(pd, "brg")) {
+      dnnl::matmul::primitive_desc dense = make(cols);
+      if (starts(dense, "brg")) pd = dense;
+      else pd = make(ldy);
+    }
+    if (starts(pd, "ref")) {
       e = nullptr;
     } else {
       e->packed = pd.weights_desc();
@@ -466,7 +478,7 @@ void linear_piece(Linear& e, const float* x, const float* w, uint64_t stamp, con
   const int64_t rows = dims[0], cols = dims[1];
   thread_local std::vector<float> piece;  // the dense output of one piece of y's columns
   float* out = y;
-  if (e.ldy != cols) {
+  if (e.dst.data.format_desc.blocking.strides[0] != e.ldy) {
     if (piece.size() < size_t(rows * cols)) piece.resize(size_t(rows * cols));
     out = piece.data();
   }
