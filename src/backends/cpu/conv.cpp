@@ -19,9 +19,10 @@
 // Kept between calls (forwards only, under content stamps the core passes): the weights reordered
 // into the kernel's layout (KeptWeights) and the last outputs in the blocked layout
 // (BlockedActivations), which the next conv reads instead of reordering its plain input. ResNet-18
-// at 112x112, main at 601bdb1 -> with the kept outputs, 5 paired runs each, AVX-512, quiet:
-// batch 1 11.40 -> 11.24 ms (1 thread), 6.42 -> 6.27 ms (2 threads); batch 32 at 2 threads 136.2 ->
-// 133.9 ms, and on the AVX2 paths (--max-isa avx2's settings) 165.7 -> 161.8 ms.
+// at 112x112, main at 601bdb1 -> with the kept outputs, medians of paired runs (5 at batch 1, 3 at
+// batch 32), AVX-512, quiet: batch 1 11.40 -> 11.24 ms (1 thread), 6.42 -> 6.27 ms (2 threads);
+// batch 32 at 2 threads 136.2 -> 133.9 ms, and on the AVX2 paths (--max-isa avx2's settings) 165.7 ->
+// 161.8 ms.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -521,7 +522,7 @@ memory& view_of(Dnnl& s, Operand& op, void* data) {
 /// residual: Kind::forward_affine's residual (plain, the destination's shape), or null. stamp: the
 /// weights' content stamp for a forward (0: unknown, reorder them).
 void execute(Dnnl& s, Entry& e, const std::vector<void*>& buffers, void* residual, uint64_t stamp,
-             const Views& views = {}) {
+             const Views& views) {
   thread_local dnnl::stream stream(s.engine);  // one stream per pool thread
   if (s.omp_set_num_threads) s.omp_set_num_threads(s.pool_threading ? 1 : num_threads());
   std::unordered_map<int, memory> args;
@@ -586,7 +587,8 @@ int channel_block(const memory::desc& d, int spatial) {
 /// A forward's BlockedActivations copies for its chunks (chunk c covers samples from at[c][0] and, for
 /// one image, output channels from at[c][1]; each chunk reads the whole input then): the input and the
 /// residual where a copy of them is held in the layout every chunk wants, and a copy that the
-/// destination is written into, returned to be named once the chunks have run (null: none).
+/// destination is written into, returned to be named once the chunks have run (null: none). views:
+/// one per chunk, empty on entry.
 BlockedActivations::Copy* plan_views(Dnnl& s, const backend::ConvGeometry& g, const std::vector<Entry*>& entries,
                                      const std::vector<std::array<int64_t, 2>>& at, const void* x, const void* residual,
                                      std::vector<Views>& views) {
@@ -613,7 +615,6 @@ BlockedActivations::Copy* plan_views(Dnnl& s, const backend::ConvGeometry& g, co
     out = acts.acquire(size_t(g.batch * padded(g.out_channels, dst_block) * out_pixels) * sizeof(float), in, res);
     if (out) out->block = dst_block, out->dims = out_dims;
   }
-  views.assign(entries.size(), Views{});
   for (size_t c = 0; c < entries.size(); ++c) {
     const int64_t b0 = at[c][0], o0 = at[c][1];
     const int64_t dst_at = b0 * padded(g.out_channels, dst_block) * out_pixels + o0 * out_pixels;

@@ -390,7 +390,8 @@ struct Linear {
   dnnl::reorder pack;
   bool packs = false;  // false: the kernel reads w as it is (no copy kept)
   size_t scratch = 0;
-  int64_t ldy = 0;  // y's row stride: > the piece's columns when it is one piece of y's columns
+  int64_t ldy = 0;         // y's row stride: > the piece's columns when it is one piece of y's columns
+  bool own_output = false;  // the kernel writes a dense output of the piece's own, copied into y's rows
   KeptWeights kept;  // layers of one shape share the entry: one copy each
 };
 using LinearKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t>;  // n in cols ldy bias relu piece
@@ -430,9 +431,8 @@ Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, bool bias
       attr.set_post_ops(po);
     }
     auto make = [&](int64_t stride) {
-      e->dst = dnnl::memory::desc(dims{n, cols}, f32, dims{stride, 1});
-      e->ldy = ldy;
-      auto desc = bias ? dnnl::matmul::desc(e->src, any, e->bias, e->dst) : dnnl::matmul::desc(e->src, any, e->dst);
+      dnnl::memory::desc dst(dims{n, cols}, f32, dims{stride, 1});
+      auto desc = bias ? dnnl::matmul::desc(e->src, any, e->bias, dst) : dnnl::matmul::desc(e->src, any, dst);
       return dnnl::matmul::primitive_desc(desc, attr, engine);
     };
     auto starts = [](const dnnl::matmul::primitive_desc& p, const char* prefix) {
@@ -446,12 +446,13 @@ Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, bool bias
     dnnl::matmul::primitive_desc pd = make(ldy);
     if (ldy != cols && !starts(pd, "brg")) {
       dnnl::matmul::primitive_desc dense = make(cols);
-      if (starts(dense, "brg")) pd = dense;
-      else pd = make(ldy);
+      if (starts(dense, "brg")) pd = dense, e->own_output = true;
     }
     if (starts(pd, "ref")) {
       e = nullptr;
     } else {
+      e->dst = pd.dst_desc();
+      e->ldy = ldy;
       e->packed = pd.weights_desc();
       e->packs = e->packed != e->plain;
       if (e->packs) e->pack = dnnl::reorder(dnnl::reorder::primitive_desc(engine, e->plain, engine, e->packed));
@@ -478,7 +479,7 @@ void linear_piece(Linear& e, const float* x, const float* w, uint64_t stamp, con
   const int64_t rows = dims[0], cols = dims[1];
   thread_local std::vector<float> piece;  // the dense output of one piece of y's columns
   float* out = y;
-  if (e.dst.data.format_desc.blocking.strides[0] != e.ldy) {
+  if (e.own_output) {
     if (piece.size() < size_t(rows * cols)) piece.resize(size_t(rows * cols));
     out = piece.data();
   }
