@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include "flux/backend.hpp"
 
@@ -29,6 +30,10 @@ void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm&
 /// linear_forward, matmul.cpp); false where the GEMM path runs instead.
 bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, const void* bias, void* y, int64_t n,
                     int64_t in, int64_t out, bool relu);
+/// Tests: whether linear_forward's kernels for this shape (at the present thread count) read kept
+/// copies of w (true) or w as it is (false, after their first call timed both); nullopt where no call
+/// has made them or oneDNN declined the shape.
+std::optional<bool> linear_reads_kept_copy(int64_t n, int64_t in, int64_t out, bool bias, bool relu);
 /// The library that runs a float32 GEMM piece (matmul.cpp): measured per shape (automatic) or forced.
 enum class GemmEngine : int { automatic = -1, openblas = 0, onednn = 1 };
 /// Tests and benchmarks: every later f32 GEMM piece uses `e` (automatic: measured); returns the old.

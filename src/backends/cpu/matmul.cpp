@@ -390,6 +390,13 @@ struct Linear {
   dnnl::reorder pack;
   bool packs = false;  // false: the kernel reads w as it is (no copy kept)
   size_t scratch = 0;
+  // While `timing`: `direct`, the kernel that reads w as it is, is still to be chosen or not over
+  // `primitive`, which reads the kept copy (linear_entry); linear_piece's first call times both
+  // (seconds: best of 3) and linear_forward decides for all pieces of the call at once.
+  bool timing = false;
+  dnnl::matmul direct;
+  dnnl::memory::desc direct_scratch_desc;
+  double packed_seconds = 0, direct_seconds = 0;
   int64_t ldy = 0;         // y's row stride: > the piece's columns when it is one piece of y's columns
   bool own_output = false;  // the kernel writes a dense output of the piece's own, copied into y's rows
   KeptWeights kept;  // layers of one shape share the entry: one copy each
@@ -430,9 +437,10 @@ Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, bool bias
       po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
       attr.set_post_ops(po);
     }
-    auto make = [&](int64_t stride) {
+    auto make = [&](int64_t stride, const dnnl::memory::desc& weights = dnnl::memory::desc()) {
       dnnl::memory::desc dst(dims{n, cols}, f32, dims{stride, 1});
-      auto desc = bias ? dnnl::matmul::desc(e->src, any, e->bias, dst) : dnnl::matmul::desc(e->src, any, dst);
+      const dnnl::memory::desc& w = weights ? weights : any;
+      auto desc = bias ? dnnl::matmul::desc(e->src, w, e->bias, dst) : dnnl::matmul::desc(e->src, w, dst);
       return dnnl::matmul::primitive_desc(desc, attr, engine);
     };
     auto starts = [](const dnnl::matmul::primitive_desc& p, const char* prefix) {
@@ -457,6 +465,19 @@ Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, bool bias
       e->packs = e->packed != e->plain;
       if (e->packs) e->pack = dnnl::reorder(dnnl::reorder::primitive_desc(engine, e->plain, engine, e->packed));
       set_primitive(*e, pd);
+      // Without brgemm (oneDNN 2.6 below AVX-512) `any` gets gemm:jit with w transposed, a copy that
+      // is no kernel's packed layout and was slower than w read as it is on most shapes (AVX2, 1
+      // thread, 32 x 256 -> 1024: 338 vs 174 us; 128 x 784 -> 512: 1399 vs 959 us; 32 x 256 -> 62:
+      // 10.5 vs 12.0 us). Both are kept until the first call times them on its data.
+      if (e->packs && !starts(pd, "brg")) {
+        dnnl::matmul::primitive_desc direct = make(e->own_output ? cols : ldy, e->plain);
+        if (!starts(direct, "ref") && direct.dst_desc() == e->dst) {
+          e->timing = true;
+          e->direct = dnnl::matmul(direct);
+          e->direct_scratch_desc = direct.scratchpad_desc();
+          e->scratch = std::max(e->scratch, e->direct_scratch_desc.get_size());
+        }
+      }
     }
   } catch (const dnnl::error&) {
     e = nullptr;
@@ -464,7 +485,9 @@ Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, bool bias
   return remember(l.cache, key, std::move(e), 256);
 }
 
-// One piece on the calling thread: w's packed copy for (w, stamp), packed now unless kept.
+// One piece on the calling thread: w's packed copy for (w, stamp), packed now unless kept. The
+// first call of an entry that is `timing` runs both kernels alternately, 3 times each (thread CPU
+// time, as choose_engine), before its result from the kept copy.
 void linear_piece(Linear& e, const float* x, const float* w, uint64_t stamp, const float* bias, float* y) {
   OneDnn& s = onednn();
   thread_local dnnl::stream stream(s.engine);
@@ -472,9 +495,11 @@ void linear_piece(Linear& e, const float* x, const float* w, uint64_t stamp, con
   if (scratch.size() < e.scratch) scratch.resize(e.scratch);
   if (s.omp_set_num_threads) s.omp_set_num_threads(1);  // this pool thread's team: itself alone
   dnnl::memory plain(e.plain, s.engine, const_cast<float*>(w));
-  const dnnl::memory weights = e.packs ? e.kept.get(w, stamp, nullptr, 0, e.packed, s.engine,
-                                                    [&](dnnl::memory& to) { e.pack.execute(stream, plain, to); })
-                                       : plain;
+  auto weights = [&]() -> dnnl::memory {
+    if (!e.packs) return plain;
+    return e.kept.get(w, stamp, nullptr, 0, e.packed, s.engine,
+                      [&](dnnl::memory& to) { e.pack.execute(stream, plain, to); });
+  };
   const dnnl::memory::dims dims = e.dst.dims();
   const int64_t rows = dims[0], cols = dims[1];
   thread_local std::vector<float> piece;  // the dense output of one piece of y's columns
@@ -483,13 +508,32 @@ void linear_piece(Linear& e, const float* x, const float* w, uint64_t stamp, con
     if (piece.size() < size_t(rows * cols)) piece.resize(size_t(rows * cols));
     out = piece.data();
   }
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(e.src, s.engine, const_cast<float*>(x))},
-                                             {DNNL_ARG_WEIGHTS, weights},
-                                             {DNNL_ARG_DST, dnnl::memory(e.dst, s.engine, out)}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias, s.engine, const_cast<float*>(bias)));
-  if (e.scratch) args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(e.scratch_desc, s.engine, scratch.data()));
-  e.primitive.execute(stream, args);
-  stream.wait();
+  auto run = [&](const dnnl::matmul& primitive, const dnnl::memory& wm, const dnnl::memory::desc& scratch_desc) {
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(e.src, s.engine, const_cast<float*>(x))},
+                                               {DNNL_ARG_WEIGHTS, wm},
+                                               {DNNL_ARG_DST, dnnl::memory(e.dst, s.engine, out)}};
+    if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias, s.engine, const_cast<float*>(bias)));
+    if (scratch_desc.get_size())
+      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratch_desc, s.engine, scratch.data()));
+    primitive.execute(stream, args);
+    stream.wait();
+  };
+  if (e.timing) {
+    const dnnl::memory packed = weights();
+    double best_packed = 1e30, best_direct = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      const double t0 = thread_seconds();
+      run(e.primitive, packed, e.scratch_desc);
+      const double t1 = thread_seconds();
+      run(e.direct, plain, e.direct_scratch_desc);
+      const double t2 = thread_seconds();
+      best_packed = std::min(best_packed, t1 - t0);
+      best_direct = std::min(best_direct, t2 - t1);
+    }
+    e.packed_seconds = best_packed;
+    e.direct_seconds = best_direct;
+  }
+  run(e.primitive, weights(), e.scratch_desc);
   if (out != y)
     for (int64_t r = 0; r < rows; ++r) std::copy(out + r * cols, out + (r + 1) * cols, y + r * e.ldy);
 }
@@ -505,6 +549,9 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
   const int64_t parts = cut.parts;
   Linears& l = linears();
   std::lock_guard<std::mutex> lock(l.mutex);
+  // oneDNN sizes a primitive's thread team when it is created: one thread, as each piece runs on one
+  // (a reorder created in a two-thread team woke a second OpenMP thread, which then spun on a core).
+  if (onednn().omp_set_num_threads) onednn().omp_set_num_threads(1);
   std::vector<Linear*> entries(size_t(parts), nullptr);
   for (int64_t p = 0; p < parts; ++p) {
     if (cut.lo(p) >= cut.hi(p)) continue;
@@ -527,10 +574,48 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
       for (int64_t p = p0; p < p1; ++p) run(p);
     });
   }
+  // Pieces just timed: all read w as it is, or all the kept copy, by their summed times (so that
+  // one call never mixes the two).
+  double packed = 0, direct = 0;
+  bool timed = false;
+  for (Linear* e : entries)
+    if (e && e->timing) timed = true, packed += e->packed_seconds, direct += e->direct_seconds;
+  if (timed)
+    for (Linear* e : entries) {
+      if (!e || !e->timing) continue;
+      if (direct <= packed) {  // from now on: w as it is, no copy kept
+        e->primitive = e->direct;
+        e->scratch_desc = e->direct_scratch_desc;
+        e->packs = false;
+        e->packed = e->plain;
+        e->kept = KeptWeights();
+      }
+      e->timing = false;
+      e->direct = dnnl::matmul();
+    }
   return true;
 #else
   (void)t, (void)x, (void)w, (void)w_stamp, (void)bias, (void)y, (void)n, (void)in, (void)out, (void)relu;
   return false;
+#endif
+}
+
+std::optional<bool> linear_reads_kept_copy(int64_t n, int64_t in, int64_t out, bool bias, bool relu) {
+#if FLUX_HAVE_ONEDNN
+  const Pieces cut(out, 2.0 * double(n) * double(in) * double(out), kSplitFlops);
+  Linears& l = linears();
+  std::lock_guard<std::mutex> lock(l.mutex);
+  bool kept = true;
+  for (int64_t p = 0; p < cut.parts; ++p) {
+    if (cut.lo(p) >= cut.hi(p)) continue;
+    auto it = l.cache.find(LinearKey{n, in, cut.hi(p) - cut.lo(p), out, bias, relu, cut.parts > 1 ? p : -1});
+    if (it == l.cache.end() || !it->second || it->second->timing) return std::nullopt;
+    kept = kept && it->second->packs;
+  }
+  return kept;
+#else
+  (void)n, (void)in, (void)out, (void)bias, (void)relu;
+  return std::nullopt;
 #endif
 }
 
