@@ -124,6 +124,7 @@ Matmul* onednn_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
   auto it = s.cache.find(key);
   if (it != s.cache.end()) return it->second.get();
   std::unique_ptr<Matmul> e;
+  if (s.omp_set_num_threads) s.omp_set_num_threads(1);  // sizes the primitive's team: see linear_forward
   try {
     using dims = dnnl::memory::dims;
     auto f32 = dnnl::memory::data_type::f32;
