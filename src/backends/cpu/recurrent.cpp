@@ -24,6 +24,9 @@ template <class T>
 FLUX_CPU_INLINE void lstm_forward_body(const T* __restrict xg, const T* __restrict hg, const T* __restrict b,
                                        const T* __restrict c_prev, T* __restrict h, T* __restrict c,
                                        T* __restrict saved, int64_t r0, int64_t r1, int64_t H) {
+  // Per row: the three sigmoid gates (i, f: columns [0, 2H); o: [3H, 4H)) in loops of their own, then g,
+  // c and h. Each loop holds one function's constants in registers (one loop for all five exp-based
+  // functions spilled them on AVX2's 16 registers).
   for (int64_t r = r0; r < r1; ++r) {
     const T* x = xg + r * 4 * H;
     const T* hh = hg + r * 4 * H;
@@ -31,20 +34,23 @@ FLUX_CPU_INLINE void lstm_forward_body(const T* __restrict xg, const T* __restri
     T* hr = h + r * H;
     T* cr = c + r * H;
     T* s = saved + r * 4 * H;
-    auto unit = [&](int64_t j, T bi, T bf, T bg, T bo) __attribute__((always_inline)) {
-      const T i = vm::sigmoid(x[j] + hh[j] + bi);
-      const T f = vm::sigmoid(x[H + j] + hh[H + j] + bf);
-      const T g = vm::tanh(x[2 * H + j] + hh[2 * H + j] + bg);
-      const T o = vm::sigmoid(x[3 * H + j] + hh[3 * H + j] + bo);
-      const T cn = f * cp[j] + i * g;
-      cr[j] = cn;
-      hr[j] = o * vm::tanh(cn);
-      s[j] = i, s[H + j] = f, s[2 * H + j] = g, s[3 * H + j] = o;
+    auto sigmoids = [&](int64_t lo, int64_t hi) __attribute__((always_inline)) {
+      if (b)
+        for (int64_t j = lo; j < hi; ++j) s[j] = vm::sigmoid(x[j] + hh[j] + b[j]);
+      else
+        for (int64_t j = lo; j < hi; ++j) s[j] = vm::sigmoid(x[j] + hh[j]);
     };
-    if (b)
-      for (int64_t j = 0; j < H; ++j) unit(j, b[j], b[H + j], b[2 * H + j], b[3 * H + j]);
-    else
-      for (int64_t j = 0; j < H; ++j) unit(j, T(0), T(0), T(0), T(0));
+    sigmoids(0, 2 * H);
+    sigmoids(3 * H, 4 * H);
+    for (int64_t j = 0; j < H; ++j) {
+      const T g = vm::tanh(x[2 * H + j] + hh[2 * H + j] + (b ? b[2 * H + j] : T(0)));
+      s[2 * H + j] = g;
+    }
+    for (int64_t j = 0; j < H; ++j) {
+      const T cn = s[H + j] * cp[j] + s[j] * s[2 * H + j];
+      cr[j] = cn;
+      hr[j] = s[3 * H + j] * vm::tanh(cn);
+    }
   }
 }
 FLUX_CPU_VARIANTS(lstm_forward_rows, lstm_forward_body)

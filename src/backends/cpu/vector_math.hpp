@@ -22,8 +22,11 @@
 
 namespace flux::cpu::vmath {
 
-FLUX_CPU_INLINE float exp_f32(float x) {
-  const float xc = std::min(std::max(x, -104.0f), 88.7228394f);
+// Low / High: whether x may lie below -104 / above 88.7228 (false skips that clamp and select).
+template <bool Low = true, bool High = true> FLUX_CPU_INLINE float exp_f32(float x) {
+  float xc = x;
+  if constexpr (Low) xc = std::max(xc, -104.0f);
+  if constexpr (High) xc = std::min(xc, 88.7228394f);
   // round(xc / ln 2) by the 1.5 * 2^23 trick (round to nearest; |n| < 2^22), and n as an integer.
   const float t = xc * 1.44269504088896341f + 12582912.0f;
   const float n = t - 12582912.0f;
@@ -40,11 +43,14 @@ FLUX_CPU_INLINE float exp_f32(float x) {
   const int32_t n1 = ni >> 1, n2 = ni - n1;  // each in [-75, 64]: 2^n1 and 2^n2 are normal floats
   const float s1 = std::bit_cast<float>((n1 + 127) << 23), s2 = std::bit_cast<float>((n2 + 127) << 23);
   const float y = p * s1 * s2;
-  return x < -104.0f ? 0.0f : x > 88.7228394f ? std::numeric_limits<float>::infinity() : y;
+  float out = y;
+  if constexpr (Low) out = x < -104.0f ? 0.0f : out;
+  if constexpr (High) out = x > 88.7228394f ? std::numeric_limits<float>::infinity() : out;
+  return out;
 }
 
 FLUX_CPU_INLINE float sigmoid_f32(float x) {
-  const float e = exp_f32(-std::abs(x));
+  const float e = exp_f32<true, false>(-std::abs(x));  // x <= 0 (NaN: NaN either way)
   const float s = 1.0f / (1.0f + e);
   return x >= 0.0f ? s : e * s;
 }
@@ -58,7 +64,7 @@ FLUX_CPU_INLINE float tanh_f32(float x) {
   p = p * z + 1.33314422036e-1f;
   p = p * z - 3.33332819422e-1f;
   const float small = p * z * x + x;
-  const float e = exp_f32(2.0f * ax);
+  const float e = exp_f32<false, true>(2.0f * ax);  // 2|x| >= 0
   const float large = std::copysign(1.0f - 2.0f / (e + 1.0f), x);
   return ax < 0.625f ? small : large;
 }
