@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "flux/backend.hpp"
 #include "flux/dtype.hpp"
 
 namespace flux {
@@ -19,6 +20,11 @@ namespace flux::detail {
 /// weights, packed Dense weights) under the stamp the core passes with it.
 void mark_written(const Tensor& t);
 uint64_t content_stamp(const Tensor& t);
+/// t's buffer without materialising a deferred conv output (Tensor::buffer does): only for the x and
+/// residual of a forward conv that passes their stamps (ConvGeometry::output_deferred).
+backend::Buffer deferrable_buffer(const Tensor& t);
+/// After a forward conv set *ConvGeometry::output_deferred: t's plain content is still to be written.
+void mark_deferred(const Tensor& t);
 
 /// Sets the seed of the counter-based device generator (rand_like, dropout) and resets its call
 /// counter (src/ops/random.cpp); seed(n) calls it.

@@ -140,9 +140,28 @@ int64_t Tensor::size(int axis) const {
 }
 backend::Buffer Tensor::buffer() const {
   const TensorImpl& i = need(*this, "buffer");
-  return {i.storage->buffer.handle, i.storage->buffer.offset + i.offset};
+  Storage& s = *i.storage;
+  if (s.deferred.load(std::memory_order_acquire)) {
+    static std::mutex mutex;  // one materialisation at a time; the backend serialises its own state
+    std::lock_guard<std::mutex> lock(mutex);
+    if (s.deferred.load(std::memory_order_relaxed)) {
+      s.backend->materialise(s.device.index(), s.buffer);
+      s.deferred.store(false, std::memory_order_release);
+    }
+  }
+  return {s.buffer.handle, s.buffer.offset + i.offset};
 }
 backend::Backend& Tensor::backend() const { return *need(*this, "backend").storage->backend; }
+namespace detail {
+backend::Buffer deferrable_buffer(const Tensor& t) {
+  const TensorImpl& i = need(t, "buffer");
+  // Only the whole storage: the backend knows a deferred tensor by its start (a slice further in
+  // would be read plain), so any part of one is materialised here.
+  if (i.offset != 0 || t.nbytes() != i.storage->bytes) return t.buffer();
+  return {i.storage->buffer.handle, i.storage->buffer.offset};
+}
+void mark_deferred(const Tensor& t) { t.impl()->storage->deferred.store(true, std::memory_order_release); }
+}  // namespace detail
 bool Tensor::same_storage(const Tensor& o) const {
   return defined() && o.defined() && impl_->storage == o.impl_->storage && impl_->offset == o.impl_->offset;
 }

@@ -6,6 +6,7 @@
 // statistics in training mode, a BatchNorm's eps) and by freeing a layer and making another of the
 // same shape; after each, the forward must equal a float64 reference of the new weights. On devices
 // that keep nothing (OpenCL) the same sequence runs and must agree too.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -259,6 +260,41 @@ TEST_P(WeightCacheDevices, ConvChainSeesWritesToItsActivations) {
     for (int i = 0; i < 8; ++i) {
       y = c1(to(randn(x.shape()), dev));
       check("a new output in reused memory");
+    }
+  }
+}
+
+// At inference the CPU conv may leave its plain output unwritten while its blocked copy is kept
+// (ConvGeometry::output_deferred): the output is written when anything reads it (here the host),
+// when its copy is refilled for a later output (six outputs alive, four copies kept), and a freed
+// deferred output must never be written into memory that holds another tensor since.
+TEST_P(WeightCacheDevices, DeferredConvOutputsAreWrittenWhenNeeded) {
+  const Device dev = GetParam();
+  seed(17);
+  Conv c = Conv({3, 3}, 32, 32, {.pad = 1}) | dev;
+  for (int64_t batch : {3, 1}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    std::vector<Tensor> ys{to(randn(Shape{batch, 32, 9, 10}), dev)};
+    for (int i = 0; i < 6; ++i) ys.push_back(c(ys.back()));  // nothing read in between
+    for (int i = 0; i < 6; ++i)
+      EXPECT_LT(max_rel_error(ys[size_t(i + 1)], conv_want(c, ys[size_t(i)])), kTol) << "output " << i + 1;
+    // A conv on a part of a deferred output (the last sample: not where the output starts).
+    Tensor x = ys[0];
+    {
+      Tensor part = c(x).slice(batch - 1, batch);
+      Tensor got = c(part);
+      EXPECT_LT(max_rel_error(got, conv_want(c, part)), kTol) << "a slice of an output";
+    }
+    // A deferred output freed, its memory reused by a filled tensor, then more outputs than copies.
+    ys.clear();
+    for (int i = 0; i < 4; ++i) {
+      Tensor gone = c(x);
+      gone = Tensor();
+      Tensor filled = full(Shape{batch, 32, 9, 10}, 3.0, DType::f32, dev);
+      Tensor y = x;
+      for (int j = 0; j < 6; ++j) y = c(y);
+      std::vector<float> v = filled.to_vector<float>();
+      EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float e) { return e == 3.0f; })) << "round " << i;
     }
   }
 }

@@ -10,7 +10,7 @@
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 9;
+inline constexpr int kBackendAbiVersion = 10;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
@@ -80,6 +80,11 @@ struct ConvGeometry {
   /// (0 = unknown). A backend may keep y in its kernel's activation layout beside the plain y it
   /// writes, and read that copy instead of reordering x (or the residual) while the stamp is the same.
   uint64_t input_stamp = 0, output_stamp = 0, residual_stamp = 0;
+  /// Forward convs at inference, null otherwise: a backend that kept y in its activation layout
+  /// (output_stamp) may leave the plain y unwritten and set *output_deferred; the core then calls
+  /// materialise(y) before anything else reads or writes y's storage (x and the residual of a forward
+  /// conv may arrive so deferred: the backend materialises what it cannot read from its copy).
+  bool* output_deferred = nullptr;
 };
 
 /// Pooling kinds. mean divides by the full window size, padding included (NNlib's meanpool and
@@ -105,6 +110,9 @@ class Backend {
 
   virtual Buffer allocate(int device, size_t bytes) = 0;
   virtual void deallocate(int device, Buffer buffer, size_t bytes) = 0;
+  /// Writes the plain content of a buffer whose writing a forward conv deferred
+  /// (ConvGeometry::output_deferred); nothing for any other buffer.
+  virtual void materialise(int device, Buffer buffer) { (void)device, (void)buffer; }
   virtual void release_cache(int device) = 0;
   virtual void copy_from_host(int device, Buffer dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(int device, void* dst, Buffer src, size_t bytes) = 0;  // blocking

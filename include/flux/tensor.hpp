@@ -51,6 +51,9 @@ struct Storage {
   /// every in-place write (copy_, sub_, optimiser steps, state loading). Caches derived
   /// from the content (the CPU backend's prepacked weights) are valid while it is unchanged.
   std::atomic<uint64_t> stamp{0};
+  /// The backend has not written the plain content yet (ConvGeometry::output_deferred):
+  /// Tensor::buffer() has it materialised first.
+  std::atomic<bool> deferred{false};
   Storage(backend::Backend* b, Device d, size_t nbytes);
   ~Storage();
   Storage(const Storage&) = delete;

@@ -157,9 +157,11 @@ Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, co
   Tensor y = Tensor::empty(output_shape(geometry), x.dtype(), x.device());
   if (y.numel() == 0) return y;
   ConvGeometry g = geometry;
+  bool deferred = false;
   if (!autodiff::recording()) {  // inference: the backend may keep y for the next conv (not in training)
     g.input_stamp = content_stamp(x);
     g.output_stamp = content_stamp(y);
+    g.output_deferred = &deferred;
   }
   backend::Backend& be = x.backend();
   int dev = x.device().index();
@@ -177,8 +179,16 @@ Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, co
     return finish();
   }
   if (library_kernels()) {
-    if (relu && be.conv_forward_relu(dev, x.dtype(), x.buffer(), w.buffer(), b, y.buffer(), g)) return y;
-    if (be.conv_forward(dev, x.dtype(), x.buffer(), w.buffer(), b, y.buffer(), g)) return finish();
+    // x as it is (perhaps a deferred conv output: the backend reads its kept copy or materialises it).
+    const backend::Buffer xb = g.output_deferred ? deferrable_buffer(x) : x.buffer();
+    if (relu && be.conv_forward_relu(dev, x.dtype(), xb, w.buffer(), b, y.buffer(), g)) {
+      if (deferred) mark_deferred(y);
+      return y;
+    }
+    if (be.conv_forward(dev, x.dtype(), xb, w.buffer(), b, y.buffer(), g)) {
+      if (deferred) mark_deferred(y);
+      return finish();
+    }
   }
   Tensor col = im2col_raw(x, g);
   if (bias.defined()) fill_with_bias(y, bias);  // the GEMM accumulates onto it (beta = 1)
@@ -375,10 +385,14 @@ Tensor detail::conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale
   g.input_stamp = content_stamp(x);
   g.output_stamp = content_stamp(y);
   g.residual_stamp = residual.defined() ? content_stamp(residual) : 0;
-  backend::Buffer r = residual.defined() ? residual.buffer() : backend::Buffer{};
-  if (!x.backend().conv_forward_affine(x.device().index(), t, x.buffer(), w.buffer(), scale.buffer(), shift.buffer(), r,
-                                       y.buffer(), g, relu, relu_after))
+  bool deferred = false;
+  g.output_deferred = &deferred;
+  // x and the residual as they are (perhaps deferred conv outputs: see conv_forward_raw).
+  backend::Buffer r = residual.defined() ? deferrable_buffer(residual) : backend::Buffer{};
+  if (!x.backend().conv_forward_affine(x.device().index(), t, deferrable_buffer(x), w.buffer(), scale.buffer(),
+                                       shift.buffer(), r, y.buffer(), g, relu, relu_after))
     return Tensor();
+  if (deferred) mark_deferred(y);
   return y;
 }
 

@@ -99,6 +99,7 @@ class CpuBackend final : public backend::Backend {
   }
   backend::Buffer allocate(int, size_t bytes) override { return {bytes ? pool_.allocate(bytes) : nullptr, 0}; }
   void deallocate(int, backend::Buffer b, size_t bytes) override {
+    if (b.handle) cpu::onednn_forget(ptr(b));  // before the memory can hold another tensor
     if (b.handle) pool_.deallocate(b.handle, bytes);
   }
   void release_cache(int) override { pool_.release(); }
@@ -211,6 +212,9 @@ class CpuBackend final : public backend::Backend {
   }
   void col2im(int, DType t, backend::Buffer col, backend::Buffer dx, const backend::ConvGeometry& g) override {
     cpu::col2im(t, ptr(col), ptr(dx), g);
+  }
+  void materialise(int, backend::Buffer b) override {
+    if (b.handle) cpu::onednn_materialise(ptr(b));
   }
   bool conv_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
                     const backend::ConvGeometry& g) override {

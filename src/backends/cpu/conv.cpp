@@ -26,6 +26,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <cstdlib>
 #include <cstring>
@@ -205,6 +206,7 @@ class BlockedActivations {
   struct Copy {
     const void* plain = nullptr;  // null: holds nothing
     uint64_t stamp = 0;
+    bool deferred = false;  // the plain y was not written (ConvGeometry::output_deferred): only here
     int block = 0;  // channels per block
     memory::dims dims;
     std::unique_ptr<float, void (*)(void*)> data{nullptr, std::free};
@@ -224,8 +226,10 @@ class BlockedActivations {
   }
 
   /// A copy with room for `bytes`, emptied (it names nothing until filled and named), other than
-  /// `keep_a` / `keep_b` (the copies this call reads); null when the bound does not allow it.
-  Copy* acquire(size_t bytes, const Copy* keep_a, const Copy* keep_b) {
+  /// `keep_a` / `keep_b` (the copies this call reads); null when the bound does not allow it. A
+  /// deferred copy is written out by materialise(copy) before it is refilled.
+  template <class Materialise>
+  Copy* acquire(size_t bytes, const Copy* keep_a, const Copy* keep_b, Materialise&& materialise) {
     if (bytes > kMaxBytes) return nullptr;
     Copy* pick = nullptr;
     if (copies_.size() < kMax) {
@@ -234,6 +238,7 @@ class BlockedActivations {
       for (Copy& c : copies_)
         if (&c != keep_a && &c != keep_b && (!pick || c.used < pick->used)) pick = &c;
     }
+    if (pick->plain && pick->deferred) materialise(*pick);
     pick->plain = nullptr;
     pick->used = ++calls_;
     if (pick->capacity < bytes) {
@@ -248,6 +253,25 @@ class BlockedActivations {
     return pick;
   }
 
+  /// Deferred copies now (read without the lock by onednn_forget, to skip it when there are none).
+  std::atomic<int> deferred_count{0};
+
+  /// The deferred copy whose plain tensor is at `plain`, or null.
+  Copy* deferred(const void* plain) {
+    for (Copy& c : copies_)
+      if (c.plain == plain && c.deferred) return &c;
+    return nullptr;
+  }
+
+  /// `plain` was freed: no copy names it any longer (its memory may hold another tensor next).
+  void forget(const void* plain) {
+    for (Copy& c : copies_)
+      if (c.plain == plain) {
+        if (c.deferred) deferred_count.fetch_sub(1, std::memory_order_relaxed);
+        c.plain = nullptr, c.deferred = false;
+      }
+  }
+
  private:
   std::deque<Copy> copies_;  // stable addresses
   uint64_t calls_ = 0;
@@ -258,6 +282,9 @@ struct Dnnl {
   std::mutex mutex;  // guards the cache and serialises the calls
   std::map<Key, std::unique_ptr<Entry>> cache;
   BlockedActivations activations;
+  // materialise()'s reorders, by part shape and channel block (created once: a reorder's primitive
+  // descriptor costs tens of microseconds, more than writing a small output).
+  std::map<std::pair<memory::dims, int64_t>, dnnl::reorder> materialisers;
   int layout = 0;  // FLUX_ONEDNN_LAYOUT: 0 auto, 1 plain, 2 any, 3 plain-src (dst/weights any)
   bool pool_threading = true;  // false (FLUX_ONEDNN_THREADING=omp): one call on an OpenMP team
   void (*omp_set_num_threads)(int) = nullptr;
@@ -287,6 +314,67 @@ memory::dims activation_dims(const backend::ConvGeometry& g, int64_t channels, c
 }
 
 Tag activation_tag(int spatial) { return spatial == 1 ? Tag::ncw : spatial == 2 ? Tag::nchw : Tag::ncdhw; }
+
+/// Writes a deferred copy's plain tensor and clears `deferred`: oneDNN's reorder, cut over the pool
+/// by samples (or, for one image, by ranges of whole channel blocks), each part contiguous in both
+/// layouts. Under the Dnnl mutex.
+void materialise(Dnnl& s, BlockedActivations::Copy& c) {
+  const int spatial = int(c.dims.size()) - 2;
+  const int64_t batch = c.dims[0], channels = c.dims[1], block = c.block;
+  int64_t pixels = 1;
+  for (int i = 0; i < spatial; ++i) pixels *= c.dims[size_t(2 + i)];
+  const int64_t blocks = (channels + block - 1) / block;
+  // Parts: one sample each, or (one image) up to num_threads() ranges of channel blocks.
+  const int64_t parts = batch > 1 ? batch : std::min<int64_t>(num_threads(), blocks);
+  auto first_block = [&](int64_t p) { return batch > 1 ? 0 : blocks * p / parts; };
+  auto part_channels = [&](int64_t p) {
+    if (batch > 1) return channels;
+    return std::min(channels, blocks * (p + 1) / parts * block) - first_block(p) * block;
+  };
+  static const Tag by16[] = {Tag::aBc16b, Tag::aBcd16b, Tag::aBcde16b}, by8[] = {Tag::aBc8b, Tag::aBcd8b, Tag::aBcde8b};
+  const Tag blocked = block == 16 ? by16[spatial - 1] : by8[spatial - 1];
+  // A primitive per distinct part shape (at most two: the last part may be narrower), kept.
+  std::map<int64_t, dnnl::reorder*> reorders;
+  for (int64_t p = 0; p < parts; ++p) {
+    const int64_t width = part_channels(p);
+    if (width <= 0 || reorders.count(width)) continue;
+    memory::dims d = c.dims;
+    d[0] = 1, d[1] = width;
+    auto key = std::make_pair(d, block);
+    auto it = s.materialisers.find(key);
+    if (it == s.materialisers.end()) {
+      if (s.materialisers.size() >= 256) s.materialisers.clear();
+      it = s.materialisers
+               .emplace(key, dnnl::reorder(dnnl::reorder::primitive_desc(
+                                 s.engine, memory::desc(d, memory::data_type::f32, blocked), s.engine,
+                                 memory::desc(d, memory::data_type::f32, activation_tag(spatial)))))
+               .first;
+    }
+    reorders.emplace(width, &it->second);
+  }
+  const float* from = c.data.get();
+  float* to = static_cast<float*>(const_cast<void*>(c.plain));
+  const int64_t padded = blocks * block;
+  parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
+    thread_local dnnl::stream stream(s.engine);
+    if (s.omp_set_num_threads) s.omp_set_num_threads(1);  // this pool thread alone
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t width = part_channels(p);
+      if (width <= 0) continue;
+      const int64_t n = batch > 1 ? p : 0, cb = first_block(p);
+      memory::dims d = c.dims;
+      d[0] = 1, d[1] = width;
+      memory src(memory::desc(d, memory::data_type::f32, blocked), s.engine,
+                 const_cast<float*>(from) + (n * padded + cb * block) * pixels);
+      memory dst(memory::desc(d, memory::data_type::f32, activation_tag(spatial)), s.engine,
+                 to + (n * channels + cb * block) * pixels);
+      reorders.at(width)->execute(stream, src, dst);
+      stream.wait();
+    }
+  });
+  c.deferred = false;
+  s.activations.deferred_count.fetch_sub(1, std::memory_order_relaxed);
+}
 
 memory::desc weight_desc(const backend::ConvGeometry& g, bool any) {
   memory::dims d;
@@ -510,6 +598,7 @@ struct Views {
   void* src = nullptr;
   void* dst = nullptr;
   const void* residual = nullptr;
+  bool defer = false;  // leave the plain y unwritten (dst holds it; ConvGeometry::output_deferred)
 };
 
 /// op's layout over `data` (memory we do not own).
@@ -564,7 +653,8 @@ void execute(Dnnl& s, Entry& e, const std::vector<void*>& buffers, void* residua
   args[DNNL_ARG_SCRATCHPAD] = e.scratchpad;
   e.primitive.execute(stream, args);
   for (Operand& op : e.operands)
-    if (op.reordered && !op.input) op.reorder.execute(stream, op.arg == DNNL_ARG_DST ? *dst : op.inner, op.user);
+    if (op.reordered && !op.input && !(op.arg == DNNL_ARG_DST && views.defer && views.dst))
+      op.reorder.execute(stream, op.arg == DNNL_ARG_DST ? *dst : op.inner, op.user);
   stream.wait();
 }
 
@@ -610,17 +700,25 @@ BlockedActivations::Copy* plan_views(Dnnl& s, const backend::ConvGeometry& g, co
   BlockedActivations& acts = s.activations;
   BlockedActivations::Copy* in = acts.find(x, g.input_stamp, src_block, in_dims);
   BlockedActivations::Copy* res = residual ? acts.find(residual, g.residual_stamp, dst_block, out_dims) : nullptr;
+  // An input not read from its copy is read plain: written out first if its writing was deferred.
+  if (!in)
+    if (BlockedActivations::Copy* d = acts.deferred(x)) materialise(s, *d);
+  if (residual && !res)
+    if (BlockedActivations::Copy* d = acts.deferred(residual)) materialise(s, *d);
   BlockedActivations::Copy* out = nullptr;
   if (dst_block && g.output_stamp) {
-    out = acts.acquire(size_t(g.batch * padded(g.out_channels, dst_block) * out_pixels) * sizeof(float), in, res);
+    out = acts.acquire(size_t(g.batch * padded(g.out_channels, dst_block) * out_pixels) * sizeof(float), in, res,
+                       [&](BlockedActivations::Copy& c) { materialise(s, c); });
     if (out) out->block = dst_block, out->dims = out_dims;
   }
+  const bool defer = out && g.output_deferred;
   for (size_t c = 0; c < entries.size(); ++c) {
     const int64_t b0 = at[c][0], o0 = at[c][1];
     const int64_t dst_at = b0 * padded(g.out_channels, dst_block) * out_pixels + o0 * out_pixels;
     if (in) views[c].src = in->data.get() + b0 * padded(g.in_channels, src_block) * in_pixels;
     if (res) views[c].residual = res->data.get() + dst_at;
     if (out) views[c].dst = out->data.get() + dst_at;
+    views[c].defer = defer;
   }
   return out;
 }
@@ -671,7 +769,14 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
           execute(s, *entries[size_t(c)], args[size_t(c)], residuals[size_t(c)], stamp, views[size_t(c)]);
       });
     }
-    if (out) out->plain = buffers.back(), out->stamp = g.output_stamp;  // y's content, also in out
+    if (out) {  // y's content, also (or, deferred: only) in out
+      out->plain = buffers.back(), out->stamp = g.output_stamp;
+      out->deferred = views[0].defer;
+      if (out->deferred) {
+        s.activations.deferred_count.fetch_add(1, std::memory_order_relaxed);
+        *g.output_deferred = true;
+      }
+    }
   };
   int64_t oc_chunks = 1;
   if (is_forward(kind) && s.pool_threading && g.batch == 1 && g.groups == 1)
@@ -753,6 +858,20 @@ bool onednn_conv_forward_affine(DType t, void* x, void* w, void* scale, void* sh
   return run(Kind::forward_affine, false, g, {x, w, scale, shift, y}, ep, residual);
 }
 
+void onednn_materialise(const void* plain) {
+  Dnnl& s = state();
+  if (s.activations.deferred_count.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (BlockedActivations::Copy* c = s.activations.deferred(plain)) materialise(s, *c);
+}
+
+void onednn_forget(const void* plain) {
+  Dnnl& s = state();
+  if (s.activations.deferred_count.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.activations.forget(plain);
+}
+
 bool onednn_conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g) {
   if (t != DType::f32) return false;
   return run(Kind::backward_data, false, g, {dy, w, dx});
@@ -771,6 +890,8 @@ bool onednn_conv_forward_affine(DType, void*, void*, void*, void*, void*, void*,
   return false;
 }
 bool onednn_conv_backward_data(DType, void*, void*, void*, const backend::ConvGeometry&) { return false; }
+void onednn_materialise(const void*) {}
+void onednn_forget(const void*) {}
 bool onednn_conv_backward_weight(DType, void*, void*, void*, void*, const backend::ConvGeometry&) { return false; }
 
 #endif  // FLUX_HAVE_ONEDNN

@@ -61,6 +61,10 @@ void im2col(DType t, const void* x, void* col, const backend::ConvGeometry& g);
 void col2im(DType t, const void* col, void* dx, const backend::ConvGeometry& g);
 bool onednn_conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend::ConvGeometry& g,
                          bool relu = false);
+/// Writes the plain tensor at `plain` if a forward conv deferred it (Backend::materialise).
+void onednn_materialise(const void* plain);
+/// The tensor at `plain` was freed: its deferred content, if any, is dropped (Backend::deallocate).
+void onednn_forget(const void* plain);
 /// Inference: y = relu?(relu?(conv(x, w) * scale + shift) + residual) (Backend::conv_forward_affine).
 bool onednn_conv_forward_affine(DType t, void* x, void* w, void* scale, void* shift, void* residual, void* y,
                                 const backend::ConvGeometry& g, bool relu, bool relu_after);
