@@ -314,6 +314,11 @@ memory::dims activation_dims(const backend::ConvGeometry& g, int64_t channels, c
 }
 
 Tag activation_tag(int spatial) { return spatial == 1 ? Tag::ncw : spatial == 2 ? Tag::nchw : Tag::ncdhw; }
+/// The channel-blocked activation layout (nCw / nChw / nCdhw with `block` = 16 or 8 channels a block).
+Tag blocked_tag(int64_t block, int spatial) {
+  static const Tag by16[] = {Tag::aBc16b, Tag::aBcd16b, Tag::aBcde16b}, by8[] = {Tag::aBc8b, Tag::aBcd8b, Tag::aBcde8b};
+  return block == 16 ? by16[spatial - 1] : by8[spatial - 1];
+}
 
 /// Writes a deferred copy's plain tensor and clears `deferred`: oneDNN's reorder, cut over the pool
 /// by samples (or, for one image, by ranges of whole channel blocks), each part contiguous in both
@@ -331,27 +336,27 @@ void materialise(Dnnl& s, BlockedActivations::Copy& c) {
     if (batch > 1) return channels;
     return std::min(channels, blocks * (p + 1) / parts * block) - first_block(p) * block;
   };
-  static const Tag by16[] = {Tag::aBc16b, Tag::aBcd16b, Tag::aBcde16b}, by8[] = {Tag::aBc8b, Tag::aBcd8b, Tag::aBcde8b};
-  const Tag blocked = block == 16 ? by16[spatial - 1] : by8[spatial - 1];
-  // A primitive per distinct part shape (at most two: the last part may be narrower), kept.
-  std::map<int64_t, dnnl::reorder*> reorders;
-  for (int64_t p = 0; p < parts; ++p) {
-    const int64_t width = part_channels(p);
-    if (width <= 0 || reorders.count(width)) continue;
+  const Tag blocked = blocked_tag(block, spatial);
+  // The kept primitive for a part of `width` channels; made here, before the pool runs the parts. The
+  // bound is applied first, so that the two looked up below stay valid.
+  if (s.materialisers.size() + 2 > 256) s.materialisers.clear();
+  auto reorder_for = [&](int64_t width) {
     memory::dims d = c.dims;
     d[0] = 1, d[1] = width;
     auto key = std::make_pair(d, block);
     auto it = s.materialisers.find(key);
-    if (it == s.materialisers.end()) {
-      if (s.materialisers.size() >= 256) s.materialisers.clear();
+    if (it == s.materialisers.end())
       it = s.materialisers
                .emplace(key, dnnl::reorder(dnnl::reorder::primitive_desc(
                                  s.engine, memory::desc(d, memory::data_type::f32, blocked), s.engine,
                                  memory::desc(d, memory::data_type::f32, activation_tag(spatial)))))
                .first;
-    }
-    reorders.emplace(width, &it->second);
-  }
+    return &it->second;
+  };
+  // Every part but the last has the first part's width; the last may be narrower.
+  const int64_t first_width = part_channels(0), last_width = part_channels(parts - 1);
+  dnnl::reorder* const first = reorder_for(first_width);
+  dnnl::reorder* const last = last_width == first_width ? first : reorder_for(last_width);
   const float* from = c.data.get();
   float* to = static_cast<float*>(const_cast<void*>(c.plain));
   const int64_t padded = blocks * block;
@@ -360,7 +365,6 @@ void materialise(Dnnl& s, BlockedActivations::Copy& c) {
     if (s.omp_set_num_threads) s.omp_set_num_threads(1);  // this pool thread alone
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t width = part_channels(p);
-      if (width <= 0) continue;
       const int64_t n = batch > 1 ? p : 0, cb = first_block(p);
       memory::dims d = c.dims;
       d[0] = 1, d[1] = width;
@@ -368,7 +372,7 @@ void materialise(Dnnl& s, BlockedActivations::Copy& c) {
                  const_cast<float*>(from) + (n * padded + cb * block) * pixels);
       memory dst(memory::desc(d, memory::data_type::f32, activation_tag(spatial)), s.engine,
                  to + (n * channels + cb * block) * pixels);
-      reorders.at(width)->execute(stream, src, dst);
+      (p + 1 == parts ? last : first)->execute(stream, src, dst);
       stream.wait();
     }
   });
@@ -653,7 +657,7 @@ void execute(Dnnl& s, Entry& e, const std::vector<void*>& buffers, void* residua
   args[DNNL_ARG_SCRATCHPAD] = e.scratchpad;
   e.primitive.execute(stream, args);
   for (Operand& op : e.operands)
-    if (op.reordered && !op.input && !(op.arg == DNNL_ARG_DST && views.defer && views.dst))
+    if (op.reordered && !op.input && !(op.arg == DNNL_ARG_DST && views.defer))
       op.reorder.execute(stream, op.arg == DNNL_ARG_DST ? *dst : op.inner, op.user);
   stream.wait();
 }
@@ -667,10 +671,9 @@ const Operand* operand(const Entry& e, int arg) {
 /// The channel block of a channel-blocked activation layout (nCw / nChw / nCdhw, 16 or 8 channels a
 /// block: what oneDNN's f32 direct kernels choose), 0 for any other layout.
 int channel_block(const memory::desc& d, int spatial) {
-  static const Tag by16[] = {Tag::aBc16b, Tag::aBcd16b, Tag::aBcde16b}, by8[] = {Tag::aBc8b, Tag::aBcd8b, Tag::aBcde8b};
   const memory::dims dims = d.dims();
-  if (memory::desc(dims, memory::data_type::f32, by16[spatial - 1]) == d) return 16;
-  if (memory::desc(dims, memory::data_type::f32, by8[spatial - 1]) == d) return 8;
+  for (int block : {16, 8})
+    if (memory::desc(dims, memory::data_type::f32, blocked_tag(block, spatial)) == d) return block;
   return 0;
 }
 
@@ -771,7 +774,7 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
     }
     if (out) {  // y's content, also (or, deferred: only) in out
       out->plain = buffers.back(), out->stamp = g.output_stamp;
-      out->deferred = views[0].defer;
+      out->deferred = g.output_deferred != nullptr;  // plan_views deferred every chunk's write then
       if (out->deferred) {
         s.activations.deferred_count.fetch_add(1, std::memory_order_relaxed);
         *g.output_deferred = true;

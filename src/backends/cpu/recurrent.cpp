@@ -42,10 +42,10 @@ FLUX_CPU_INLINE void lstm_forward_body(const T* __restrict xg, const T* __restri
     };
     sigmoids(0, 2 * H);
     sigmoids(3 * H, 4 * H);
-    for (int64_t j = 0; j < H; ++j) {
-      const T g = vm::tanh(x[2 * H + j] + hh[2 * H + j] + (b ? b[2 * H + j] : T(0)));
-      s[2 * H + j] = g;
-    }
+    if (b)
+      for (int64_t j = 2 * H; j < 3 * H; ++j) s[j] = vm::tanh(x[j] + hh[j] + b[j]);
+    else
+      for (int64_t j = 2 * H; j < 3 * H; ++j) s[j] = vm::tanh(x[j] + hh[j]);
     for (int64_t j = 0; j < H; ++j) {
       const T cn = s[H + j] * cp[j] + s[j] * s[2 * H + j];
       cr[j] = cn;
