@@ -17,6 +17,13 @@ using namespace flux;
 using flux::testing::max_rel_error;
 using ::testing::HasSubstr;
 
+namespace flux::detail {
+// src/backends/cpu/isa.cpp (flux.hpp's flux::cpu is the mover, so not flux::cpu::force_isa): the ISA
+// level of the CPU kernels, capped at `level` (0 baseline, 1 AVX2, 2 AVX-512; never above the CPU's).
+const char* cpu_isa_name();
+int cpu_force_isa(int level);
+}  // namespace flux::detail
+
 namespace {
 
 using flux::testing::ConvFusion;
@@ -28,8 +35,9 @@ bool fuses(const Device& d) {
 }
 
 // fused: whether the CPU runs this case fused. oneDNN's blocked layouts fuse (C/G * k * k >= 64, or a
-// 1-3 channel first layer); plain layouts (less work per pixel, or <= 32 output pixels in all) run
-// oneDNN's gemm kernel unfused (src/backends/cpu/conv.cpp).
+// 1-3 channel first layer), and so does the few-pixel kernel (C * k * k >= 64 and <= 32 output pixels
+// over the batch); plain layouts (less work per pixel) run oneDNN's gemm kernel unfused
+// (src/backends/cpu/conv.cpp).
 struct Case {
   const char* name;
   int64_t batch, in, out, h, w, k, stride, pad, groups;
@@ -48,7 +56,10 @@ const Case kCases[] = {
     {"conv_bias_no_pad", 4, 8, 16, 6, 6, 3, 1, 0, 1, true, false, true},
     {"batch1_wide", 1, 64, 64, 16, 16, 3, 1, 1, 1, false, true, true},  // batch 1: output channels split
     {"batch1_stride2", 1, 32, 64, 14, 14, 3, 2, 1, 1, false, false, true},
-    {"batch1_few_pixels", 1, 64, 64, 4, 4, 3, 1, 1, 1, false, true, false},  // 16 pixels: plain
+    {"batch1_few_pixels", 1, 64, 64, 4, 4, 3, 1, 1, 1, false, true, true},  // 16 pixels: few-pixel kernel
+    {"few_pixels_stride2_bias", 2, 48, 40, 7, 7, 3, 2, 1, 1, true, true, true},  // 2 x 4x4 = 32 pixels
+    {"few_pixels_pointwise_stride2", 1, 96, 24, 7, 7, 1, 2, 0, 1, false, false, true},
+    {"few_pixels_odd_batch3", 3, 70, 33, 3, 3, 3, 1, 1, 1, true, true, true},  // 27 pixels, 33 rows
     {"batch8_large", 8, 32, 48, 14, 14, 3, 1, 1, 1, true, true, true},  // batch split over threads
 };
 
@@ -339,6 +350,67 @@ TEST(ConvFusion, OneAndThreeSpatialAxes) {
   ConvFusion off(false);
   EXPECT_LT(max_diff(a1, m1(x1)), 5e-5);
   EXPECT_LT(max_diff(a3, m3(x3)), 5e-5);
+}
+
+// The few-pixel forwards (<= 32 output pixels over the batch, C * prod(kernel) >= 64: the weights
+// streamed once through a register-blocked kernel, src/backends/cpu/conv.cpp) on every ISA level this
+// CPU has (their vector widths give 1..8 vectors a row), 1-3 spatial axes, stride, padding, dilation,
+// and rows that do not fill a kernel's block: the fused Conv + BatchNorm (+ residual, relu), and the
+// Conv alone with bias and relu, against the same layers in float64 (the portable reference loops).
+TEST(ConvFusion, FewPixelForwardsMatchFloat64OnEveryIsa) {
+  if (!fuses(Device())) GTEST_SKIP() << "no oneDNN fast path in this build";
+  struct FewCase {
+    const char* name;
+    int64_t batch, in, out;
+    std::vector<int64_t> size, kernel;
+    int64_t stride, pad, dilation;
+  };
+  const FewCase cases[] = {
+      {"1x1_on_one_pixel", 1, 64, 37, {1, 1}, {1, 1}, 1, 0, 1},           // 1 pixel
+      {"3x3_on_2x3", 1, 16, 20, {2, 3}, {3, 3}, 1, 1, 1},                 // 6
+      {"3x3_stride2_batch2", 2, 24, 35, {7, 7}, {3, 3}, 2, 1, 1},         // 32
+      {"3x3_dilation2_batch2", 2, 8, 19, {5, 6}, {3, 3}, 1, 1, 2},        // 24
+      {"3x3_batch3", 3, 32, 50, {3, 3}, {3, 3}, 1, 1, 1},                 // 27
+      {"3x3_batch5_on_2x2", 5, 16, 16, {2, 2}, {3, 3}, 1, 1, 1},          // 20
+      {"1d_stride2", 2, 32, 24, {9}, {3}, 2, 1, 1},                       // 10
+      {"3d_stride2", 1, 4, 18, {3, 4, 5}, {3, 3, 3}, 2, 1, 1},            // 12
+  };
+  const int old = detail::cpu_force_isa(2);
+  std::string previous;
+  for (int level : {0, 1, 2}) {
+    detail::cpu_force_isa(level);
+    const std::string isa = detail::cpu_isa_name();
+    if (isa == previous) continue;  // capped: the CPU has no higher level
+    previous = isa;
+    for (const FewCase& k : cases) {
+      SCOPED_TRACE(std::string(k.name) + " at " + isa);
+      seed(17);
+      Conv conv(Dims(k.kernel), k.in, k.out, {.stride = k.stride, .pad = k.pad, .dilation = k.dilation});
+      copy_(conv.bias, randn(Shape{k.out}));
+      BatchNorm bn(k.out, relu);
+      randomise(bn);
+      std::vector<int64_t> xs{k.batch, k.in};
+      xs.insert(xs.end(), k.size.begin(), k.size.end());
+      Tensor x = randn(Shape(xs));
+      auto to64 = [](const auto& m) { return fmap([](const Tensor& t) { return is_floating(t.dtype()) ? t.f64() : t; }, m); };
+      auto model = Chain(conv, bn);
+      Tensor want = to64(model)(x.f64());
+      Tensor fused = detail::conv_batchnorm(conv, bn, x);
+      ASSERT_TRUE(fused.defined()) << "the few-pixel forward fuses";
+      EXPECT_EQ(fused.shape(), want.shape());
+      EXPECT_LT(max_rel_error(fused, values(want)), 5e-5);
+      EXPECT_LT(max_rel_error(model(x), values(want)), 5e-5);
+      // The residual form, with the final relu.
+      Tensor r = randn(want.shape());
+      Tensor got = detail::conv_batchnorm(conv, bn, x, r, true);
+      ASSERT_TRUE(got.defined());
+      EXPECT_LT(max_rel_error(got, values(relu(want + r.f64()))), 5e-5);
+      // Conv alone: bias and relu (the forward that training runs too).
+      Conv with_relu(conv.weight, conv.bias, relu, ConvParams{.stride = k.stride, .pad = k.pad, .dilation = k.dilation});
+      EXPECT_LT(max_rel_error(with_relu(x), values(to64(with_relu)(x.f64()))), 5e-5);
+    }
+  }
+  detail::cpu_force_isa(old);
 }
 
 // Bad input gives the layers' own errors through the fused Chain.

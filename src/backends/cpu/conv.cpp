@@ -35,6 +35,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #if FLUX_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
@@ -42,6 +43,7 @@
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/isa.hpp"
 #if FLUX_HAVE_ONEDNN
 #include "src/backends/cpu/kept_weights.hpp"
 #endif
@@ -285,6 +287,8 @@ struct Dnnl {
   // materialise()'s reorders, by part shape and channel block (created once: a reorder's primitive
   // descriptor costs tens of microseconds, more than writing a small output).
   std::map<std::pair<memory::dims, int64_t>, dnnl::reorder> materialisers;
+  // few_pixel_forward's columns and product, grown to the largest call and kept (no page faults).
+  std::vector<float> few_pixel_col, few_pixel_out;
   int layout = 0;  // FLUX_ONEDNN_LAYOUT: 0 auto, 1 plain, 2 any, 3 plain-src (dst/weights any)
   bool pool_threading = true;  // false (FLUX_ONEDNN_THREADING=omp): one call on an OpenMP team
   void (*omp_set_num_threads)(int) = nullptr;
@@ -515,17 +519,9 @@ std::unique_ptr<Entry> create(Dnnl& s, Kind kind, bool bias, const backend::Conv
   // choose blocked dst/weights, as LibTorch does: its direct kernels read a plain source with few
   // channels, and the source is not padded to 8/16 channels by a reorder.
   bool few = g.groups == 1 && g.in_channels < 4;
-  // A forward with very few output pixels (batch x out <= 32: ResNet-18's last stage at batch 1) is
-  // bound by reading the weights: the blocked kernels reorder them on every call (read + write all of
-  // them) and then read them again, while oneDNN's gemm kernel reads them once in place. Measured
-  // (1 thread, AVX-512, CPU time, 3x3 convs): 512 -> 512 on 4x4 at batch 1 2.52 ms blocked, 0.99 ms
-  // plain; 256 -> 512 stride 2 from 7x7 0.63 / 0.50 ms; but 256 -> 256 on 7x7 (49 pixels) 0.55 / 0.83
-  // and 512 -> 512 on 4x4 at batch 4 (64 pixels) 3.79 / 4.04. The fused forward (forward_affine) then
-  // runs unfused (gemm with binary post-ops is slow).
-  int64_t out_pixels = g.batch;
-  for (int i = 0; i < g.spatial; ++i) out_pixels *= g.out[i];
-  bool weight_bound = is_forward(kind) && g.groups == 1 && per_pixel >= 64 && out_pixels <= 32;
-  bool any = s.layout == 2 || s.layout == 3 || (s.layout == 0 && (per_pixel >= 64 || few) && !weight_bound);
+  // A forward with very few output pixels (few_pixels(): ResNet-18's last stage at batch 1) does not
+  // come here in the auto layout: few_pixel_forward runs it.
+  bool any = s.layout == 2 || s.layout == 3 || (s.layout == 0 && (per_pixel >= 64 || few));
   bool plain_src = s.layout == 3 || (s.layout == 0 && per_pixel < 64 && few);
   Descs asked = make_descs(g, any, bias, plain_src);
   if (kind == Kind::forward_affine) return create_affine(s, plain, asked, g, ep);
@@ -726,6 +722,233 @@ BlockedActivations::Copy* plan_views(Dnnl& s, const backend::ConvGeometry& g, co
   return out;
 }
 
+// ---- Forwards with few output pixels: the weights streamed once through a register-blocked kernel ----
+// A forward with at most kFewPixels output pixels in all (batch x out: ResNet-18's last stage at
+// batch 1, 4x4 = 16 pixels at 112x112) is bound by the pass over its weights (9.4 MB for 512 -> 512
+// 3x3) and the FMAs on them. oneDNN's blocked kernels reorder and reread the weights (512 -> 512 on
+// 4x4, 1 thread, AVX-512: 1.17 ms with the reorder kept), its gemm kernel reads them in place but
+// reaches 77 GFLOP/s on this shape (dnnl_sgemm of W 512 x 4608 by 16 columns alone: 976 us), gathers
+// its columns with a scalar loop (~40 us more) and fuses no BatchNorm. Here the columns (C k, N P)
+// are gathered once, zero-padded to whole vectors of the active ISA, and each pool thread runs its
+// rows of W through few_pixel_rows: R rows of the product held in registers (R x V vectors), one pass
+// over those rows of W, each weight broadcast against the V vectors of its column row. Measured on
+// that shape (1 thread, W cycling through 6 copies so that it comes from memory as in the network):
+// AVX-512 723 us (104 GFLOP/s), AVX2 code 931 us against dnnl_sgemm's 1151. Then scale and shift (or
+// bias), relu, residual and relu in one pass into y. FLUX_ONEDNN_LAYOUT=plain runs oneDNN's gemm
+// kernel instead (the comparison).
+constexpr int64_t kFewPixels = 32;
+
+/// Whether the forward (kind, g) takes the few-pixel path (auto layout, dense, C / G * prod(kernel)
+/// >= 64, at most kFewPixels output pixels over the batch).
+bool few_pixels(const Dnnl& s, Kind kind, const backend::ConvGeometry& g) {
+  if (s.layout != 0 || !is_forward(kind) || g.groups != 1) return false;
+  int64_t per_pixel = g.in_channels, out_pixels = g.batch;
+  for (int i = 0; i < g.spatial; ++i) per_pixel *= g.kernel[i], out_pixels *= g.out[i];
+  return per_pixel >= 64 && out_pixels <= kFewPixels;
+}
+
+/// c (rows, V * L) = w (rows, k) col (k, V * L) for rows <= R (w's rows k apart; the rows past `rows`
+/// repeat the last one and are not stored). Vec: L floats, the active ISA's vector (4-byte aligned, so
+/// loads and stores through Vec* need no alignment; no local's address is taken, which kept GCC from
+/// holding acc in registers: it stored all of acc every iteration, 6.9 ms instead of 0.93 on AVX2).
+template <class Vec, int R, int V>
+FLUX_CPU_INLINE void few_pixel_rows(const float* w, int64_t k, int64_t rows, const float* col, float* c) {
+  constexpr int L = int(sizeof(Vec) / sizeof(float));
+  const float* wr[R];
+  for (int r = 0; r < R; ++r) wr[r] = w + std::min<int64_t>(r, rows - 1) * k;
+  Vec acc[R][V];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) acc[r][v] = Vec{};
+  for (int64_t i = 0; i < k; ++i) {
+    Vec b[V];
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) b[v] = *reinterpret_cast<const Vec*>(col + (i * V + v) * L);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float x = wr[r][i];
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) acc[r][v] += x * b[v];
+    }
+  }
+  for (int r = 0; r < R && r < rows; ++r)
+    for (int v = 0; v < V; ++v) *reinterpret_cast<Vec*>(c + (r * V + v) * L) = acc[r][v];
+}
+
+using Vec16 = float __attribute__((vector_size(64), aligned(4)));
+using Vec8 = float __attribute__((vector_size(32), aligned(4)));
+using Vec4 = float __attribute__((vector_size(16), aligned(4)));
+
+// Rows a kernel call holds for V vectors a row: as many as the ISA's vector registers allow beside
+// the V column vectors (32 zmm; 16 ymm / xmm), measured best at 8 (AVX-512, V = 1, 2) and 6 (AVX2, V = 2).
+constexpr int few_pixel_block(int lanes, int v) {
+  if (lanes == 16) return 8;
+  if (lanes == 8) return v == 1 ? 8 : v == 2 ? 6 : v == 3 ? 4 : 3;
+  return v <= 2 ? 6 : v <= 4 ? 3 : 1;
+}
+
+template <int V> FLUX_CPU_TARGET_AVX512 void few_pixel_avx512(const float* w, int64_t k, int64_t rows, const float* col, float* c) {
+  constexpr int R = few_pixel_block(16, V);
+  for (int64_t r = 0; r < rows; r += R) few_pixel_rows<Vec16, R, V>(w + r * k, k, std::min<int64_t>(R, rows - r), col, c + r * V * 16);
+}
+template <int V> FLUX_CPU_TARGET_AVX2 void few_pixel_avx2(const float* w, int64_t k, int64_t rows, const float* col, float* c) {
+  constexpr int R = few_pixel_block(8, V);
+  for (int64_t r = 0; r < rows; r += R) few_pixel_rows<Vec8, R, V>(w + r * k, k, std::min<int64_t>(R, rows - r), col, c + r * V * 8);
+}
+template <int V> void few_pixel_baseline(const float* w, int64_t k, int64_t rows, const float* col, float* c) {
+  constexpr int R = few_pixel_block(4, V);
+  for (int64_t r = 0; r < rows; r += R) few_pixel_rows<Vec4, R, V>(w + r * k, k, std::min<int64_t>(R, rows - r), col, c + r * V * 4);
+}
+
+/// The vector width (floats) of the active ISA's few-pixel kernel.
+int64_t few_pixel_lanes() {
+  Isa isa = active_isa();
+  return isa == Isa::avx512 ? 16 : isa == Isa::avx2 ? 8 : 4;
+}
+
+/// c (rows, ldc) = w (rows, k) col (k, ldc), ldc = few_pixel_lanes() x V, V <= kFewPixels / lanes.
+void few_pixel_gemm(const float* w, int64_t k, int64_t rows, const float* col, int64_t ldc, float* c) {
+  const int64_t v = ldc / few_pixel_lanes();
+  switch (active_isa()) {
+    case Isa::avx512:
+      if (v == 1) return few_pixel_avx512<1>(w, k, rows, col, c);
+      return few_pixel_avx512<2>(w, k, rows, col, c);
+    case Isa::avx2:
+      switch (v) {
+        case 1: return few_pixel_avx2<1>(w, k, rows, col, c);
+        case 2: return few_pixel_avx2<2>(w, k, rows, col, c);
+        case 3: return few_pixel_avx2<3>(w, k, rows, col, c);
+        default: return few_pixel_avx2<4>(w, k, rows, col, c);
+      }
+    default:
+      switch (v) {
+        case 1: return few_pixel_baseline<1>(w, k, rows, col, c);
+        case 2: return few_pixel_baseline<2>(w, k, rows, col, c);
+        case 3: return few_pixel_baseline<3>(w, k, rows, col, c);
+        case 4: return few_pixel_baseline<4>(w, k, rows, col, c);
+        case 5: return few_pixel_baseline<5>(w, k, rows, col, c);
+        case 6: return few_pixel_baseline<6>(w, k, rows, col, c);
+        case 7: return few_pixel_baseline<7>(w, k, rows, col, c);
+        default: return few_pixel_baseline<8>(w, k, rows, col, c);
+      }
+  }
+}
+
+/// out[t ldc + p] = image[idx[t P + p]] for taps t < taps, pixels p < P: a gather the compiler
+/// vectorises per ISA (AVX2 / AVX-512 gather instructions).
+FLUX_CPU_INLINE void gather_taps_body(const float* __restrict image, const int32_t* __restrict idx, int64_t taps,
+                                      int64_t P, float* __restrict out, int64_t ldc) {
+  for (int64_t t = 0; t < taps; ++t, out += ldc, idx += P)
+    for (int64_t p = 0; p < P; ++p) out[p] = image[idx[p]];
+}
+FLUX_CPU_VARIANTS(gather_taps, gather_taps_body)
+
+/// The columns of x (N, C, in...) for (g): col row (c, k...) holds, at n P + p, the input under
+/// kernel tap k of output pixel p of sample n (0 in the padding); columns N P .. ldc are 0. Each image
+/// (copied first into a zero-bordered buffer when the conv pads) is read through one table of
+/// offsets, tap by pixel, shared by every channel: for ResNet-18's 512 x 4x4 input (4608 rows of 16)
+/// ~100 us with a bounds check per element, ~50 with loops per output row, ~30 here, 1 thread, AVX-512
+/// (the kernel after it: ~720 us).
+void few_pixel_columns(const float* x, float* col, int64_t ldc, const backend::ConvGeometry& g) {
+  // Axes padded with unit axes in front.
+  int64_t in[3], out[3], kernel[3], stride[3], dilation[3], lo[3], size[3];
+  for (int i = 0; i < 3; ++i) {
+    const int from = i - (3 - g.spatial);
+    const bool used = from >= 0;
+    in[i] = used ? g.in[from] : 1, out[i] = used ? g.out[from] : 1, kernel[i] = used ? g.kernel[from] : 1;
+    stride[i] = used ? g.stride[from] : 1, dilation[i] = used ? g.dilation[from] : 1;
+    lo[i] = used ? g.pad_lo[from] : 0;
+    size[i] = in[i] + lo[i] + (used ? g.pad_hi[from] : 0);  // the padded image
+  }
+  const bool padded = size[0] != in[0] || size[1] != in[1] || size[2] != in[2];
+  const int64_t I = in[0] * in[1] * in[2], S = size[0] * size[1] * size[2];
+  const int64_t P = out[0] * out[1] * out[2], K = kernel[0] * kernel[1] * kernel[2], NP = g.batch * P;
+  // idx[t P + p]: the offset in the (padded) image of tap t of output pixel p. Offsets are < S <= 2^31
+  // for any image a few-pixel conv reads (checked: else the caller's oneDNN path runs).
+  std::vector<int32_t> idx(size_t(K * P));
+  int32_t* at = idx.data();
+  for (int64_t k0 = 0; k0 < kernel[0]; ++k0)
+    for (int64_t k1 = 0; k1 < kernel[1]; ++k1)
+      for (int64_t k2 = 0; k2 < kernel[2]; ++k2)
+        for (int64_t o0 = 0; o0 < out[0]; ++o0)
+          for (int64_t o1 = 0; o1 < out[1]; ++o1)
+            for (int64_t o2 = 0; o2 < out[2]; ++o2)
+              *at++ = int32_t(((o0 * stride[0] + k0 * dilation[0]) * size[1] + o1 * stride[1] + k1 * dilation[1]) * size[2] +
+                              o2 * stride[2] + k2 * dilation[2]);
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, K * NP + (padded ? S : 0)));
+  parallel_for(g.in_channels, grain, [&](int64_t c0, int64_t c1) {
+    std::vector<float> buffer(padded ? size_t(S) : 0, 0.0f);  // the border stays 0
+    for (int64_t c = c0; c < c1; ++c) {
+      float* rows = col + c * K * ldc;
+      for (int64_t n = 0; n < g.batch; ++n) {
+        const float* image = x + (n * g.in_channels + c) * I;
+        if (padded) {
+          for (int64_t i0 = 0; i0 < in[0]; ++i0)
+            for (int64_t i1 = 0; i1 < in[1]; ++i1)
+              std::copy_n(image + (i0 * in[1] + i1) * in[2], in[2],
+                          buffer.data() + ((i0 + lo[0]) * size[1] + i1 + lo[1]) * size[2] + lo[2]);
+          image = buffer.data();
+        }
+        gather_taps(image, idx.data(), K, P, rows + n * P, ldc);
+      }
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = NP; j < ldc; ++j) rows[k * ldc + j] = 0.0f;
+    }
+  });
+}
+
+/// The few-pixel forward (see above): buffers as run()'s (forward: x, w, [bias,] y; forward_affine:
+/// x, w, scale, shift, y), y (N, O, out...) written plain. Under the Dnnl mutex.
+void few_pixel_forward(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g,
+                       const std::vector<void*>& buffers, const Epilogue& ep, const void* residual) {
+  // Inputs whose plain content a conv left unwritten (deferred): written now, read plain here.
+  for (const void* p : {static_cast<const void*>(buffers[0]), residual})
+    if (p)
+      if (BlockedActivations::Copy* d = s.activations.deferred(p)) materialise(s, *d);
+  int64_t P = 1, K = g.in_channels;
+  for (int i = 0; i < g.spatial; ++i) P *= g.out[i], K *= g.kernel[i];
+  const int64_t O = g.out_channels, NP = g.batch * P, lanes = few_pixel_lanes();
+  const int64_t ldc = (NP + lanes - 1) / lanes * lanes;
+  if (s.few_pixel_col.size() < size_t(K * ldc)) s.few_pixel_col.resize(size_t(K * ldc));
+  if (s.few_pixel_out.size() < size_t(O * ldc)) s.few_pixel_out.resize(size_t(O * ldc));
+  float* col = s.few_pixel_col.data();
+  float* prod = s.few_pixel_out.data();
+  few_pixel_columns(static_cast<const float*>(buffers[0]), col, ldc, g);
+  const float* w = static_cast<const float*>(buffers[1]);
+  const bool affine = kind == Kind::forward_affine;
+  const float* scale = affine ? static_cast<const float*>(buffers[2]) : nullptr;
+  const float* shift = affine ? static_cast<const float*>(buffers[3]) : bias ? static_cast<const float*>(buffers[2]) : nullptr;
+  const bool relu = kind == Kind::forward_relu || (affine && ep.relu);
+  const float* r = affine && ep.residual ? static_cast<const float*>(residual) : nullptr;
+  const bool relu_after = affine && ep.relu_after;
+  float* y = static_cast<float*>(buffers.back());
+  // Rows of W split over the pool in blocks of 16 (a multiple of every kernel's R but AVX2's 6).
+  const int64_t blocks = (O + 15) / 16;
+  const int64_t chunks = std::min<int64_t>({num_threads(), blocks, std::max<int64_t>(1, (2 * O * K * NP) >> 21)});
+  parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t o0 = std::min(O, blocks * c / chunks * 16), o1 = std::min(O, blocks * (c + 1) / chunks * 16);
+      few_pixel_gemm(w + o0 * K, K, o1 - o0, col, ldc, prod + o0 * ldc);
+      for (int64_t o = o0; o < o1; ++o) {
+        const float a = scale ? scale[o] : 1.0f, b = shift ? shift[o] : 0.0f;
+        for (int64_t n = 0; n < g.batch; ++n) {
+          const float* from = prod + o * ldc + n * P;
+          float* to = y + (n * O + o) * P;
+          const float* add = r ? r + (n * O + o) * P : nullptr;
+          for (int64_t p = 0; p < P; ++p) {
+            float v = from[p] * a + b;
+            if (relu) v = v > 0.0f ? v : 0.0f;
+            if (add) v += add[p];
+            if (relu_after) v = v > 0.0f ? v : 0.0f;
+            to[p] = v;
+          }
+        }
+      }
+    }
+  });
+}
+
 /// Runs (kind, g) on the buffers, given in the order of Entry::operands; false when oneDNN has no
 /// implementation for this case. The batch is split over our pool's threads, each running oneDNN on
 /// one OpenMP thread (libgomp's idle threads spin and fought our pool and OpenBLAS: see the header);
@@ -739,6 +962,10 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
   // Before creating primitives too: oneDNN fixes some kernels' thread count when it creates them.
   if (s.omp_set_num_threads) s.omp_set_num_threads(s.pool_threading ? 1 : num_threads());
   std::vector<void*> buffers(list);
+  if (few_pixels(s, kind, g)) {
+    few_pixel_forward(s, kind, bias, g, buffers, ep, residual);
+    return true;
+  }
   int64_t in_size = g.in_channels, out_size = g.out_channels;
   for (int i = 0; i < g.spatial; ++i) in_size *= g.in[i], out_size *= g.out[i];
   int64_t flops = 2 * g.batch * out_size * (g.in_channels / g.groups);
