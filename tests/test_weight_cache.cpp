@@ -332,3 +332,85 @@ TEST_P(WeightCacheDevices, ResidualBlockSeesWritesToItsInput) {
   sub_(x, full_like(x, 0.25));
   check("sub_ from the input");
 }
+
+namespace flux::detail {
+// src/backends/cpu/isa.cpp (flux.hpp's flux::cpu is the mover): the CPU kernels' ISA level, capped at
+// `level` (0 baseline, 1 AVX2, 2 AVX-512; never above the CPU's).
+const char* cpu_isa_name();
+int cpu_force_isa(int level);
+}  // namespace flux::detail
+
+// Max pooling at inference on the CPU reads a conv's kept blocked output and keeps its own output
+// blocked and unwritten for the next conv (src/backends/cpu/conv.cpp). Against float64 references,
+// for three windows, two batch sizes and every ISA level of the CPU: the pooled values read directly,
+// through the next conv (which reads the kept copy), and as the input of a NaN; a write into the conv
+// output before the pool is seen; inside gradient() the plain path runs and its gradient is right.
+// (tests/onednn_avx2.cmake runs it again with oneDNN's 8-channel blocks.)
+TEST_P(WeightCacheDevices, MaxPoolOnConvOutputs) {
+  const Device dev = GetParam();
+  seed(18);
+  Conv c = Conv({3, 3}, 16, 40, {.pad = 1}) | dev;  // 40 channels: a partial channel block
+  Conv after = Conv({3, 3}, 40, 24, {.pad = 1}) | dev;
+  struct Window {
+    int64_t k, stride, pad;
+  };
+  auto pool64 = [](const std::vector<double>& v, const Shape& shape, const Window& w) {
+    return maxpool(Tensor(v, shape), {w.k, w.k}, {.stride = w.stride, .pad = w.pad});
+  };
+  // NaN-aware: the same positions NaN, the rest within kTol.
+  auto expect_near = [](const Tensor& got, const Tensor& want, const char* what) {
+    const std::vector<double> g = got.to_vector<double>(), e = want.to_vector<double>();
+    ASSERT_EQ(g.size(), e.size()) << what;
+    double worst = 0;
+    size_t nan_mismatch = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (std::isnan(g[i]) || std::isnan(e[i])) {
+        nan_mismatch += std::isnan(g[i]) != std::isnan(e[i]);
+        continue;
+      }
+      worst = std::max(worst, std::abs(g[i] - e[i]) / std::max(1.0, std::abs(e[i])));
+    }
+    EXPECT_EQ(nan_mismatch, 0u) << what;
+    EXPECT_LT(worst, kTol) << what;
+  };
+  const int old = detail::cpu_force_isa(2);
+  std::string previous;
+  for (int level : {0, 1, 2}) {
+    detail::cpu_force_isa(level);
+    const std::string isa = detail::cpu_isa_name();
+    if (isa == previous) continue;
+    previous = isa;
+    for (const Window& w : {Window{3, 2, 1}, Window{2, 2, 0}, Window{3, 1, 1}})
+      for (int64_t batch : {1, 3}) {
+        SCOPED_TRACE(isa + ", window " + std::to_string(w.k) + " stride " + std::to_string(w.stride) + ", batch " +
+                     std::to_string(batch));
+        Tensor x = to(randn(Shape{batch, 16, 11, 10}), dev);
+        const Shape hs{batch, 40, 11, 10};
+        Tensor want = pool64(conv_want(c, x), hs, w);
+        Tensor p = maxpool(c(x), {w.k, w.k}, {.stride = w.stride, .pad = w.pad});
+        Tensor y = after(p);  // before anything reads p
+        expect_near(y, Tensor(conv_want(after, f32_on(want.to_vector<double>(), want.shape(), dev)), y.shape()),
+                    "the next conv");
+        expect_near(p, want, "the pooled values");
+        // A write into the conv output before the pool.
+        Tensor h = c(x);
+        copy_(h, to(randn(hs), dev));
+        expect_near(maxpool(h, {w.k, w.k}, {.stride = w.stride, .pad = w.pad}), pool64(h.to_vector<double>(), hs, w),
+                    "after copy_ into the conv output");
+        // A NaN in the conv input reaches every output channel of its neighbours; the pool keeps it.
+        std::vector<float> xv = x.to_vector<float>();
+        xv[size_t(5 * 10 + 4)] = std::nanf("");
+        Tensor xn = to(Tensor(xv, x.shape()), dev);
+        expect_near(maxpool(c(xn), {w.k, w.k}, {.stride = w.stride, .pad = w.pad}), pool64(conv_want(c, xn), hs, w),
+                    "a NaN in the input");
+      }
+  }
+  detail::cpu_force_isa(old);
+  // Recorded: the plain kernels; d sum(maxpool(conv(x))) / dx against float64.
+  Tensor x = to(randn(Shape{2, 16, 11, 10}), dev);
+  auto loss = [&](const Tensor& in) { return sum(maxpool(c(in), {3, 3}, {.stride = 2, .pad = 1})); };
+  Tensor g = gradient(loss, x)[0];
+  Tensor x64 = to(x, Device()).f64(), w64 = to(c.weight, Device()).f64(), b64 = to(c.bias, Device()).f64();
+  Tensor g64 = gradient([&](const Tensor& in) { return sum(maxpool(conv(in, w64, b64, {.pad = 1}), {3, 3}, {.stride = 2, .pad = 1})); }, x64)[0];
+  EXPECT_LT(max_rel_error(g, g64.to_vector<double>()), 1e-4);
+}

@@ -80,10 +80,11 @@ struct ConvGeometry {
   /// (0 = unknown). A backend may keep y in its kernel's activation layout beside the plain y it
   /// writes, and read that copy instead of reordering x (or the residual) while the stamp is the same.
   uint64_t input_stamp = 0, output_stamp = 0, residual_stamp = 0;
-  /// Forward convs at inference, null otherwise: a backend that kept y in its activation layout
-  /// (output_stamp) may leave the plain y unwritten and set *output_deferred; the core then calls
+  /// Forward convs and pools at inference, null otherwise: a backend that kept y in its activation
+  /// layout (output_stamp) may leave the plain y unwritten and set *output_deferred; the core then calls
   /// materialise(y) before anything else reads or writes y's storage (x and the residual of a forward
-  /// conv may arrive so deferred: the backend materialises what it cannot read from its copy).
+  /// conv, and x of a forward pool, may arrive so deferred: the backend materialises what it cannot
+  /// read from its copy). Pools get input_stamp and output_stamp with it.
   bool* output_deferred = nullptr;
 };
 

@@ -56,7 +56,21 @@ void window_fits(const char* api, ConvGeometry& g) {
 // sending each window's gradient to its first maximum in window order.
 Tensor pool_raw(PoolOp op, const Tensor& x, const ConvGeometry& g) {
   Tensor y = Tensor::empty(output_shape(g), x.dtype(), x.device());
-  if (y.numel()) x.backend().pool_forward(x.device().index(), op, x.dtype(), x.buffer(), y.buffer(), g);
+  if (y.numel()) {
+    // Inference: x as it is (perhaps a conv output the backend left unwritten: it reads its kept copy
+    // or writes x first) and the stamps with which it may keep y likewise (ConvGeometry::output_deferred).
+    ConvGeometry at = g;
+    bool deferred = false;
+    const bool inference = !autodiff::recording();
+    if (inference) {
+      at.input_stamp = content_stamp(x);
+      at.output_stamp = content_stamp(y);
+      at.output_deferred = &deferred;
+    }
+    x.backend().pool_forward(x.device().index(), op, x.dtype(), inference ? deferrable_buffer(x) : x.buffer(),
+                             y.buffer(), at);
+    if (deferred) mark_deferred(y);
+  }
   autodiff::record(y, {&x}, [op, x, y, g](const Tensor& dy0) {
     Tensor dy = dy0.dtype() == x.dtype() ? dy0 : raw_cast(dy0, x.dtype());
     Tensor dx = zeros(x.shape(), x.dtype(), x.device());

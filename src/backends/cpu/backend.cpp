@@ -248,6 +248,8 @@ class CpuBackend final : public backend::Backend {
   }
   void pool_forward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
+    if (cpu::onednn_pool_forward(op, t, ptr(x), ptr(y), g)) return;  // on a kept blocked copy of x
+    cpu::onednn_materialise(ptr(x));  // x may be a conv output left unwritten (ConvGeometry::output_deferred)
     cpu::pool_forward(op, t, ptr(x), ptr(y), g);
   }
   void pool_backward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y, backend::Buffer dy,

@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -949,6 +950,57 @@ void few_pixel_forward(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometr
   });
 }
 
+// ---- Max pooling on kept channel-blocked activations ----
+// ResNet's stem conv keeps its output blocked (BlockedActivations) and the max pooling after it read
+// the plain y: the stem's output written out for it (60 us at batch 1, 1 thread), the pool over
+// planes (~150 us) and its output reordered back to blocked for the next conv and its residual (2 x
+// 17 us). At inference the pool now reads the copy, takes the maximum of whole channel blocks (one
+// vector per tap) and keeps its output blocked and deferred in turn.
+
+/// One sample's channel block: y (out..., B) = max over the window of x (in..., B), taps clipped to
+/// the input (padding never counts), NaN winning as in the plain kernel. Axes: three, unused leading 1.
+/// W floats a vector: GCC 12 lowers the compare-and-select of 16-float vectors (AVX-512) and of 8-float
+/// ones without AVX to scalar branches, so W is 8 with AVX2 / AVX-512 and 4 below.
+template <int B, int W>
+FLUX_CPU_INLINE void blocked_max_body(const float* __restrict x, float* __restrict y, const int64_t* in,
+                                      const int64_t* out, const int64_t* k, const int64_t* s, const int64_t* lo) {
+  typedef float V __attribute__((vector_size(W * 4), aligned(4)));  // not `using`: GCC drops the attribute
+  typedef int32_t I __attribute__((vector_size(W * 4), aligned(4)));
+  constexpr int N = B / W;
+  for (int64_t o0 = 0; o0 < out[0]; ++o0) {
+    const int64_t d0 = std::max<int64_t>(o0 * s[0] - lo[0], 0), d1 = std::min(o0 * s[0] - lo[0] + k[0], in[0]);
+    for (int64_t o1 = 0; o1 < out[1]; ++o1) {
+      const int64_t h0 = std::max<int64_t>(o1 * s[1] - lo[1], 0), h1 = std::min(o1 * s[1] - lo[1] + k[1], in[1]);
+      for (int64_t o2 = 0; o2 < out[2]; ++o2, y += B) {
+        const int64_t w0 = std::max<int64_t>(o2 * s[2] - lo[2], 0), w1 = std::min(o2 * s[2] - lo[2] + k[2], in[2]);
+        V m[N];
+        for (int j = 0; j < N; ++j) m[j] = V{} - std::numeric_limits<float>::infinity();
+        for (int64_t d = d0; d < d1; ++d)
+          for (int64_t h = h0; h < h1; ++h)
+            for (int64_t w = w0; w < w1; ++w) {
+              const float* v = x + ((d * in[1] + h) * in[2] + w) * B;
+              for (int j = 0; j < N; ++j) {
+                const V a = *reinterpret_cast<const V*>(v + j * W);
+                const I take = (a > m[j]) | (a != a);  // larger, or NaN
+                m[j] = reinterpret_cast<V>((reinterpret_cast<I>(a) & take) | (reinterpret_cast<I>(m[j]) & ~take));
+              }
+            }
+        for (int j = 0; j < N; ++j) *reinterpret_cast<V*>(y + j * W) = m[j];
+      }
+    }
+  }
+}
+template <int B, class... A> FLUX_CPU_TARGET_AVX512 void blocked_max_avx512(A... a) { blocked_max_body<B, 8>(a...); }
+template <int B, class... A> FLUX_CPU_TARGET_AVX2 void blocked_max_avx2(A... a) { blocked_max_body<B, 8>(a...); }
+template <int B, class... A> void blocked_max_baseline(A... a) { blocked_max_body<B, 4>(a...); }
+template <int B, class... A> void blocked_max(A... a) {
+  switch (active_isa()) {
+    case Isa::avx512: return blocked_max_avx512<B>(a...);
+    case Isa::avx2: return blocked_max_avx2<B>(a...);
+    default: return blocked_max_baseline<B>(a...);
+  }
+}
+
 /// Runs (kind, g) on the buffers, given in the order of Entry::operands; false when oneDNN has no
 /// implementation for this case. The batch is split over our pool's threads, each running oneDNN on
 /// one OpenMP thread (libgomp's idle threads spin and fought our pool and OpenBLAS: see the header);
@@ -1088,6 +1140,52 @@ bool onednn_conv_forward_affine(DType t, void* x, void* w, void* scale, void* sh
   return run(Kind::forward_affine, false, g, {x, w, scale, shift, y}, ep, residual);
 }
 
+bool onednn_pool_forward(backend::PoolOp op, DType t, const void* x, void* y, const backend::ConvGeometry& g) {
+  if (op != backend::PoolOp::max || t != DType::f32 || !g.output_deferred || !g.input_stamp || !g.output_stamp ||
+      g.spatial < 1 || g.spatial > 3)
+    return false;
+  Dnnl& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const memory::dims in_dims = activation_dims(g, g.in_channels, g.in), out_dims = activation_dims(g, g.out_channels, g.out);
+  BlockedActivations::Copy* in = nullptr;
+  int block = 0;
+  for (int b : {16, 8})
+    if ((in = s.activations.find(x, g.input_stamp, b, in_dims))) {
+      block = b;
+      break;
+    }
+  if (!in) return false;
+  int64_t in_pixels = 1, out_pixels = 1;
+  for (int i = 0; i < g.spatial; ++i) in_pixels *= g.in[i], out_pixels *= g.out[i];
+  const int64_t blocks = (g.in_channels + block - 1) / block;
+  BlockedActivations::Copy* out =
+      s.activations.acquire(size_t(g.batch * blocks * block * out_pixels) * sizeof(float), in, nullptr,
+                            [&](BlockedActivations::Copy& c) { materialise(s, c); });
+  if (!out) return false;
+  int64_t a_in[3], a_out[3], a_k[3], a_s[3], a_lo[3];  // three axes, unused leading ones 1
+  for (int i = 0; i < 3; ++i) {
+    const int j = i - (3 - g.spatial);
+    const bool used = j >= 0;
+    a_in[i] = used ? g.in[j] : 1, a_out[i] = used ? g.out[j] : 1, a_k[i] = used ? g.kernel[j] : 1;
+    a_s[i] = used ? g.stride[j] : 1, a_lo[i] = used ? g.pad_lo[j] : 0;
+  }
+  const float* from = in->data.get();
+  float* to = out->data.get();
+  parallel_for(g.batch * blocks, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const float* xp = from + p * block * in_pixels;
+      float* yp = to + p * block * out_pixels;
+      if (block == 16) blocked_max<16>(xp, yp, +a_in, +a_out, +a_k, +a_s, +a_lo);
+      else blocked_max<8>(xp, yp, +a_in, +a_out, +a_k, +a_s, +a_lo);
+    }
+  });
+  out->block = block, out->dims = out_dims;
+  out->plain = y, out->stamp = g.output_stamp, out->deferred = true;
+  s.activations.deferred_count.fetch_add(1, std::memory_order_relaxed);
+  *g.output_deferred = true;
+  return true;
+}
+
 void onednn_materialise(const void* plain) {
   Dnnl& s = state();
   if (s.activations.deferred_count.load(std::memory_order_relaxed) == 0) return;
@@ -1120,6 +1218,7 @@ bool onednn_conv_forward_affine(DType, void*, void*, void*, void*, void*, void*,
   return false;
 }
 bool onednn_conv_backward_data(DType, void*, void*, void*, const backend::ConvGeometry&) { return false; }
+bool onednn_pool_forward(backend::PoolOp, DType, const void*, void*, const backend::ConvGeometry&) { return false; }
 void onednn_materialise(const void*) {}
 void onednn_forget(const void*) {}
 bool onednn_conv_backward_weight(DType, void*, void*, void*, void*, const backend::ConvGeometry&) { return false; }

@@ -61,6 +61,10 @@ void im2col(DType t, const void* x, void* col, const backend::ConvGeometry& g);
 void col2im(DType t, const void* col, void* dx, const backend::ConvGeometry& g);
 bool onednn_conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend::ConvGeometry& g,
                          bool relu = false);
+/// Max pooling at inference on the kept channel-blocked copy of x (a conv's output), its output kept
+/// blocked and deferred likewise (ConvGeometry::output_deferred); false where x has no such copy (or
+/// another op / dtype): the caller materialises x and runs pool_forward.
+bool onednn_pool_forward(backend::PoolOp op, DType t, const void* x, void* y, const backend::ConvGeometry& g);
 /// Writes the plain tensor at `plain` if a forward conv deferred it (Backend::materialise).
 void onednn_materialise(const void* plain);
 /// The tensor at `plain` was freed: its deferred content, if any, is dropped (Backend::deallocate).
