@@ -1034,7 +1034,8 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
   auto shift = [](void* p, int64_t elements) { return static_cast<void*>(static_cast<float*>(p) + elements); };
   // One image (inference at batch 1) has no batch to split: the forward splits its output channels
   // instead, in multiples of 16 (oneDNN's block); the weights' first axis and, for one image, the
-  // output's channel axis are contiguous. Each chunk reads the whole input.
+  // output's channel axis are contiguous. Each chunk reads the whole input. A chunk per 2^20 FLOPs
+  // (ResNet-18's 1x1 downsamples at batch 1, 3.2 MFLOP, split in two; 2^21 left them on one thread).
   // Runs entries[0, n) with their args: inline for one, one per pool task otherwise.
   // at: each chunk's first sample and (one image) first output channel, for the blocked copies.
   std::vector<std::array<int64_t, 2>> at;
@@ -1062,7 +1063,7 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
   };
   int64_t oc_chunks = 1;
   if (is_forward(kind) && s.pool_threading && g.batch == 1 && g.groups == 1)
-    oc_chunks = std::min<int64_t>({num_threads(), g.out_channels / 16, std::max<int64_t>(1, flops >> 21)});
+    oc_chunks = std::min<int64_t>({num_threads(), g.out_channels / 16, std::max<int64_t>(1, flops >> 20)});
   if (oc_chunks > 1) {
     int64_t blocks = g.out_channels / 16, per_oc_w = weight_size / g.out_channels, per_oc_y = out_size / g.out_channels;
     for (int64_t c = 0; c < oc_chunks; ++c) {
