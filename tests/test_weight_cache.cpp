@@ -122,7 +122,8 @@ TEST_P(WeightCacheDevices, ConvsOfOneShapeAndReusedMemory) {
 }
 
 // Conv -> BatchNorm in test mode runs fused on the CPU: the BatchNorm's scale is multiplied into the
-// kept weights, so changing the running variance, the BatchNorm's weight or its eps must show.
+// kept weights and the folded scale and shift are kept too (src/nn/conv.cpp), so changing any of the
+// BatchNorm's tensors or its eps must show.
 TEST_P(WeightCacheDevices, ConvBatchNormSeesBatchNormChanges) {
   const Device dev = GetParam();
   seed(13);
@@ -149,6 +150,10 @@ TEST_P(WeightCacheDevices, ConvBatchNormSeesBatchNormChanges) {
   check("running_var written");
   copy_(model.get<1>().weight, to(randn(Shape{32}), dev));
   check("BatchNorm weight written");
+  copy_(model.get<1>().running_mean, to(randn(Shape{32}), dev));
+  check("running_mean written");
+  sub_(model.get<1>().bias, to(randn(Shape{32}), dev));
+  check("BatchNorm bias written");
   model.get<1>().eps = 0.3;
   check("eps changed");
   trainmode(model);
