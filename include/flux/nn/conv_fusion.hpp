@@ -2,8 +2,9 @@
 // a residual add and relu (ResNet's relu(bn(conv(x)) + shortcut)), run as ONE convolution whose
 // epilogue applies the BatchNorm's running statistics as a per-channel scale and shift
 //   scale = weight / sqrt(running_var + eps),  shift = bias - running_mean * scale (+ conv bias * scale)
-// (computed per call from the live tensors; the weights are never rewritten), then relu and the
-// residual (oneDNN post-ops on the CPU). Chain applies it to every Conv immediately followed by a
+// (folded from the live tensors, and kept while their content stamps hold: a write by any of the
+// library's in-place writers refolds; the weights are never rewritten), then relu and the residual
+// (oneDNN post-ops on the CPU, or the epilogue of its few-output-pixel kernel). Chain applies it to every Conv immediately followed by a
 // BatchNorm, and models::ResNet18 to its stem and blocks. It is skipped, and the layers run as written,
 // whenever it could change the result: inside gradient() (anything recorded on a tape), BatchNorm in
 // training mode or without running statistics, a Conv with its own activation, non-Float32 operands,
