@@ -746,9 +746,13 @@ constexpr int64_t kFewPixels = 32;
 /// >= 64, at most kFewPixels output pixels over the batch).
 bool few_pixels(const Dnnl& s, Kind kind, const backend::ConvGeometry& g) {
   if (s.layout != 0 || !is_forward(kind) || g.groups != 1) return false;
-  int64_t per_pixel = g.in_channels, out_pixels = g.batch;
-  for (int i = 0; i < g.spatial; ++i) per_pixel *= g.kernel[i], out_pixels *= g.out[i];
-  return per_pixel >= 64 && out_pixels <= kFewPixels;
+  int64_t per_pixel = g.in_channels, out_pixels = g.batch, padded_image = 1;
+  for (int i = 0; i < g.spatial; ++i) {
+    per_pixel *= g.kernel[i], out_pixels *= g.out[i];
+    padded_image *= g.in[i] + g.pad_lo[i] + g.pad_hi[i];
+  }
+  // few_pixel_columns' offsets into one (padded) image are 32-bit.
+  return per_pixel >= 64 && out_pixels <= kFewPixels && padded_image < (int64_t(1) << 31);
 }
 
 /// c (rows, V * L) = w (rows, k) col (k, V * L) for rows <= R (w's rows k apart; the rows past `rows`
