@@ -104,8 +104,8 @@ TEST_P(WeightCacheDevices, ConvSeesEveryInPlaceWrite) {
 TEST_P(WeightCacheDevices, ConvsOfOneShapeAndReusedMemory) {
   const Device dev = GetParam();
   seed(12);
-  std::vector<Conv> convs;
-  for (int i = 0; i < 10; ++i) convs.push_back(Conv({3, 3}, 16, 16, {.pad = 1, .bias = false}) | dev);
+  std::vector<Conv> convs;  // more than the kept copies per shape (KeptWeights::kMax = 64): refills
+  for (int i = 0; i < 70; ++i) convs.push_back(Conv({3, 3}, 16, 16, {.pad = 1, .bias = false}) | dev);
   Tensor x = to(randn(Shape{1, 16, 8, 8}), dev);  // batch 1: output channels split over threads
   Tensor x2 = to(randn(Shape{3, 16, 8, 8}), dev);
   for (int round = 0; round < 3; ++round)
@@ -119,6 +119,21 @@ TEST_P(WeightCacheDevices, ConvsOfOneShapeAndReusedMemory) {
     Conv c = Conv({3, 3}, 16, 16, {.pad = 1, .bias = false}) | dev;
     EXPECT_LT(max_rel_error(c(x2), conv_want(c, x2)), kTol);
   }
+}
+
+// More Dense layers of one shape than the CPU keeps copies for (KeptWeights::kMax = 64), run in a
+// cycle at a batch that takes the kept-weights kernel: every output right in each round (refills).
+TEST_P(WeightCacheDevices, DenseLayersOfOneShapeBeyondTheKeptCopies) {
+  const Device dev = GetParam();
+  seed(19);
+  std::vector<Dense> layers;
+  for (int i = 0; i < 70; ++i) layers.push_back(Dense(24, 20) | dev);
+  Tensor x = to(randn(Shape{9, 24}), dev);
+  for (int round = 0; round < 2; ++round)
+    for (size_t i = 0; i < layers.size(); ++i) {
+      SCOPED_TRACE("layer " + std::to_string(i) + ", round " + std::to_string(round));
+      EXPECT_LT(max_rel_error(layers[i](x), dense_want(layers[i], x, false)), kTol);
+    }
 }
 
 // Conv -> BatchNorm in test mode runs fused on the CPU: the BatchNorm's scale is multiplied into the
