@@ -34,7 +34,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -262,6 +261,13 @@ class BlockedActivations {
   /// Deferred copies now (read without the lock by onednn_forget, to skip it when there are none).
   std::atomic<int> deferred_count{0};
 
+  /// `c` (acquired and filled) now holds the content of the tensor at `plain` with `stamp`; deferred:
+  /// that tensor's plain memory was not written.
+  void name(Copy& c, const void* plain, uint64_t stamp, bool deferred) {
+    c.plain = plain, c.stamp = stamp, c.deferred = deferred;
+    if (deferred) deferred_count.fetch_add(1, std::memory_order_relaxed);
+  }
+
   /// The deferred copy whose plain tensor is at `plain`, or null.
   Copy* deferred(const void* plain) {
     for (Copy& c : copies_)
@@ -386,6 +392,12 @@ void materialise(Dnnl& s, BlockedActivations::Copy& c) {
   });
   c.deferred = false;
   s.activations.deferred_count.fetch_sub(1, std::memory_order_relaxed);
+}
+
+/// The tensor at `plain`, if a conv or pool left it unwritten (deferred), written now. Under the mutex.
+void materialise_if_deferred(Dnnl& s, const void* plain) {
+  if (!plain) return;
+  if (BlockedActivations::Copy* c = s.activations.deferred(plain)) materialise(s, *c);
 }
 
 memory::desc weight_desc(const backend::ConvGeometry& g, bool any) {
@@ -704,10 +716,8 @@ BlockedActivations::Copy* plan_views(Dnnl& s, const backend::ConvGeometry& g, co
   BlockedActivations::Copy* in = acts.find(x, g.input_stamp, src_block, in_dims);
   BlockedActivations::Copy* res = residual ? acts.find(residual, g.residual_stamp, dst_block, out_dims) : nullptr;
   // An input not read from its copy is read plain: written out first if its writing was deferred.
-  if (!in)
-    if (BlockedActivations::Copy* d = acts.deferred(x)) materialise(s, *d);
-  if (residual && !res)
-    if (BlockedActivations::Copy* d = acts.deferred(residual)) materialise(s, *d);
+  if (!in) materialise_if_deferred(s, x);
+  if (!res) materialise_if_deferred(s, residual);
   BlockedActivations::Copy* out = nullptr;
   if (dst_block && g.output_stamp) {
     out = acts.acquire(size_t(g.batch * padded(g.out_channels, dst_block) * out_pixels) * sizeof(float), in, res,
@@ -843,14 +853,13 @@ void few_pixel_gemm(const float* w, int64_t k, int64_t rows, const float* col, i
   }
 }
 
-/// out[t ldc + p] = image[idx[t P + p]] for taps t < taps, pixels p < P: a gather the compiler
-/// vectorises per ISA (AVX2 / AVX-512 gather instructions).
-FLUX_CPU_INLINE void gather_taps_body(const float* __restrict image, const int32_t* __restrict idx, int64_t taps,
-                                      int64_t P, float* __restrict out, int64_t ldc) {
+/// out[t ldc + p] = image[idx[t P + p]] for taps t < taps, pixels p < P: scalar loads (GCC does not
+/// vectorise it; ~30 us for ResNet-18's 4608 x 16, 1 thread).
+void gather_taps(const float* __restrict image, const int32_t* __restrict idx, int64_t taps, int64_t P,
+                 float* __restrict out, int64_t ldc) {
   for (int64_t t = 0; t < taps; ++t, out += ldc, idx += P)
     for (int64_t p = 0; p < P; ++p) out[p] = image[idx[p]];
 }
-FLUX_CPU_VARIANTS(gather_taps, gather_taps_body)
 
 /// The columns of x (N, C, in...) for (g): col row (c, k...) holds, at n P + p, the input under
 /// kernel tap k of output pixel p of sample n (0 in the padding); columns N P .. ldc are 0. Each image
@@ -911,9 +920,8 @@ void few_pixel_columns(const float* x, float* col, int64_t ldc, const backend::C
 void few_pixel_forward(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g,
                        const std::vector<void*>& buffers, const Epilogue& ep, const void* residual) {
   // Inputs whose plain content a conv left unwritten (deferred): written now, read plain here.
-  for (const void* p : {static_cast<const void*>(buffers[0]), residual})
-    if (p)
-      if (BlockedActivations::Copy* d = s.activations.deferred(p)) materialise(s, *d);
+  materialise_if_deferred(s, buffers[0]);
+  materialise_if_deferred(s, residual);
   int64_t P = 1, K = g.in_channels;
   for (int i = 0; i < g.spatial; ++i) P *= g.out[i], K *= g.kernel[i];
   const int64_t O = g.out_channels, NP = g.batch * P, lanes = few_pixel_lanes();
@@ -955,57 +963,6 @@ void few_pixel_forward(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometr
       }
     }
   });
-}
-
-// ---- Max pooling on kept channel-blocked activations ----
-// ResNet's stem conv keeps its output blocked (BlockedActivations) and the max pooling after it read
-// the plain y: the stem's output written out for it (60 us at batch 1, 1 thread), the pool over
-// planes (~150 us) and its output reordered back to blocked for the next conv and its residual (2 x
-// 17 us). At inference the pool now reads the copy, takes the maximum of whole channel blocks (one
-// vector per tap) and keeps its output blocked and deferred in turn.
-
-/// One sample's channel block: y (out..., B) = max over the window of x (in..., B), taps clipped to
-/// the input (padding never counts), NaN winning as in the plain kernel. Axes: three, unused leading 1.
-/// W floats a vector: GCC 12 lowers the compare-and-select of 16-float vectors (AVX-512) and of 8-float
-/// ones without AVX to scalar branches, so W is 8 with AVX2 / AVX-512 and 4 below.
-template <int B, int W>
-FLUX_CPU_INLINE void blocked_max_body(const float* __restrict x, float* __restrict y, const int64_t* in,
-                                      const int64_t* out, const int64_t* k, const int64_t* s, const int64_t* lo) {
-  typedef float V __attribute__((vector_size(W * 4), aligned(4)));  // not `using`: GCC drops the attribute
-  typedef int32_t I __attribute__((vector_size(W * 4), aligned(4)));
-  constexpr int N = B / W;
-  for (int64_t o0 = 0; o0 < out[0]; ++o0) {
-    const int64_t d0 = std::max<int64_t>(o0 * s[0] - lo[0], 0), d1 = std::min(o0 * s[0] - lo[0] + k[0], in[0]);
-    for (int64_t o1 = 0; o1 < out[1]; ++o1) {
-      const int64_t h0 = std::max<int64_t>(o1 * s[1] - lo[1], 0), h1 = std::min(o1 * s[1] - lo[1] + k[1], in[1]);
-      for (int64_t o2 = 0; o2 < out[2]; ++o2, y += B) {
-        const int64_t w0 = std::max<int64_t>(o2 * s[2] - lo[2], 0), w1 = std::min(o2 * s[2] - lo[2] + k[2], in[2]);
-        V m[N];
-        for (int j = 0; j < N; ++j) m[j] = V{} - std::numeric_limits<float>::infinity();
-        for (int64_t d = d0; d < d1; ++d)
-          for (int64_t h = h0; h < h1; ++h)
-            for (int64_t w = w0; w < w1; ++w) {
-              const float* v = x + ((d * in[1] + h) * in[2] + w) * B;
-              for (int j = 0; j < N; ++j) {
-                const V a = *reinterpret_cast<const V*>(v + j * W);
-                const I take = (a > m[j]) | (a != a);  // larger, or NaN
-                m[j] = reinterpret_cast<V>((reinterpret_cast<I>(a) & take) | (reinterpret_cast<I>(m[j]) & ~take));
-              }
-            }
-        for (int j = 0; j < N; ++j) *reinterpret_cast<V*>(y + j * W) = m[j];
-      }
-    }
-  }
-}
-template <int B, class... A> FLUX_CPU_TARGET_AVX512 void blocked_max_avx512(A... a) { blocked_max_body<B, 8>(a...); }
-template <int B, class... A> FLUX_CPU_TARGET_AVX2 void blocked_max_avx2(A... a) { blocked_max_body<B, 8>(a...); }
-template <int B, class... A> void blocked_max_baseline(A... a) { blocked_max_body<B, 4>(a...); }
-template <int B, class... A> void blocked_max(A... a) {
-  switch (active_isa()) {
-    case Isa::avx512: return blocked_max_avx512<B>(a...);
-    case Isa::avx2: return blocked_max_avx2<B>(a...);
-    default: return blocked_max_baseline<B>(a...);
-  }
 }
 
 /// Runs (kind, g) on the buffers, given in the order of Entry::operands; false when oneDNN has no
@@ -1060,12 +1017,9 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
       });
     }
     if (out) {  // y's content, also (or, deferred: only) in out
-      out->plain = buffers.back(), out->stamp = g.output_stamp;
-      out->deferred = g.output_deferred != nullptr;  // plan_views deferred every chunk's write then
-      if (out->deferred) {
-        s.activations.deferred_count.fetch_add(1, std::memory_order_relaxed);
-        *g.output_deferred = true;
-      }
+      const bool deferred = g.output_deferred != nullptr;  // plan_views deferred every chunk's write then
+      s.activations.name(*out, buffers.back(), g.output_stamp, deferred);
+      if (deferred) *g.output_deferred = true;
     }
   };
   int64_t oc_chunks = 1;
@@ -1148,6 +1102,10 @@ bool onednn_conv_forward_affine(DType t, void* x, void* w, void* scale, void* sh
   return run(Kind::forward_affine, false, g, {x, w, scale, shift, y}, ep, residual);
 }
 
+// ResNet's stem conv keeps its output blocked and the max pooling after it read the plain y: the
+// stem's output written out for it (60 us at batch 1, 1 thread), the pool over planes (~150 us) and
+// its output reordered back to blocked for the next conv and its residual (2 x 17 us). At inference
+// the pool reads the copy (pooling.cpp's blocked_max_pool) and keeps its output blocked and deferred.
 bool onednn_pool_forward(backend::PoolOp op, DType t, const void* x, void* y, const backend::ConvGeometry& g) {
   if (op != backend::PoolOp::max || t != DType::f32 || !g.output_deferred || !g.input_stamp || !g.output_stamp ||
       g.spatial < 1 || g.spatial > 3)
@@ -1163,33 +1121,16 @@ bool onednn_pool_forward(backend::PoolOp op, DType t, const void* x, void* y, co
       break;
     }
   if (!in) return false;
-  int64_t in_pixels = 1, out_pixels = 1;
-  for (int i = 0; i < g.spatial; ++i) in_pixels *= g.in[i], out_pixels *= g.out[i];
+  int64_t out_pixels = 1;
+  for (int i = 0; i < g.spatial; ++i) out_pixels *= g.out[i];
   const int64_t blocks = (g.in_channels + block - 1) / block;
   BlockedActivations::Copy* out =
       s.activations.acquire(size_t(g.batch * blocks * block * out_pixels) * sizeof(float), in, nullptr,
                             [&](BlockedActivations::Copy& c) { materialise(s, c); });
   if (!out) return false;
-  int64_t a_in[3], a_out[3], a_k[3], a_s[3], a_lo[3];  // three axes, unused leading ones 1
-  for (int i = 0; i < 3; ++i) {
-    const int j = i - (3 - g.spatial);
-    const bool used = j >= 0;
-    a_in[i] = used ? g.in[j] : 1, a_out[i] = used ? g.out[j] : 1, a_k[i] = used ? g.kernel[j] : 1;
-    a_s[i] = used ? g.stride[j] : 1, a_lo[i] = used ? g.pad_lo[j] : 0;
-  }
-  const float* from = in->data.get();
-  float* to = out->data.get();
-  parallel_for(g.batch * blocks, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const float* xp = from + p * block * in_pixels;
-      float* yp = to + p * block * out_pixels;
-      if (block == 16) blocked_max<16>(xp, yp, +a_in, +a_out, +a_k, +a_s, +a_lo);
-      else blocked_max<8>(xp, yp, +a_in, +a_out, +a_k, +a_s, +a_lo);
-    }
-  });
+  blocked_max_pool(block, in->data.get(), out->data.get(), g);
   out->block = block, out->dims = out_dims;
-  out->plain = y, out->stamp = g.output_stamp, out->deferred = true;
-  s.activations.deferred_count.fetch_add(1, std::memory_order_relaxed);
+  s.activations.name(*out, y, g.output_stamp, true);
   *g.output_deferred = true;
   return true;
 }
@@ -1198,7 +1139,7 @@ void onednn_materialise(const void* plain) {
   Dnnl& s = state();
   if (s.activations.deferred_count.load(std::memory_order_relaxed) == 0) return;
   std::lock_guard<std::mutex> lock(s.mutex);
-  if (BlockedActivations::Copy* c = s.activations.deferred(plain)) materialise(s, *c);
+  materialise_if_deferred(s, plain);
 }
 
 void onednn_forget(const void* plain) {

@@ -78,6 +78,9 @@ bool onednn_conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbi
 void pool_forward(backend::PoolOp op, DType t, const void* x, void* y, const backend::ConvGeometry& g);
 void pool_backward(backend::PoolOp op, DType t, const void* x, const void* y, const void* dy, void* dx,
                    const backend::ConvGeometry& g);
+/// Max pooling of float32 x (N, C / block, in..., block) into y (N, C / block, out..., block), block 16
+/// or 8 (the channel-blocked layout of conv.cpp's kept activations); same windows and NaN rule.
+void blocked_max_pool(int block, const float* x, float* y, const backend::ConvGeometry& g);
 
 /// Fused row normalisation (normalisation.cpp), formulas in backend.hpp; f32/f64, false otherwise.
 bool rownorm_forward(DType t, const void* x, const void* weight, const void* bias, void* y, void* mean, void* rstd,
