@@ -361,11 +361,13 @@ int cpu_force_isa(int level);
 }  // namespace flux::detail
 
 // Max pooling at inference on the CPU reads a conv's kept blocked output and keeps its own output
-// blocked and unwritten for the next conv (src/backends/cpu/conv.cpp). Against float64 references,
-// for three windows, two batch sizes and every ISA level of the CPU: the pooled values read directly,
-// through the next conv (which reads the kept copy), and as the input of a NaN; a write into the conv
-// output before the pool is seen; inside gradient() the plain path runs and its gradient is right.
-// (tests/onednn_avx2.cmake runs it again with oneDNN's 8-channel blocks.)
+// blocked and unwritten for the next conv (conv.cpp's onednn_pool_forward, pooling.cpp's kernel).
+// Against float64 references, for three windows, two batch sizes and every ISA level of the CPU: the
+// pooled values read directly, through the next conv (which reads the kept copy where oneDNN's blocked
+// kernel runs it: batch 3, or stride 1; at batch 1 the stride-2 pools leave <= 30 pixels and the
+// few-pixel kernel reads the pool's output written out), and with a NaN in the input; a write into
+// the conv output before the pool is seen; inside gradient() the plain path runs and its gradient is
+// right. (tests/onednn_avx2.cmake runs it again with oneDNN's 8-channel blocks.)
 TEST_P(WeightCacheDevices, MaxPoolOnConvOutputs) {
   const Device dev = GetParam();
   seed(18);
