@@ -6,7 +6,8 @@ Runs DIR/resnet18.onnx (ort_bench.py's export, DIR = build-bench/onnx or $FLUX_B
 times (default 300) with the session of ort_bench.py plus `enable_profiling`, and prints the mean
 kernel time per node, largest first, with the node's op and output shape. flux's side of the same
 comparison: `ONEDNN_VERBOSE=1 build-bench/bin/flux_bench resnet --batch=1` (each oneDNN call's time;
-sum them by shape). The profile's JSON file is removed afterwards.
+sum them by shape). The profile's JSON file is removed afterwards. ONNX Runtime on its AVX2 kernels:
+run it with LD_PRELOAD=build-bench/lib/libflux_cpuid_avx2.so (bench/cpuid_avx2.c).
 """
 import collections
 import json

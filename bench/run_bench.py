@@ -91,12 +91,30 @@ TARGETS = {
 # of machine on the core at hand: flux's own kernels (FLUX_BENCH_MAX_ISA, read by flux_bench), OpenBLAS's
 # kernels (OPENBLAS_CORETYPE=Haswell), oneDNN 2.x and 3.x (flux, Debian LibTorch, the torch wheel),
 # ATen's vectorised kernels (ATEN_CPU_CAPABILITY) and MKL. ONNX Runtime's MLAS has no such switch: it
-# keeps its AVX-512 kernels, which the header says.
+# runs under BUILD_DIR/lib/libflux_cpuid_avx2.so (bench/cpuid_avx2.c, preloaded: CPUID answers without
+# AVX-512, through Linux's CPUID faulting), checked before the run; where that library is missing or the
+# machine has no CPUID faulting, ONNX Runtime keeps its AVX-512 kernels and the header says so.
 MAX_ISA_ENV = {
     "avx2": dict(FLUX_BENCH_MAX_ISA="avx2", OPENBLAS_CORETYPE="Haswell", ONEDNN_MAX_CPU_ISA="AVX2",
                  DNNL_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2"),
 }
 MAX_ISA = None
+ORT_PRELOAD = None  # --max-isa avx2: the CPUID library ONNX Runtime runs under, once checked
+
+
+def cpuid_cap(build):
+    """(library, None) when BUILD/lib/libflux_cpuid_avx2.so hides AVX-512 from a checked program, else
+    (None, why not)."""
+    lib = os.path.join(build, "lib", "libflux_cpuid_avx2.so")
+    check = os.path.join(build, "bin", "flux_cpuid_avx2_check")
+    if not (os.path.exists(lib) and os.path.exists(check)):
+        return None, "BUILD_DIR/lib/libflux_cpuid_avx2.so not built (x86-64 Linux, -DFLUX_BENCH=ON)"
+    r = subprocess.run([check, "bits"], env=dict(os.environ, LD_PRELOAD=lib), capture_output=True, text=True)
+    if r.returncode == 97:
+        return None, "no CPUID faulting on this kernel or CPU"
+    if r.returncode != 0 or "avx512f=0" not in r.stdout:
+        return None, f"the CPUID library did not hide AVX-512 (exit {r.returncode}: {r.stdout.strip()} {r.stderr.strip()})"
+    return lib, None
 
 
 def capped(env):
@@ -142,6 +160,13 @@ def peer_env(threads, quiet):
     if quiet:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
         env["FLUX_BENCH_ORT_SPINNING"] = "0"
+    return env
+
+
+def ort_env(threads, quiet):
+    env = peer_env(threads, quiet)
+    if ORT_PRELOAD:
+        env["LD_PRELOAD"] = " ".join(p for p in (ORT_PRELOAD, env.get("LD_PRELOAD", "")) if p)
     return env
 
 
@@ -323,8 +348,11 @@ def main():
     ap.add_argument("--max-isa", choices=sorted(MAX_ISA_ENV), default=None,
                     help="run every program's AVX2 code paths on an AVX-512 CPU (see MAX_ISA_ENV)")
     args = ap.parse_args()
-    global MAX_ISA
+    global MAX_ISA, ORT_PRELOAD
     MAX_ISA = args.max_isa
+    ort_cap_why = None
+    if MAX_ISA == "avx2":
+        ORT_PRELOAD, ort_cap_why = cpuid_cap(args.build)
     bindir = os.path.join(args.build, "bin")
     flux = os.path.join(bindir, "flux_bench")
     peers = Peers(args.build, [p for p in args.peers.split(",") if p])
@@ -347,7 +375,9 @@ def main():
     print(f"- ISA: {isa()}")
     if MAX_ISA:
         print(f"- **Capped to {MAX_ISA.upper()}** (--max-isa): {', '.join(f'{k}={v}' for k, v in MAX_ISA_ENV[MAX_ISA].items())} "
-              f"for every program; ONNX Runtime's kernels are not capped")
+              f"for every program; " + (f"ONNX Runtime under {os.path.basename(ORT_PRELOAD)} (CPUID without AVX-512: "
+                                         f"its AVX2 kernels)" if ORT_PRELOAD else
+                                         f"ONNX Runtime's kernels are NOT capped ({ort_cap_why}): its column is no AVX2 figure"))
     core = blas.get("blas_core", "?")
     user_core = blas_user.get("blas_core", "?")
     user_note = "" if user_core == core else \
@@ -390,7 +420,7 @@ def main():
                     for quiet in settings:
                         key = p + ("_quiet" if quiet else "")
                         variants[(p, t)].append(key)
-                        jobs.append((key, cmd, peer_env(t, quiet)))
+                        jobs.append((key, cmd, ort_env(t, quiet) if p == "ort" else peer_env(t, quiet)))
                 if case in CNN_CASES:
                     e = flux_env(t)
                     e["FLUX_LIBRARY_KERNELS"] = "0"
