@@ -107,7 +107,12 @@ struct ResNet18 {
   Tensor operator()(const Tensor& x) const {
     Tensor y = detail::conv_batchnorm(conv1, bn1, x);  // the stem, fused in inference
     y = maxpool(y.defined() ? y : bn1(conv1(x)));
-    y = layer4(layer3(layer2(layer1(y))));
+    // One stage at a time, each input released as the next is made (nested calls would keep every
+    // stage's output alive until the last returned).
+    y = layer1(y);
+    y = layer2(y);
+    y = layer3(y);
+    y = layer4(y);
     return fc(flatten(avgpool(y)));
   }
 };

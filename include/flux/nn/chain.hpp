@@ -25,7 +25,12 @@ template <class... Layers> struct Chain {
   static constexpr size_t size() { return sizeof...(Layers); }
 
  private:
-  template <size_t I> Tensor apply_from(const Tensor& y) const {
+  // Each step's input is released as soon as its layer has run (y is taken by value and emptied), so
+  // at inference a chain holds one intermediate at a time, as PyTorch's Sequential does: written as
+  // apply_from<I + 1>(layer(y)), every intermediate lived until the whole chain returned (peak memory
+  // the sum of all of them, and kept blocked conv outputs written out for tensors nobody read).
+  // Under autodiff the tape holds what the backward pass needs, whatever is released here.
+  template <size_t I> Tensor apply_from(Tensor y) const {
     if constexpr (I == sizeof...(Layers)) {
       return y;
     } else {
@@ -34,10 +39,15 @@ template <class... Layers> struct Chain {
         using Next = std::tuple_element_t<I + 1, std::tuple<Layers...>>;
         if constexpr (std::is_same_v<Layer, Conv> && std::is_same_v<Next, BatchNorm>) {
           Tensor fused = detail::conv_batchnorm(std::get<I>(layers), std::get<I + 1>(layers), y);
-          if (fused.defined()) return apply_from<I + 2>(fused);
+          if (fused.defined()) {
+            y = Tensor();
+            return apply_from<I + 2>(std::move(fused));
+          }
         }
       }
-      return apply_from<I + 1>(std::get<I>(layers)(y));
+      Tensor out = std::get<I>(layers)(y);
+      y = Tensor();
+      return apply_from<I + 1>(std::move(out));
     }
   }
 };
