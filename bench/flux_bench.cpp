@@ -3,6 +3,7 @@
 //                                         lstm | transformer | blas
 // DEVICE: cpu (default) or opencl. --gemm=auto|openblas|onednn (after DEVICE) forces the CPU GEMM engine;
 // --seconds=S times every training case for S seconds (e.g. the 30 s system-time check). Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS;
+// --batch=N runs the inference cases at batch N only; --stages makes resnet print each stage's time too.
 // FLUX_LIBRARY_KERNELS=0 forces the portable im2col + GEMM convolution path instead of oneDNN.
 // The same work, written with LibTorch, is in torch_bench.cpp; shapes are listed in bench_common.hpp.
 #include <cblas.h>
@@ -59,6 +60,7 @@ namespace {
 Device g_dev;
 double g_train_seconds = 0;  // --seconds=S: every training case runs S seconds (0: the case's own)
 int64_t g_only_batch = 0;    // --batch=N: the inference cases (infer, resnet) run batch N alone (profiling)
+bool g_stages = false;       // --stages: resnet also prints each stage's time (torchvision's ResNet-18 only)
 
 // One-hot targets (batch, classes) with class i % classes.
 Tensor onehot_targets(int64_t batch, int64_t classes) {
@@ -251,6 +253,42 @@ using ResNet18 = BenchResNet18;
 #endif
 
 #ifdef FLUX_BENCH_RESNET
+#ifndef FLUX_BENCH_LOCAL_RESNET
+// --stages: the mean time of each stage of models::ResNet18 over as many inferences as fit in ~2 s
+// (diagnostic, for comparing with ONNX Runtime's per-node profile: bench/ort_profile.py). Each stage's
+// output is what the next one reads (a conv's may stay in its blocked copy: nothing is forced out).
+void resnet_stages(const models::ResNet18& net, const Tensor& x, int64_t batch) {
+  using clock = std::chrono::steady_clock;
+  const char* names[] = {"stem", "maxpool", "layer1", "layer2", "layer3", "layer4", "head"};
+  double total[7] = {};
+  int runs = 0;
+  const auto start = clock::now();
+  while (runs < 3 || std::chrono::duration<double>(clock::now() - start).count() < 2.0) {
+    clock::time_point t[8];
+    t[0] = clock::now();
+    Tensor y = detail::conv_batchnorm(net.conv1, net.bn1, x);
+    if (!y.defined()) y = net.bn1(net.conv1(x));
+    t[1] = clock::now();
+    y = net.maxpool(y);
+    t[2] = clock::now();
+    y = net.layer1(y);
+    t[3] = clock::now();
+    y = net.layer2(y);
+    t[4] = clock::now();
+    y = net.layer3(y);
+    t[5] = clock::now();
+    y = net.layer4(y);
+    t[6] = clock::now();
+    y = net.fc(flatten(net.avgpool(y)));
+    g_dev.synchronize();
+    t[7] = clock::now();
+    for (int i = 0; i < 7; ++i) total[i] += std::chrono::duration<double, std::micro>(t[i + 1] - t[i]).count();
+    ++runs;
+  }
+  for (int i = 0; i < 7; ++i) std::printf("resnet%lld_%s_us %.6g\n", (long long)batch, names[i], total[i] / runs);
+}
+#endif
+
 void resnet_case() {
   auto model = models::ResNet18() | g_dev;
   testmode(model);
@@ -266,6 +304,9 @@ void resnet_case() {
     };
     for (int i = 0; i < (batch == 1 ? 5 : 2); ++i) run();
     std::printf("resnet%lld_ms %.6g\n", (long long)batch, 1e3 / bench::rate(run, batch == 1 ? 1.5 : 2.5));
+#ifndef FLUX_BENCH_LOCAL_RESNET
+    if (g_stages) resnet_stages(model, x, batch);
+#endif
   }
 }
 #else
@@ -358,6 +399,11 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a.rfind("--seconds=", 0) == 0) {
       g_train_seconds = std::atof(a.c_str() + 10);
+      if (i == 2) device = "cpu";
+      continue;
+    }
+    if (a == "--stages") {
+      g_stages = true;
       if (i == 2) device = "cpu";
       continue;
     }
