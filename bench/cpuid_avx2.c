@@ -9,15 +9,14 @@
 // What it cannot hide: features read before its constructor runs (glibc's string functions, chosen by
 // the dynamic linker at start-up; libraries that a program links, rather than opens, may run their
 // constructors first), and XGETBV (the OS still enables the AVX-512 register state; every library we
-// know of checks the CPUID bit as well). Setting FLUX_CPUID_AVX2_CHECK=1 makes the constructor print
-// what leaf 7 reports after the mask, for checking. Benchmark tool only: not part of the library.
+// know of checks the CPUID bit as well). bench/cpuid_avx2_check.c shows what a program sees under it.
+// Benchmark tool only: not part of the library.
 #define _GNU_SOURCE
 #include <asm/prctl.h>
 #include <cpuid.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <ucontext.h>
@@ -88,12 +87,5 @@ __attribute__((constructor)) static void cap_cpuid_to_avx2(void) {
     fprintf(stderr, "libflux_cpuid_avx2: CPUID faulting unavailable (arch_prctl(ARCH_SET_CPUID) failed): "
                     "cannot cap this program to AVX2\n");
     _exit(97);
-  }
-  const char* check = getenv("FLUX_CPUID_AVX2_CHECK");
-  if (check && *check == '1') {
-    unsigned a, b, c, d;
-    __cpuid_count(7, 0, a, b, c, d);  // faults, answered by on_segv
-    fprintf(stderr, "libflux_cpuid_avx2: leaf 7 ebx=%08x ecx=%08x edx=%08x avx2=%u avx512f=%u\n", b, c, d,
-            (b >> 5) & 1u, (b >> 16) & 1u);
   }
 }

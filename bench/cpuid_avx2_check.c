@@ -12,9 +12,8 @@ int main(int argc, char** argv) {
   }
   unsigned a, b, c, d;
   __cpuid_count(7, 0, a, b, c, d);
-  (void)a;
+  (void)a, (void)d;
   printf("avx2=%u avx512f=%u avx512bw=%u avx512vl=%u avx512vnni=%u\n", (b >> 5) & 1u, (b >> 16) & 1u, (b >> 30) & 1u,
          (b >> 31) & 1u, (c >> 11) & 1u);
-  (void)d;
   return 0;
 }

@@ -112,18 +112,16 @@ TEST_P(Layers, ChainReleasesEachIntermediate) {
     return t + 1.0;
   };
   auto chain = Chain(step, step, step, step, step, step);
-  {
-    Tensor x = to(full({1 << 20}, 0.5f), d);  // 4 MB
-    Tensor y = chain(x);
-    ASSERT_EQ(used.size(), 6u);
-    const size_t mb4 = size_t(4) << 20;
-    // Steps 3..6 see the chain's input, their own input and nothing older.
-    for (size_t i = 2; i < used.size(); ++i)
-      EXPECT_LE(used[i], used[1]) << "step " << i + 1 << ": " << (used[i] - used[1]) / mb4 << " x 4 MB more in use";
-    std::vector<float> v = y.to_vector<float>();
-    EXPECT_EQ(v.front(), 6.5f);
-    EXPECT_EQ(v.back(), 6.5f);
-  }
+  Tensor x = to(full({1 << 20}, 0.5f), d);  // 4 MB
+  Tensor y = chain(x);
+  ASSERT_EQ(used.size(), 6u);
+  const size_t mb4 = size_t(4) << 20;
+  // Steps 3..6 see the chain's input, their own input and nothing older.
+  for (size_t i = 2; i < used.size(); ++i)
+    EXPECT_LE(used[i], used[1]) << "step " << i + 1 << ": " << (used[i] - used[1]) / mb4 << " x 4 MB more in use";
+  std::vector<float> v = y.to_vector<float>();
+  EXPECT_EQ(v.front(), 6.5f);
+  EXPECT_EQ(v.back(), 6.5f);
 }
 
 TEST_P(Layers, TrainsOnDevice) {
