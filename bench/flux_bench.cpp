@@ -4,6 +4,7 @@
 // DEVICE: cpu (default) or opencl. --gemm=auto|openblas|onednn (after DEVICE) forces the CPU GEMM engine;
 // --seconds=S times every training case for S seconds (e.g. the 30 s system-time check). Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS;
 // --batch=N runs the inference cases at batch N only; --stages makes resnet print each stage's time too.
+// --linear=auto|onednn|panels forces the kernel of Dense inference (linear_forward: oneDNN or flux's panels).
 // FLUX_LIBRARY_KERNELS=0 forces the portable im2col + GEMM convolution path instead of oneDNN.
 // The same work, written with LibTorch, is in torch_bench.cpp; shapes are listed in bench_common.hpp.
 #include <cblas.h>
@@ -50,6 +51,7 @@ namespace flux::detail {
 const char* cpu_isa_name();
 int cpu_force_isa(int level);
 int cpu_force_gemm_engine(int engine);
+int cpu_force_linear_kernel(int kernel);
 }  // namespace flux::detail
 
 using namespace flux;
@@ -410,6 +412,17 @@ int main(int argc, char** argv) {
     if (a.rfind("--batch=", 0) == 0) {
       g_only_batch = std::atoll(a.c_str() + 8);
       if (i == 2) device = "cpu";
+      continue;
+    }
+    if (a.rfind("--linear=", 0) == 0) {  // Dense inference's kernel (linear_forward): A/B runs
+      if (i == 2) device = "cpu";
+      std::string k = a.substr(9);
+      int kernel = k == "onednn" ? 0 : k == "panels" ? 1 : -1;
+      if (kernel < 0 && k != "auto") {
+        std::fprintf(stderr, "flux_bench: --linear takes auto, onednn or panels, got %s\n", k.c_str());
+        return 2;
+      }
+      detail::cpu_force_linear_kernel(kernel);
       continue;
     }
     if (a.rfind("--gemm=", 0) != 0) continue;

@@ -640,46 +640,111 @@ double max_abs_diff(const std::vector<float>& got, const std::vector<double>& wa
   return worst;
 }
 
+struct LinearKernelGuard {
+  ~LinearKernelGuard() { cpu::force_linear_kernel(cpu::LinearKernel::automatic); }
+};
+
+// Each kernel linear_forward can run, forced in turn (flux's panels at every ISA level), then the
+// measured choice. Shapes: MNIST's, rows not a multiple of any register block (13, 127: the last two
+// blocks share the remainder), outputs not a multiple of the 16-wide panel (1, 10, 33, 47, 70: a
+// partial last panel, its bias from a padded copy), pieces over the pool (128 x 784 x 512 at 2+ threads).
 TEST(CpuLinear, KeptWeightsMatchReferenceAndFollowTheStamp) {
   struct Case {
     int64_t n, in, out;
   };
+  IsaGuard isa_guard;
+  LinearKernelGuard kernel_guard;
   uint64_t stamp = 1000;
-  for (Case s : {Case{128, 784, 512}, Case{128, 512, 10}, Case{8, 17, 33}, Case{300, 96, 70}, Case{64, 1, 1}})
-    for (bool bias : {true, false})
-      for (bool relu : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "n " << s.n << " in " << s.in << " out " << s.out << " bias " << bias
-                                          << " relu " << relu);
-        std::vector<float> x = random_floats(size_t(s.n * s.in), -1, 1, 51);
-        std::vector<float> w = random_floats(size_t(s.out * s.in), -1, 1, 52);
-        std::vector<float> b = random_floats(size_t(s.out), -1, 1, 53);
-        std::vector<float> y(size_t(s.n * s.out), -7.f);
-        const std::vector<double> want = linear_ref(x, w, bias ? &b : nullptr, s.n, s.in, s.out, relu);
-        ++stamp;
-        bool ran = cpu::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(), s.n,
-                                       s.in, s.out, relu);
-        if (!FLUX_TEST_HAVE_ONEDNN) {
-          EXPECT_FALSE(ran);
+  struct Run {
+    cpu::LinearKernel kernel;
+    Isa isa;
+  };
+  std::vector<Run> runs;
+  for (Isa level : usable_isas()) runs.push_back({cpu::LinearKernel::panels, level});
+  runs.push_back({cpu::LinearKernel::onednn, cpu::detected_isa()});
+  runs.push_back({cpu::LinearKernel::automatic, cpu::detected_isa()});
+  for (Run run : runs)
+    for (Case s : {Case{128, 784, 512}, Case{128, 512, 10}, Case{8, 17, 33}, Case{300, 96, 70}, Case{64, 1, 1},
+                   Case{13, 5, 16}, Case{127, 33, 47}, Case{9, 64, 1}})
+      for (bool bias : {true, false})
+        for (bool relu : {false, true}) {
+          cpu::force_isa(run.isa);
+          cpu::force_linear_kernel(run.kernel);
+          SCOPED_TRACE(::testing::Message() << "kernel " << int(run.kernel) << " isa " << cpu::isa_name(run.isa)
+                                            << " n " << s.n << " in " << s.in << " out " << s.out << " bias " << bias
+                                            << " relu " << relu);
+          std::vector<float> x = random_floats(size_t(s.n * s.in), -1, 1, 51);
+          std::vector<float> w = random_floats(size_t(s.out * s.in), -1, 1, 52);
+          std::vector<float> b = random_floats(size_t(s.out), -1, 1, 53);
+          std::vector<float> y(size_t(s.n * s.out), -7.f);
+          const std::vector<double> want = linear_ref(x, w, bias ? &b : nullptr, s.n, s.in, s.out, relu);
+          ++stamp;
+          bool ran = cpu::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
+                                         s.n, s.in, s.out, relu);
+          if (run.kernel == cpu::LinearKernel::onednn) {
+            if (!FLUX_TEST_HAVE_ONEDNN) {
+              EXPECT_FALSE(ran);
+            }
+            if (!ran) continue;  // oneDNN may decline odd shapes (reference kernel only): the GEMM path runs
+          } else {
+            ASSERT_TRUE(ran) << "flux's panels take every f32 shape of 8 rows and more";
+          }
+          EXPECT_LT(max_abs_diff(y, want), 1e-4);
+          // The same buffer and stamp: the kept copy, however the buffer changed meanwhile.
+          for (float& v : w) v = -v;
+          std::fill(y.begin(), y.end(), -7.f);
+          ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
+                                          s.n, s.in, s.out, relu));
+          const std::vector<double> want_new = linear_ref(x, w, bias ? &b : nullptr, s.n, s.in, s.out, relu);
+          double d_old = max_abs_diff(y, want), d_new = max_abs_diff(y, want_new);
+          if (run.kernel == cpu::LinearKernel::panels) {
+            EXPECT_LT(d_old, 1e-4) << "the panels are a kept copy: the old weights' result";
+          } else {
+            // Whether a copy is kept depends on the kernel oneDNN picks (a plain-layout kernel keeps
+            // none): either the old weights' result (kept) or the new one (read in place), never anything else.
+            EXPECT_TRUE(d_old < 1e-4 || d_new < 1e-4) << d_old << " " << d_new;
+          }
+          // A new stamp: the new weights.
+          ++stamp;
+          std::fill(y.begin(), y.end(), -7.f);
+          ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
+                                          s.n, s.in, s.out, relu));
+          EXPECT_LT(max_abs_diff(y, want_new), 1e-4);
         }
-        if (!ran) continue;  // oneDNN may decline odd shapes (reference kernel only): the GEMM path runs
-        EXPECT_LT(max_abs_diff(y, want), 1e-4);
-        // The same buffer and stamp: the kept copy, however the buffer changed meanwhile.
-        for (float& v : w) v = -v;
-        std::fill(y.begin(), y.end(), -7.f);
-        ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
-                                        s.n, s.in, s.out, relu));
-        const std::vector<double> want_new = linear_ref(x, w, bias ? &b : nullptr, s.n, s.in, s.out, relu);
-        // Whether a copy is kept depends on the kernel oneDNN picks (a plain-layout kernel keeps none):
-        // either the old weights' result (kept) or the new one (read in place), never anything else.
-        double d_old = max_abs_diff(y, want), d_new = max_abs_diff(y, want_new);
-        EXPECT_TRUE(d_old < 1e-4 || d_new < 1e-4) << d_old << " " << d_new;
-        // A new stamp: the new weights.
-        ++stamp;
-        std::fill(y.begin(), y.end(), -7.f);
-        ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
-                                        s.n, s.in, s.out, relu));
-        EXPECT_LT(max_abs_diff(y, want_new), 1e-4);
-      }
+}
+
+// The measured choice: made on a shape's first call, then kept; the first call's y comes from the
+// kernel that later calls run (bitwise the same); the panels at every ISA level agree with each other
+// to float rounding and are deterministic (the same bits twice, whatever the pieces).
+TEST(CpuLinear, ChoiceIsMadeOnceAndEveryCallGivesTheSameBits) {
+  IsaGuard isa_guard;
+  LinearKernelGuard kernel_guard;
+  const int64_t n = 40, in = 300, out = 200;
+  std::vector<float> x = random_floats(size_t(n * in), -1, 1, 71), w = random_floats(size_t(out * in), -1, 1, 72);
+  std::vector<float> b = random_floats(size_t(out), -1, 1, 73);
+  EXPECT_FALSE(cpu::linear_kernel_of(n, in, out, true, true).has_value()) << "no call has measured this shape yet";
+  std::vector<float> y1(size_t(n * out)), y2(size_t(n * out));
+  ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), y1.data(), n, in, out, true));
+  const std::optional<cpu::LinearKernel> chosen = cpu::linear_kernel_of(n, in, out, true, true);
+  ASSERT_TRUE(chosen.has_value());
+  if (!FLUX_TEST_HAVE_ONEDNN) {
+    EXPECT_EQ(*chosen, cpu::LinearKernel::panels);
+  }
+  for (int rep = 0; rep < 3; ++rep) {
+    ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), y2.data(), n, in, out, true));
+    ASSERT_EQ(y1, y2) << "call " << rep + 2;
+    ASSERT_EQ(cpu::linear_kernel_of(n, in, out, true, true), chosen);
+  }
+  const std::vector<double> want = linear_ref(x, w, &b, n, in, out, true);
+  cpu::force_linear_kernel(cpu::LinearKernel::panels);
+  for (Isa level : usable_isas()) {
+    cpu::force_isa(level);
+    std::vector<float> a(size_t(n * out)), c(size_t(n * out));
+    ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), a.data(), n, in, out, true));
+    ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), c.data(), n, in, out, true));
+    EXPECT_EQ(a, c) << cpu::isa_name(level);
+    EXPECT_LT(max_abs_diff(a, want), 1e-4) << cpu::isa_name(level);
+  }
 }
 
 TEST(CpuLinear, KeepsACopyForMnistShapesAndDeclinesWhatItCannotKeep) {

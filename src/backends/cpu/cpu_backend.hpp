@@ -34,6 +34,13 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
 /// copies of w (true) or w as it is (false, after their first call timed both); nullopt where no call
 /// has made them or oneDNN declined the shape.
 std::optional<bool> linear_reads_kept_copy(int64_t n, int64_t in, int64_t out, bool bias, bool relu);
+/// linear_forward's kernels: oneDNN's matmul or flux's own on packed panels (matmul.cpp), measured per
+/// call shape on its first call (automatic) or forced.
+enum class LinearKernel : int { automatic = -1, onednn = 0, panels = 1 };
+/// Tests and benchmarks: every later linear_forward runs `k` (onednn: false where oneDNN cannot); returns the old.
+LinearKernel force_linear_kernel(LinearKernel k);
+/// Tests: the kernel linear_forward settled on for this shape (present thread count); nullopt before its first call.
+std::optional<LinearKernel> linear_kernel_of(int64_t n, int64_t in, int64_t out, bool bias, bool relu);
 /// The library that runs a float32 GEMM piece (matmul.cpp): measured per shape (automatic) or forced.
 enum class GemmEngine : int { automatic = -1, openblas = 0, onednn = 1 };
 /// Tests and benchmarks: every later f32 GEMM piece uses `e` (automatic: measured); returns the old.
