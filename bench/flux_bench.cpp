@@ -4,7 +4,8 @@
 // DEVICE: cpu (default) or opencl. --gemm=auto|openblas|onednn (after DEVICE) forces the CPU GEMM engine;
 // --seconds=S times every training case for S seconds (e.g. the 30 s system-time check). Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS;
 // --batch=N runs the inference cases at batch N only; --stages makes resnet print each stage's time too.
-// --linear=auto|onednn|panels forces the kernel of Dense inference (linear_forward: oneDNN or flux's panels).
+// --linear=auto|onednn|panels forces the kernel of Dense inference (linear_forward: oneDNN or flux's panels);
+// --winograd=auto|off|on the Winograd F(2x2, 3x3) path of 3x3 convs at inference (off: oneDNN; on: where it fits).
 // FLUX_LIBRARY_KERNELS=0 forces the portable im2col + GEMM convolution path instead of oneDNN.
 // The same work, written with LibTorch, is in torch_bench.cpp; shapes are listed in bench_common.hpp.
 #include <cblas.h>
@@ -52,6 +53,7 @@ const char* cpu_isa_name();
 int cpu_force_isa(int level);
 int cpu_force_gemm_engine(int engine);
 int cpu_force_linear_kernel(int kernel);
+int cpu_force_conv_winograd(int mode);
 }  // namespace flux::detail
 
 using namespace flux;
@@ -423,6 +425,17 @@ int main(int argc, char** argv) {
         return 2;
       }
       detail::cpu_force_linear_kernel(kernel);
+      continue;
+    }
+    if (a.rfind("--winograd=", 0) == 0) {  // 3x3 convs at inference: A/B runs
+      if (i == 2) device = "cpu";
+      std::string k = a.substr(11);
+      int mode = k == "off" ? 0 : k == "on" ? 1 : -1;
+      if (mode < 0 && k != "auto") {
+        std::fprintf(stderr, "flux_bench: --winograd takes auto, off or on, got %s\n", k.c_str());
+        return 2;
+      }
+      detail::cpu_force_conv_winograd(mode);
       continue;
     }
     if (a.rfind("--gemm=", 0) != 0) continue;

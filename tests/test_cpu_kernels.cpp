@@ -894,3 +894,147 @@ TEST(CpuConv, ForwardReadsBlockedCopyOfItsInputPerStamp) {
 }
 
 }  // namespace
+
+namespace {
+
+// Winograd F(2x2, 3x3) forwards (winograd.cpp, chosen by conv.cpp) against a float64 direct conv:
+// every epilogue (bias, relu, scale and shift with residual and the relus around it), odd output
+// sizes (a tile half outside), padding 0, 1 and 2, one image and several chunks, at every ISA level;
+// then the timed choice: made on the first call, the same bits on later calls.
+struct WinogradCase {
+  int64_t n, c, o, h, w, pad_lo_h, pad_hi_h, pad_lo_w, pad_hi_w;
+};
+
+backend::ConvGeometry winograd_geometry(const WinogradCase& s) {
+  backend::ConvGeometry g;
+  g.batch = s.n, g.in_channels = s.c, g.out_channels = s.o;
+  g.in[0] = s.h, g.in[1] = s.w, g.kernel[0] = g.kernel[1] = 3;
+  g.pad_lo[0] = s.pad_lo_h, g.pad_hi[0] = s.pad_hi_h, g.pad_lo[1] = s.pad_lo_w, g.pad_hi[1] = s.pad_hi_w;
+  g.out[0] = s.h + s.pad_lo_h + s.pad_hi_h - 2, g.out[1] = s.w + s.pad_lo_w + s.pad_hi_w - 2;
+  return g;
+}
+
+/// relu_after?(relu?(conv(x, w) * scale + shift) + residual), float64; null scale 1, null shift 0.
+std::vector<double> conv3x3_ref(const backend::ConvGeometry& g, const std::vector<float>& x, const std::vector<float>& w,
+                                const float* scale, const float* shift, bool relu, const float* residual,
+                                bool relu_after) {
+  const int64_t OH = g.out[0], OW = g.out[1], H = g.in[0], W = g.in[1];
+  std::vector<double> y(size_t(g.batch * g.out_channels * OH * OW));
+  for (int64_t n = 0; n < g.batch; ++n)
+    for (int64_t o = 0; o < g.out_channels; ++o)
+      for (int64_t i = 0; i < OH; ++i)
+        for (int64_t j = 0; j < OW; ++j) {
+          double acc = 0;
+          for (int64_t c = 0; c < g.in_channels; ++c)
+            for (int64_t ki = 0; ki < 3; ++ki)
+              for (int64_t kj = 0; kj < 3; ++kj) {
+                const int64_t r = i + ki - g.pad_lo[0], q = j + kj - g.pad_lo[1];
+                if (r < 0 || r >= H || q < 0 || q >= W) continue;
+                acc += double(x[size_t(((n * g.in_channels + c) * H + r) * W + q)]) *
+                       double(w[size_t(((o * g.in_channels + c) * 3 + ki) * 3 + kj)]);
+              }
+          const size_t at = size_t(((n * g.out_channels + o) * OH + i) * OW + j);
+          double v = acc * (scale ? scale[o] : 1.0) + (shift ? shift[o] : 0.0);
+          if (relu) v = std::max(v, 0.0);
+          if (residual) v += residual[at];
+          if (relu_after) v = std::max(v, 0.0);
+          y[at] = v;
+        }
+  return y;
+}
+
+struct WinogradGuard {
+  ~WinogradGuard() { cpu::force_conv_winograd(-1); }
+};
+
+TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
+  if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN (the Winograd path sits in its conv dispatch)";
+  IsaGuard isa_guard;
+  WinogradGuard winograd_guard;
+  cpu::force_conv_winograd(1);
+  uint64_t stamp = 9000;
+  for (WinogradCase s : {WinogradCase{2, 16, 24, 7, 7, 1, 1, 1, 1}, WinogradCase{3, 8 * 2, 16, 5, 6, 0, 0, 0, 0},
+                         WinogradCase{1, 32, 16, 4, 4, 1, 1, 1, 1}, WinogradCase{5, 16, 32, 9, 4, 2, 0, 1, 2},
+                         WinogradCase{40, 16, 16, 3, 3, 1, 1, 1, 1}})
+    for (Isa level : usable_isas()) {
+      cpu::force_isa(level);
+      const backend::ConvGeometry g0 = winograd_geometry(s);
+      ASSERT_TRUE(cpu::winograd_fits([&] {
+        backend::ConvGeometry g = g0;
+        g.weight_stamp = 1;
+        return g;
+      }()));
+      const size_t ny = size_t(s.n * s.o * g0.out[0] * g0.out[1]);
+      std::vector<float> x = random_floats(size_t(s.n * s.c * s.h * s.w), -1, 1, 81);
+      std::vector<float> w = random_floats(size_t(s.o * s.c * 9), -1, 1, 82);
+      std::vector<float> b = random_floats(size_t(s.o), -1, 1, 83), scale = random_floats(size_t(s.o), 0.5, 1.5, 84);
+      std::vector<float> residual = random_floats(ny, -1, 1, 85);
+      for (int variant = 0; variant < 5; ++variant) {
+        SCOPED_TRACE(::testing::Message() << "n " << s.n << " c " << s.c << " o " << s.o << " " << s.h << "x" << s.w
+                                          << " pads " << s.pad_lo_h << s.pad_hi_h << s.pad_lo_w << s.pad_hi_w
+                                          << " isa " << cpu::isa_name(level) << " variant " << variant);
+        backend::ConvGeometry g = g0;
+        bool deferred = false;
+        g.weight_stamp = ++stamp, g.output_deferred = &deferred;
+        std::vector<float> y(ny, -7.f);
+        std::vector<double> want;
+        switch (variant) {
+          case 0:  // no bias
+            ASSERT_TRUE(cpu::onednn_conv_forward(DType::f32, x.data(), w.data(), nullptr, y.data(), g, false));
+            want = conv3x3_ref(g, x, w, nullptr, nullptr, false, nullptr, false);
+            break;
+          case 1:  // bias
+            ASSERT_TRUE(cpu::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), g, false));
+            want = conv3x3_ref(g, x, w, nullptr, b.data(), false, nullptr, false);
+            break;
+          case 2:  // bias, relu
+            ASSERT_TRUE(cpu::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), g, true));
+            want = conv3x3_ref(g, x, w, nullptr, b.data(), true, nullptr, false);
+            break;
+          case 3:  // folded BatchNorm, relu
+            ASSERT_TRUE(cpu::onednn_conv_forward_affine(DType::f32, x.data(), w.data(), scale.data(), b.data(), nullptr,
+                                                        y.data(), g, true, false));
+            want = conv3x3_ref(g, x, w, scale.data(), b.data(), true, nullptr, false);
+            break;
+          default:  // folded BatchNorm, residual, relu after (a ResNet block's second conv)
+            ASSERT_TRUE(cpu::onednn_conv_forward_affine(DType::f32, x.data(), w.data(), scale.data(), b.data(),
+                                                        residual.data(), y.data(), g, false, true));
+            want = conv3x3_ref(g, x, w, scale.data(), b.data(), false, residual.data(), true);
+            break;
+        }
+        EXPECT_FALSE(deferred) << "Winograd writes y plain";
+        EXPECT_LT(max_abs_diff(y, want), 2e-5);
+      }
+    }
+}
+
+TEST(CpuConv, WinogradChoiceIsTimedOnceAndKeepsItsBits) {
+  if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN";
+  WinogradGuard winograd_guard;
+  const WinogradCase s{4, 32, 32, 14, 14, 1, 1, 1, 1};
+  backend::ConvGeometry g = winograd_geometry(s);
+  const size_t ny = size_t(s.n * s.o * g.out[0] * g.out[1]);
+  std::vector<float> x = random_floats(size_t(s.n * s.c * s.h * s.w), -1, 1, 91);
+  std::vector<float> w = random_floats(size_t(s.o * s.c * 9), -1, 1, 92), b = random_floats(size_t(s.o), -1, 1, 93);
+  const std::vector<double> want = conv3x3_ref(g, x, w, nullptr, b.data(), true, nullptr, false);
+  auto call = [&](int mode, uint64_t stamp) {
+    cpu::force_conv_winograd(mode);
+    backend::ConvGeometry gs = g;
+    bool deferred = false;
+    gs.weight_stamp = stamp, gs.output_deferred = &deferred;
+    std::vector<float> y(ny, -7.f);
+    EXPECT_TRUE(cpu::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), gs, true));
+    if (deferred) cpu::onednn_materialise(y.data());
+    cpu::onednn_forget(y.data());
+    return y;
+  };
+  const std::vector<float> first = call(-1, 77), winograd = call(1, 77), onednn = call(0, 77);
+  EXPECT_LT(max_abs_diff(first, want), 2e-5);
+  EXPECT_LT(max_abs_diff(winograd, want), 2e-5);
+  EXPECT_LT(max_abs_diff(onednn, want), 2e-5);
+  EXPECT_NE(winograd, onednn) << "two different kernels (else this test cannot tell which ran)";
+  EXPECT_TRUE(first == winograd || first == onednn) << "the first call's y comes from the kernel it chose";
+  for (int rep = 0; rep < 3; ++rep) EXPECT_EQ(call(-1, 77), first) << "later calls run the same kernel";
+}
+
+}  // namespace

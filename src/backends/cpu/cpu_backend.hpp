@@ -45,6 +45,11 @@ std::optional<LinearKernel> linear_kernel_of(int64_t n, int64_t in, int64_t out,
 enum class GemmEngine : int { automatic = -1, openblas = 0, onednn = 1 };
 /// Tests and benchmarks: every later f32 GEMM piece uses `e` (automatic: measured); returns the old.
 GemmEngine force_gemm_engine(GemmEngine e);
+/// linear_forward's panel kernel for other kernels (matmul.cpp): w (out, in) packed into
+/// panel_floats(in, out) floats of 16-output panels; y (n, out) = x (n, in) w^T on the calling thread.
+size_t panel_floats(int64_t in, int64_t out);
+void panel_pack(const float* w, int64_t in, int64_t out, float* to);
+void panel_product(const float* x, int64_t n, int64_t in, const float* panels, int64_t out, float* y);
 void softmax(DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner, bool log);
 /// Fused backward passes (backend.hpp's unary_backward, softmax_backward): f32/f64 (softmax: inner == 1
 /// rows), false otherwise.
@@ -79,6 +84,23 @@ void onednn_forget(const void* plain);
 /// Inference: y = relu?(relu?(conv(x, w) * scale + shift) + residual) (Backend::conv_forward_affine).
 bool onednn_conv_forward_affine(DType t, void* x, void* w, void* scale, void* shift, void* residual, void* y,
                                 const backend::ConvGeometry& g, bool relu, bool relu_after);
+/// Winograd F(2x2, 3x3) forwards (winograd.cpp): 2-D, 3x3, stride 1, no dilation or groups, channels
+/// multiples of 8 (16 and up), a known weight stamp (the transformed weights are kept under it).
+/// y (N, O, OH, OW) = relu_after?(relu?(conv(x, w) * scale + shift) + residual); null scale: 1, null
+/// shift or residual: none. conv.cpp picks it per geometry against oneDNN.
+struct WinogradEpilogue {
+  const float* scale = nullptr;
+  const float* shift = nullptr;
+  bool relu = false;
+  const float* residual = nullptr;
+  bool relu_after = false;
+};
+bool winograd_fits(const backend::ConvGeometry& g);
+void winograd_forward(const float* x, const float* w, const backend::ConvGeometry& g, const WinogradEpilogue& ep,
+                      float* y);
+/// Tests and benchmarks: -1 (default) inference forwards that winograd_fits time Winograd against oneDNN
+/// on their first call and keep the faster; 0 never Winograd; 1 always where it fits. Returns the old.
+int force_conv_winograd(int mode);
 bool onednn_conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g);
 bool onednn_conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, const backend::ConvGeometry& g);
 /// Pooling over (N, C, spatial...) (pooling.cpp): y from x; dx (pre-filled) += the adjoint of dy.

@@ -731,6 +731,12 @@ void linear_piece(Linear& e, const float* x, const float* w, uint64_t stamp, con
 #endif
 }  // namespace
 
+size_t panel_floats(int64_t in, int64_t out) { return size_t((out + kPanel - 1) / kPanel * kPanel) * size_t(in); }
+void panel_pack(const float* w, int64_t in, int64_t out, float* to) { pack_panels(w, in, out, to); }
+void panel_product(const float* x, int64_t n, int64_t in, const float* panels, int64_t out, float* y) {
+  panel_piece(x, n, in, panels, 0, out, out, nullptr, false, y);
+}
+
 // Which kernel runs a call shape: our panels where oneDNN has no fast kernel for it (or is not built
 // in); otherwise the first call times both on its own pieces (3 runs each, alternately, thread CPU
 // time, as choose_engine), keeps the faster for the process and writes y with it (so that every
@@ -919,4 +925,6 @@ namespace flux::detail {
 int cpu_force_gemm_engine(int engine) { return int(cpu::force_gemm_engine(cpu::GemmEngine(engine))); }
 // -1 automatic, 0 oneDNN, 1 flux's panels (linear_forward); returns the previous setting.
 int cpu_force_linear_kernel(int kernel) { return int(cpu::force_linear_kernel(cpu::LinearKernel(kernel))); }
+// -1 timed per geometry, 0 never, 1 always where it fits (conv.cpp's Winograd forwards); returns the previous setting.
+int cpu_force_conv_winograd(int mode) { return cpu::force_conv_winograd(mode); }
 }  // namespace flux::detail
