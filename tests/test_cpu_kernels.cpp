@@ -899,7 +899,8 @@ namespace {
 
 // Winograd F(2x2, 3x3) forwards (winograd.cpp, chosen by conv.cpp) against a float64 direct conv:
 // every epilogue (bias, relu, scale and shift with residual and the relus around it), odd output
-// sizes (a tile half outside), padding 0, 1 and 2, one image and several chunks, at every ISA level;
+// sizes (a tile half outside), widths below, at and past the 8-column transposes, padding 0, 1 and 2,
+// one image and several chunks, at every ISA level;
 // then the timed choice: made on the first call, the same bits on later calls.
 struct WinogradCase {
   int64_t n, c, o, h, w, pad_lo_h, pad_hi_h, pad_lo_w, pad_hi_w;
@@ -955,7 +956,8 @@ TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
   uint64_t stamp = 9000;
   for (WinogradCase s : {WinogradCase{2, 16, 24, 7, 7, 1, 1, 1, 1}, WinogradCase{3, 8 * 2, 16, 5, 6, 0, 0, 0, 0},
                          WinogradCase{1, 32, 16, 4, 4, 1, 1, 1, 1}, WinogradCase{5, 16, 32, 9, 4, 2, 0, 1, 2},
-                         WinogradCase{40, 16, 16, 3, 3, 1, 1, 1, 1}})
+                         WinogradCase{40, 16, 16, 3, 3, 1, 1, 1, 1}, WinogradCase{2, 16, 16, 14, 17, 1, 1, 1, 1},
+                         WinogradCase{1, 24, 16, 10, 12, 0, 0, 1, 1}})
     for (Isa level : usable_isas()) {
       cpu::force_isa(level);
       const backend::ConvGeometry g0 = winograd_geometry(s);

@@ -23,9 +23,10 @@
 // batch 32), AVX-512, quiet: batch 1 11.40 -> 11.24 ms (1 thread), 6.42 -> 6.27 ms (2 threads);
 // batch 32 at 2 threads 136.2 -> 133.9 ms, and on the AVX2 paths (--max-isa avx2's settings) 165.7 ->
 // 161.8 ms.
-// Two paths of our own sit beside oneDNN's: forwards with at most 32 output pixels over the batch
-// (few_pixel_forward: ResNet-18's last stage at batch 1, weight-bound) and max pooling at inference
-// on a kept blocked copy (onednn_pool_forward), each described where it is defined.
+// Three paths of our own sit beside oneDNN's: forwards with at most 32 output pixels over the batch
+// (few_pixel_forward: ResNet-18's last stage at batch 1, weight-bound), Winograd F(2x2, 3x3) for 3x3
+// stride-1 forwards at inference where it times faster (winograd.cpp, winograd_race) and max pooling
+// at inference on a kept blocked copy (onednn_pool_forward), each described where it is defined.
 #include <dlfcn.h>
 #include <time.h>
 

@@ -10,11 +10,17 @@
 // The input transform reads a zero-padded channels-last copy of one image (8 channels a vector), the
 // output transform writes y (N, O, OH, OW) with the epilogue of conv.cpp's forwards (scale, shift or
 // bias, relu, residual, relu). Images go in chunks of about 128 tiles (so that U is read once per
-// chunk, not per image, when an image has few tiles), one chunk per pool thread.
+// chunk, not per image, when an image has few tiles), one chunk per pool thread; with fewer chunks
+// than threads (batch 1) each step of a chunk is split over the pool instead (input channels, the 16
+// positions, output channels). Both layout changes (NCHW -> channels-last in, back out) go 8 x 8
+// through registers (transpose8): written as scalar copies they were ~40% of the transforms' time.
+// ResNet-18 at 112x112, batch 32, on this AVX-512 EPYC under the AVX2 settings, 1 thread: 303 ms with
+// oneDNN's direct convs, 208 ms with these (layer1 67 -> 41 ms; bench/README.md has the table).
 // ONNX Runtime (MLAS) and oneDNN 2.6 on AVX2 run these convs directly (oneDNN's Winograd kernel is
 // AVX-512 only and was removed in 3.x); the transforms' rounding is a few float ulps (F(2x2, 3x3) has
 // coefficients 1 and 1/2 only).
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <mutex>
 #include <vector>
@@ -111,24 +117,57 @@ KeptTransforms& kept_transforms() {
 }
 
 struct Scratch {
-  std::vector<float> image, v, m;  // padded channels-last image; V and M of one chunk
+  std::vector<float> image, v, m, out;  // padded channels-last image; V and M of one chunk; one image's y channels-last
+  std::array<int64_t, 7> image_key{};   // the geometry `image` is zeroed for
 };
 
+using WIdx = int __attribute__((vector_size(32)));
+
+/// r[i][j] <- r[j][i] for an 8 x 8 block held in 8 vectors (unpack, 64-bit shuffle, 128-bit swap).
+FLUX_CPU_INLINE void transpose8(WVec r[8]) {
+  WVec t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shuffle(r[i], r[i + 1], WIdx{0, 8, 1, 9, 4, 12, 5, 13});
+    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], WIdx{2, 10, 3, 11, 6, 14, 7, 15});
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int k = 0; k < 2; ++k) {
+      u[i + k] = __builtin_shuffle(t[i + k], t[i + 2 + k], WIdx{0, 1, 8, 9, 4, 5, 12, 13});
+      u[i + 2 + k] = __builtin_shuffle(t[i + k], t[i + 2 + k], WIdx{2, 3, 10, 11, 6, 7, 14, 15});
+    }
+  // u[0] = rows 0-3 of columns 0, u[2] column 1, u[1] column 2, u[3] column 3 (low halves); u[4..7] rows 4-7.
+  const int order[4] = {0, 2, 1, 3};
+  for (int k = 0; k < 4; ++k) {
+    r[k] = __builtin_shuffle(u[order[k]], u[4 + order[k]], WIdx{0, 1, 2, 3, 8, 9, 10, 11});
+    r[k + 4] = __builtin_shuffle(u[order[k]], u[4 + order[k]], WIdx{4, 5, 6, 7, 12, 13, 14, 15});
+  }
+}
+
 /// V[xi] rows [t0, t0 + tiles) of the chunk (T rows each) from image `x` (C, H, W).
-FLUX_CPU_INLINE void input_transform(const float* x, const Plan& p, float* image, float* v, int64_t T, int64_t t0) {
+/// Channels [c_lo, c_hi) only (multiples of 8); `image`'s padding is zero (prepare()).
+FLUX_CPU_INLINE void input_transform(const float* x, const Plan& p, float* image, float* v, int64_t T, int64_t t0,
+                                     int64_t c_lo, int64_t c_hi) {
   const int64_t C = p.C;
-  std::fill(image, image + p.Hp * p.Wp * C, 0.0f);
-  for (int64_t c = 0; c < C; ++c)
+  // Channels-last: 8 channels x 8 columns at a time through registers, the last W % 8 columns one by one.
+  const int64_t plane = p.H * p.W, W8 = p.W / 8 * 8;
+  for (int64_t c0 = c_lo; c0 < c_hi; c0 += kLanes)
     for (int64_t r = 0; r < p.H; ++r) {
-      const float* from = x + (c * p.H + r) * p.W;
-      float* to = image + ((r + p.pad_top) * p.Wp + p.pad_left) * C + c;
-      for (int64_t col = 0; col < p.W; ++col) to[col * C] = from[col];
+      const float* from = x + c0 * plane + r * p.W;
+      float* to = image + ((r + p.pad_top) * p.Wp + p.pad_left) * C + c0;
+      for (int64_t col = 0; col < W8; col += 8) {
+        WVec b[8];
+        for (int k = 0; k < 8; ++k) b[k] = *reinterpret_cast<const WVec*>(from + k * plane + col);
+        transpose8(b);
+        for (int k = 0; k < 8; ++k) *reinterpret_cast<WVec*>(to + (col + k) * C) = b[k];
+      }
+      for (int64_t col = W8; col < p.W; ++col)
+        for (int64_t k = 0; k < kLanes; ++k) to[col * C + k] = from[k * plane + col];
     }
   for (int64_t th = 0; th < p.TH; ++th)
     for (int64_t tw = 0; tw < p.TW; ++tw) {
       const int64_t t = t0 + th * p.TW + tw;
       const float* base = image + (2 * th * p.Wp + 2 * tw) * C;
-      for (int64_t c0 = 0; c0 < C; c0 += kLanes) {
+      for (int64_t c0 = c_lo; c0 < c_hi; c0 += kLanes) {
         WVec a[4][4];
         for (int j = 0; j < 4; ++j) {  // B^T d, column j
           const WVec d0 = *reinterpret_cast<const WVec*>(base + (0 * p.Wp + j) * C + c0);
@@ -149,15 +188,17 @@ FLUX_CPU_INLINE void input_transform(const float* x, const Plan& p, float* image
     }
 }
 
-/// y of image n (O, OH, OW) from M[xi] rows [t0, t0 + tiles) and the epilogue.
+/// y of image n (O, OH, OW) from M[xi] rows [t0, t0 + tiles) and the epilogue: the tiles' pixels
+/// with scale, shift and relu into `out` (2 TH x 2 TW pixels, O channels-last), then to y through 8 x 8
+/// transposes, adding the residual and the relu after it on the way.
 FLUX_CPU_INLINE void output_transform(const float* m, const Plan& p, int64_t T, int64_t t0, int64_t n,
-                                      const WinogradEpilogue& ep, float* y) {
-  const int64_t O = p.O, plane = p.OH * p.OW;
+                                      const WinogradEpilogue& ep, float* out, float* y, int64_t o_lo, int64_t o_hi) {
+  const int64_t O = p.O, plane = p.OH * p.OW, OWp = 2 * p.TW;
   for (int64_t th = 0; th < p.TH; ++th)
     for (int64_t tw = 0; tw < p.TW; ++tw) {
       const int64_t t = t0 + th * p.TW + tw;
-      const int64_t rows = std::min<int64_t>(2, p.OH - 2 * th), cols = std::min<int64_t>(2, p.OW - 2 * tw);
-      for (int64_t o0 = 0; o0 < O; o0 += kLanes) {
+      float* pixels = out + (2 * th * OWp + 2 * tw) * O;
+      for (int64_t o0 = o_lo; o0 < o_hi; o0 += kLanes) {
         WVec s[2][4];
         for (int j = 0; j < 4; ++j) {  // A^T m, column j
           const WVec m0 = *reinterpret_cast<const WVec*>(m + ((0 + j) * T + t) * O + o0);
@@ -166,56 +207,117 @@ FLUX_CPU_INLINE void output_transform(const float* m, const Plan& p, int64_t T, 
           const WVec m3 = *reinterpret_cast<const WVec*>(m + ((12 + j) * T + t) * O + o0);
           s[0][j] = m0 + m1 + m2, s[1][j] = m1 - m2 - m3;
         }
-        WVec out[2][2];
-        for (int i = 0; i < 2; ++i) {  // (A^T m) A
-          out[i][0] = s[i][0] + s[i][1] + s[i][2];
-          out[i][1] = s[i][1] - s[i][2] - s[i][3];
-        }
         WVec scale = WVec{} + 1.0f, shift = WVec{};
         if (ep.scale) scale = *reinterpret_cast<const WVec*>(ep.scale + o0);
         if (ep.shift) shift = *reinterpret_cast<const WVec*>(ep.shift + o0);
-        for (int64_t i = 0; i < rows; ++i)
-          for (int64_t j = 0; j < cols; ++j) {
-            WVec v = out[i][j] * scale + shift;
-            if (ep.relu) v = v > WVec{} ? v : WVec{};
-            const int64_t at = ((n * O + o0) * p.OH + 2 * th + i) * p.OW + 2 * tw + j;
-            for (int64_t k = 0; k < kLanes; ++k) {
-              float e = v[k];
-              if (ep.residual) e += ep.residual[at + k * plane];
-              if (ep.relu_after) e = e > 0.0f ? e : 0.0f;
-              y[at + k * plane] = e;
-            }
-          }
+        for (int i = 0; i < 2; ++i) {  // (A^T m) A
+          WVec v0 = (s[i][0] + s[i][1] + s[i][2]) * scale + shift;
+          WVec v1 = (s[i][1] - s[i][2] - s[i][3]) * scale + shift;
+          if (ep.relu) v0 = v0 > WVec{} ? v0 : WVec{}, v1 = v1 > WVec{} ? v1 : WVec{};
+          *reinterpret_cast<WVec*>(pixels + (i * OWp) * O + o0) = v0;
+          *reinterpret_cast<WVec*>(pixels + (i * OWp + 1) * O + o0) = v1;
+        }
       }
+    }
+  const int64_t OW8 = p.OW / 8 * 8;
+  for (int64_t o0 = o_lo; o0 < o_hi; o0 += kLanes)
+    for (int64_t r = 0; r < p.OH; ++r) {
+      const float* from = out + r * OWp * O + o0;
+      const int64_t at = (n * O + o0) * plane + r * p.OW;
+      for (int64_t col = 0; col < OW8; col += 8) {
+        WVec b[8];
+        for (int k = 0; k < 8; ++k) b[k] = *reinterpret_cast<const WVec*>(from + (col + k) * O);
+        transpose8(b);
+        for (int k = 0; k < 8; ++k) {
+          WVec v = b[k];
+          if (ep.residual) v += *reinterpret_cast<const WVec*>(ep.residual + at + k * plane + col);
+          if (ep.relu_after) v = v > WVec{} ? v : WVec{};
+          *reinterpret_cast<WVec*>(y + at + k * plane + col) = v;
+        }
+      }
+      for (int64_t col = OW8; col < p.OW; ++col)
+        for (int64_t k = 0; k < kLanes; ++k) {
+          float e = from[col * O + k];
+          if (ep.residual) e += ep.residual[at + k * plane + col];
+          if (ep.relu_after) e = e > 0.0f ? e : 0.0f;
+          y[at + k * plane + col] = e;
+        }
     }
 }
 
-/// Images [n0, n1) on this thread.
-FLUX_CPU_INLINE void chunk(const float* x, const Plan& p, const float* u, int64_t n0, int64_t n1,
-                           const WinogradEpilogue& ep, float* y, Scratch& s) {
-  const int64_t T = (n1 - n0) * p.tiles;
-  s.image.resize(size_t(p.Hp * p.Wp * p.C));
-  s.v.resize(size_t(16 * T * p.C));
-  s.m.resize(size_t(16 * T * p.O));
-  for (int64_t n = n0; n < n1; ++n)
-    input_transform(x + n * p.C * p.H * p.W, p, s.image.data(), s.v.data(), T, (n - n0) * p.tiles);
-  const size_t per = panel_floats(p.C, p.O);
-  for (int xi = 0; xi < 16; ++xi)
-    panel_product(s.v.data() + xi * T * p.C, T, p.C, u + xi * per, p.O, s.m.data() + xi * T * p.O);
-  for (int64_t n = n0; n < n1; ++n) output_transform(s.m.data(), p, T, (n - n0) * p.tiles, n, ep, y);
+/// Sizes the scratch for T tiles; zeroes the padded image when its geometry changed (afterwards only
+/// its interior is written, so its padding stays zero).
+void prepare(Scratch& s, const Plan& p, int64_t T) {
+  const std::array<int64_t, 7> key{p.C, p.H, p.W, p.Hp, p.Wp, p.pad_top, p.pad_left};
+  if (key != s.image_key) {
+    s.image.assign(size_t(p.Hp * p.Wp * p.C), 0.0f);
+    s.image_key = key;
+  }
+  if (s.v.size() < size_t(16 * T * p.C)) s.v.resize(size_t(16 * T * p.C));
+  if (s.m.size() < size_t(16 * T * p.O)) s.m.resize(size_t(16 * T * p.O));
+  if (s.out.size() < size_t(4 * p.tiles * p.O)) s.out.resize(size_t(4 * p.tiles * p.O));
 }
 
-FLUX_CPU_TARGET_AVX512 void chunk_avx512(const float* x, const Plan& p, const float* u, int64_t n0, int64_t n1,
-                                         const WinogradEpilogue& ep, float* y, Scratch& s) {
-  chunk(x, p, u, n0, n1, ep, y, s);
+/// Images [n0, n1): their input transforms for channels [c_lo, c_hi) (V rows (n - n0) x tiles on).
+FLUX_CPU_INLINE void inputs(const float* x, const Plan& p, int64_t n0, int64_t n1, int64_t c_lo, int64_t c_hi,
+                            Scratch& s) {
+  const int64_t T = (n1 - n0) * p.tiles;
+  for (int64_t n = n0; n < n1; ++n)
+    input_transform(x + n * p.C * p.H * p.W, p, s.image.data(), s.v.data(), T, (n - n0) * p.tiles, c_lo, c_hi);
 }
-FLUX_CPU_TARGET_AVX2 void chunk_avx2(const float* x, const Plan& p, const float* u, int64_t n0, int64_t n1,
-                                     const WinogradEpilogue& ep, float* y, Scratch& s) {
-  chunk(x, p, u, n0, n1, ep, y, s);
+/// Images [n0, n1): their outputs for channels [o_lo, o_hi).
+FLUX_CPU_INLINE void outputs(const Plan& p, int64_t n0, int64_t n1, int64_t o_lo, int64_t o_hi,
+                             const WinogradEpilogue& ep, float* y, Scratch& s) {
+  const int64_t T = (n1 - n0) * p.tiles;
+  for (int64_t n = n0; n < n1; ++n)
+    output_transform(s.m.data(), p, T, (n - n0) * p.tiles, n, ep, s.out.data(), y, o_lo, o_hi);
 }
-void chunk_baseline(const float* x, const Plan& p, const float* u, int64_t n0, int64_t n1, const WinogradEpilogue& ep,
-                    float* y, Scratch& s) {
-  chunk(x, p, u, n0, n1, ep, y, s);
+
+FLUX_CPU_TARGET_AVX512 void inputs_avx512(const float* x, const Plan& p, int64_t n0, int64_t n1, int64_t c_lo,
+                                          int64_t c_hi, Scratch& s) {
+  inputs(x, p, n0, n1, c_lo, c_hi, s);
+}
+FLUX_CPU_TARGET_AVX2 void inputs_avx2(const float* x, const Plan& p, int64_t n0, int64_t n1, int64_t c_lo, int64_t c_hi,
+                                      Scratch& s) {
+  inputs(x, p, n0, n1, c_lo, c_hi, s);
+}
+void inputs_baseline(const float* x, const Plan& p, int64_t n0, int64_t n1, int64_t c_lo, int64_t c_hi, Scratch& s) {
+  inputs(x, p, n0, n1, c_lo, c_hi, s);
+}
+FLUX_CPU_TARGET_AVX512 void outputs_avx512(const Plan& p, int64_t n0, int64_t n1, int64_t o_lo, int64_t o_hi,
+                                           const WinogradEpilogue& ep, float* y, Scratch& s) {
+  outputs(p, n0, n1, o_lo, o_hi, ep, y, s);
+}
+FLUX_CPU_TARGET_AVX2 void outputs_avx2(const Plan& p, int64_t n0, int64_t n1, int64_t o_lo, int64_t o_hi,
+                                       const WinogradEpilogue& ep, float* y, Scratch& s) {
+  outputs(p, n0, n1, o_lo, o_hi, ep, y, s);
+}
+void outputs_baseline(const Plan& p, int64_t n0, int64_t n1, int64_t o_lo, int64_t o_hi, const WinogradEpilogue& ep,
+                      float* y, Scratch& s) {
+  outputs(p, n0, n1, o_lo, o_hi, ep, y, s);
+}
+
+void run_inputs(const float* x, const Plan& p, int64_t n0, int64_t n1, int64_t c_lo, int64_t c_hi, Scratch& s) {
+  switch (active_isa()) {
+    case Isa::avx512: return inputs_avx512(x, p, n0, n1, c_lo, c_hi, s);
+    case Isa::avx2: return inputs_avx2(x, p, n0, n1, c_lo, c_hi, s);
+    default: return inputs_baseline(x, p, n0, n1, c_lo, c_hi, s);
+  }
+}
+void run_outputs(const Plan& p, int64_t n0, int64_t n1, int64_t o_lo, int64_t o_hi, const WinogradEpilogue& ep,
+                 float* y, Scratch& s) {
+  switch (active_isa()) {
+    case Isa::avx512: return outputs_avx512(p, n0, n1, o_lo, o_hi, ep, y, s);
+    case Isa::avx2: return outputs_avx2(p, n0, n1, o_lo, o_hi, ep, y, s);
+    default: return outputs_baseline(p, n0, n1, o_lo, o_hi, ep, y, s);
+  }
+}
+/// The 16 products of images [n0, n1), positions [xi0, xi1).
+void products(const Plan& p, const float* u, int64_t n0, int64_t n1, int64_t xi0, int64_t xi1, Scratch& s) {
+  const int64_t T = (n1 - n0) * p.tiles;
+  const size_t per = panel_floats(p.C, p.O);
+  for (int64_t xi = xi0; xi < xi1; ++xi)
+    panel_product(s.v.data() + xi * T * p.C, T, p.C, u + xi * per, p.O, s.m.data() + xi * T * p.O);
 }
 
 }  // namespace
@@ -240,17 +342,31 @@ void winograd_forward(const float* x, const float* w, const backend::ConvGeometr
   const int64_t per_chunk =
       std::clamp<int64_t>((kTilesPerChunk + p.tiles - 1) / p.tiles, 1, (p.N + threads - 1) / threads);
   const int64_t chunks = (p.N + per_chunk - 1) / per_chunk;
-  parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
-    thread_local Scratch scratch;
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t n0 = c * per_chunk, n1 = std::min(p.N, n0 + per_chunk);
-      switch (active_isa()) {
-        case Isa::avx512: chunk_avx512(x, p, u, n0, n1, ep, y, scratch); break;
-        case Isa::avx2: chunk_avx2(x, p, u, n0, n1, ep, y, scratch); break;
-        default: chunk_baseline(x, p, u, n0, n1, ep, y, scratch); break;
+  if (chunks >= threads) {  // a chunk per task, each on one thread
+    parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
+      thread_local Scratch scratch;
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t n0 = c * per_chunk, n1 = std::min(p.N, n0 + per_chunk);
+        prepare(scratch, p, (n1 - n0) * p.tiles);
+        run_inputs(x, p, n0, n1, 0, p.C, scratch);
+        products(p, u, n0, n1, 0, 16, scratch);
+        run_outputs(p, n0, n1, 0, p.O, ep, y, scratch);
       }
-    }
-  });
+    });
+    return;
+  }
+  // Fewer chunks than threads (a small batch): each chunk's three steps split over the pool, by
+  // channel blocks, positions xi and output channel blocks, on one shared scratch.
+  thread_local Scratch mine;
+  Scratch& scratch = mine;  // a reference the lambdas capture (a thread_local named in them is the running thread's)
+  for (int64_t n0 = 0; n0 < p.N; n0 += per_chunk) {
+    const int64_t n1 = std::min(p.N, n0 + per_chunk);
+    prepare(scratch, p, (n1 - n0) * p.tiles);
+    const int64_t c_blocks = p.C / kLanes, o_blocks = p.O / kLanes;
+    parallel_for(c_blocks, 1, [&](int64_t b0, int64_t b1) { run_inputs(x, p, n0, n1, b0 * kLanes, b1 * kLanes, scratch); });
+    parallel_for(16, 1, [&](int64_t xi0, int64_t xi1) { products(p, u, n0, n1, xi0, xi1, scratch); });
+    parallel_for(o_blocks, 1, [&](int64_t b0, int64_t b1) { run_outputs(p, n0, n1, b0 * kLanes, b1 * kLanes, ep, y, scratch); });
+  }
 }
 
 }  // namespace flux::cpu
