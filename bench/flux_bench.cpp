@@ -12,6 +12,7 @@
 #include <sys/resource.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -416,37 +417,27 @@ int main(int argc, char** argv) {
       if (i == 2) device = "cpu";
       continue;
     }
-    if (a.rfind("--linear=", 0) == 0) {  // Dense inference's kernel (linear_forward): A/B runs
+    // Kernel overrides for A/B runs: --FLAG=NAME sets the choice to NAME's index in `names` - 1 (auto: -1).
+    struct Override {
+      const char* flag;
+      std::vector<std::string> names;  // index 0: "auto"
+      int (*set)(int);
+    };
+    const Override overrides[] = {{"--gemm=", {"auto", "openblas", "onednn"}, detail::cpu_force_gemm_engine},
+                                  {"--linear=", {"auto", "onednn", "panels"}, detail::cpu_force_linear_kernel},
+                                  {"--winograd=", {"auto", "off", "on"}, detail::cpu_force_conv_winograd}};
+    for (const Override& o : overrides) {
+      if (a.rfind(o.flag, 0) != 0) continue;
       if (i == 2) device = "cpu";
-      std::string k = a.substr(9);
-      int kernel = k == "onednn" ? 0 : k == "panels" ? 1 : -1;
-      if (kernel < 0 && k != "auto") {
-        std::fprintf(stderr, "flux_bench: --linear takes auto, onednn or panels, got %s\n", k.c_str());
-        return 2;
+      const std::string v = a.substr(std::strlen(o.flag));
+      auto at = std::find(o.names.begin(), o.names.end(), v);
+      if (at == o.names.end()) {
+        std::fprintf(stderr, "flux_bench: %s takes auto, %s or %s, got %s\n", o.flag, o.names[1].c_str(),
+                     o.names[2].c_str(), v.c_str());
+        std::exit(2);
       }
-      detail::cpu_force_linear_kernel(kernel);
-      continue;
+      o.set(int(at - o.names.begin()) - 1);
     }
-    if (a.rfind("--winograd=", 0) == 0) {  // 3x3 convs at inference: A/B runs
-      if (i == 2) device = "cpu";
-      std::string k = a.substr(11);
-      int mode = k == "off" ? 0 : k == "on" ? 1 : -1;
-      if (mode < 0 && k != "auto") {
-        std::fprintf(stderr, "flux_bench: --winograd takes auto, off or on, got %s\n", k.c_str());
-        return 2;
-      }
-      detail::cpu_force_conv_winograd(mode);
-      continue;
-    }
-    if (a.rfind("--gemm=", 0) != 0) continue;
-    if (i == 2) device = "cpu";
-    std::string e = a.substr(7);
-    int engine = e == "openblas" ? 0 : e == "onednn" ? 1 : -1;
-    if (engine < 0 && e != "auto") {
-      std::fprintf(stderr, "flux_bench: --gemm takes auto, openblas or onednn, got %s\n", e.c_str());
-      return 2;
-    }
-    detail::cpu_force_gemm_engine(engine);
   }
   if (const char* cap = std::getenv("FLUX_BENCH_MAX_ISA"); cap && *cap) {
     std::string c = cap;

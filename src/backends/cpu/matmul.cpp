@@ -13,7 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +29,7 @@
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
+#include "src/backends/cpu/kept_floats.hpp"
 #if FLUX_HAVE_ONEDNN
 #include "src/backends/cpu/kept_weights.hpp"
 #endif
@@ -421,7 +422,8 @@ FLUX_CPU_INLINE void panel_rows(const float* x, int64_t ldx, const float* panel,
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) acc[r][v] = Vec{};
-  const float* base[4] = {x, x + 3 * ldx, x + 6 * ldx, x + 9 * ldx};  // rows 3b, 3b + 1, 3b + 2
+  // Rows 3b, 3b + 1, 3b + 2 from base[b] (pointers only to rows that exist).
+  const float* base[4] = {x, R > 3 ? x + 3 * ldx : x, R > 6 ? x + 6 * ldx : x, R > 9 ? x + 9 * ldx : x};
   for (int64_t i = 0; i < k; ++i) {
     Vec b[V];
 #pragma GCC unroll 4
@@ -514,47 +516,6 @@ void panel_piece(const float* x, int64_t n, int64_t in, const float* panels, int
   }
 }
 
-/// Packed panels kept between calls, one set per weight buffer while its content stamp holds, up to
-/// 64 sets and 512 MB (least recently used refilled), as KeptWeights. Used under Linears::mutex.
-class KeptPanels {
- public:
-  const float* get(const float* w, uint64_t stamp, int64_t in, int64_t out) {
-    ++calls_;
-    const size_t size = size_t((out + kPanel - 1) / kPanel * kPanel) * size_t(in);
-    Set* slot = nullptr;
-    for (Set& s : sets_)
-      if (s.from == w) slot = &s;
-    if (!slot || slot->stamp != stamp || slot->in != in || slot->out != out) {
-      if (!slot && sets_.size() < kMax && bytes_ + size * sizeof(float) <= kMaxBytes) slot = &sets_.emplace_back();
-      if (!slot && !sets_.empty())
-        slot = &*std::min_element(sets_.begin(), sets_.end(), [](const Set& a, const Set& b) { return a.used < b.used; });
-      if (!slot) slot = &sets_.emplace_back();  // larger than kMaxBytes alone: kept all the same
-      bytes_ -= slot->panels.size() * sizeof(float);
-      slot->panels.assign(size, 0.f);
-      slot->panels.shrink_to_fit();
-      bytes_ += size * sizeof(float);
-      pack_panels(w, in, out, slot->panels.data());
-      slot->from = w, slot->stamp = stamp, slot->in = in, slot->out = out;
-    }
-    slot->used = calls_;
-    return slot->panels.data();
-  }
-
- private:
-  static constexpr size_t kMax = 64;
-  static constexpr size_t kMaxBytes = size_t(512) << 20;
-  struct Set {
-    const float* from = nullptr;
-    uint64_t stamp = 0;
-    int64_t in = 0, out = 0;
-    std::vector<float> panels;
-    uint64_t used = 0;
-  };
-  std::deque<Set> sets_;  // stable addresses
-  uint64_t calls_ = 0;
-  size_t bytes_ = 0;
-};
-
 std::atomic<int> g_forced_linear{-1};  // force_linear_kernel()
 
 // ---- Dense inference with its weights kept packed (Backend::linear_forward) ----
@@ -578,11 +539,26 @@ struct Linears {
   std::map<LinearKey, std::unique_ptr<Linear>> cache;
 #endif
   std::map<LinearKey, LinearChoice> choice;  // key: n in out 0 bias relu pieces
-  KeptPanels panels;
+  KeptFloats panels{64, size_t(512) << 20};  // packed w per weight buffer (kept_floats.hpp)
 };
 Linears& linears() {
   static Linears* l = new Linears();  // never destroyed, as the backend
   return *l;
+}
+/// w's panels, packed now unless kept. Under Linears::mutex.
+const float* kept_panels(Linears& l, const float* w, uint64_t stamp, int64_t in, int64_t out) {
+  return l.panels.get(w, stamp, in, out, size_t((out + kPanel - 1) / kPanel * kPanel) * size_t(in),
+                      [&](float* to) { pack_panels(w, in, out, to); });
+}
+/// fn(p) for every piece p: on this thread for one, over the pool otherwise.
+void each_piece(int64_t parts, const std::function<void(int64_t)>& fn) {
+  if (parts == 1) {
+    fn(0);
+    return;
+  }
+  parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) fn(p);
+  });
 }
 
 #if FLUX_HAVE_ONEDNN
@@ -763,14 +739,8 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
     if (cut.lo(p) < cut.hi(p)) panel_piece(xf, n, in, panels, cut.lo(p), cut.hi(p), out, bf, relu, yf);
   };
   auto run_panels = [&] {
-    panels = l.panels.get(wf, w_stamp, in, out);
-    if (parts == 1) {
-      panel_part(0);
-      return;
-    }
-    parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) panel_part(p);
-    });
+    panels = kept_panels(l, wf, w_stamp, in, out);
+    each_piece(parts, panel_part);
   };
   if (use == LinearChoice::panels) {
     run_panels();
@@ -798,13 +768,7 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
       linear_piece(*entries[size_t(p)], xf, wf + cut.lo(p) * in, w_stamp, bf ? bf + cut.lo(p) : nullptr,
                    yf + cut.lo(p));
   };
-  if (parts == 1) {
-    run(0);
-  } else {
-    parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) run(p);
-    });
-  }
+  each_piece(parts, run);
   // Pieces just timed: all read w as it is, or all the kept copy, by their summed times (so that
   // one call never mixes the two).
   double packed = 0, direct = 0;
@@ -826,7 +790,7 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
     }
   if (use == LinearChoice::unknown) {
     // The first call of this shape: oneDNN's kernel (as just settled) against the panels, piece by piece.
-    panels = l.panels.get(wf, w_stamp, in, out);
+    panels = kept_panels(l, wf, w_stamp, in, out);
     std::vector<double> own(size_t(parts), 0.0), theirs(size_t(parts), 0.0);
     auto time_part = [&](int64_t p) {
       if (cut.lo(p) >= cut.hi(p)) return;
@@ -842,13 +806,7 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
       }
       own[size_t(p)] = best_own, theirs[size_t(p)] = best_theirs;
     };
-    if (parts == 1) {
-      time_part(0);
-    } else {
-      parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p) time_part(p);
-      });
-    }
+    each_piece(parts, time_part);
     double sum_own = 0, sum_theirs = 0;
     for (int64_t p = 0; p < parts; ++p) sum_own += own[size_t(p)], sum_theirs += theirs[size_t(p)];
     choice = sum_own <= sum_theirs ? LinearChoice::panels : LinearChoice::onednn;

@@ -21,12 +21,12 @@
 // coefficients 1 and 1/2 only).
 #include <algorithm>
 #include <array>
-#include <deque>
 #include <mutex>
 #include <vector>
 
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
+#include "src/backends/cpu/kept_floats.hpp"
 
 namespace flux::cpu {
 
@@ -68,52 +68,13 @@ void transform_weights(const float* w, int64_t C, int64_t O, float* to) {
   for (int xi = 0; xi < 16; ++xi) panel_pack(u.data() + xi * O * C, C, O, to + xi * per);
 }
 
-/// Transformed weights kept per weight buffer while its content stamp holds (up to 32 sets and 512 MB,
-/// least recently used refilled), as matmul.cpp's panels. Called under conv.cpp's mutex.
-class KeptTransforms {
- public:
-  const float* get(const float* w, uint64_t stamp, int64_t C, int64_t O) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++calls_;
-    const size_t size = 16 * panel_floats(C, O);
-    Set* slot = nullptr;
-    for (Set& s : sets_)
-      if (s.from == w) slot = &s;
-    if (!slot || slot->stamp != stamp || slot->C != C || slot->O != O) {
-      if (!slot && sets_.size() < kMax && bytes_ + size * sizeof(float) <= kMaxBytes) slot = &sets_.emplace_back();
-      if (!slot && !sets_.empty())
-        slot = &*std::min_element(sets_.begin(), sets_.end(), [](const Set& a, const Set& b) { return a.used < b.used; });
-      if (!slot) slot = &sets_.emplace_back();
-      bytes_ -= slot->data.size() * sizeof(float);
-      slot->data.assign(size, 0.f);
-      slot->data.shrink_to_fit();
-      bytes_ += size * sizeof(float);
-      transform_weights(w, C, O, slot->data.data());
-      slot->from = w, slot->stamp = stamp, slot->C = C, slot->O = O;
-    }
-    slot->used = calls_;
-    return slot->data.data();
-  }
-
- private:
-  static constexpr size_t kMax = 32;
-  static constexpr size_t kMaxBytes = size_t(512) << 20;
-  struct Set {
-    const float* from = nullptr;
-    uint64_t stamp = 0;
-    int64_t C = 0, O = 0;
-    std::vector<float> data;
-    uint64_t used = 0;
-  };
-  std::mutex mutex_;
-  std::deque<Set> sets_;
-  uint64_t calls_ = 0;
-  size_t bytes_ = 0;
-};
-
-KeptTransforms& kept_transforms() {
-  static KeptTransforms* k = new KeptTransforms();  // never destroyed, as the backend
-  return *k;
+/// Transformed weights kept per weight buffer while its content stamp holds (kept_floats.hpp; up to
+/// 32 sets and 512 MB: ResNet-18's thirteen 3x3 stride-1 convs take 70 MB).
+const float* kept_transforms(const float* w, uint64_t stamp, int64_t C, int64_t O) {
+  static std::mutex mutex;
+  static KeptFloats* kept = new KeptFloats(32, size_t(512) << 20);  // never destroyed, as the backend
+  std::lock_guard<std::mutex> lock(mutex);
+  return kept->get(w, stamp, C, O, 16 * panel_floats(C, O), [&](float* to) { transform_weights(w, C, O, to); });
 }
 
 struct Scratch {
@@ -337,7 +298,7 @@ bool winograd_fits(const backend::ConvGeometry& g) {
 void winograd_forward(const float* x, const float* w, const backend::ConvGeometry& g, const WinogradEpilogue& ep,
                       float* y) {
   const Plan p(g);
-  const float* u = kept_transforms().get(w, g.weight_stamp, p.C, p.O);
+  const float* u = kept_transforms(w, g.weight_stamp, p.C, p.O);
   const int64_t threads = num_threads();
   const int64_t per_chunk =
       std::clamp<int64_t>((kTilesPerChunk + p.tiles - 1) / p.tiles, 1, (p.N + threads - 1) / threads);
