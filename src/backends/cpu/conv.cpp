@@ -1021,7 +1021,10 @@ int winograd_race(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g,
   double best_onednn = 1e30, best_winograd = 1e30;
   for (int rep = 0; rep < 3; ++rep) {
     const double t0 = wall_seconds();
-    if (!run_onednn(s, kind, bias, timed, buffers, ep, residual)) return 1;
+    if (!run_onednn(s, kind, bias, timed, buffers, ep, residual)) {  // no oneDNN kernel for it
+      winograd_run(s, kind, bias, g, buffers, ep, residual);
+      return 1;
+    }
     const double t1 = wall_seconds();
     s.activations.forget(y);  // y is written plain next: no copy of it stays
     winograd_run(s, kind, bias, g, buffers, ep, residual);
@@ -1054,7 +1057,10 @@ bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_
     const int forced = g_forced_winograd.load(std::memory_order_relaxed);
     int& choice = s.winograd.try_emplace(make_key(kind, bias, g, ep), -1).first->second;
     int use = forced >= 0 ? forced : choice;
-    if (use < 0) use = choice = winograd_race(s, kind, bias, g, buffers, ep, residual);
+    if (use < 0) {  // the first call: timed, y written by the kernel chosen
+      choice = winograd_race(s, kind, bias, g, buffers, ep, residual);
+      return true;
+    }
     if (use == 1) {
       winograd_run(s, kind, bias, g, buffers, ep, residual);
       return true;
