@@ -17,8 +17,9 @@
 // ResNet-18 at 112x112, batch 32, on this AVX-512 EPYC under the AVX2 settings, 1 thread: 303 ms with
 // oneDNN's direct convs, 208 ms with these (layer1 67 -> 41 ms; bench/README.md has the table).
 // oneDNN 2.6 on AVX2 runs these convs as direct convolutions (its Winograd kernel needs AVX-512), and
-// ONNX Runtime's MLAS as NCHWc direct convolutions (we found no Winograd kernel in it). The transforms' rounding is a few
-// float ulps (F(2x2, 3x3) has coefficients 1 and 1/2 only): tests compare with a float64 conv at 2e-5.
+// ONNX Runtime's MLAS as NCHWc direct convolutions (we found no Winograd kernel in it). The
+// transforms' rounding is a few float ulps (F(2x2, 3x3) has coefficients 1 and 1/2 only): tests
+// compare with a float64 conv at 2e-5.
 #include <algorithm>
 #include <array>
 #include <mutex>
