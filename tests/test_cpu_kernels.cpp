@@ -21,6 +21,7 @@
 #include "flux/backend.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
+#include "src/backends/cpu/kept_floats.hpp"
 
 namespace {
 
@@ -1037,6 +1038,42 @@ TEST(CpuConv, WinogradChoiceIsTimedOnceAndKeepsItsBits) {
   EXPECT_NE(winograd, onednn) << "two different kernels (else this test cannot tell which ran)";
   EXPECT_TRUE(first == winograd || first == onednn) << "the first call's y comes from the kernel it chose";
   for (int rep = 0; rep < 3; ++rep) EXPECT_EQ(call(-1, 77), first) << "later calls run the same kernel";
+}
+
+}  // namespace
+
+namespace {
+
+// The store behind the Dense panels and the Winograd transforms: an array is made once per (buffer,
+// stamp, shape), remade when any changes, bounded in count (least recently used refilled), dropped by forget.
+TEST(CpuKeptFloats, MakesOncePerStampAndShapeAndForgets) {
+  cpu::KeptFloats kept(2, size_t(1) << 20);
+  int made = 0;
+  auto fill_with = [&](float v) {
+    return [&made, v](float* to) {
+      ++made;
+      to[0] = v;
+    };
+  };
+  const int a = 0, b = 0, c = 0;  // three "weight buffers" (only their addresses count)
+  EXPECT_EQ(kept.get(&a, 1, 4, 4, 16, fill_with(1.f))[0], 1.f);
+  EXPECT_EQ(kept.get(&a, 1, 4, 4, 16, fill_with(9.f))[0], 1.f) << "kept: not made again";
+  EXPECT_EQ(made, 1);
+  EXPECT_EQ(kept.get(&a, 2, 4, 4, 16, fill_with(2.f))[0], 2.f) << "a new stamp";
+  EXPECT_EQ(kept.get(&a, 2, 4, 8, 32, fill_with(3.f))[0], 3.f) << "a new shape";
+  EXPECT_EQ(made, 3);
+  kept.get(&b, 1, 4, 4, 16, fill_with(4.f));
+  kept.get(&a, 2, 4, 8, 32, fill_with(9.f));      // a used last: b is the least recently used
+  kept.get(&c, 1, 4, 4, 16, fill_with(5.f));      // two sets at most: c takes b's place
+  EXPECT_EQ(made, 5);
+  EXPECT_EQ(kept.get(&a, 2, 4, 8, 32, fill_with(9.f))[0], 3.f) << "a survived";
+  EXPECT_EQ(kept.get(&b, 1, 4, 4, 16, fill_with(6.f))[0], 6.f) << "b was refilled";
+  EXPECT_EQ(made, 6);
+  kept.forget(&b);
+  EXPECT_EQ(kept.get(&b, 1, 4, 4, 16, fill_with(7.f))[0], 7.f) << "forgotten: made again";
+  EXPECT_EQ(made, 7);
+  const float* fresh = kept.get(&c, 9, 1, 1, 8, [&](float*) { ++made; });
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(fresh[i], 0.f) << "filled over zeros";
 }
 
 }  // namespace

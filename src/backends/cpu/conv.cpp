@@ -1032,6 +1032,7 @@ int winograd_race(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g,
     if (rep > 0) best_onednn = std::min(best_onednn, t1 - t0), best_winograd = std::min(best_winograd, t2 - t1);
   }
   if (best_winograd < best_onednn) return 1;
+  winograd_forget_weights(static_cast<const float*>(buffers[1]));  // the loser's copy (oneDNN's stays kept)
   run_onednn(s, kind, bias, g, buffers, ep, residual);  // y as oneDNN's path leaves it (perhaps kept and deferred)
   return 0;
 }

@@ -98,6 +98,8 @@ struct WinogradEpilogue {
 bool winograd_fits(const backend::ConvGeometry& g);
 void winograd_forward(const float* x, const float* w, const backend::ConvGeometry& g, const WinogradEpilogue& ep,
                       float* y);
+/// Drops the transformed copy of w kept by winograd_forward, if any (conv.cpp: oneDNN won the timing).
+void winograd_forget_weights(const float* w);
 /// Tests and benchmarks: -1 (default) inference forwards that winograd_fits time Winograd against oneDNN
 /// on their first call and keep the faster; 0 never Winograd; 1 always where it fits. Returns the old.
 int force_conv_winograd(int mode);

@@ -41,6 +41,16 @@ class KeptFloats {
     return slot->data.data();
   }
 
+  /// Drops the array made from `from`, if any (its memory is freed; the slot is reused).
+  void forget(const void* from) {
+    for (Set& s : sets_)
+      if (s.from == from) {
+        bytes_ -= s.data.size() * sizeof(float);
+        s.data = std::vector<float>();
+        s.from = nullptr, s.stamp = 0, s.used = 0;
+      }
+  }
+
  private:
   struct Set {
     const void* from = nullptr;

@@ -810,7 +810,14 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
     double sum_own = 0, sum_theirs = 0;
     for (int64_t p = 0; p < parts; ++p) sum_own += own[size_t(p)], sum_theirs += theirs[size_t(p)];
     choice = sum_own <= sum_theirs ? LinearChoice::panels : LinearChoice::onednn;
-    if (choice == LinearChoice::panels) run_panels();  // y last written by oneDNN: now by the kernel kept
+    // The loser's copy of w goes (other layers of the shape will not make one: the choice is per shape).
+    if (choice == LinearChoice::panels) {
+      for (Linear* e : entries)
+        if (e) e->kept = KeptWeights();
+      run_panels();  // y last written by oneDNN: now by the kernel kept
+    } else {
+      l.panels.forget(wf);
+    }
   }
   return true;
 #else

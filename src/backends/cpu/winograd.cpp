@@ -71,11 +71,18 @@ void transform_weights(const float* w, int64_t C, int64_t O, float* to) {
 
 /// Transformed weights kept per weight buffer while its content stamp holds (kept_floats.hpp; up to
 /// 32 sets and 512 MB: ResNet-18's thirteen 3x3 stride-1 convs take 70 MB).
+struct Transforms {
+  std::mutex mutex;
+  KeptFloats kept{32, size_t(512) << 20};
+};
+Transforms& transforms() {
+  static Transforms* t = new Transforms();  // never destroyed, as the backend
+  return *t;
+}
 const float* kept_transforms(const float* w, uint64_t stamp, int64_t C, int64_t O) {
-  static std::mutex mutex;
-  static KeptFloats* kept = new KeptFloats(32, size_t(512) << 20);  // never destroyed, as the backend
-  std::lock_guard<std::mutex> lock(mutex);
-  return kept->get(w, stamp, C, O, 16 * panel_floats(C, O), [&](float* to) { transform_weights(w, C, O, to); });
+  Transforms& t = transforms();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  return t.kept.get(w, stamp, C, O, 16 * panel_floats(C, O), [&](float* to) { transform_weights(w, C, O, to); });
 }
 
 struct Scratch {
@@ -294,6 +301,12 @@ bool winograd_fits(const backend::ConvGeometry& g) {
   // A chunk holds at least one image's V and M (16 x tiles x channels each): at most kMaxChunkBytes.
   const double tiles = double((g.out[0] + 1) / 2) * double((g.out[1] + 1) / 2);
   return 16.0 * tiles * double(std::max(g.in_channels, g.out_channels)) * sizeof(float) <= kMaxChunkBytes;
+}
+
+void winograd_forget_weights(const float* w) {
+  Transforms& t = transforms();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.kept.forget(w);
 }
 
 void winograd_forward(const float* x, const float* w, const backend::ConvGeometry& g, const WinogradEpilogue& ep,
