@@ -90,25 +90,24 @@ struct Scratch {
   std::array<int64_t, 7> image_key{};   // the geometry `image` is zeroed for
 };
 
-using WIdx = int __attribute__((vector_size(32)));
 
 /// r[i][j] <- r[j][i] for an 8 x 8 block held in 8 vectors (unpack, 64-bit shuffle, 128-bit swap).
 FLUX_CPU_INLINE void transpose8(WVec r[8]) {
   WVec t[8], u[8];
   for (int i = 0; i < 8; i += 2) {
-    t[i] = __builtin_shuffle(r[i], r[i + 1], WIdx{0, 8, 1, 9, 4, 12, 5, 13});
-    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], WIdx{2, 10, 3, 11, 6, 14, 7, 15});
+    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
   }
   for (int i = 0; i < 8; i += 4)
     for (int k = 0; k < 2; ++k) {
-      u[i + k] = __builtin_shuffle(t[i + k], t[i + 2 + k], WIdx{0, 1, 8, 9, 4, 5, 12, 13});
-      u[i + 2 + k] = __builtin_shuffle(t[i + k], t[i + 2 + k], WIdx{2, 3, 10, 11, 6, 7, 14, 15});
+      u[i + k] = __builtin_shufflevector(t[i + k], t[i + 2 + k], 0, 1, 8, 9, 4, 5, 12, 13);
+      u[i + 2 + k] = __builtin_shufflevector(t[i + k], t[i + 2 + k], 2, 3, 10, 11, 6, 7, 14, 15);
     }
   // u[0] = rows 0-3 of columns 0, u[2] column 1, u[1] column 2, u[3] column 3 (low halves); u[4..7] rows 4-7.
   const int order[4] = {0, 2, 1, 3};
   for (int k = 0; k < 4; ++k) {
-    r[k] = __builtin_shuffle(u[order[k]], u[4 + order[k]], WIdx{0, 1, 2, 3, 8, 9, 10, 11});
-    r[k + 4] = __builtin_shuffle(u[order[k]], u[4 + order[k]], WIdx{4, 5, 6, 7, 12, 13, 14, 15});
+    r[k] = __builtin_shufflevector(u[order[k]], u[4 + order[k]], 0, 1, 2, 3, 8, 9, 10, 11);
+    r[k + 4] = __builtin_shufflevector(u[order[k]], u[4 + order[k]], 4, 5, 6, 7, 12, 13, 14, 15);
   }
 }
 
