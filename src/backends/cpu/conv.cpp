@@ -978,8 +978,10 @@ bool run_onednn(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g, c
 // A 3x3 stride-1 conv as 16 products of 2.25x fewer multiply-adds in all, on flux's panel kernel. Where
 // it fits (winograd_fits, inference: output_deferred set) the first call of a geometry times it
 // against oneDNN's path (after one untimed run of each: oneDNN creates its primitives and reorders the
-// weights, Winograd transforms them; then the better of two wall-clock runs each, both split over
-// the pool) and keeps the faster for the process. Its output is plain (no kept blocked copy: the
+// weights, Winograd transforms them; then one wall-clock run each, both split over the pool) and keeps
+// the faster for the process. That first call costs four runs: ResNet-18's first inference at batch
+// 32, 1 thread, AVX2 settings (flux_bench's resnet32_first_ms) took 373 ms with oneDNN alone and
+// 772-781 ms with the timing (1022 ms with two timed runs each; later inferences 299 and 208 ms). Its output is plain (no kept blocked copy: the
 // next oneDNN conv reorders it). ResNet-18 at 112x112, batch 32, 1 thread, AVX2 paths: see bench/README.md.
 std::atomic<int> g_forced_winograd{-1};
 
@@ -1019,7 +1021,7 @@ int winograd_race(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g,
   backend::ConvGeometry timed = g;
   timed.output_deferred = &deferred;  // the oneDNN runs may keep y blocked and deferred, as in use
   double best_onednn = 1e30, best_winograd = 1e30;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < 2; ++rep) {
     const double t0 = wall_seconds();
     if (!run_onednn(s, kind, bias, timed, buffers, ep, residual)) {  // no oneDNN kernel for it
       winograd_run(s, kind, bias, g, buffers, ep, residual);
