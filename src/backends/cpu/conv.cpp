@@ -303,6 +303,7 @@ struct Dnnl {
   std::vector<float> few_pixel_col, few_pixel_out;
   // Inference forwards that fit winograd.cpp: -1 not yet timed, 0 oneDNN, 1 Winograd (winograd_race).
   std::map<Key, int> winograd;
+  std::vector<Key>* looked_up = nullptr;  // while set, lookup() adds each key it is asked for
   int layout = 0;  // FLUX_ONEDNN_LAYOUT: 0 auto, 1 plain, 2 any, 3 plain-src (dst/weights any)
   bool pool_threading = true;  // false (FLUX_ONEDNN_THREADING=omp): one call on an OpenMP team
   void (*omp_set_num_threads)(int) = nullptr;
@@ -587,6 +588,7 @@ std::unique_ptr<Entry> create(Dnnl& s, Kind kind, bool bias, const backend::Conv
 Entry* lookup(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g, int64_t chunk, const Epilogue& ep) {
   Key key = make_key(kind, bias, g, ep);
   key[key.size() - 1] = chunk;  // one entry per chunk: chunks run at once and each binds its own memories
+  if (s.looked_up) s.looked_up->push_back(key);
   auto it = s.cache.find(key);
   if (it == s.cache.end()) {
     std::unique_ptr<Entry> e;
@@ -1021,9 +1023,13 @@ int winograd_race(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g,
   backend::ConvGeometry timed = g;
   timed.output_deferred = &deferred;  // the oneDNN runs may keep y blocked and deferred, as in use
   double best_onednn = 1e30, best_winograd = 1e30;
+  std::vector<Key> entries;  // the oneDNN entries (primitives, kept weights, scratchpads) this geometry uses
   for (int rep = 0; rep < 2; ++rep) {
     const double t0 = wall_seconds();
-    if (!run_onednn(s, kind, bias, timed, buffers, ep, residual)) {  // no oneDNN kernel for it
+    s.looked_up = rep == 0 ? &entries : nullptr;
+    const bool ran = run_onednn(s, kind, bias, timed, buffers, ep, residual);
+    s.looked_up = nullptr;
+    if (!ran) {  // no oneDNN kernel for it
       winograd_run(s, kind, bias, g, buffers, ep, residual);
       return 1;
     }
@@ -1033,7 +1039,12 @@ int winograd_race(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g,
     const double t2 = wall_seconds();
     if (rep > 0) best_onednn = std::min(best_onednn, t1 - t0), best_winograd = std::min(best_winograd, t2 - t1);
   }
-  if (best_winograd < best_onednn) return 1;
+  if (best_winograd < best_onednn) {
+    // Every call of this geometry runs Winograd from now on: its oneDNN entries go, with the weights
+    // they kept reordered and their scratchpads (remade if a later call is forced onto oneDNN).
+    for (const Key& k : entries) s.cache.erase(k);
+    return 1;
+  }
   winograd_forget_weights(static_cast<const float*>(buffers[1]));  // the loser's copy (oneDNN's stays kept)
   run_onednn(s, kind, bias, g, buffers, ep, residual);  // y as oneDNN's path leaves it (perhaps kept and deferred)
   return 0;
