@@ -48,6 +48,7 @@
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/broadcast_rows.hpp"
 #include "src/backends/cpu/isa.hpp"
 #if FLUX_HAVE_ONEDNN
 #include "src/backends/cpu/kept_weights.hpp"
@@ -750,8 +751,8 @@ BlockedActivations::Copy* plan_views(Dnnl& s, const backend::ConvGeometry& g, co
 // reaches 77 GFLOP/s on this shape (dnnl_sgemm of W 512 x 4608 by 16 columns alone: 976 us), gathers
 // its columns with a scalar loop (~40 us more) and fuses no BatchNorm. Here the columns (C k, N P)
 // are gathered once, zero-padded to whole vectors of the active ISA, and each pool thread runs its
-// rows of W through few_pixel_rows: R rows of the product held in registers (R x V vectors), one pass
-// over those rows of W, each weight broadcast against the V vectors of its column row. Measured on
+// rows of W through few_pixel_rows (broadcast_rows.hpp): R rows of the product held in registers (R x V
+// vectors), one pass over those rows of W, each weight broadcast against the V vectors of its column row. Measured on
 // that shape (1 thread, W cycling through 6 copies so that it comes from memory as in the network):
 // AVX-512 723 us (104 GFLOP/s), AVX2 code 931 us against dnnl_sgemm's 1151. Then scale and shift (or
 // bias), relu, residual and relu in one pass into y. FLUX_ONEDNN_LAYOUT=plain runs oneDNN's gemm
@@ -771,40 +772,6 @@ bool few_pixels(const Dnnl& s, Kind kind, const backend::ConvGeometry& g) {
   return per_pixel >= 64 && out_pixels <= kFewPixels && padded_image < (int64_t(1) << 31);
 }
 
-/// c (rows, V * L) = w (rows, k) col (k, V * L) for rows <= R (w's rows k apart; the rows past `rows`
-/// repeat the last one and are not stored). Vec: L floats, the active ISA's vector (4-byte aligned, so
-/// loads and stores through Vec* need no alignment; no local's address is taken, which kept GCC from
-/// holding acc in registers: it stored all of acc every iteration, and the 512 -> 512 conv on 4x4 took
-/// 6.9 ms instead of 1.18 on AVX2).
-template <class Vec, int R, int V>
-FLUX_CPU_INLINE void few_pixel_rows(const float* w, int64_t k, int64_t rows, const float* col, float* c) {
-  constexpr int L = int(sizeof(Vec) / sizeof(float));
-  const float* wr[R];
-  for (int r = 0; r < R; ++r) wr[r] = w + std::min<int64_t>(r, rows - 1) * k;
-  Vec acc[R][V];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) acc[r][v] = Vec{};
-  for (int64_t i = 0; i < k; ++i) {
-    Vec b[V];
-#pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) b[v] = *reinterpret_cast<const Vec*>(col + (i * V + v) * L);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const float x = wr[r][i];
-#pragma GCC unroll 8
-      for (int v = 0; v < V; ++v) acc[r][v] += x * b[v];
-    }
-  }
-  for (int r = 0; r < R && r < rows; ++r)
-    for (int v = 0; v < V; ++v) *reinterpret_cast<Vec*>(c + (r * V + v) * L) = acc[r][v];
-}
-
-using Vec16 = float __attribute__((vector_size(64), aligned(4)));
-using Vec8 = float __attribute__((vector_size(32), aligned(4)));
-using Vec4 = float __attribute__((vector_size(16), aligned(4)));
-
 // Rows a kernel call holds for V vectors a row: as many as the ISA's vector registers allow beside
 // the V column vectors (32 zmm; 16 ymm / xmm), measured best at 8 (AVX-512, V = 1, 2) and 6 (AVX2, V = 2).
 constexpr int few_pixel_block(int lanes, int v) {
@@ -813,17 +780,20 @@ constexpr int few_pixel_block(int lanes, int v) {
   return v <= 2 ? 6 : v <= 4 ? 3 : 1;
 }
 
+/// c (rows, V L) = w (rows, k) col (k, V L): blocks of R rows of w (k apart) through broadcast_rows.hpp.
+template <class Vec, int V> FLUX_CPU_INLINE void few_pixel_rows(const float* w, int64_t k, int64_t rows, const float* col, float* c) {
+  constexpr int L = int(sizeof(Vec) / sizeof(float)), R = few_pixel_block(L, V);
+  for (int64_t r = 0; r < rows; r += R)
+    broadcast_block<Vec, R, V>(std::min<int64_t>(R, rows - r), w + r * k, k, col, k, nullptr, false, c + r * V * L, V * L);
+}
 template <int V> FLUX_CPU_TARGET_AVX512 void few_pixel_avx512(const float* w, int64_t k, int64_t rows, const float* col, float* c) {
-  constexpr int R = few_pixel_block(16, V);
-  for (int64_t r = 0; r < rows; r += R) few_pixel_rows<Vec16, R, V>(w + r * k, k, std::min<int64_t>(R, rows - r), col, c + r * V * 16);
+  few_pixel_rows<Vec16, V>(w, k, rows, col, c);
 }
 template <int V> FLUX_CPU_TARGET_AVX2 void few_pixel_avx2(const float* w, int64_t k, int64_t rows, const float* col, float* c) {
-  constexpr int R = few_pixel_block(8, V);
-  for (int64_t r = 0; r < rows; r += R) few_pixel_rows<Vec8, R, V>(w + r * k, k, std::min<int64_t>(R, rows - r), col, c + r * V * 8);
+  few_pixel_rows<Vec8, V>(w, k, rows, col, c);
 }
 template <int V> void few_pixel_baseline(const float* w, int64_t k, int64_t rows, const float* col, float* c) {
-  constexpr int R = few_pixel_block(4, V);
-  for (int64_t r = 0; r < rows; r += R) few_pixel_rows<Vec4, R, V>(w + r * k, k, std::min<int64_t>(R, rows - r), col, c + r * V * 4);
+  few_pixel_rows<Vec4, V>(w, k, rows, col, c);
 }
 
 /// The vector width (floats) of the active ISA's few-pixel kernel.

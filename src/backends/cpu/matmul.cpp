@@ -28,6 +28,7 @@
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/broadcast_rows.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/kept_floats.hpp"
 #if FLUX_HAVE_ONEDNN
@@ -385,86 +386,23 @@ template <class T> void gemm_blas(const T* a, const T* b, T* c, const backend::G
 // weights of one input for 16 outputs side by side. A kernel call holds R rows of y by 16 columns in
 // registers and runs once over the whole of `in` (no blocking of in: the MNIST shapes measured best
 // unblocked, 128 x 784 -> 512 at 112 GFLOP/s against 109 blocked by 256), each x value broadcast
-// against the panel's vectors, then adds the bias, applies relu and stores. x is read in place (its R
-// rows `in` apart, from two base pointers so that GCC keeps every address in a register; with one
-// pointer a row it spilled them and ran at 89 GFLOP/s). On one core of this AMD EPYC (AVX-512, 117
+// against the panel's vectors, then adds the bias, applies relu and stores (broadcast_rows.hpp, the
+// kernel of conv.cpp's few-pixel forwards too). x is read in place, its R rows `in` apart. On one core of this AMD EPYC (AVX-512, 117
 // GFLOP/s peak), 1 thread, /tmp/mb/lin2.cpp: 120 x 784 -> 512 AVX2 (R 6, two 8-float vectors) 114.5
 // GFLOP/s, AVX-512 (R 12, one 16-float vector) 116.3, baseline x86-64 (R 3, four 4-float vectors, no
 // FMA) 40.2; OpenBLAS's Haswell sgemm on the same product 104, oneDNN 2.6's gemm:jit 105 (AVX2 has no
 // brgemm in 2.6), ONNX Runtime's MLAS ~109 (it packs constant weights too). gemm_loops is the reference.
 constexpr int64_t kPanel = 16;
 
-/// w (out, in) into ceil(out / 16) panels: to[(p * in + i) * 16 + j] = w[p * 16 + j][i], 0 past out.
-void pack_panels(const float* w, int64_t in, int64_t out, float* to) {
-  for (int64_t p = 0; p * kPanel < out; ++p) {
-    const int64_t cols = std::min(kPanel, out - p * kPanel);
-    float* panel = to + p * in * kPanel;
-    for (int64_t i = 0; i < in; ++i) {
-      for (int64_t j = 0; j < cols; ++j) panel[i * kPanel + j] = w[(p * kPanel + j) * in + i];
-      for (int64_t j = cols; j < kPanel; ++j) panel[i * kPanel + j] = 0.f;
-    }
-  }
-}
-
-using PanelVec16 = float __attribute__((vector_size(64), aligned(4)));
-using PanelVec8 = float __attribute__((vector_size(32), aligned(4)));
-using PanelVec4 = float __attribute__((vector_size(16), aligned(4)));
-
-/// y (R, 16; rows ldy apart) = relu?(x (R, k; rows ldx apart) panel (k, 16) + bias (16; null: none)).
-/// Vec holds 16 / V floats. No local's address is taken (GCC then keeps acc in registers).
-template <class Vec, int R, int V>
-FLUX_CPU_INLINE void panel_rows(const float* x, int64_t ldx, const float* panel, int64_t k, const float* bias,
-                                bool relu, float* y, int64_t ldy) {
-  constexpr int L = int(sizeof(Vec) / sizeof(float));
-  static_assert(L * V == kPanel, "one panel a row");
-  Vec acc[R][V];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) acc[r][v] = Vec{};
-  // Rows 3b, 3b + 1, 3b + 2 from base[b] (pointers only to rows that exist).
-  const float* base[4] = {x, R > 3 ? x + 3 * ldx : x, R > 6 ? x + 6 * ldx : x, R > 9 ? x + 9 * ldx : x};
-  for (int64_t i = 0; i < k; ++i) {
-    Vec b[V];
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) b[v] = *reinterpret_cast<const Vec*>(panel + i * kPanel + v * L);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const float a = base[r / 3][(r % 3) * ldx + i];
-#pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) acc[r][v] += a * b[v];
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) {
-      Vec s = acc[r][v];
-      if (bias) s += *reinterpret_cast<const Vec*>(bias + v * L);
-      if (relu) s = s > Vec{} ? s : Vec{};
-      *reinterpret_cast<Vec*>(y + r * ldy + v * L) = s;
-    }
-}
-
-/// panel_rows for `rows` <= R rows.
-template <class Vec, int R, int V>
-FLUX_CPU_INLINE void panel_block(int64_t rows, const float* x, int64_t ldx, const float* panel, int64_t k,
-                                 const float* bias, bool relu, float* y, int64_t ldy) {
-  if constexpr (R > 1) {
-    if (rows < R) return panel_block<Vec, R - 1, V>(rows, x, ldx, panel, k, bias, relu, y, ldy);
-  }
-  panel_rows<Vec, R, V>(x, ldx, panel, k, bias, relu, y, ldy);
-}
-
 /// Rows [r0, r0 + rows) of y's columns [c, c + cols) from one panel; a partial panel (cols < 16) through `tile`.
 template <class Vec, int R, int V>
 FLUX_CPU_INLINE void panel_tile(const float* x, int64_t in, const float* panel, const float* bias, bool relu, int64_t r0,
                                 int64_t rows, int64_t cols, float* y, int64_t out, int64_t c, float* tile) {
   if (cols == kPanel) {
-    panel_block<Vec, R, V>(rows, x + r0 * in, in, panel, in, bias, relu, y + r0 * out + c, out);
+    broadcast_block<Vec, R, V>(rows, x + r0 * in, in, panel, in, bias, relu, y + r0 * out + c, out);
     return;
   }
-  panel_block<Vec, R, V>(rows, x + r0 * in, in, panel, in, bias, relu, tile, kPanel);
+  broadcast_block<Vec, R, V>(rows, x + r0 * in, in, panel, in, bias, relu, tile, kPanel);
   for (int64_t r = 0; r < rows; ++r) std::copy(tile + r * kPanel, tile + r * kPanel + cols, y + (r0 + r) * out + c);
 }
 
@@ -475,6 +413,7 @@ FLUX_CPU_INLINE void panel_tile(const float* x, int64_t in, const float* panel, 
 template <class Vec, int R, int V>
 FLUX_CPU_INLINE void panel_columns(const float* x, int64_t n, int64_t in, const float* panels, int64_t lo, int64_t hi,
                                    int64_t out, const float* bias, bool relu, float* y) {
+  static_assert(V * sizeof(Vec) == kPanel * sizeof(float), "a block row is one panel row");
   for (int64_t c = lo; c < hi; c += kPanel) {
     const float* panel = panels + c * in;  // panel c / 16
     const int64_t cols = std::min(kPanel, out - c);
@@ -497,15 +436,15 @@ FLUX_CPU_INLINE void panel_columns(const float* x, int64_t n, int64_t in, const 
 
 FLUX_CPU_TARGET_AVX512 void panel_columns_avx512(const float* x, int64_t n, int64_t in, const float* panels, int64_t lo,
                                                  int64_t hi, int64_t out, const float* bias, bool relu, float* y) {
-  panel_columns<PanelVec16, 12, 1>(x, n, in, panels, lo, hi, out, bias, relu, y);
+  panel_columns<Vec16, 12, 1>(x, n, in, panels, lo, hi, out, bias, relu, y);
 }
 FLUX_CPU_TARGET_AVX2 void panel_columns_avx2(const float* x, int64_t n, int64_t in, const float* panels, int64_t lo,
                                              int64_t hi, int64_t out, const float* bias, bool relu, float* y) {
-  panel_columns<PanelVec8, 6, 2>(x, n, in, panels, lo, hi, out, bias, relu, y);
+  panel_columns<Vec8, 6, 2>(x, n, in, panels, lo, hi, out, bias, relu, y);
 }
 void panel_columns_baseline(const float* x, int64_t n, int64_t in, const float* panels, int64_t lo, int64_t hi,
                             int64_t out, const float* bias, bool relu, float* y) {
-  panel_columns<PanelVec4, 3, 4>(x, n, in, panels, lo, hi, out, bias, relu, y);
+  panel_columns<Vec4, 3, 4>(x, n, in, panels, lo, hi, out, bias, relu, y);
 }
 void panel_piece(const float* x, int64_t n, int64_t in, const float* panels, int64_t lo, int64_t hi, int64_t out,
                  const float* bias, bool relu, float* y) {
@@ -529,26 +468,28 @@ std::atomic<int> g_forced_linear{-1};  // force_linear_kernel()
 struct Linear;
 #endif
 using LinearKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t>;  // n in cols ldy bias relu piece
-// Which kernel a call shape (n, in, out, bias, relu, pieces) runs, measured on its first call.
 // Fewer rows: one row is a GEMV (gemv_split streams w once); a few rows cannot repay a kernel call.
 constexpr int64_t kLinearMinRows = 8;
-enum class LinearChoice : int { unknown = -1, onednn = 0, panels = 1 };
 struct Linears {
   std::mutex mutex;  // held for a whole call (pieces touch only their own entries)
 #if FLUX_HAVE_ONEDNN
   std::map<LinearKey, std::unique_ptr<Linear>> cache;
 #endif
-  std::map<LinearKey, LinearChoice> choice;  // key: n in out 0 bias relu pieces
+  // The kernel of a call shape (choice_key), measured on its first call (automatic: not yet).
+  std::map<LinearKey, LinearKernel> choice;
   KeptFloats panels{64, size_t(512) << 20};  // packed w per weight buffer (kept_floats.hpp)
 };
 Linears& linears() {
   static Linears* l = new Linears();  // never destroyed, as the backend
   return *l;
 }
+/// Linears::choice's key: n in out 0 bias relu pieces (the pieces at the present thread count).
+LinearKey choice_key(int64_t n, int64_t in, int64_t out, bool bias, bool relu) {
+  return LinearKey{n, in, out, 0, bias, relu, Pieces(out, 2.0 * double(n) * double(in) * double(out), kSplitFlops).parts};
+}
 /// w's panels, packed now unless kept. Under Linears::mutex.
 const float* kept_panels(Linears& l, const float* w, uint64_t stamp, int64_t in, int64_t out) {
-  return l.panels.get(w, stamp, in, out, size_t((out + kPanel - 1) / kPanel * kPanel) * size_t(in),
-                      [&](float* to) { pack_panels(w, in, out, to); });
+  return l.panels.get(w, stamp, in, out, panel_floats(in, out), [&](float* to) { panel_pack(w, in, out, to); });
 }
 /// fn(p) for every piece p: on this thread for one, over the pool otherwise.
 void each_piece(int64_t parts, const std::function<void(int64_t)>& fn) {
@@ -708,7 +649,17 @@ void linear_piece(Linear& e, const float* x, const float* w, uint64_t stamp, con
 }  // namespace
 
 size_t panel_floats(int64_t in, int64_t out) { return size_t((out + kPanel - 1) / kPanel * kPanel) * size_t(in); }
-void panel_pack(const float* w, int64_t in, int64_t out, float* to) { pack_panels(w, in, out, to); }
+/// to[(p * in + i) * 16 + j] = w[p * 16 + j][i] for the ceil(out / 16) panels p, 0 past out.
+void panel_pack(const float* w, int64_t in, int64_t out, float* to) {
+  for (int64_t p = 0; p * kPanel < out; ++p) {
+    const int64_t cols = std::min(kPanel, out - p * kPanel);
+    float* panel = to + p * in * kPanel;
+    for (int64_t i = 0; i < in; ++i) {
+      for (int64_t j = 0; j < cols; ++j) panel[i * kPanel + j] = w[(p * kPanel + j) * in + i];
+      for (int64_t j = cols; j < kPanel; ++j) panel[i * kPanel + j] = 0.f;
+    }
+  }
+}
 void panel_product(const float* x, int64_t n, int64_t in, const float* panels, int64_t out, float* y) {
   panel_piece(x, n, in, panels, 0, out, out, nullptr, false, y);
 }
@@ -730,10 +681,10 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
   float* yf = static_cast<float*>(y);
   Linears& l = linears();
   std::lock_guard<std::mutex> lock(l.mutex);
-  LinearChoice& choice = l.choice.try_emplace(LinearKey{n, in, out, 0, bias != nullptr, relu, parts}, LinearChoice::unknown)
-                             .first->second;
+  LinearKernel& choice =
+      l.choice.try_emplace(choice_key(n, in, out, bias != nullptr, relu), LinearKernel::automatic).first->second;
   const int forced = g_forced_linear.load(std::memory_order_relaxed);
-  LinearChoice use = forced >= 0 ? LinearChoice(forced) : choice;
+  const LinearKernel use = forced >= 0 ? LinearKernel(forced) : choice;
   const float* panels = nullptr;
   auto panel_part = [&](int64_t p) {
     if (cut.lo(p) < cut.hi(p)) panel_piece(xf, n, in, panels, cut.lo(p), cut.hi(p), out, bf, relu, yf);
@@ -742,7 +693,7 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
     panels = kept_panels(l, wf, w_stamp, in, out);
     each_piece(parts, panel_part);
   };
-  if (use == LinearChoice::panels) {
+  if (use == LinearKernel::panels) {
     run_panels();
     return true;
   }
@@ -758,8 +709,8 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
     have_onednn = entries[size_t(p)] != nullptr;
   }
   if (!have_onednn) {  // oneDNN offers only its reference kernel here, or declines
-    if (use == LinearChoice::onednn) return false;
-    choice = LinearChoice::panels;
+    if (use == LinearKernel::onednn) return false;
+    choice = LinearKernel::panels;
     run_panels();
     return true;
   }
@@ -788,7 +739,7 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
       e->timing = false;
       e->direct = dnnl::matmul();
     }
-  if (use == LinearChoice::unknown) {
+  if (use == LinearKernel::automatic) {
     // The first call of this shape: oneDNN's kernel (as just settled) against the panels, piece by piece.
     panels = kept_panels(l, wf, w_stamp, in, out);
     std::vector<double> own(size_t(parts), 0.0), theirs(size_t(parts), 0.0);
@@ -809,9 +760,9 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
     each_piece(parts, time_part);
     double sum_own = 0, sum_theirs = 0;
     for (int64_t p = 0; p < parts; ++p) sum_own += own[size_t(p)], sum_theirs += theirs[size_t(p)];
-    choice = sum_own <= sum_theirs ? LinearChoice::panels : LinearChoice::onednn;
+    choice = sum_own <= sum_theirs ? LinearKernel::panels : LinearKernel::onednn;
     // The loser's copy of w goes (other layers of the shape will not make one: the choice is per shape).
-    if (choice == LinearChoice::panels) {
+    if (choice == LinearKernel::panels) {
       for (Linear* e : entries)
         if (e) e->kept = KeptWeights();
       run_panels();  // y last written by oneDNN: now by the kernel kept
@@ -821,8 +772,8 @@ bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, con
   }
   return true;
 #else
-  if (use == LinearChoice::onednn) return false;
-  choice = LinearChoice::panels;
+  if (use == LinearKernel::onednn) return false;
+  choice = LinearKernel::panels;
   run_panels();
   return true;
 #endif
@@ -832,8 +783,8 @@ std::optional<bool> linear_reads_kept_copy(int64_t n, int64_t in, int64_t out, b
   const Pieces cut(out, 2.0 * double(n) * double(in) * double(out), kSplitFlops);
   Linears& l = linears();
   std::lock_guard<std::mutex> lock(l.mutex);
-  auto chosen = l.choice.find(LinearKey{n, in, out, 0, bias, relu, cut.parts});
-  if (chosen != l.choice.end() && chosen->second == LinearChoice::panels) return true;  // the panels are kept
+  auto chosen = l.choice.find(choice_key(n, in, out, bias, relu));
+  if (chosen != l.choice.end() && chosen->second == LinearKernel::panels) return true;  // the panels are kept
 #if FLUX_HAVE_ONEDNN
   bool kept = true;
   for (int64_t p = 0; p < cut.parts; ++p) {
@@ -849,12 +800,11 @@ std::optional<bool> linear_reads_kept_copy(int64_t n, int64_t in, int64_t out, b
 }
 
 std::optional<LinearKernel> linear_kernel_of(int64_t n, int64_t in, int64_t out, bool bias, bool relu) {
-  const Pieces cut(out, 2.0 * double(n) * double(in) * double(out), kSplitFlops);
   Linears& l = linears();
   std::lock_guard<std::mutex> lock(l.mutex);
-  auto it = l.choice.find(LinearKey{n, in, out, 0, bias, relu, cut.parts});
-  if (it == l.choice.end() || it->second == LinearChoice::unknown) return std::nullopt;
-  return it->second == LinearChoice::panels ? LinearKernel::panels : LinearKernel::onednn;
+  auto it = l.choice.find(choice_key(n, in, out, bias, relu));
+  if (it == l.choice.end() || it->second == LinearKernel::automatic) return std::nullopt;
+  return it->second;
 }
 
 LinearKernel force_linear_kernel(LinearKernel k) {

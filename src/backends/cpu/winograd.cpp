@@ -25,6 +25,7 @@
 #include <mutex>
 #include <vector>
 
+#include "src/backends/cpu/broadcast_rows.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/kept_floats.hpp"
@@ -33,7 +34,7 @@ namespace flux::cpu {
 
 namespace {
 
-using WVec = float __attribute__((vector_size(32), aligned(4)));  // 8 channels
+using WVec = Vec8;  // 8 channels (broadcast_rows.hpp's vector types)
 constexpr int64_t kLanes = 8;
 constexpr int64_t kTilesPerChunk = 128;
 constexpr double kMaxChunkBytes = 64.0 * (1 << 20);  // one image's V or M: 224x224 ResNet stages take ~3 MB
@@ -70,7 +71,7 @@ void transform_weights(const float* w, int64_t C, int64_t O, float* to) {
 }
 
 /// Transformed weights kept per weight buffer while its content stamp holds (kept_floats.hpp; up to
-/// 32 sets and 512 MB: ResNet-18's thirteen 3x3 stride-1 convs take 70 MB).
+/// 32 sets and 512 MB: ResNet-18's thirteen 3x3 stride-1 convs take 67 MB, 16/9 of their 38 MB).
 struct Transforms {
   std::mutex mutex;
   KeptFloats kept{32, size_t(512) << 20};
@@ -89,6 +90,11 @@ struct Scratch {
   std::vector<float> image, v, m, out;  // padded channels-last image; V and M of one chunk; one image's y channels-last
   std::array<int64_t, 7> image_key{};   // the geometry `image` is zeroed for
 };
+/// The calling thread's scratch (grown to the largest chunk and kept: no page faults per call).
+Scratch& thread_scratch() {
+  thread_local Scratch s;
+  return s;
+}
 
 
 /// r[i][j] <- r[j][i] for an 8 x 8 block held in 8 vectors (unpack, 64-bit shuffle, 128-bit swap).
@@ -227,59 +233,24 @@ void prepare(Scratch& s, const Plan& p, int64_t T) {
 }
 
 /// Images [n0, n1): their input transforms for channels [c_lo, c_hi) (V rows (n - n0) x tiles on).
-FLUX_CPU_INLINE void inputs(const float* x, const Plan& p, int64_t n0, int64_t n1, int64_t c_lo, int64_t c_hi,
-                            Scratch& s) {
-  const int64_t T = (n1 - n0) * p.tiles;
+FLUX_CPU_INLINE void inputs(const float* x, const Plan* p, int64_t n0, int64_t n1, int64_t c_lo, int64_t c_hi,
+                            Scratch* s) {
+  const int64_t T = (n1 - n0) * p->tiles;
   for (int64_t n = n0; n < n1; ++n)
-    input_transform(x + n * p.C * p.H * p.W, p, s.image.data(), s.v.data(), T, (n - n0) * p.tiles, c_lo, c_hi);
+    input_transform(x + n * p->C * p->H * p->W, *p, s->image.data(), s->v.data(), T, (n - n0) * p->tiles, c_lo, c_hi);
 }
 /// Images [n0, n1): their outputs for channels [o_lo, o_hi).
-FLUX_CPU_INLINE void outputs(const Plan& p, int64_t n0, int64_t n1, int64_t o_lo, int64_t o_hi,
-                             const WinogradEpilogue& ep, float* y, Scratch& s) {
-  const int64_t T = (n1 - n0) * p.tiles;
+FLUX_CPU_INLINE void outputs(const Plan* p, int64_t n0, int64_t n1, int64_t o_lo, int64_t o_hi,
+                             const WinogradEpilogue* ep, float* y, Scratch* s) {
+  const int64_t T = (n1 - n0) * p->tiles;
   for (int64_t n = n0; n < n1; ++n)
-    output_transform(s.m.data(), p, T, (n - n0) * p.tiles, n, ep, s.out.data(), y, o_lo, o_hi);
+    output_transform(s->m.data(), *p, T, (n - n0) * p->tiles, n, *ep, s->out.data(), y, o_lo, o_hi);
 }
+// run_inputs / run_outputs: compiled per ISA level, called for the active one (isa.hpp; pointer
+// arguments, as FLUX_CPU_VARIANTS passes its arguments by value).
+FLUX_CPU_VARIANTS(run_inputs, inputs)
+FLUX_CPU_VARIANTS(run_outputs, outputs)
 
-FLUX_CPU_TARGET_AVX512 void inputs_avx512(const float* x, const Plan& p, int64_t n0, int64_t n1, int64_t c_lo,
-                                          int64_t c_hi, Scratch& s) {
-  inputs(x, p, n0, n1, c_lo, c_hi, s);
-}
-FLUX_CPU_TARGET_AVX2 void inputs_avx2(const float* x, const Plan& p, int64_t n0, int64_t n1, int64_t c_lo, int64_t c_hi,
-                                      Scratch& s) {
-  inputs(x, p, n0, n1, c_lo, c_hi, s);
-}
-void inputs_baseline(const float* x, const Plan& p, int64_t n0, int64_t n1, int64_t c_lo, int64_t c_hi, Scratch& s) {
-  inputs(x, p, n0, n1, c_lo, c_hi, s);
-}
-FLUX_CPU_TARGET_AVX512 void outputs_avx512(const Plan& p, int64_t n0, int64_t n1, int64_t o_lo, int64_t o_hi,
-                                           const WinogradEpilogue& ep, float* y, Scratch& s) {
-  outputs(p, n0, n1, o_lo, o_hi, ep, y, s);
-}
-FLUX_CPU_TARGET_AVX2 void outputs_avx2(const Plan& p, int64_t n0, int64_t n1, int64_t o_lo, int64_t o_hi,
-                                       const WinogradEpilogue& ep, float* y, Scratch& s) {
-  outputs(p, n0, n1, o_lo, o_hi, ep, y, s);
-}
-void outputs_baseline(const Plan& p, int64_t n0, int64_t n1, int64_t o_lo, int64_t o_hi, const WinogradEpilogue& ep,
-                      float* y, Scratch& s) {
-  outputs(p, n0, n1, o_lo, o_hi, ep, y, s);
-}
-
-void run_inputs(const float* x, const Plan& p, int64_t n0, int64_t n1, int64_t c_lo, int64_t c_hi, Scratch& s) {
-  switch (active_isa()) {
-    case Isa::avx512: return inputs_avx512(x, p, n0, n1, c_lo, c_hi, s);
-    case Isa::avx2: return inputs_avx2(x, p, n0, n1, c_lo, c_hi, s);
-    default: return inputs_baseline(x, p, n0, n1, c_lo, c_hi, s);
-  }
-}
-void run_outputs(const Plan& p, int64_t n0, int64_t n1, int64_t o_lo, int64_t o_hi, const WinogradEpilogue& ep,
-                 float* y, Scratch& s) {
-  switch (active_isa()) {
-    case Isa::avx512: return outputs_avx512(p, n0, n1, o_lo, o_hi, ep, y, s);
-    case Isa::avx2: return outputs_avx2(p, n0, n1, o_lo, o_hi, ep, y, s);
-    default: return outputs_baseline(p, n0, n1, o_lo, o_hi, ep, y, s);
-  }
-}
 /// The 16 products of images [n0, n1), positions [xi0, xi1).
 void products(const Plan& p, const float* u, int64_t n0, int64_t n1, int64_t xi0, int64_t xi1, Scratch& s) {
   const int64_t T = (n1 - n0) * p.tiles;
@@ -318,28 +289,27 @@ void winograd_forward(const float* x, const float* w, const backend::ConvGeometr
   const int64_t chunks = (p.N + per_chunk - 1) / per_chunk;
   if (chunks >= threads) {  // a chunk per task, each on one thread
     parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
-      thread_local Scratch scratch;
+      Scratch& scratch = thread_scratch();
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t n0 = c * per_chunk, n1 = std::min(p.N, n0 + per_chunk);
         prepare(scratch, p, (n1 - n0) * p.tiles);
-        run_inputs(x, p, n0, n1, 0, p.C, scratch);
+        run_inputs(x, &p, n0, n1, int64_t(0), p.C, &scratch);
         products(p, u, n0, n1, 0, 16, scratch);
-        run_outputs(p, n0, n1, 0, p.O, ep, y, scratch);
+        run_outputs(&p, n0, n1, int64_t(0), p.O, &ep, y, &scratch);
       }
     });
     return;
   }
   // Fewer chunks than threads (a small batch): each chunk's three steps split over the pool, by
   // channel blocks, positions xi and output channel blocks, on one shared scratch.
-  thread_local Scratch mine;
-  Scratch& scratch = mine;  // a reference the lambdas capture (a thread_local named in them is the running thread's)
+  Scratch& scratch = thread_scratch();  // the caller's, shared by the pool's tasks below
   for (int64_t n0 = 0; n0 < p.N; n0 += per_chunk) {
     const int64_t n1 = std::min(p.N, n0 + per_chunk);
     prepare(scratch, p, (n1 - n0) * p.tiles);
     const int64_t c_blocks = p.C / kLanes, o_blocks = p.O / kLanes;
-    parallel_for(c_blocks, 1, [&](int64_t b0, int64_t b1) { run_inputs(x, p, n0, n1, b0 * kLanes, b1 * kLanes, scratch); });
+    parallel_for(c_blocks, 1, [&](int64_t b0, int64_t b1) { run_inputs(x, &p, n0, n1, b0 * kLanes, b1 * kLanes, &scratch); });
     parallel_for(16, 1, [&](int64_t xi0, int64_t xi1) { products(p, u, n0, n1, xi0, xi1, scratch); });
-    parallel_for(o_blocks, 1, [&](int64_t b0, int64_t b1) { run_outputs(p, n0, n1, b0 * kLanes, b1 * kLanes, ep, y, scratch); });
+    parallel_for(o_blocks, 1, [&](int64_t b0, int64_t b1) { run_outputs(&p, n0, n1, b0 * kLanes, b1 * kLanes, &ep, y, &scratch); });
   }
 }
 
