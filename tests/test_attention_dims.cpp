@@ -2,7 +2,8 @@
 // .out}, {.nheads, .bias}), Flux's parameter counts, PyTorch's kdim/vdim state names, the attention
 // scores (Flux's (y, α)), cross-attention as mha(q, k, v, mask), mha(q, kv) and mha(q, kv, mask);
 // outputs against float64 host loops on every device, gradients against finite differences (float64,
-// CPU) and against the float64 CPU gradient on every device, printing as Flux, and bad input.
+// on the CPU and on every device itself) and against the float64 CPU gradient on every device,
+// printing as Flux, and bad input.
 #include <limits>
 
 #include <gmock/gmock.h>
@@ -243,6 +244,53 @@ TEST_P(AttentionDimsDevices, GradientsMatchFloat64Cpu) {
       EXPECT_EQ(leaves[i].first, leaves64[i].first);
       EXPECT_EQ(leaves[i].second.device(), d);
       EXPECT_LT(max_rel_error(leaves[i].second, leaves64[i].second.to_vector<double>()), 1e-4) << leaves[i].first;
+    }
+  }
+}
+
+// Central differences computed ON the device, in float64 (every test device here has it: the CPU and
+// PoCL; a device without Float64 skips), against the device's own gradient: the layer's backward is
+// checked on each backend itself, not only against the CPU's.
+TEST_P(AttentionDimsDevices, FiniteDifferencesOnTheDevice) {
+  Device d = GetParam();
+  seed(21);
+  MultiHeadAttention host({.in = 4, .k_in = 3, .qk = 4, .v = 2, .out = 3}, {.nheads = 2, .dtype = DType::f64});
+  randomise_biases(host, 22);
+  auto on = [&](const Tensor& t) { return to(t, d); };
+  const Tensor kv = on(uniform_tensor(Shape{2, 5, 3}, 23)), r = on(uniform_tensor(Shape{2, 3, 3}, 24));
+  const Tensor mask = on(concat({causal_mask(3, 5).reshape(Shape{1, 3, 5}), causal_mask(3, 5).reshape(Shape{1, 3, 5})}, 0));
+  // inputs: the query, then the layer's q/k/v projections, biases and output weight
+  std::vector<Tensor> xs{on(uniform_tensor(Shape{2, 3, 4}, 25)), on(host.q_proj_weight), on(host.k_proj_weight),
+                         on(host.v_proj_weight), on(host.in_proj_bias), on(host.out_proj.weight)};
+  const MultiHeadAttention base = fmap(on, host);
+  auto objective = [&](const std::vector<Tensor>& v) {
+    MultiHeadAttention m = base;
+    m.q_proj_weight = v[1], m.k_proj_weight = v[2], m.v_proj_weight = v[3], m.in_proj_bias = v[4], m.out_proj.weight = v[5];
+    auto [y, scores] = m.forward(v[0], kv, mask);  // Flux's mha(q, kv; mask), through y and α
+    return sum(y * r) + sum(scores * scores);
+  };
+  std::vector<Tensor> grads;
+  try {
+    grads = gradient(objective, xs);
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("Float64") != std::string::npos) GTEST_SKIP() << to_string(d) << ": " << e.what();
+    throw;
+  }
+  ASSERT_EQ(grads.size(), xs.size());
+  const double h = 1e-6;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_EQ(grads[i].device(), d);
+    std::vector<double> g = grads[i].to_vector<double>(), base_values = xs[i].to_vector<double>();
+    for (size_t k = 0; k < base_values.size(); ++k) {
+      auto at = [&](double delta) {
+        std::vector<double> moved = base_values;
+        moved[k] += delta;
+        std::vector<Tensor> v = xs;
+        v[i] = on(Tensor(moved, xs[i].shape()));
+        return objective(v).item<double>();
+      };
+      const double numeric = (at(h) - at(-h)) / (2 * h);
+      EXPECT_NEAR(g[k], numeric, 1e-6 * (1 + std::abs(numeric))) << "input " << i << " element " << k;
     }
   }
 }

@@ -93,8 +93,9 @@ struct MultiHeadAttention {
 };
 FLUX_LAYER(MultiHeadAttention, in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, out_proj)
 
-/// As Flux: "MultiHeadAttention(64; nheads=8, bias=true)", "MultiHeadAttention(64 => (16, 16) => 64;
-/// nheads=4)", "MultiHeadAttention((64, 32, 32) => 64 => 64; ...)" (", dropout_prob=0.1", ", causal=true").
+/// As Flux: "MultiHeadAttention(64; nheads=8, bias=true)", "MultiHeadAttention(64 => 16 => 64; nheads=4)"
+/// (qk = v), "MultiHeadAttention(64 => (16, 32) => 64; ...)", "MultiHeadAttention((64, 32, 32) => (16, 16)
+/// => 64; ...)" (", dropout_prob=0.1", ", causal=true").
 std::string layer_string(const MultiHeadAttention& m);
 /// With the parameter count: "MultiHeadAttention(64; nheads=8, bias=true)  # 16_640 parameters".
 std::ostream& operator<<(std::ostream& os, const MultiHeadAttention& m);
