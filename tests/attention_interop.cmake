@@ -1,7 +1,8 @@
 # PyTorch (Debian python3-torch) as the oracle for MultiHeadAttention and LayerNorm
 # (tests/interop/attention_interop.{py,cpp}): nn.MultiheadAttention(batch_first=True) and nn.LayerNorm
-# state_dicts load unchanged; self, causal and cross-attention outputs, the causal input gradient and
-# LayerNorm's output match (<= 1e-5 relative) on every test device (CPU, OpenCL:0).
+# state_dicts load unchanged (also with kdim/vdim and with bias=False); self, causal and cross-attention
+# outputs, the per-head attention weights, the causal input gradient and LayerNorm's output match
+# (<= 1e-5 relative) on every test device (CPU, OpenCL:0).
 # Exits 77 (skipped) without torch locally; with CI set, that is a failure.
 add_executable(attention_interop ${CMAKE_CURRENT_SOURCE_DIR}/interop/attention_interop.cpp)
 target_link_libraries(attention_interop PRIVATE flux GTest::gtest)

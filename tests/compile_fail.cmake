@@ -4,7 +4,8 @@
 # is one syntax-only compile of tests/compile_fail/*.cpp (a few seconds), checked by check.cmake.
 set(flux_compile_fail_flags "-std=c++20 -fsyntax-only -I${CMAKE_SOURCE_DIR}/include")
 set(flux_compile_fail_cases chain gradient_of_aggregate namespace_rule device_move_of_field fmap
-  optimisers_setup vector_of_layers)  # FLUX_CASE 1, 2, ... in unwalkable_layer.cpp
+  optimisers_setup vector_of_layers template_in_chain template_unwalkable_field template_namespace_rule)
+  # FLUX_CASE 1, 2, ... in unwalkable_layer.cpp
 set(case_number 0)
 foreach(case_name ${flux_compile_fail_cases})
   math(EXPR case_number "${case_number} + 1")

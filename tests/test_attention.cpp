@@ -188,7 +188,7 @@ TEST(Attention, BadInputNamesTheProblem) {
               HasSubstr("[MultiHeadAttention] mask must be Bool (true = attend) of shape (Tq, Tk) = (5, 5)"));
   EXPECT_THAT(error_of([&] { mha(zeros(Shape{2, 5, 8}), zeros(Shape{5, 5})); }), HasSubstr("got 5×5 Tensor{Float32, CPU}"));
   EXPECT_THAT(error_of([&] { mha(zeros(Shape{2, 5, 8}), zeros(Shape{2, 3, 8}), zeros(Shape{2, 4, 8})); }),
-              HasSubstr("must share N, and key and value their shape"));
+              HasSubstr("must share N, and key and value their length Tk"));
   EXPECT_THAT(error_of([] { dot_product_attention(zeros(Shape{2, 3, 4}), zeros(Shape{2, 5, 3}), zeros(Shape{2, 5, 2})); }),
               HasSubstr("[dot_product_attention] shapes do not compose: q (2, 3, 4) (..., Tq, d), k (2, 5, 3)"));
   EXPECT_THAT(error_of([] { dot_product_attention(zeros(Shape{2, 3, 4}), zeros(Shape{2, 5, 4}), zeros(Shape{2, 5, 2}), causal_mask(5, 5)); }),

@@ -71,20 +71,48 @@ template <class L> std::ostream& print_layer(std::ostream& os, const L& layer);
 /// struct, in the struct's own namespace (it is found by argument-dependent lookup). FLUX_LAYER(Type)
 /// with no fields declares a layer without tensors. It also gives `std::cout << layer` in that
 /// namespace (no `using namespace flux` needed); an operator<< the user writes for Type wins over it
-/// (a non-template beats this template).
+/// (a non-template beats this template). `Type` may also name a class template whose parameters are
+/// all types (`template <class A> struct Block`) or all values (`template <int N>`): FLUX_LAYER(Block,
+/// attn, mlp) then covers every Block<...>.
 #define FLUX_LAYER(Type, ...)                                                              \
   template <class Self_, class Visit_>                                                     \
-    requires std::is_same_v<std::remove_const_t<Self_>, Type>                              \
+    requires(::flux::functor::is_layer_type<std::remove_const_t<Self_>, Type>())           \
   void flux_fields([[maybe_unused]] Self_& self, [[maybe_unused]] Visit_&& visit) {        \
     __VA_OPT__(FLUX_PP_FOR_EACH(FLUX_LAYER_FIELD_, __VA_ARGS__))                           \
   }                                                                                        \
-  inline const char* flux_layer_name(const Type*) { return #Type; }                       \
-  inline constexpr bool flux_layer_streams(const Type*) { return true; }                  \
+  template <class Self_>                                                                   \
+    requires(::flux::functor::is_layer_type<Self_, Type>())                                \
+  const char* flux_layer_name(const Self_*) {                                              \
+    return #Type;                                                                          \
+  }                                                                                        \
+  template <class Self_>                                                                   \
+    requires(::flux::functor::is_layer_type<Self_, Type>())                                \
+  constexpr bool flux_layer_streams(const Self_*) {                                        \
+    return true;                                                                           \
+  }                                                                                        \
   template <class Layer_>                                                                  \
-    requires std::is_same_v<Layer_, Type>                                                  \
+    requires(::flux::functor::is_layer_type<Layer_, Type>())                               \
   std::ostream& operator<<(std::ostream& os, const Layer_& layer) {                        \
     return ::flux::show::print_layer(os, layer);                                           \
   }
+
+namespace flux::functor {
+template <class T, template <class...> class Template> struct is_specialisation_of : std::false_type {};
+template <template <class...> class Template, class... A>
+struct is_specialisation_of<Template<A...>, Template> : std::true_type {};
+template <class T, template <auto...> class Template> struct is_value_specialisation_of : std::false_type {};
+template <template <auto...> class Template, auto... A>
+struct is_value_specialisation_of<Template<A...>, Template> : std::true_type {};
+/// FLUX_LAYER's test of a type: Self is Type (a class), or a specialisation of Type (a class template).
+/// Only the overload whose parameter kind fits what the macro was given takes part.
+template <class Self, class Type> consteval bool is_layer_type() { return std::is_same_v<Self, Type>; }
+template <class Self, template <class...> class Type> consteval bool is_layer_type() {
+  return is_specialisation_of<Self, Type>::value;
+}
+template <class Self, template <auto...> class Type> consteval bool is_layer_type() {
+  return is_value_specialisation_of<Self, Type>::value;
+}
+}  // namespace flux::functor
 
 namespace flux {
 

@@ -214,6 +214,10 @@ Tensor causal_mask(int64_t tq, int64_t tk, Device device = Device());
 /// Composed from recorded ops (matmul, where, softmax): differentiable in q, k and v.
 Tensor dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = Tensor(),
                              double scale = 0, double dropout = 0);
+/// NNlib's dot_product_attention_scores: the attention weights p = softmax(q kᵀ * scale | mask)
+/// (..., Tq, Tk) that dot_product_attention multiplies v by (after dropout, when `dropout` > 0).
+Tensor dot_product_attention_scores(const Tensor& q, const Tensor& k, const Tensor& mask = Tensor(), double scale = 0,
+                                    double dropout = 0);
 
 // ---- random masks ----
 /// Uniform [0, 1) values generated on x's device from the global seed (seed(n)) and a per-call

@@ -1,6 +1,7 @@
-// MultiHeadAttention: the input projections (one GEMM for self-attention), heads split by
-// reshape/permute, the dot_product_attention op (src/ops/attention.cpp), heads joined, out_proj.
-// Shapes: N batch, T time, E = dim, H = nheads, D = E / H.
+// MultiHeadAttention: the input projections (one GEMM for self-attention when the weights are
+// stacked), heads split by reshape/permute, the attention scores and their product with the values
+// (src/ops/attention.cpp), heads joined, out_proj.
+// Shapes: N batch, Tq/Tk time, H = nheads, Dq = qk / H, Dv = v / H.
 #include "flux/nn/attention.hpp"
 
 #include <algorithm>
@@ -13,24 +14,74 @@
 
 namespace flux {
 
+namespace {
+MultiHeadAttentionDims resolve(MultiHeadAttentionDims d) {
+  if (d.k_in == 0) d.k_in = d.in;
+  if (d.v_in == 0) d.v_in = d.k_in;
+  if (d.qk == 0) d.qk = d.in;
+  if (d.v == 0) d.v = d.qk;
+  if (d.out == 0) d.out = d.in;
+  return d;
+}
+std::string dims_string(const MultiHeadAttentionDims& d) {
+  std::ostringstream os;
+  os << "(in = " << d.in << ", k_in = " << d.k_in << ", v_in = " << d.v_in << ", qk = " << d.qk << ", v = " << d.v
+     << ", out = " << d.out << ")";
+  return os.str();
+}
+}  // namespace
+
 MultiHeadAttention::MultiHeadAttention(int64_t dim, MultiHeadAttentionOptions o)
+    : MultiHeadAttention(MultiHeadAttentionDims{.in = dim}, o) {}
+
+MultiHeadAttention::MultiHeadAttention(MultiHeadAttentionDims given, MultiHeadAttentionOptions o)
     : nheads(o.nheads), dropout(o.dropout), causal(o.causal) {
-  if (dim <= 0) detail::fail("[MultiHeadAttention] dim must be positive; got ", dim);
-  if (o.nheads <= 0 || dim % o.nheads != 0)
-    detail::fail("[MultiHeadAttention] nheads (", o.nheads, ") must be positive and divide dim (", dim, ")");
+  const MultiHeadAttentionDims d = resolve(given);
+  if (d.in <= 0 || d.k_in <= 0 || d.v_in <= 0 || d.qk <= 0 || d.v <= 0 || d.out <= 0) {
+    if (given == MultiHeadAttentionDims{.in = given.in}) detail::fail("[MultiHeadAttention] dim must be positive; got ", given.in);
+    detail::fail("[MultiHeadAttention] every width must be positive (0 takes its default); got ", dims_string(given));
+  }
+  const bool square = d.k_in == d.in && d.v_in == d.in && d.qk == d.in && d.v == d.in && d.out == d.in;
+  if (o.nheads <= 0 || d.qk % o.nheads != 0 || d.v % o.nheads != 0) {
+    if (square) detail::fail("[MultiHeadAttention] nheads (", o.nheads, ") must be positive and divide dim (", d.in, ")");
+    detail::fail("[MultiHeadAttention] nheads (", o.nheads, ") must be positive and divide qk (", d.qk, ") and v (", d.v, ")");
+  }
   if (!(o.dropout >= 0 && o.dropout < 1)) detail::fail("[MultiHeadAttention] dropout must be in [0, 1); got ", o.dropout);
   if (!is_floating(o.dtype)) detail::fail("[MultiHeadAttention] needs a floating-point dtype; got ", dtype_name(o.dtype));
-  std::vector<Tensor> blocks;
-  for (int i = 0; i < 3; ++i) blocks.push_back(detail::initialise("MultiHeadAttention", o.init, Shape{dim, dim}, o.dtype));
-  in_proj_weight = concat(blocks, 0);
-  if (o.bias) in_proj_bias = zeros(Shape{3 * dim}, o.dtype);
-  out_proj = Dense(dim, dim, {.bias = o.bias, .dtype = o.dtype, .init = o.init});
+  Tensor wq = detail::initialise("MultiHeadAttention", o.init, Shape{d.qk, d.in}, o.dtype);
+  Tensor wk = detail::initialise("MultiHeadAttention", o.init, Shape{d.qk, d.k_in}, o.dtype);
+  Tensor wv = detail::initialise("MultiHeadAttention", o.init, Shape{d.v, d.v_in}, o.dtype);
+  if (d.k_in == d.in && d.v_in == d.in) {
+    in_proj_weight = concat({wq, wk, wv}, 0);
+  } else {
+    q_proj_weight = wq, k_proj_weight = wk, v_proj_weight = wv;
+  }
+  if (o.bias) in_proj_bias = zeros(Shape{2 * d.qk + d.v}, o.dtype);
+  out_proj = Dense(d.v, d.out, {.bias = o.bias, .dtype = o.dtype, .init = o.init});
 }
 
 bool MultiHeadAttention::training() const { return active.value_or(autodiff::recording()); }
 
+int64_t MultiHeadAttention::dim() const {
+  return in_proj_weight.defined() ? in_proj_weight.size(1) : q_proj_weight.defined() ? q_proj_weight.size(1) : 0;
+}
+
+MultiHeadAttentionDims MultiHeadAttention::dims() const {
+  if (!out_proj.weight.defined()) return {};
+  MultiHeadAttentionDims d;
+  d.v = out_proj.weight.size(1), d.out = out_proj.weight.size(0);
+  if (in_proj_weight.defined()) {
+    d.in = d.k_in = d.v_in = in_proj_weight.size(1);
+    d.qk = (in_proj_weight.size(0) - d.v) / 2;
+  } else {
+    d.in = q_proj_weight.size(1), d.k_in = k_proj_weight.size(1), d.v_in = v_proj_weight.size(1);
+    d.qk = q_proj_weight.size(0);
+  }
+  return d;
+}
+
 namespace {
-// (N*T, E) rows @ W (k, E)ᵀ + b -> (N*T, k).
+// (rows, in) @ W (k, in)ᵀ + b -> (rows, k).
 Tensor project(const Tensor& x2, const Tensor& w, const Tensor& b) {
   Tensor y = b.defined() ? detail::linear(x2, w, b) : Tensor();
   if (!y.defined()) {
@@ -39,44 +90,76 @@ Tensor project(const Tensor& x2, const Tensor& w, const Tensor& b) {
   }
   return y;
 }
-// (N, T, E) -> (N, H, T, D).
+// (N, T, H * D) -> (N, H, T, D).
 Tensor split_heads(const Tensor& x, int64_t n, int64_t t, int64_t h, int64_t d) {
   return permute(x.reshape(Shape{n, t, h, d}), {0, 2, 1, 3});
 }
 }  // namespace
 
-Tensor MultiHeadAttention::operator()(const Tensor& x, const Tensor& mask) const { return (*this)(x, x, x, mask); }
+AttentionOutput MultiHeadAttention::forward(const Tensor& x, const Tensor& mask_or_kv) const {
+  // A floating-point 3-d second tensor is Flux's mha(q, kv) (N, Tk, k_in); masks are Bool, so the
+  // dtype decides (anything else goes to the mask's checks, which name what a mask must be).
+  if (mask_or_kv.defined() && is_floating(mask_or_kv.dtype()) && mask_or_kv.ndim() == 3)
+    return forward(x, mask_or_kv, mask_or_kv, Tensor());
+  const MultiHeadAttentionDims d = dims();
+  if (out_proj.weight.defined() && (d.k_in != d.in || d.v_in != d.in))
+    detail::fail("[MultiHeadAttention] self-attention mha(x) needs the key and value input widths to equal the query's; ",
+                 layer_string(*this), " has in = ", d.in, ", k_in = ", d.k_in, ", v_in = ", d.v_in,
+                 ": call mha(q, k, v) or mha(q, kv)");
+  return forward(x, x, x, mask_or_kv);
+}
 
-Tensor MultiHeadAttention::operator()(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& mask) const {
-  if (!in_proj_weight.defined()) detail::fail("[MultiHeadAttention] the layer is empty (default-constructed)");
-  const int64_t e = dim();
-  for (const Tensor* t : {&query, &key, &value}) {
-    detail::check_defined("MultiHeadAttention", *t);
-    if (t->ndim() != 3 || t->shape()[2] != e)
-      detail::fail("[MultiHeadAttention] expected batch-first input (N, T, ", e, ") (", layer_string(*this), "); got ",
-                   t == &query ? "query " : t == &key ? "key " : "value ", to_string(t->shape()));
-    if (!is_floating(t->dtype())) detail::fail("[MultiHeadAttention] needs floating-point input; got ", summary(*t));
-    if (t->device() != in_proj_weight.device())
-      detail::fail("[MultiHeadAttention] input on ", to_string(t->device()), " but the layer's weights on ",
-                   to_string(in_proj_weight.device()), "; move one with to() or | dev");
+AttentionOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value_or_mask,
+                                            const Tensor& mask_in) const {
+  if (!out_proj.weight.defined()) detail::fail("[MultiHeadAttention] the layer is empty (default-constructed)");
+  // mha(q, kv, mask): a Bool third tensor is the mask, the key tensor the values too.
+  const bool kv_form = value_or_mask.defined() && value_or_mask.dtype() == DType::boolean;
+  if (kv_form && mask_in.defined())
+    detail::fail("[MultiHeadAttention] got a Bool tensor as the values and a mask; call mha(q, k, v, mask) or mha(q, kv, mask)");
+  const Tensor& value = kv_form ? key : value_or_mask;
+  const Tensor& mask = kv_form ? value_or_mask : mask_in;
+  const MultiHeadAttentionDims dm = dims();
+  const Tensor* inputs[3] = {&query, &key, &value};
+  const int64_t widths[3] = {dm.in, dm.k_in, dm.v_in};
+  const char* names[3] = {"query", "key", "value"};
+  const Tensor& weight0 = in_proj_weight.defined() ? in_proj_weight : q_proj_weight;
+  for (int i = 0; i < 3; ++i) {
+    const Tensor& t = *inputs[i];
+    detail::check_defined("MultiHeadAttention", t);
+    if (t.ndim() != 3 || t.shape()[2] != widths[i])
+      detail::fail("[MultiHeadAttention] expected batch-first input (N, T, ", widths[i], ") (", layer_string(*this),
+                   "); got ", names[i], " ", to_string(t.shape()),
+                   t.dtype() == DType::boolean ? " (a Bool tensor: masks come after the inputs)" : "");
+    if (!is_floating(t.dtype()))
+      detail::fail("[MultiHeadAttention] needs floating-point ", names[i], " (a mask must be Bool and come last); got ", summary(t));
+    if (t.device() != weight0.device())
+      detail::fail("[MultiHeadAttention] input on ", to_string(t.device()), " but the layer's weights on ",
+                   to_string(weight0.device()), "; move one with to() or | dev");
   }
   const int64_t n = query.shape()[0], tq = query.shape()[1], tk = key.shape()[1];
-  if (key.shape() != value.shape() || key.shape()[0] != n)
+  if (key.shape()[0] != n || value.shape()[0] != n || value.shape()[1] != tk)
     detail::fail("[MultiHeadAttention] query ", to_string(query.shape()), ", key ", to_string(key.shape()), " and value ",
-                 to_string(value.shape()), " must share N, and key and value their shape (N, Tk, ", e, ")");
-  const int64_t h = nheads, d = e / nheads;
+                 to_string(value.shape()), " must share N, and key and value their length Tk");
+  const int64_t h = nheads, dq = dm.qk / h, dv = dm.v / h;
   Tensor q, k, v;
-  if (query.impl() == key.impl() && key.impl() == value.impl()) {  // self-attention: one GEMM
-    Tensor qkv = project(query.reshape(Shape{n * tq, e}), in_proj_weight, in_proj_bias).reshape(Shape{n, tq, 3, h, d});
-    Tensor heads = permute(qkv, {2, 0, 3, 1, 4});  // (3, N, H, T, D)
-    q = heads[0], k = heads[1], v = heads[2];
+  if (in_proj_weight.defined() && query.impl() == key.impl() && key.impl() == value.impl()) {  // self-attention: one GEMM
+    Tensor qkv = project(query.reshape(Shape{n * tq, dm.in}), in_proj_weight, in_proj_bias);  // (N*T, 2 qk + v)
+    if (dm.qk == dm.v) {
+      Tensor heads = permute(qkv.reshape(Shape{n, tq, 3, h, dq}), {2, 0, 3, 1, 4});  // (3, N, H, T, D)
+      q = heads[0], k = heads[1], v = heads[2];
+    } else {
+      q = split_heads(slice(qkv, 1, 0, dm.qk), n, tq, h, dq);
+      k = split_heads(slice(qkv, 1, dm.qk, 2 * dm.qk), n, tq, h, dq);
+      v = split_heads(slice(qkv, 1, 2 * dm.qk, 2 * dm.qk + dm.v), n, tq, h, dv);
+    }
   } else {
-    auto part = [&](const Tensor& in, int i, int64_t len) {
-      Tensor w = slice(in_proj_weight, 0, i * e, (i + 1) * e);
-      Tensor b = in_proj_bias.defined() ? slice(in_proj_bias, 0, i * e, (i + 1) * e) : Tensor();
-      return split_heads(project(in.reshape(Shape{n * len, e}), w, b), n, len, h, d);
+    const int64_t starts[4] = {0, dm.qk, 2 * dm.qk, 2 * dm.qk + dm.v};
+    auto part = [&](const Tensor& in, int i, int64_t len, int64_t width, const Tensor& separate) {
+      Tensor w = in_proj_weight.defined() ? slice(in_proj_weight, 0, starts[i], starts[i + 1]) : separate;
+      Tensor b = in_proj_bias.defined() ? slice(in_proj_bias, 0, starts[i], starts[i + 1]) : Tensor();
+      return split_heads(project(in.reshape(Shape{n * len, widths[i]}), w, b), n, len, h, width);
     };
-    q = part(query, 0, tq), k = part(key, 1, tk), v = part(value, 2, tk);
+    q = part(query, 0, tq, dq, q_proj_weight), k = part(key, 1, tk, dq, k_proj_weight), v = part(value, 2, tk, dv, v_proj_weight);
   }
   Tensor m;  // Bool (Tq, Tk) or (N, 1, Tq, Tk) or (N, H, Tq, Tk)
   if (mask.defined()) {
@@ -98,15 +181,23 @@ Tensor MultiHeadAttention::operator()(const Tensor& query, const Tensor& key, co
     m = m.defined() ? minimum(m, c) : c;  // logical and of Bool masks
   }
   const double p = training() ? dropout : 0.0;
-  Tensor o = dot_product_attention(q, k, v, m, 0, p);           // (N, H, Tq, D)
-  Tensor joined = permute(o, {0, 2, 1, 3}).reshape(Shape{n * tq, e});  // (N*Tq, E)
-  return out_proj(joined).reshape(Shape{n, tq, e});
+  Tensor scores = dot_product_attention_scores(q, k, m, 0, p);           // (N, H, Tq, Tk)
+  Tensor o = matmul(scores, v);                                         // (N, H, Tq, Dv)
+  Tensor joined = permute(o, {0, 2, 1, 3}).reshape(Shape{n * tq, dm.v});  // (N*Tq, v)
+  return {out_proj(joined).reshape(Shape{n, tq, dm.out}), scores};
 }
 
 std::string layer_string(const MultiHeadAttention& m) {
-  if (!m.in_proj_weight.defined()) return "MultiHeadAttention()";
+  if (!m.out_proj.weight.defined()) return "MultiHeadAttention()";
+  const MultiHeadAttentionDims d = m.dims();
   std::ostringstream os;
-  os << "MultiHeadAttention(" << m.dim() << "; nheads=" << m.nheads;
+  os << "MultiHeadAttention(";
+  const bool same_in = d.k_in == d.in && d.v_in == d.in;
+  if (same_in && d.qk == d.in && d.v == d.in && d.out == d.in) os << d.in;  // Flux's show, case by case
+  else if (same_in && d.qk == d.v) os << d.in << " => " << d.qk << " => " << d.out;
+  else if (same_in) os << d.in << " => (" << d.qk << ", " << d.v << ") => " << d.out;
+  else os << "(" << d.in << ", " << d.k_in << ", " << d.v_in << ") => (" << d.qk << ", " << d.v << ") => " << d.out;
+  os << "; nheads=" << m.nheads;
   if (m.in_proj_bias.defined()) os << ", bias=true";
   if (m.dropout != 0) os << ", dropout_prob=" << m.dropout;
   if (m.causal) os << ", causal=true";

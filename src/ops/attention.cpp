@@ -6,6 +6,8 @@
 // which subtracts each row's maximum), so its backward is theirs.
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
@@ -20,37 +22,42 @@ Tensor causal_mask(int64_t tq, int64_t tk, Device device) {
   return le(cols, rows);
 }
 
-Tensor dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,
-                             double dropout_p) {
-  for (const Tensor* t : {&q, &k, &v}) detail::check_defined("dot_product_attention", *t);
-  detail::check_same_device("dot_product_attention", q, k);
-  detail::check_same_device("dot_product_attention", q, v);
-  for (const Tensor* t : {&q, &k, &v})
+namespace {
+void check_attention_inputs(const char* api, const Tensor& q, const Tensor& k, const Tensor* v) {
+  std::vector<const Tensor*> inputs{&q, &k};
+  if (v) inputs.push_back(v);
+  for (const Tensor* t : inputs) detail::check_defined(api, *t);
+  detail::check_same_device(api, q, k);
+  if (v) detail::check_same_device(api, q, *v);
+  for (const Tensor* t : inputs)
     if (!is_floating(t->dtype()) || t->ndim() < 2)
-      detail::fail("[dot_product_attention] q, k and v must be floating-point with at least 2 dimensions (..., T, d); got q ",
-                   summary(q), ", k ", summary(k), ", v ", summary(v));
+      detail::fail("[", api, "] q, k", v ? " and v" : "", " must be floating-point with at least 2 dimensions (..., T, d); got q ",
+                   summary(q), ", k ", summary(k), v ? ", v " + summary(*v) : std::string());
   const int64_t d = q.shape()[q.ndim() - 1];
   const int64_t tk = k.shape()[k.ndim() - 2];
-  if (k.shape()[k.ndim() - 1] != d || v.shape()[v.ndim() - 2] != tk)
-    detail::fail("[dot_product_attention] shapes do not compose: q ", to_string(q.shape()), " (..., Tq, d), k ",
-                 to_string(k.shape()), " (..., Tk, d), v ", to_string(v.shape()), " (..., Tk, dv)");
+  if (k.shape()[k.ndim() - 1] != d || (v && v->shape()[v->ndim() - 2] != tk))
+    detail::fail("[", api, "] shapes do not compose: q ", to_string(q.shape()), " (..., Tq, d), k ", to_string(k.shape()),
+                 " (..., Tk, d)", v ? ", v " + to_string(v->shape()) + " (..., Tk, dv)" : std::string());
+}
+
+Tensor attention_scores(const char* api, const Tensor& q, const Tensor& k, const Tensor& mask, double scale,
+                        double dropout_p) {
+  const int64_t d = q.shape()[q.ndim() - 1];
   const double s = scale > 0 ? scale : 1.0 / std::sqrt(double(d));
   // (q s) kᵀ rather than (q kᵀ) s: the scale touches Tq d values per head instead of Tq Tk.
   Tensor scores = matmul(q * s, k, false, true);  // (..., Tq, Tk)
   if (mask.defined()) {
-    detail::check_same_device("dot_product_attention", q, mask);
-    if (mask.dtype() != DType::boolean)
-      detail::fail("[dot_product_attention] mask must be Bool (true = attend); got ", summary(mask));
+    detail::check_same_device(api, q, mask);
+    if (mask.dtype() != DType::boolean) detail::fail("[", api, "] mask must be Bool (true = attend); got ", summary(mask));
     Shape joined;
     try {
-      joined = detail::broadcast_shapes("dot_product_attention", scores.shape(), mask.shape());
+      joined = detail::broadcast_shapes(api, scores.shape(), mask.shape());
     } catch (const Error&) {
       joined = Shape{};
     }
     if (joined != scores.shape())
-      detail::fail("[dot_product_attention] mask of shape ", to_string(mask.shape()),
-                   " does not broadcast to the scores (..., Tq, Tk) = ", to_string(scores.shape()), " of q ",
-                   to_string(q.shape()), " and k ", to_string(k.shape()));
+      detail::fail("[", api, "] mask of shape ", to_string(mask.shape()), " does not broadcast to the scores (..., Tq, Tk) = ",
+                   to_string(scores.shape()), " of q ", to_string(q.shape()), " and k ", to_string(k.shape()));
     // As an additive bias (0 where attended, -inf where masked), built on the mask's own (small) shape:
     // the same scores as where(mask, scores, -inf) for finite scores, and the backward of the add
     // passes the gradient through untouched (where's backward costs a full pass over the scores).
@@ -65,7 +72,19 @@ Tensor dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
   }
   Tensor p = softmax_(scores, -1);
   if (dropout_p > 0) p = dropout(p, dropout_p);
-  return matmul(p, v);
+  return p;
+}
+}  // namespace
+
+Tensor dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,
+                             double dropout_p) {
+  check_attention_inputs("dot_product_attention", q, k, &v);
+  return matmul(attention_scores("dot_product_attention", q, k, mask, scale, dropout_p), v);
+}
+
+Tensor dot_product_attention_scores(const Tensor& q, const Tensor& k, const Tensor& mask, double scale, double dropout_p) {
+  check_attention_inputs("dot_product_attention_scores", q, k, nullptr);
+  return attention_scores("dot_product_attention_scores", q, k, mask, scale, dropout_p);
 }
 
 }  // namespace flux

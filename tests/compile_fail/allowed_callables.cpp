@@ -20,16 +20,33 @@ class Clamp {  // a class with tensor-free state of its own: declares FLUX_LAYER
   std::string name_;
 };
 FLUX_LAYER(Clamp)
+// Class templates declared with FLUX_LAYER (issue 32): type parameters, and value parameters.
+template <class A> struct Block {
+  LayerNorm norm;
+  A inner;
+  Tensor operator()(const Tensor& x) const { return x + inner(norm(x)); }
+};
+FLUX_LAYER(Block, norm, inner)
+template <int N> struct Repeat {
+  Dense layer;
+  Tensor operator()(const Tensor& x) const {
+    Tensor y = x;
+    for (int i = 0; i < N; ++i) y = layer(y);
+    return y;
+  }
+};
+FLUX_LAYER(Repeat, layer)
 }  // namespace mine
 
 int main() {
   double k = 3.0;
   auto model = Chain(Dense(4, 4), relu, [](const Tensor& x) { return x + 1.0; },
                      [k](const Tensor& x) { return x * k; }, mine::twice, mine::Halve{}, mine::Clamp(0, 1),
-                     MaxPool({1}), Dropout(0.1), softmax);
+                     MaxPool({1}), Dropout(0.1), mine::Block<mine::Block<Dense>>{LayerNorm(4), {LayerNorm(4), Dense(4, 4)}},
+                     mine::Repeat<2>{Dense(4, 4)}, softmax);
   auto grads = gradient([&](auto& m) { return sum(m(ones({2, 4}))); }, model);
   auto moved = model | Device();
   auto state = optimisers::setup(optimisers::Adam(1e-3), moved);
   optimisers::update(state, moved, grads);
-  return params(model).size() == 2 ? 0 : 1;
+  return params(model).size() == 2 + 6 + 2 ? 0 : 1;
 }

@@ -34,6 +34,27 @@ struct Outer {
 FLUX_LAYER(Outer, head, body)
 }  // namespace mine
 
+namespace mine {
+// A class template holding a layer, no FLUX_LAYER (issue 32: templates are layers like any struct).
+template <class A> struct Generic {
+  A inner;
+  Tensor operator()(const Tensor& x) const { return inner(x); }
+};
+// A class template declared with FLUX_LAYER, one of whose listed fields is not walkable.
+template <class A> struct Wrapper {
+  Dense head;
+  A body;
+  Tensor operator()(const Tensor& x) const { return head(body(x)); }
+};
+FLUX_LAYER(Wrapper, head, body)
+// FLUX_LAYER for a class template written outside its namespace (below): not found.
+template <class A> struct Elsewhere {
+  A inner;
+  Tensor operator()(const Tensor& x) const { return inner(x); }
+};
+}  // namespace mine
+FLUX_LAYER(mine::Elsewhere, inner)  // wrong: must be inside namespace mine
+
 int main() {
   Tensor x = ones({2, 4});
 #if FLUX_CASE == 1  // in a Chain
@@ -54,8 +75,16 @@ int main() {
 #elif FLUX_CASE == 7  // a std::vector of unwalkable layers
   std::vector<mine::Scale> stack{{ones({4})}};
   (void)parameter_count(stack);
+#elif FLUX_CASE == 8  // a class template without FLUX_LAYER, in a Chain
+  auto model = Chain(Dense(4, 4), mine::Generic<Dense>{Dense(4, 4)});
+  (void)model(x);
+#elif FLUX_CASE == 9  // a FLUX_LAYER class template whose field is an unwalkable template
+  mine::Wrapper<mine::Generic<Dense>> m{Dense(4, 4), {Dense(4, 4)}};
+  (void)params(m);
+#elif FLUX_CASE == 10  // FLUX_LAYER of a class template in the wrong namespace
+  (void)optimisers::setup(optimisers::Adam(1e-3), mine::Elsewhere<Dense>{Dense(4, 4)});
 #else
-#error "FLUX_CASE must be 1..7"
+#error "FLUX_CASE must be 1..10"
 #endif
   return 0;
 }

@@ -1,7 +1,7 @@
 // Loads torch.nn.MultiheadAttention(batch_first=True) and nn.LayerNorm state_dicts (written by
 // attention_interop.py) unchanged into flux's MultiHeadAttention and LayerNorm on every test device
-// and compares the outputs (self, causal, cross-attention with a key mask, LayerNorm) and the causal
-// case's input gradient with PyTorch's: max |flux - torch| <= 1e-5 * max(1, max |torch|).
+// and compares the outputs (self, causal, cross-attention with a key mask, kdim/vdim cross-attention,
+// bias=False, LayerNorm), the per-head attention scores and the causal case's input gradient with PyTorch's: max |flux - torch| <= 1e-5 * max(1, max |torch|).
 #include <cstdio>
 #include <string>
 
@@ -49,6 +49,19 @@ int main(int argc, char** argv) {
       expect_close("causal d/dx sum(y r)" + on, gx, io.at("dx_causal"));
       expect_close("self-attention, explicit mask" + on, mha(xd, causal_mask(t, t, d)), io.at("y_causal"));
       expect_close("cross-attention, key mask" + on, mha(xd, kvd, kvd, to(cross_mask, d)), io.at("y_cross"));
+      // kdim/vdim: PyTorch's q_proj_weight, k_proj_weight, v_proj_weight; outputs and per-head scores.
+      const Tensor keys = io.at("keys"), values = io.at("values");
+      MultiHeadAttention kv = MultiHeadAttention({.in = dim, .k_in = keys.size(2), .v_in = values.size(2)}, {.nheads = 4}) | d;
+      load(dir + "/mha_kdim_state.safetensors", kv);
+      auto [y_kv, scores_kv] = kv.forward(xd, to(keys, d), to(values, d), to(cross_mask, d));
+      expect_close("kdim/vdim cross-attention" + on, y_kv, io.at("y_kdim"));
+      expect_close("kdim/vdim attention scores" + on, scores_kv, io.at("scores_kdim"));
+      // bias=False: no in_proj_bias, no out_proj.bias.
+      MultiHeadAttention nobias = MultiHeadAttention(dim, {.nheads = 4, .bias = false}) | d;
+      load(dir + "/mha_nobias_state.safetensors", nobias);
+      auto [y_nb, scores_nb] = nobias.forward(xd, causal_mask(t, t, d));
+      expect_close("bias=false causal" + on, y_nb, io.at("y_nobias"));
+      expect_close("bias=false attention scores" + on, scores_nb, io.at("scores_nobias"));
       LayerNorm ln = LayerNorm(dim) | d;
       load(dir + "/layernorm_state.safetensors", ln);
       expect_close("LayerNorm" + on, ln(xd), io.at("y_layernorm"));

@@ -3,7 +3,9 @@
 MultiHeadAttention and LayerNorm (a ctest entry; see tests/attention_interop.cmake). PyTorch writes
 its state_dicts unchanged (in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias; weight,
 bias) and the outputs of self-attention (no mask, causal), cross-attention with a key mask, and
-LayerNorm, plus the input gradient of sum(y * r) for the causal case; the C++ helper loads the
+LayerNorm, plus the input gradient of sum(y * r) for the causal case; with kdim/vdim (q_proj_weight,
+k_proj_weight, v_proj_weight) and with bias=False, the outputs and per-head attention weights (Flux's
+α, average_attn_weights=False); the C++ helper loads the
 states with load() and compares on every test device (<= 1e-5 relative).
 
 usage: attention_interop.py HELPER WORKDIR   (HELPER: the attention_interop executable)
@@ -68,9 +70,25 @@ def main():
     out["y_causal"], out["dx_causal"] = y_causal, xg.grad
     out["y_cross"] = mha(x, kv, kv, key_padding_mask=key_padding, need_weights=False)[0]
     out["y_layernorm"] = ln(x)
+    # kdim/vdim (separate q/k/v_proj_weight) cross-attention, and bias=False; per-head weights (α).
+    kdim, vdim = 6, 10
+    mha_kv = torch.nn.MultiheadAttention(dim, heads, batch_first=True, kdim=kdim, vdim=vdim)
+    mha_nobias = torch.nn.MultiheadAttention(dim, heads, batch_first=True, bias=False)
+    with torch.no_grad():
+        mha_kv.in_proj_bias.uniform_(-0.5, 0.5)
+        mha_kv.out_proj.bias.uniform_(-0.5, 0.5)
+    mha_kv.eval()
+    mha_nobias.eval()
+    keys, values = torch.randn(n, tk, kdim), torch.randn(n, tk, vdim)
+    out["keys"], out["values"] = keys, values
+    out["y_kdim"], out["scores_kdim"] = mha_kv(x, keys, values, key_padding_mask=key_padding, average_attn_weights=False)
+    out["y_nobias"], out["scores_nobias"] = mha_nobias(x, x, x, attn_mask=causal, average_attn_weights=False)
     save_safetensors(os.path.join(workdir, "attention_io.safetensors"), out)
     save_safetensors(os.path.join(workdir, "mha_state.safetensors"), dict(mha.state_dict()))
     save_safetensors(os.path.join(workdir, "layernorm_state.safetensors"), dict(ln.state_dict()))
+    save_safetensors(os.path.join(workdir, "mha_kdim_state.safetensors"), dict(mha_kv.state_dict()))
+    save_safetensors(os.path.join(workdir, "mha_nobias_state.safetensors"), dict(mha_nobias.state_dict()))
+    print(f"kdim={kdim}, vdim={vdim} state {sorted(mha_kv.state_dict())}; bias=False state {sorted(mha_nobias.state_dict())}")
     print(f"PyTorch {torch.__version__}: MultiheadAttention({dim}, {heads}, batch_first=True) state "
           f"{sorted(mha.state_dict())}, LayerNorm({dim}) state {sorted(ln.state_dict())}")
     sys.exit(subprocess.run([helper, workdir]).returncode)

@@ -8,6 +8,11 @@
 
 namespace flux {
 
+namespace show {
+/// The symbol at a function's address ("my_act"), or "" when no symbol table has it (flux/nn/show.hpp).
+std::string function_name(const void* address);
+}  // namespace show
+
 namespace detail {
 Tensor sigmoid_op(const Tensor& x);
 Tensor relu_op(const Tensor& x);
@@ -54,6 +59,16 @@ struct Elu {
   Tensor operator()(const Tensor& x, double alpha) const { return detail::elu_op(x, alpha); }
 };
 inline constexpr Elu elu{};
+/// How a parametrised activation prints: "leakyrelu" with the default slope, else "leakyrelu(0.2)";
+/// "elu" or "elu(0.5)". Used by Chain's display and by the layers holding it (Dense(2 => 3, leakyrelu(0.2))).
+std::string layer_string(const LeakyRelu& f);
+std::string layer_string(const Elu& f);
+namespace detail {
+template <class A> std::string activation_name(const A& a) {
+  if constexpr (requires { layer_string(a); }) return layer_string(a);
+  else return A::name;
+}
+}  // namespace detail
 
 /// softmax / logsoftmax along an axis (default: the last, where classes live).
 struct Softmax {
@@ -75,12 +90,13 @@ class Activation {
   Activation() : name_("identity"), fn_(nullptr) {}
   template <class A>
     requires requires { A::name; }
-  Activation(const A& a) : name_(A::name), fn_(nullptr), object_(std::make_shared<Holder<A>>(a)) {
+  Activation(const A& a) : name_(detail::activation_name(a)), fn_(nullptr), object_(std::make_shared<Holder<A>>(a)) {
     if (std::string(A::name) == "identity") object_.reset();
   }
   /// A plain function, e.g. flux::tanh or a user's own; printed by `name`.
   Activation(Tensor (*fn)(const Tensor&), std::string name = "") : name_(std::move(name)), fn_(fn) {
-    if (name_.empty()) name_ = fn == &flux::tanh ? "tanh" : "#activation";
+    if (name_.empty()) name_ = fn == &flux::tanh ? "tanh" : show::function_name(reinterpret_cast<const void*>(fn));
+    if (name_.empty()) name_ = "#activation";
   }
   Tensor operator()(const Tensor& x) const {
     if (object_) return object_->call(x);

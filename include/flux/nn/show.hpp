@@ -1,9 +1,16 @@
 // Printing models in Flux's style (multi-line Chain with parameter counts and a total).
-// A user's layer prints as Flux prints a @layer struct: its name and its FLUX_LAYER fields,
-// `Residual(Dense(8 => 8, relu), 0.5)`; an operator<< of the user's own for it is used instead
-// (found by argument-dependent lookup). Callables that are not layers print readably: an
-// activation by its name, a function by its symbol (`my_act`) when the dynamic symbol table has it,
-// a lambda as `lambda(Tensor const&)#1 in main`, a function object as `Scale()`.
+// A user's layer prints as Flux (0.15 on) prints a @layer struct: when a FLUX_LAYER field holds a
+// layer, as a nested tree with one line and count per layer and a total (Flux's _big_show),
+//   Block(
+//     LayerNorm(64),                      # 128 parameters
+//     Dense(64 => 64),                    # 4_160 parameters
+//   )                   # Total: 4 arrays, 4_288 parameters, 16.750 KiB.
+// and on one line, `Scale(4-element Tensor{Float32, CPU})`, when its fields are tensors and values
+// only (and always inside repr()). An operator<< of the user's own for it is used instead (found by
+// argument-dependent lookup). Callables that are not layers print readably: an activation by its
+// name (`leakyrelu(0.2)` with its slope), a function by its symbol (`my_act`, from the dynamic symbol
+// table or the program's own ELF symbol table), a lambda as `lambda(Tensor const&)#1 in main`, a
+// function object as `Scale()`.
 #pragma once
 #include <concepts>
 #include <ostream>
@@ -54,6 +61,51 @@ template <class L> constexpr bool shows_nested() {
     return !all_leaflike<std::remove_cvref_t<decltype(flux_show_children(std::declval<const L&>()))>>::value;
   else
     return false;
+}
+
+/// A user's FLUX_LAYER struct: no layer_string of its own, not a container flux knows.
+template <class T>
+concept UserLayer = Named<T> && functor::HasFields<T> && !HasLayerString<T> && !ShowsChildren<T> && !is_chain<T>::value;
+
+/// The stream FLUX_LAYER's operator<< recognises: it notes that it was reached instead of printing, so
+/// that the display can tell a user's own operator<< (which prints into it) from FLUX_LAYER's.
+struct ProbeStream : std::ostringstream {
+  bool reached_flux_layer = false;
+};
+/// Whether the user wrote an operator<< for L; if so, `text` receives what it prints.
+template <class L> bool prints_itself(const L& layer, std::string& text) {
+  ProbeStream probe;
+  static_cast<std::ostream&>(probe) << layer;
+  if (probe.reached_flux_layer) return false;
+  text = probe.str();
+  return true;
+}
+
+/// Flux's _show_leaflike: tensors, values and functions are leaves; layers holding fields are not.
+template <class F> bool show_leaf(const F& f) {
+  if constexpr (std::is_base_of_v<Tensor, F>) {
+    return true;
+  } else if constexpr (is_chain<F>::value || ShowsChildren<F>) {
+    return false;
+  } else if constexpr (functor::HasFields<F>) {
+    bool any = false;
+    flux_fields(f, [&](const char*, const auto&) { any = true; });
+    return !any;  // FLUX_LAYER(Type) without fields (MaxPool): a leaf
+  } else if constexpr (functor::is_vector<F>::value || functor::is_array<F>::value) {
+    for (const auto& x : f)
+      if (!show_leaf(x)) return false;
+    return true;
+  } else if constexpr (functor::is_tuple<F>::value) {
+    return std::apply([](const auto&... x) { return (show_leaf(x) && ...); }, f);
+  } else {
+    return true;
+  }
+}
+/// Whether a user's layer shows as a tree (some field is a layer) rather than on one line.
+template <class L> bool expands(const L& layer) {
+  bool leaves = true;
+  flux_fields(layer, [&](const char*, const auto& field) { leaves = leaves && show_leaf(field); });
+  return !leaves;
 }
 
 template <class L> size_t param_bytes(const L& l) {
@@ -109,6 +161,9 @@ template <class L> std::string one_line(const L& layer) {
     bool first = true;
     std::apply([&](const auto&... ls) { ((s += (first ? "" : ", ") + one_line(ls), first = false), ...); }, layer.layers);
     return s + ")";
+  } else if constexpr (UserLayer<L>) {
+    std::string own;
+    return prints_itself(layer, own) ? own : fields_line(layer);
   } else if constexpr (requires { L::name; }) {
     return L::name;
   } else if constexpr (Streamable<L> && !ShowsChildren<L> && !std::is_pointer_v<L> &&
@@ -126,29 +181,88 @@ template <class L> std::string one_line(const L& layer) {
   }
 }
 
+/// One line of the tree: the layer's text, then its parameter count (Flux's _layer_show).
+template <class L> void leaf_show(std::ostream& os, const L& layer, const std::string& str, int indent) {
+  os << std::string(indent, ' ') << str << (indent == 0 ? "" : ",");
+  int64_t n = parameter_count(layer);
+  if (n > 0) {
+    int pad = std::max(2, (indent == 0 ? 20 : 39) - indent - int(str.size()));
+    os << std::string(pad, ' ') << "# " << underscorise(n) << " parameters";
+    if (int64_t k = nontrainable_count(layer); k > 0)
+      os << ", plus " << underscorise(k) << (indent == 0 ? " non-trainable" : "");  // Flux: no word inside
+  }
+  if (indent > 0) os << "\n";
+}
+
+template <class L> void big_show(std::ostream& os, const L& layer, int indent);
+/// "pre", every child one level deeper, "post" (with a comma below the top), as Flux's _big_show.
+template <class F> void nested_show(std::ostream& os, const std::string& pre, const std::string& post, int indent, F&& children) {
+  os << std::string(indent, ' ') << pre << "\n";
+  children(indent + 2);
+  os << std::string(indent, ' ') << post;
+  if (indent > 0) os << ",\n";
+}
+
 template <class L> void big_show(std::ostream& os, const L& layer, int indent) {
   if constexpr (is_chain<L>::value) {
-    os << std::string(indent, ' ') << "Chain(\n";
-    std::apply([&](const auto&... ls) { (big_show(os, ls, indent + 2), ...); }, layer.layers);
-    os << std::string(indent, ' ') << ")";
-    if (indent > 0) os << ",\n";
+    nested_show(os, "Chain(", ")", indent, [&](int in) {
+      std::apply([&](const auto&... ls) { (big_show(os, ls, in), ...); }, layer.layers);
+    });
   } else if constexpr (shows_nested<L>()) {
-    os << std::string(indent, ' ') << flux_layer_name(&layer) << "(\n";
-    std::apply([&](const auto&... c) { (big_show(os, c, indent + 2), ...); }, flux_show_children(layer));
-    os << std::string(indent, ' ') << ")";
-    if (indent > 0) os << ",\n";
+    nested_show(os, std::string(flux_layer_name(&layer)) + "(", ")", indent, [&](int in) {
+      std::apply([&](const auto&... c) { (big_show(os, c, in), ...); }, flux_show_children(layer));
+    });
+  } else if constexpr (UserLayer<L>) {
+    std::string own;
+    if (prints_itself(layer, own)) {
+      leaf_show(os, layer, own, indent);
+    } else if (expands(layer)) {  // a field holds a layer: its fields one level deeper, in FLUX_LAYER's order
+      nested_show(os, std::string(flux_layer_name(&layer)) + "(", ")", indent, [&](int in) {
+        flux_fields(layer, [&](const char*, const auto& field) { big_show(os, field, in); });
+      });
+    } else {
+      leaf_show(os, layer, fields_line(layer), indent);
+    }
+  } else if constexpr (functor::is_vector<L>::value || functor::is_array<L>::value) {
+    if (show_leaf(layer)) {
+      leaf_show(os, layer, field_line(layer), indent);
+    } else {
+      nested_show(os, "[", "]", indent, [&](int in) {
+        for (const auto& x : layer) big_show(os, x, in);
+      });
+    }
+  } else if constexpr (functor::is_tuple<L>::value) {
+    if (show_leaf(layer)) {
+      leaf_show(os, layer, "(" + std::apply([](const auto&... x) {
+                              std::string s;
+                              ((s += (s.empty() ? "" : ", ") + field_line(x)), ...);
+                              return s;
+                            }, layer) + ")", indent);
+    } else {
+      nested_show(os, "(", ")", indent, [&](int in) {
+        std::apply([&](const auto&... x) { (big_show(os, x, in), ...); }, layer);
+      });
+    }
   } else if (ShowsChildren<L> && indent == 0) {
     os << one_line(layer);  // a container of functions only: one line, as Flux's _layer_show
   } else {
-    std::string str = one_line(layer);
-    os << std::string(indent, ' ') << str << ",";
-    int64_t n = parameter_count(layer);
-    if (n > 0) {
-      int pad = std::max(2, 39 - indent - int(str.size()));
-      os << std::string(pad, ' ') << "# " << underscorise(n) << " parameters";
-      if (int64_t k = nontrainable_count(layer); k > 0) os << ", plus " << underscorise(k);  // Flux: no word inside
-    }
-    os << "\n";
+    leaf_show(os, layer, field_line(layer), indent);
+  }
+}
+
+/// Flux's _big_finale: the totals under a tree (only when it holds more than two arrays).
+template <class L> void big_finale(std::ostream& os, const L& layer) {
+  auto ps = params(layer);
+  if (ps.size() <= 2) return;
+  size_t non_arrays = 0, bytes = param_bytes(layer);
+  for (const Tensor& t : nontrainables(layer)) non_arrays += is_floating(t.dtype()), bytes += t.nbytes();
+  if (non_arrays > 0) {  // Flux's _big_finale with non-trainable arrays (BatchNorm's running statistics)
+    os << std::string(9, ' ') << "# Total: " << ps.size() << " trainable arrays, " << underscorise(parameter_count(layer))
+       << " parameters,\n" << std::string(10, ' ') << "# plus " << non_arrays << " non-trainable, "
+       << underscorise(nontrainable_count(layer)) << " parameters, summarysize " << format_bytes(bytes) << ".";
+  } else {
+    os << std::string(19, ' ') << "# Total: " << ps.size() << " arrays, " << underscorise(parameter_count(layer))
+       << " parameters, " << format_bytes(bytes) << ".";
   }
 }
 }  // namespace show
@@ -162,25 +276,22 @@ template <class L> std::ostream& print_layer(std::ostream& os, const L& layer) {
   if constexpr (is_chain<L>::value || ShowsChildren<L>) {
     // Flux's REPL display of a container: one line per layer with its parameter count, then the total.
     big_show(os, layer, 0);
-    auto ps = params(layer);
-    if (ps.size() > 2) {
-      size_t non_arrays = 0, bytes = param_bytes(layer);
-      for (const Tensor& t : nontrainables(layer)) non_arrays += is_floating(t.dtype()), bytes += t.nbytes();
-      if (non_arrays > 0) {  // Flux's _big_finale with non-trainable arrays (BatchNorm's running statistics)
-        os << std::string(9, ' ') << "# Total: " << ps.size() << " trainable arrays, " << underscorise(parameter_count(layer))
-           << " parameters,\n" << std::string(10, ' ') << "# plus " << non_arrays << " non-trainable, "
-           << underscorise(nontrainable_count(layer)) << " parameters, summarysize " << format_bytes(bytes) << ".";
-      } else {
-        os << std::string(19, ' ') << "# Total: " << ps.size() << " arrays, " << underscorise(parameter_count(layer))
-           << " parameters, " << format_bytes(bytes) << ".";
-      }
-    }
+    big_finale(os, layer);
   } else if constexpr (HasLayerString<L>) {
     os << layer_string(layer);
   } else {
-    // A user's FLUX_LAYER struct without an operator<< of its own, as Flux shows a @layer struct:
-    // "Residual(Dense(8 => 8, relu))"; repr(layer) adds the parameter count.
-    os << fields_line(layer);
+    // A user's FLUX_LAYER struct without an operator<< of its own, as Flux shows a @layer struct: a
+    // tree when a field holds a layer, else one line, "Scale(4-element Tensor{Float32, CPU})".
+    if (auto* probe = dynamic_cast<ProbeStream*>(&os)) {
+      probe->reached_flux_layer = true;
+      return os;
+    }
+    if (expands(layer)) {
+      big_show(os, layer, 0);
+      big_finale(os, layer);
+    } else {
+      os << fields_line(layer);
+    }
   }
   return os;
 }
