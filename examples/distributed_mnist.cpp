@@ -105,7 +105,8 @@ Options parse_args(int argc, char** argv) {
 
 // "CUDA" / "OpenCL" without an index: this rank's local device.
 Device rank_device(const std::string& spec, const distributed::Communicator& comm) {
-  if (spec.find(':') == std::string::npos && spec != "CPU") return pick_device(spec + ":" + std::to_string(comm.local_rank()));
+  if (spec.find(':') == std::string::npos && !parse_device(spec).is_cpu())
+    return pick_device(spec + ":" + std::to_string(comm.local_rank()));
   return pick_device(spec);
 }
 

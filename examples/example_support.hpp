@@ -102,23 +102,22 @@ class Args {
   std::string arg_;
 };
 
-inline Device named_device(const std::string& name, int index) {
+/// "CPU" -> the CPU; "OpenCL:1" -> OpenCL device 1; "" -> get_device(), verbose. The spelling is
+/// flux's parse_device (a bad one is a usage error, exit 2); a device that does not exist here is a
+/// DeviceError (exit 5).
+inline Device pick_device(const std::string& spec) {
+  if (spec.empty()) return get_device({.verbose = true});
+  Device parsed;
   try {
-    return get_device(name, index);
+    parsed = parse_device(spec);
+  } catch (const Error& e) {
+    throw UsageError(std::string("--device: ") + e.what());
+  }
+  try {
+    return get_device(parsed.backend(), parsed.index());
   } catch (const Error& e) {
     throw DeviceError(e.what());
   }
-}
-
-/// "CPU" -> get_device("CPU", 0); "OpenCL:1" -> get_device("OpenCL", 1); "" -> get_device().
-inline Device pick_device(const std::string& spec) {
-  if (spec.empty()) return get_device({.verbose = true});
-  auto colon = spec.rfind(':');
-  if (colon == std::string::npos) return named_device(spec, 0);
-  std::string name = spec.substr(0, colon);
-  if (name.empty()) throw UsageError("--device expects NAME or NAME:i, got '" + spec + "'");
-  int index = int(parse_int("--device index", spec.substr(colon + 1), 0, 1 << 20));
-  return named_device(name, index);
 }
 
 /// One line per epoch: "epoch 2/5 [=====>    ] 120/469  loss 0.4123  38.2 steps/s  12.5s". On a

@@ -24,13 +24,34 @@ std::string onehot_hint(const Tensor& yhat, const Tensor& y) {
   return s + ", of shape " + to_string(yhat.shape());
 }
 
+// Whether y broadcasts to yhat's shape (NumPy rules: trailing axes equal or 1; y may have fewer axes).
+// Only this direction: a target that would enlarge the result ((N, 1) against (N,)) is an error, not an
+// (N, N) loss.
+bool broadcasts_to(const Shape& y, const Shape& yhat) {
+  if (y.size() > yhat.size()) return false;
+  for (int i = 1; i <= y.size(); ++i) {
+    int64_t a = y[y.size() - i], b = yhat[yhat.size() - i];
+    if (a != b && a != 1) return false;
+  }
+  return true;
+}
+
+// The target y may have yhat's shape or broadcast to it (a number, a row of classes, ...), as Flux's
+// losses broadcast (ŷ .- y). For the one-hot losses the class (last) axis must match unless y is 0-d:
+// a (N, 1) target there is class labels, not a broadcast.
 void check_pair(const char* api, const Tensor& yhat, const Tensor& y, bool onehot_targets = false) {
   detail::check_defined(api, yhat);
   detail::check_defined(api, y);
   detail::check_same_device(api, yhat, y);
-  if (yhat.shape() != y.shape())
+  bool ok = yhat.shape() == y.shape() || broadcasts_to(y.shape(), yhat.shape());
+  if (ok && onehot_targets && y.ndim() > 0 && yhat.ndim() > 0)
+    ok = y.shape()[y.ndim() - 1] == yhat.shape()[yhat.ndim() - 1];
+  if (!ok) {
+    std::string hint = onehot_targets ? onehot_hint(yhat, y) : std::string();
+    if (hint.empty()) hint = " (the target must have the prediction's shape or broadcast to it, e.g. a number or one row)";
     detail::fail("[", api, "] prediction shape ", to_string(yhat.shape()), " and target shape ", to_string(y.shape()),
-                 " differ", onehot_targets ? onehot_hint(yhat, y) : std::string());
+                 " differ", hint);
+  }
   if (!is_floating(yhat.dtype())) detail::fail("[", api, "] needs floating-point predictions, got ", dtype_name(yhat.dtype()));
   if (yhat.numel() == 0) detail::fail("[", api, "] got empty tensors of shape ", to_string(yhat.shape()));
 }
@@ -117,9 +138,36 @@ Tensor huber(const Tensor& yhat, const Tensor& y, LossOptions o, double delta) {
 Tensor kldivergence(const Tensor& yhat, const Tensor& y, LossOptions o, std::optional<double> eps) {
   check_pair("kldivergence", yhat, y, true);
   Tensor t = target_like(yhat, y);
-  Tensor entropy = xlogy(t, t);  // xlogx(y): no eps
   Tensor cross = -xlogy(t, yhat + eps_or_default(yhat, eps));
-  return per_observation(entropy + cross, o.agg);
+  if (t.shape() != yhat.shape())  // Flux: agg(sum(xlogx.(y))) over y's own rows, plus the broadcast crossentropy
+    return per_observation(xlogy(t, t), o.agg) + per_observation(cross, o.agg);
+  return per_observation(xlogy(t, t) + cross, o.agg);  // xlogx(y): no eps
+}
+
+// A number as the target: a 0-d tensor of yhat's dtype on its device, broadcast by the loss.
+namespace {
+Tensor scalar_target(const char* api, const Tensor& yhat, double y) {
+  detail::check_defined(api, yhat);
+  return full(Shape{}, y, is_floating(yhat.dtype()) ? yhat.dtype() : DType::f32, yhat.device());
+}
+}  // namespace
+Tensor mse(const Tensor& yhat, double y, LossOptions o) { return mse(yhat, scalar_target("mse", yhat, y), o); }
+Tensor mae(const Tensor& yhat, double y, LossOptions o) { return mae(yhat, scalar_target("mae", yhat, y), o); }
+Tensor crossentropy(const Tensor& yhat, double y, LossOptions o, std::optional<double> eps) {
+  return crossentropy(yhat, scalar_target("crossentropy", yhat, y), o, eps);
+}
+Tensor logitcrossentropy(const Tensor& logits, double y, LossOptions o) {
+  return logitcrossentropy(logits, scalar_target("logitcrossentropy", logits, y), o);
+}
+Tensor binarycrossentropy(const Tensor& yhat, double y, LossOptions o, std::optional<double> eps) {
+  return binarycrossentropy(yhat, scalar_target("binarycrossentropy", yhat, y), o, eps);
+}
+Tensor logitbinarycrossentropy(const Tensor& logits, double y, LossOptions o) {
+  return logitbinarycrossentropy(logits, scalar_target("logitbinarycrossentropy", logits, y), o);
+}
+Tensor huber(const Tensor& yhat, double y, LossOptions o, double delta) { return huber(yhat, scalar_target("huber", yhat, y), o, delta); }
+Tensor kldivergence(const Tensor& yhat, double y, LossOptions o, std::optional<double> eps) {
+  return kldivergence(yhat, scalar_target("kldivergence", yhat, y), o, eps);
 }
 
 }  // namespace flux

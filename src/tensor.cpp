@@ -276,6 +276,7 @@ Tensor ones(Shape shape, DType t, Device d) { return full(shape, 1.0, t, d); }
 Tensor zeros_like(const Tensor& x) { return zeros(x.shape(), x.dtype(), x.device()); }
 Tensor ones_like(const Tensor& x) { return ones(x.shape(), x.dtype(), x.device()); }
 Tensor full_like(const Tensor& x, double v) { return full(x.shape(), v, x.dtype(), x.device()); }
+Tensor fill_like(const Tensor& x, double v) { return full_like(x, v); }
 
 namespace {
 std::mutex g_rng_mutex;

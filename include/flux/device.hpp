@@ -42,7 +42,13 @@ struct GetDeviceOptions {
 /// AMDGPU, Metal, OpenCL (OpenCL devices that are CPUs are skipped); else CPU.
 Device get_device(GetDeviceOptions options = {});
 /// A named backend's device (0-based); throws flux::Error when unknown, not functional or out of range.
+/// `backend` is case-insensitive and may carry the index as to_string prints it: get_device("OpenCL:0"),
+/// get_device("opencl", 1), get_device("cpu").
 Device get_device(const std::string& backend, int index = 0);
+/// Parses a device as to_string prints it ("CPU", "OpenCL:0", "cuda:1"; a missing index is 0; names
+/// case-insensitive) without loading anything; get_device(spec) also checks that it exists. Throws
+/// flux::Error naming the spelling and what was expected.
+Device parse_device(const std::string& spec);
 /// {"CUDA", "AMDGPU", "Metal", "OpenCL", "CPU"}, in priority order.
 std::vector<std::string> supported_devices();
 /// True when the backend's plugin is loaded (CPU always).

@@ -32,6 +32,19 @@ Tensor huber(const Tensor& yhat, const Tensor& y, LossOptions o = {}, double del
 /// sum(xlogx(y)) + crossentropy(yhat, y; eps) over classes, per observation (Flux's kldivergence:
 /// the entropy term has no eps and 0 log 0 = 0, so one-hot targets with eps = 0 stay finite).
 Tensor kldivergence(const Tensor& yhat, const Tensor& y, LossOptions o = {}, std::optional<double> eps = std::nullopt);
+
+// The target may be a tensor of the prediction's shape, a tensor that broadcasts to it (a 0-d tensor,
+// one row of classes (1, C) or (C,), a column (N, 1), ...), or a number: logitbinarycrossentropy(ŷ, 1),
+// as Flux's losses broadcast ŷ .- y. Gradients flow to both arguments through the broadcast.
+Tensor mse(const Tensor& yhat, double y, LossOptions o = {});
+Tensor mae(const Tensor& yhat, double y, LossOptions o = {});
+Tensor crossentropy(const Tensor& yhat, double y, LossOptions o = {}, std::optional<double> eps = std::nullopt);
+Tensor logitcrossentropy(const Tensor& logits, double y, LossOptions o = {});
+Tensor binarycrossentropy(const Tensor& yhat, double y, LossOptions o = {}, std::optional<double> eps = std::nullopt);
+Tensor logitbinarycrossentropy(const Tensor& logits, double y, LossOptions o = {});
+Tensor huber(const Tensor& yhat, double y, LossOptions o = {}, double delta = 1.0);
+Tensor kldivergence(const Tensor& yhat, double y, LossOptions o = {}, std::optional<double> eps = std::nullopt);
+
 /// Flux's epseltype: the machine epsilon of a floating dtype (the default eps above).
 double epseltype(DType t);
 

@@ -99,7 +99,8 @@ Tensor index_select(const Tensor& x, int axis, const Tensor& indices);
 /// out[..., j, ...] = x[..., indices[j], ...]; same as index_select (PyTorch's gather on one axis).
 Tensor gather(const Tensor& x, int axis, const Tensor& indices);
 Tensor slice(const Tensor& x, int axis, int64_t start, int64_t stop);
-/// Flux's onehotbatch: labels (Int) -> (n, nclasses) Float32 with observations along the first axis.
+/// Flux's onehotbatch: integer labels of any shape S -> S + (nclasses,) Float32: (N,) -> (N, nclasses),
+/// (N, T) -> (N, T, nclasses), observations along the first axis.
 Tensor onehot(const Tensor& labels, int64_t nclasses, DType t = DType::f32);
 /// Flux's onecold: the argmax along the last axis, as Int64.
 Tensor onecold(const Tensor& scores);
@@ -223,6 +224,9 @@ Tensor dot_product_attention_scores(const Tensor& q, const Tensor& k, const Tens
 /// Uniform [0, 1) values generated on x's device from the global seed (seed(n)) and a per-call
 /// counter: the same values on every device for the same seed and call sequence.
 Tensor rand_like(const Tensor& x);
+/// Standard normal values of x's shape and dtype, drawn on x's device the same way (Box-Muller on two
+/// rand_like draws), as Flux's / MLUtils' randn_like. zeros_like, ones_like, fill_like: tensor.hpp.
+Tensor randn_like(const Tensor& x);
 /// Dropout: x * mask / (1 - p), mask ~ Bernoulli(1 - p) drawn on x's device; p in [0, 1).
 /// `dims` lists the axes the mask varies along (empty: all), as Flux's Dropout(p; dims).
 Tensor dropout(const Tensor& x, double p, const std::vector<int>& dims = {});

@@ -133,6 +133,8 @@ Tensor full(Shape shape, double value, DType t = DType::f32, Device d = {});
 Tensor zeros_like(const Tensor& x);
 Tensor ones_like(const Tensor& x);
 Tensor full_like(const Tensor& x, double value);
+/// MLUtils' fill_like: full_like under its Julia name (x's shape, dtype and device).
+Tensor fill_like(const Tensor& x, double value);
 /// Uniform on [0, 1) / standard normal, from the global seeded generator.
 Tensor rand(Shape shape, DType t = DType::f32, Device d = {});
 Tensor randn(Shape shape, DType t = DType::f32, Device d = {});

@@ -19,6 +19,7 @@
 #include "flux/error.hpp"
 #include "flux/version.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/device/parse_device.hpp"
 #include "src/device/preferences.hpp"
 
 namespace flux {
@@ -261,10 +262,14 @@ std::ostream& operator<<(std::ostream& os, const Device& d) { return os << to_st
 
 std::vector<std::string> supported_devices() { return {"CUDA", "AMDGPU", "Metal", "OpenCL", "CPU"}; }
 
-bool loaded(const std::string& name) { return load(name).backend != nullptr; }
+bool loaded(const std::string& name) {
+  std::string canonical = detail::canonical_backend(name);
+  return load(canonical.empty() ? name : canonical).backend != nullptr;
+}
 
 bool functional(const std::string& name) {
-  backend::Backend* b = load(name).backend;
+  std::string canonical = detail::canonical_backend(name);
+  backend::Backend* b = load(canonical.empty() ? name : canonical).backend;
   return b && b->device_count() > 0;
 }
 
@@ -273,7 +278,9 @@ std::string GPU_BACKEND() {
   return p.empty() ? "CUDA" : p;
 }
 
-void gpu_backend(const std::string& name) {
+void gpu_backend(const std::string& requested) {
+  const std::string canonical = detail::canonical_backend(requested);
+  const std::string& name = canonical.empty() ? requested : canonical;
   auto names = supported_devices();
   if (std::find(names.begin(), names.end(), name) == names.end())
     detail::fail("[gpu_backend] unknown backend \"", name, "\"; supported are CUDA, AMDGPU, Metal, OpenCL, CPU");
@@ -348,10 +355,19 @@ Device get_device(GetDeviceOptions options) {
   return Device();
 }
 
-Device get_device(const std::string& name, int index) {
-  auto names = supported_devices();
-  if (std::find(names.begin(), names.end(), name) == names.end())
-    detail::fail("[get_device] unsupported backend \"", name, "\"; supported_devices() = CUDA, AMDGPU, Metal, OpenCL, CPU");
+Device get_device(const std::string& spec, int index) {
+  // "OpenCL:1" carries its index (to_string's form); names are case-insensitive.
+  std::string name = detail::canonical_backend(spec.substr(0, spec.find(':')));
+  if (name.empty())
+    detail::fail("[get_device] unsupported backend \"", spec, "\"; supported_devices() = CUDA, AMDGPU, Metal, OpenCL, CPU",
+                 " (any case, optionally with an index: \"OpenCL:0\")");
+  if (spec.find(':') != std::string::npos) {
+    if (index != 0)
+      detail::fail("[get_device] \"", spec, "\" names its index already, and index ", index,
+                   " was passed too; write get_device(\"", name, ":", index, "\") or get_device(\"", name, "\", ", index, ")");
+    Device parsed = parse_device(spec);
+    index = parsed.index();
+  }
   if (name == "CPU") {
     if (index != 0) detail::fail("[get_device] CPU has one device (index 0); got index ", index);
     return Device();

@@ -16,6 +16,11 @@ Dense::Dense(int64_t in, int64_t out, Activation act, DenseOptions options) : ac
   if (options.bias) bias = zeros(Shape{out}, options.dtype);
 }
 
+Dense::Dense(InferSize, int64_t out, Activation act, DenseOptions options) : activation(std::move(act)) {
+  if (out <= 0) detail::fail("[Dense] sizes must be positive; got Dense(_ => ", out, ")");
+  pending = std::make_shared<const Pending>(Pending{out, std::move(options)});
+}
+
 Dense::Dense(Tensor w, Tensor b, Activation act) : weight(std::move(w)), bias(std::move(b)), activation(std::move(act)) {
   if (!weight.defined() || weight.ndim() != 2)
     detail::fail("[Dense] weight must be a 2-dimensional (out, in) tensor; got ", summary(weight));
@@ -25,6 +30,9 @@ Dense::Dense(Tensor w, Tensor b, Activation act) : weight(std::move(w)), bias(st
 }
 
 Tensor Dense::operator()(const Tensor& x0) const {
+  if (!weight.defined() && pending)
+    detail::fail("[Dense] Dense(_ => ", pending->out, ") has no input size yet: build the model with "
+                 "autosize(input_shape, model) (flux/nn/autosize.hpp), or write the input size");
   if (!weight.defined()) detail::fail("[Dense] the layer is empty (default-constructed)");
   detail::check_defined("Dense", x0);
   const Tensor x = detail::match_eltype("Dense", *this, weight, x0);  // Float64 input: converted, warned once
@@ -55,6 +63,11 @@ Tensor Dense::operator()(const Tensor& x0) const {
 }
 
 std::string layer_string(const Dense& d) {
+  if (!d.weight.defined() && d.pending) {
+    std::string s = "Dense(_ => " + std::to_string(d.pending->out);
+    if (!d.activation.is_identity()) s += ", " + d.activation.name();
+    return s + (d.pending->options.bias ? ")" : "; bias=false)");
+  }
   std::string s = "Dense(" + std::to_string(d.in_features()) + " => " + std::to_string(d.out_features());
   if (!d.activation.is_identity()) s += ", " + d.activation.name();
   if (!d.bias.defined()) s += "; bias=false";

@@ -1,4 +1,4 @@
-// Random ops on any device: rand_like and dropout. Values come from the backend's counter-based
+// Random ops on any device: rand_like, randn_like and dropout. Values come from the backend's counter-based
 // random_uniform (backend.hpp): a global seed (seed(n)) and a global counter that advances by the
 // number of values drawn, so the same seed and call sequence give the same values on every device.
 #include <atomic>
@@ -38,6 +38,18 @@ Tensor rand_like(const Tensor& x) {
     detail::fail("[rand_like] needs a floating-point tensor; got ", summary(x));
   Tensor u = uniform_raw(x.shape(), generator_dtype(x.dtype()), x.device());
   return u.dtype() == x.dtype() ? u : detail::raw_cast(u, x.dtype());
+}
+
+// Box-Muller on x's device from two uniform draws: z = sqrt(-2 log(1 - u1)) cos(2 pi u2); 1 - u1 lies in
+// (0, 1], so the log is finite. Not recorded: fresh draws are never tracked.
+Tensor randn_like(const Tensor& x) {
+  detail::check_defined("randn_like", x);
+  if (!is_floating(x.dtype()))
+    detail::fail("[randn_like] needs a floating-point tensor; got ", summary(x));
+  const DType g = generator_dtype(x.dtype());
+  Tensor u1 = uniform_raw(x.shape(), g, x.device()), u2 = uniform_raw(x.shape(), g, x.device());
+  Tensor z = sqrt(log(1.0 - u1) * -2.0) * cos(u2 * 6.283185307179586);
+  return z.dtype() == x.dtype() ? z : detail::raw_cast(z, x.dtype());
 }
 
 // y = x * mask / (1 - p) with mask = (u < 1 - p); recorded through mul, so the backward multiplies the

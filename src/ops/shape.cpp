@@ -266,13 +266,15 @@ Tensor onehot(const Tensor& labels, int64_t nclasses, DType t) {
   check_defined("onehot", labels);
   if (labels.dtype() != DType::i64 && labels.dtype() != DType::i32 && labels.dtype() != DType::u8)
     fail("[onehot] labels must be an integer tensor, got ", dtype_name(labels.dtype()));
-  if (labels.ndim() != 1) fail("[onehot] labels must be 1-dimensional, got shape ", to_string(labels.shape()));
   if (nclasses <= 0) fail("[onehot] nclasses must be positive, got ", nclasses);
   for (int64_t v : labels.to_vector<int64_t>())
     if (v < 0 || v >= nclasses) fail("[onehot] label ", v, " is outside 0..", nclasses - 1);
+  // Labels of any shape S give S + (nclasses,): (N,) -> (N, C), (N, T) -> (N, T, C) (onehotbatch on a matrix).
+  Shape out = labels.shape();
+  out.push_back(nclasses);
   Tensor l = raw_cast(labels, DType::i64).reshape(Shape{labels.numel(), 1});
   Tensor classes = arange(nclasses, DType::i64, labels.device()).reshape(Shape{1, nclasses});
-  return raw_cast(eq(l, classes), t);
+  return raw_cast(eq(l, classes), t).reshape(out);
 }
 
 Tensor flatten_(const Tensor& x) {

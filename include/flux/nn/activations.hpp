@@ -43,6 +43,25 @@ FLUX_ACTIVATION_(Swish, swish, "swish", detail::swish_op(x))
 /// tanh(x) elementwise (a function so that `using namespace flux` does not clash with ::tanh).
 inline Tensor tanh(const Tensor& x) { return tanh_(x); }
 
+/// A plain function Tensor(const Tensor&) held as a Chain element. An overloaded name has no type of
+/// its own to deduce, so Chain(Dense(2, 3), tanh, Dense(3, 1)) with <cmath> and `using namespace flux`
+/// (where `tanh` names both ::tanh and flux::tanh) picks the Tensor overload into this (chain.hpp).
+struct FunctionLayer {
+  Tensor (*fn)(const Tensor&) = nullptr;
+  FunctionLayer() = default;
+  FunctionLayer(Tensor (*f)(const Tensor&)) : fn(f) {}
+  Tensor operator()(const Tensor& x) const { return fn(x); }
+};
+namespace show {
+std::string function_name(const void* address);
+}
+/// "tanh" for flux::tanh, else the function's symbol (or "function").
+inline std::string layer_string(const FunctionLayer& f) {
+  if (f.fn == &flux::tanh) return "tanh";
+  std::string name = show::function_name(reinterpret_cast<const void*>(f.fn));
+  return name.empty() ? "function" : name;
+}
+
 /// leakyrelu(x, a = 0.01); `leakyrelu` itself is a layer value with the default slope.
 struct LeakyRelu {
   static constexpr const char* name = "leakyrelu";

@@ -2,6 +2,7 @@
 // Weights are Glorot-uniform as in Flux (another initialiser with `.init`, see init.hpp); the layout
 // matches PyTorch's nn.Linear.
 #pragma once
+#include <memory>
 #include <ostream>
 #include <string>
 
@@ -17,12 +18,27 @@ struct DenseOptions {
   Initialiser init = glorot_uniform;  // called as init(Shape{out, in}, dtype)
 };
 
+/// The input size left open, as Flux's `_` inside @autosize: Dense(_, 10) is sized by autosize()
+/// (flux/nn/autosize.hpp) from what precedes it. `flux::infer` is the same value with a longer name.
+struct InferSize {};
+inline constexpr InferSize _{};
+inline constexpr InferSize infer{};
+
 struct Dense {
   Tensor weight;  // (out, in)
   Tensor bias;    // (out,), undefined when bias = false
   Activation activation;
+  /// Dense(_, out): the output size and options until autosize() gives the input size; else null.
+  struct Pending {
+    int64_t out;
+    DenseOptions options;
+  };
+  std::shared_ptr<const Pending> pending;
 
   Dense() = default;
+  /// Dense(_, out, act): sized later by autosize(input_shape, model); calling it before is an error.
+  Dense(InferSize, int64_t out, Activation act = Activation(), DenseOptions options = {});
+  Dense(InferSize, int64_t out, DenseOptions options) : Dense(InferSize{}, out, Activation(), options) {}
   Dense(int64_t in, int64_t out, Activation act = Activation(), DenseOptions options = {});
   Dense(int64_t in, int64_t out, DenseOptions options) : Dense(in, out, Activation(), options) {}
   /// From existing arrays (weight (out, in), optional bias (out,)).

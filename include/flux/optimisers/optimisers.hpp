@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flux/functor.hpp"
@@ -36,72 +37,115 @@ class Rule {
   Tensor apply(LeafState& s, const Tensor& x, const Tensor& dx) const override;
 
 /// x -= eta * dx.
+struct DescentOptions {
+  double eta = 0.1;
+};
 struct Descent : Rule {
   double eta;
   explicit Descent(double eta = 0.1) : eta(eta) {}
+  /// By name: Descent({.eta = 0.05}).
+  explicit Descent(DescentOptions o) : eta(o.eta) {}
   FLUX_RULE_(Descent)
   void adjust(double e) override { eta = e; }
 };
 /// v = rho v + eta dx; x -= v.
+struct MomentumOptions {
+  double eta = 0.01, rho = 0.9;
+};
 struct Momentum : Rule {
   double eta, rho;
   explicit Momentum(double eta = 0.01, double rho = 0.9) : eta(eta), rho(rho) {}
+  explicit Momentum(MomentumOptions o) : eta(o.eta), rho(o.rho) {}
   FLUX_RULE_(Momentum)
   void init(LeafState& s, const Tensor& x) const override;
   void adjust(double e) override { eta = e; }
 };
 /// Nesterov momentum, as Optimisers.jl.
+struct NesterovOptions {
+  double eta = 0.001, rho = 0.9;
+};
 struct Nesterov : Rule {
   double eta, rho;
   explicit Nesterov(double eta = 0.001, double rho = 0.9) : eta(eta), rho(rho) {}
+  explicit Nesterov(NesterovOptions o) : eta(o.eta), rho(o.rho) {}
   FLUX_RULE_(Nesterov)
   void init(LeafState& s, const Tensor& x) const override;
   void adjust(double e) override { eta = e; }
 };
 /// RMSProp (not centred): a = rho a + (1 - rho) dx²; step = eta dx / (sqrt(a) + eps).
+struct RMSPropOptions {
+  double eta = 0.001, rho = 0.9, eps = 1e-8;
+};
 struct RMSProp : Rule {
   double eta, rho, eps;
   explicit RMSProp(double eta = 0.001, double rho = 0.9, double eps = 1e-8) : eta(eta), rho(rho), eps(eps) {}
+  explicit RMSProp(RMSPropOptions o) : eta(o.eta), rho(o.rho), eps(o.eps) {}
   FLUX_RULE_(RMSProp)
   void init(LeafState& s, const Tensor& x) const override;
   void adjust(double e) override { eta = e; }
 };
 /// Adam with bias correction; the step is fused into one pass per array.
+/// Optimisers.jl's keywords: Adam({.eta = 3e-4, .beta = {0.9, 0.999}}).
+struct AdamOptions {
+  double eta = 0.001;
+  std::pair<double, double> beta = {0.9, 0.999};
+  double eps = 1e-8;
+};
 struct Adam : Rule {
   double eta, beta1, beta2, eps;
   explicit Adam(double eta = 0.001, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8)
       : eta(eta), beta1(beta1), beta2(beta2), eps(eps) {}
+  explicit Adam(AdamOptions o) : Adam(o.eta, o.beta.first, o.beta.second, o.eps) {}
   FLUX_RULE_(Adam)
   void init(LeafState& s, const Tensor& x) const override;
   bool apply_fused(LeafState& s, Tensor& x, const Tensor& dx) const override;
   void adjust(double e) override { eta = e; }
 };
 /// Adam with decoupled weight decay scaled by eta (PyTorch's AdamW; Optimisers.jl's couple = true).
+struct AdamWOptions {
+  double eta = 0.001;
+  std::pair<double, double> beta = {0.9, 0.999};
+  double lambda = 0.0, eps = 1e-8;
+};
 struct AdamW : Rule {
   double eta, beta1, beta2, lambda, eps;
   explicit AdamW(double eta = 0.001, double beta1 = 0.9, double beta2 = 0.999, double lambda = 0.0, double eps = 1e-8)
       : eta(eta), beta1(beta1), beta2(beta2), lambda(lambda), eps(eps) {}
+  /// AdamW({.eta = 1e-3, .lambda = 1e-4}).
+  explicit AdamW(AdamWOptions o) : AdamW(o.eta, o.beta.first, o.beta.second, o.lambda, o.eps) {}
   FLUX_RULE_(AdamW)
   void init(LeafState& s, const Tensor& x) const override;
   bool apply_fused(LeafState& s, Tensor& x, const Tensor& dx) const override;
   void adjust(double e) override { eta = e; }
 };
 /// dx + lambda x (L2 penalty on the gradient).
+struct WeightDecayOptions {
+  double lambda = 5e-4;
+};
 struct WeightDecay : Rule {
   double lambda;
   explicit WeightDecay(double lambda = 5e-4) : lambda(lambda) {}
+  explicit WeightDecay(WeightDecayOptions o) : lambda(o.lambda) {}
   FLUX_RULE_(WeightDecay)
 };
 /// clamp(dx, -delta, delta).
+struct ClipGradOptions {
+  double delta = 10.0;
+};
 struct ClipGrad : Rule {
   double delta;
   explicit ClipGrad(double delta = 10.0) : delta(delta) {}
+  explicit ClipGrad(ClipGradOptions o) : delta(o.delta) {}
   FLUX_RULE_(ClipGrad)
 };
 /// Rescales dx so that its p-norm is at most omega; errors on a non-finite norm.
+struct ClipNormOptions {
+  double omega = 10.0, p = 2.0;
+};
 struct ClipNorm : Rule {
   double omega, p;
   explicit ClipNorm(double omega = 10.0, double p = 2.0) : omega(omega), p(p) {}
+  explicit ClipNorm(ClipNormOptions o) : omega(o.omega), p(o.p) {}
   FLUX_RULE_(ClipNorm)
 };
 #undef FLUX_RULE_

@@ -1,0 +1,115 @@
+// train(loss, model, data, opt_state): Flux's train! loop. For every batch of `data` it computes
+// loss(model, batch...) and its gradient, and updates the model with the optimiser state:
+//   auto loss = [](auto& m, const Tensor& x, const Tensor& y) { return logitcrossentropy(m(x), y); };
+//   train(loss, model, loader, opt_state, {.epochs = 5, .callback = [](const TrainEvent& e) { ... }});
+// A batch that is a std::array / tuple of tensors (DataLoader's) is spread into the loss's arguments;
+// any other batch is passed as one. Like Flux, a loss that is not finite stops training with an error
+// naming the epoch and batch. Each step reads the loss to the host (one synchronisation per step).
+#pragma once
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <iterator>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "flux/gradient.hpp"
+#include "flux/optimisers/optimisers.hpp"
+
+namespace flux {
+
+/// What the callback sees after every step.
+struct TrainEvent {
+  int epoch;          // 1-based, as the progress bar shows it
+  int64_t batch;      // 1-based within the epoch
+  int64_t batches;    // per epoch (0 when the data has no size())
+  int64_t step;       // 0-based over the whole run (the schedule's argument)
+  double loss;        // this batch's loss
+  double epoch_loss;  // mean loss of the epoch so far
+};
+
+struct TrainOptions {
+  int epochs = 1;
+  /// A progress bar per epoch (batches, mean loss, steps/s), redrawn in place on a terminal, else one
+  /// line per epoch; written to `out` (stderr by default, as Flux's progress logging).
+  bool progress = true;
+  std::function<void(const TrainEvent&)> callback = nullptr;
+  /// The learning rate for step t (0-based), set with optimisers::adjust before each update; e.g. a
+  /// schedule from flux/optimisers/schedules.hpp.
+  std::function<double(int64_t)> schedule = nullptr;
+  std::ostream* out = &std::cerr;
+};
+
+/// Mean loss of every epoch and the number of steps taken.
+struct TrainResult {
+  std::vector<double> epoch_loss;
+  int64_t steps = 0;
+};
+
+namespace detail {
+template <class T> struct is_tensor_batch : std::false_type {};
+template <size_t N> struct is_tensor_batch<std::array<Tensor, N>> : std::true_type {};
+template <class... T> struct is_tensor_batch<std::tuple<T...>> : std::true_type {};
+template <class A, class B> struct is_tensor_batch<std::pair<A, B>> : std::true_type {};
+
+/// The progress bar of train(): "epoch 2/5 [=====>    ] 120/469  loss 0.4123  38.2 steps/s".
+class TrainProgress {
+ public:
+  TrainProgress(std::ostream* out, int epochs, int64_t batches);
+  void start_epoch();
+  void update(int epoch, int64_t batch, double mean_loss);
+  void end_epoch(int epoch, int64_t batches, double mean_loss);
+
+ private:
+  std::ostream* out_;
+  int epochs_;
+  int64_t batches_;
+  bool tty_;
+  double epoch_start_ = 0, last_draw_ = -1;
+};
+/// Throws the error train() gives for a non-finite loss.
+[[noreturn]] void non_finite_loss(double loss, int epoch, int64_t batch);
+}  // namespace detail
+
+template <class Loss, class M, class Data>
+TrainResult train(Loss&& loss, M& model, Data&& data, optimisers::State& opt_state, TrainOptions o = {}) {
+  if (o.epochs < 0) detail::fail("[train] epochs must be >= 0, got ", o.epochs);
+  int64_t batches = 0;
+  if constexpr (requires { data.size(); }) batches = int64_t(data.size());
+  detail::TrainProgress progress(o.progress ? o.out : nullptr, o.epochs, batches);
+  TrainResult result;
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    progress.start_epoch();
+    double total = 0;
+    int64_t batch = 0;
+    for (auto&& b : data) {
+      if (o.schedule) optimisers::adjust(opt_state, o.schedule(result.steps));
+      auto [value, grads] = withgradient(
+          [&](auto& m) -> Tensor {
+            using B = std::remove_cvref_t<decltype(b)>;
+            if constexpr (detail::is_tensor_batch<B>::value)
+              return std::apply([&](const auto&... xs) -> Tensor { return loss(m, xs...); }, b);
+            else
+              return loss(m, b);
+          },
+          model);
+      const double l = item<double>(value);
+      ++batch;
+      if (!std::isfinite(l)) detail::non_finite_loss(l, epoch, batch);
+      optimisers::update(opt_state, model, grads);
+      total += l;
+      progress.update(epoch, batch, total / double(batch));
+      if (o.callback) o.callback(TrainEvent{epoch, batch, batches, result.steps, l, total / double(batch)});
+      ++result.steps;
+    }
+    result.epoch_loss.push_back(batch ? total / double(batch) : 0.0);
+    progress.end_epoch(epoch, batch, result.epoch_loss.back());
+  }
+  return result;
+}
+
+}  // namespace flux
