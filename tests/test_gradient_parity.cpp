@@ -573,7 +573,7 @@ void sweep(const std::vector<ParityCase>& cases, const Device& d) {
 }  // namespace
 
 // ---- the table itself ----
-TEST(GradientParityTable, CaseNamesAreUniqueAndEveryInputIsFloating) {
+TEST(GradientParityTable, CaseNamesAreUniqueAndEveryCaseHasInputs) {  // names key the references
   std::set<std::string> seen;
   for (const ParityCase& c : parity_cases()) {
     EXPECT_TRUE(seen.insert(c.name).second) << "duplicate case name " << c.name;
