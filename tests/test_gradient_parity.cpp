@@ -90,8 +90,11 @@ struct Result {
   std::vector<Tensor> grads;
 };
 
-// L and its gradient with respect to every input, computed on d in dtype t.
-Result run_case(const ParityCase& c, DType t, const Device& d) {
+// L and its gradient with respect to every input, computed on d in dtype t. With `alone` >= 0 only
+// that input is on the tape (the others are constants): grads then holds its gradient alone. The
+// ops skip the backward of untracked operands, so that is a path of its own (a target differentiated
+// while the prediction is data, a mask while x is data).
+Result run_case(const ParityCase& c, DType t, const Device& d, int alone = -1) {
   auto in = inputs_of(c);
   std::vector<Tensor> xs;
   for (size_t i = 0; i < in.size(); ++i) xs.push_back(to(Tensor(in[i], c.inputs[i].shape).cast(t), d));
@@ -105,9 +108,24 @@ Result run_case(const ParityCase& c, DType t, const Device& d) {
     }
     return sum(y * to(Tensor(weights, y.shape()).cast(y.dtype()), y.device()));
   };
+  if (alone >= 0) {
+    auto [value, grad] = withgradient(
+        [&](const Tensor& tracked) {
+          std::vector<Tensor> v = xs;
+          v[size_t(alone)] = tracked;
+          return objective(v);
+        },
+        xs[size_t(alone)]);
+    return {value.item<double>(), {grad}};
+  }
   auto [value, grads] = withgradient(objective, xs);
   return {value.item<double>(), grads};
 }
+
+// Cases with 2 or 3 inputs also run with each input alone on the tape (binary ops, losses, conv
+// with bias, the normalisations, Dense); larger layers only all together, to keep the sweep short:
+// their untracked-operand paths are those of the same primitive ops.
+bool runs_each_input_alone(const ParityCase& c) { return c.inputs.size() == 2 || c.inputs.size() == 3; }
 
 // ---- the table ----
 std::vector<ParityCase> op_cases() {
@@ -520,7 +538,43 @@ const Result& reference(const ParityCase& c) {
   return it->second;
 }
 
-// Runs `cases` on device d in every swept dtype; one failure per disagreeing (case, dtype, input).
+// Compares one run with the reference: the value, and the gradient of every input it holds (all, or
+// `alone`'s). Returns false, after one failure per disagreement, when anything differs.
+bool agrees(const ParityCase& c, const Result& want, DType t, const Device& d, int alone) {
+  const double tol = tolerance(t) * c.tol_scale;
+  std::string where = c.name + " on " + to_string(d) + " in " + dtype_name(t) +
+                      (alone >= 0 ? " (input " + std::to_string(alone) + " alone on the tape)" : "");
+  Result got;
+  try {
+    got = run_case(c, t, d, alone);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << where << ": threw " << e.what();
+    return false;
+  }
+  bool ok = true;
+  if (!(std::abs(got.value - want.value) <= tol * std::max(1.0, std::abs(want.value)))) {
+    ADD_FAILURE() << where << ": value " << got.value << ", float64 CPU " << want.value;
+    ok = false;
+  }
+  for (size_t k = 0; k < got.grads.size(); ++k) {
+    const size_t i = alone >= 0 ? size_t(alone) : k;
+    const Tensor& g = got.grads[k];
+    if (g.device() != d || g.dtype() != t || g.shape() != c.inputs[i].shape) {
+      ADD_FAILURE() << where << ": input " << i << " gradient is " << summary(g);
+      ok = false;
+      continue;
+    }
+    double err = flux::testing::max_rel_error(g, want.grads[i].to_vector<double>());
+    if (!(err <= tol)) {
+      ADD_FAILURE() << where << ": gradient of input " << i << " " << to_string(c.inputs[i].shape)
+                    << " differs from the float64 CPU gradient by " << err << " (tolerance " << tol << ")";
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+// Runs `cases` on device d in every swept dtype (and each input alone where the case allows it).
 void sweep(const std::vector<ParityCase>& cases, const Device& d) {
   int failing = 0, checked = 0;
   std::vector<std::string> failed_names;
@@ -528,46 +582,24 @@ void sweep(const std::vector<ParityCase>& cases, const Device& d) {
     const Result& want = reference(c);
     bool case_failed = false;
     for (DType t : swept_dtypes()) {
-      if (d == Device() && t == DType::f64) continue;  // that is the reference itself
-      ++checked;
-      const double tol = tolerance(t) * c.tol_scale;
-      std::string where = c.name + " on " + to_string(d) + " in " + dtype_name(t);
-      Result got;
-      try {
-        got = run_case(c, t, d);
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << where << ": threw " << e.what();
-        ++failing;
-        case_failed = true;
-        continue;
-      }
-      EXPECT_LE(std::abs(got.value - want.value), tol * std::max(1.0, std::abs(want.value))) << where << ": value";
-      bool bad = std::abs(got.value - want.value) > tol * std::max(1.0, std::abs(want.value));
-      for (size_t i = 0; i < c.inputs.size(); ++i) {
-        const Tensor& g = got.grads[i];
-        if (g.device() != d || g.dtype() != t || g.shape() != c.inputs[i].shape) {
-          ADD_FAILURE() << where << ": input " << i << " gradient is " << summary(g);
-          bad = true;
-          continue;
+      std::vector<int> variants;
+      if (!(d == Device() && t == DType::f64)) variants.push_back(-1);  // else it is the reference itself
+      if (runs_each_input_alone(c))
+        for (int i = 0; i < int(c.inputs.size()); ++i) variants.push_back(i);
+      for (int alone : variants) {
+        ++checked;
+        if (!agrees(c, want, t, d, alone)) {
+          ++failing;
+          case_failed = true;
         }
-        double err = flux::testing::max_rel_error(g, want.grads[i].to_vector<double>());
-        if (!(err <= tol)) {
-          ADD_FAILURE() << where << ": gradient of input " << i << " " << to_string(c.inputs[i].shape)
-                        << " differs from the float64 CPU gradient by " << err << " (tolerance " << tol << ")";
-          bad = true;
-        }
-      }
-      if (bad) {
-        ++failing;
-        case_failed = true;
       }
     }
     if (case_failed) failed_names.push_back(c.name);
   }
   std::string list;
   for (const std::string& n : failed_names) list += " " + n;
-  std::printf("[parity] %s: %d of %d (case, dtype) runs disagree; %zu of %zu cases:%s\n", to_string(d).c_str(), failing,
-              checked, failed_names.size(), cases.size(), list.c_str());
+  std::printf("[parity] %s: %d of %d runs (case, dtype, inputs on the tape) disagree; %zu of %zu cases:%s\n",
+              to_string(d).c_str(), failing, checked, failed_names.size(), cases.size(), list.c_str());
 }
 
 }  // namespace
