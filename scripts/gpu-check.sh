@@ -2,7 +2,7 @@
 # GPU check: on a machine with an NVIDIA GPU, builds everything (CUDA plugin ON, cuDNN when the
 # toolkit has it), runs the whole ctest suite (the device-parameterised suites then include CUDA:0..
 # against the float64 CPU reference, and FLUX_EXPECT_GPU=CUDA makes "not functional" a failure),
-# prints the conv / pool / norm / dropout rows on CUDA_0, reruns those suites on CUDA:0 with
+# prints the conv / pool / norm / dropout / gradient-parity rows on CUDA_0, reruns those suites on CUDA:0 with
 # FLUX_LIBRARY_KERNELS=0 (the im2col path instead of cuDNN), trains the CNN examples on CUDA:0 and
 # prints their test accuracies, runs NCCL on a one-rank communicator (and the MPI tests under
 # mpirun -np 2 where Open MPI is installed: NCCL itself needs a GPU per rank, so its suites skip on
@@ -145,11 +145,12 @@ family_row "pool" 'Pooling|PoolKernels'
 family_row "norm" 'Norm'
 family_row "dropout/random" 'Random|RandomKernels'
 family_row "layers" 'Layers'
+family_row "gradient parity" 'GradientParity'
 
 # The same suites on CUDA:0 through the portable im2col + GEMM path (no cuDNN): one gtest run.
 tp=$(date +%s)
 FLUX_LIBRARY_KERNELS=0 FLUX_TEST_DEVICES=CUDA:0 timeout 240 "$BUILD/bin/flux_tests" \
-  --gtest_filter='*/ConvDevice.*:*/ConvKernels.*:*/ConvLayers.*:*/Pooling.*:*/PoolKernels.*:*/Norm.*' \
+  --gtest_filter='*/ConvDevice.*:*/ConvKernels.*:*/ConvLayers.*:*/Pooling.*:*/PoolKernels.*:*/Norm.*:*/GradientParity.*' \
   > "$BUILD.portable.log" 2>&1
 portable_rc=$?
 portable_row="$(grep -E '^\[  PASSED  \]' "$BUILD.portable.log" | sed 's/\[  PASSED  \] //') $(grep -E '^\[  FAILED  \] [0-9]+ test' "$BUILD.portable.log" | sed 's/\[  FAILED  \] /failed: /') (rc $portable_rc, $(( $(date +%s) - tp )) s)"

@@ -1,6 +1,9 @@
 #include "flux/autodiff.hpp"
 
 #include <atomic>
+#include <mutex>
+#include <set>
+#include <string>
 
 #include "flux/ops.hpp"
 
@@ -48,11 +51,31 @@ template <class List> void record_list(Tensor& out, const List& inputs, Backward
   nodes.push_back(std::move(node));
 }
 
-void record(Tensor& out, std::initializer_list<const Tensor*> inputs, Backward backward) {
-  record_list(out, inputs, backward);
+namespace {
+std::atomic<bool> g_note_sites{false};
+std::mutex g_sites_mutex;
+std::set<std::string> g_sites;
+void note_site(const Tensor& out, const std::source_location& site) {
+  if (!g_note_sites.load(std::memory_order_relaxed) || !tracked(out)) return;
+  std::string s = std::string(site.file_name()) + ":" + std::to_string(site.line());
+  std::lock_guard<std::mutex> lock(g_sites_mutex);
+  g_sites.insert(std::move(s));
 }
-void record(Tensor& out, const std::vector<const Tensor*>& inputs, Backward backward) {
+}  // namespace
+
+void record(Tensor& out, std::initializer_list<const Tensor*> inputs, Backward backward, std::source_location site) {
   record_list(out, inputs, backward);
+  note_site(out, site);
+}
+void record(Tensor& out, const std::vector<const Tensor*>& inputs, Backward backward, std::source_location site) {
+  record_list(out, inputs, backward);
+  note_site(out, site);
+}
+
+void note_recorded_sites(bool enabled) { g_note_sites.store(enabled); }
+std::vector<std::string> recorded_sites() {
+  std::lock_guard<std::mutex> lock(g_sites_mutex);
+  return {g_sites.begin(), g_sites.end()};
 }
 
 NoGrad::NoGrad() : saved_(g_active) { g_active = nullptr; }

@@ -34,6 +34,10 @@ flux_opencl_env(two_devices "OpenCLEnv.TwoPoclDevicesMoveTensors:Devices/OpenCLB
 flux_opencl_env(layers_two_devices
   "OpenCLEnv.TwoPoclDevicesMoveTensors:Devices/Conv*/OpenCL_*:Devices/Pool*/OpenCL_*:Devices/*Norm.*/OpenCL_*:Devices/*Dropout.*/OpenCL_*:Devices/Random*/OpenCL_*"
   two_devices "POCL_DEVICES=pthread pthread" FLUX_PREFERENCES=${FLUX_OPENCL_PREFS}/none)
+# The gradient-parity sweep (tests/test_gradient_parity.cpp, issue 33) on both PoCL devices: every
+# op, loss and layer's gradient with respect to every floating input against the float64 CPU one.
+flux_opencl_env(gradient_parity_two_devices "OpenCLEnv.TwoPoclDevicesMoveTensors:Devices/GradientParity.*/OpenCL_*"
+  two_devices "POCL_DEVICES=pthread pthread" FLUX_PREFERENCES=${FLUX_OPENCL_PREFS}/none)
 # Out of memory on a limited PoCL device (1 GiB global memory, 256 MiB largest buffer): the pool empties
 # its cache and retries, then throws flux::OutOfMemory with the figures (tests/test_out_of_memory.cpp).
 add_test(NAME opencl.out_of_memory COMMAND $<TARGET_FILE:flux_tests> --gtest_filter=OutOfMemoryEnv.OpenCLLimitedDevice)

@@ -1,6 +1,8 @@
 // Reverse-mode autodiff: a tape recorded only inside gradient()/withgradient().
 #pragma once
 #include <functional>
+#include <source_location>
+#include <string>
 #include <vector>
 
 #include "flux/tensor.hpp"
@@ -49,9 +51,17 @@ class Tape {
 bool recording();
 /// True when an op's result should be recorded (a tape is active and t is on it).
 bool tracked(const Tensor& t);
-/// Records `out` as the result of an op on `inputs` if any input is tracked.
-void record(Tensor& out, std::initializer_list<const Tensor*> inputs, Backward backward);
-void record(Tensor& out, const std::vector<const Tensor*>& inputs, Backward backward);
+/// Records `out` as the result of an op on `inputs` if any input is tracked. `site` names the
+/// op's backward in the library's source (see recorded_sites).
+void record(Tensor& out, std::initializer_list<const Tensor*> inputs, Backward backward,
+            std::source_location site = std::source_location::current());
+void record(Tensor& out, const std::vector<const Tensor*>& inputs, Backward backward,
+            std::source_location site = std::source_location::current());
+/// While enabled, every call site of record() that put a node on a tape is noted, as "file:line";
+/// recorded_sites() lists them. For the test that checks that the gradient-parity sweep reaches
+/// every backward the library has (tests/test_gradient_parity.cpp). Off by default.
+void note_recorded_sites(bool enabled);
+std::vector<std::string> recorded_sites();
 /// Suspends recording in its scope (used while running backward closures).
 class NoGrad {
  public:
