@@ -1,6 +1,8 @@
 // One benchmark case with flux-cpp; prints "key value" lines for bench/run_bench.py.
-// Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | wide | overhead | infer | sgemm | lenet | fmnist | resnet |
-//                                         lstm | transformer | blas
+// Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | mnist_converged | wide | overhead | infer | sgemm | lenet |
+//                                         fmnist | resnet | lstm | lstm_converged | transformer | blas
+// The *_converged cases time the same steps after kConvergeSteps steps of training (bench_common.hpp),
+// when small gradients have driven Adam's moments towards the subnormal range.
 // DEVICE: cpu (default) or opencl. --gemm=auto|openblas|onednn (after DEVICE) forces the CPU GEMM engine;
 // --seconds=S times every training case for S seconds (e.g. the 30 s system-time check). Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS;
 // --batch=N runs the inference cases at batch N only; --stages makes resnet print each stage's time too.
@@ -66,6 +68,7 @@ namespace {
 Device g_dev;
 double g_train_seconds = 0;  // --seconds=S: every training case runs S seconds (0: the case's own)
 int64_t g_only_batch = 0;    // --batch=N: the inference cases (infer, resnet) run batch N alone (profiling)
+int g_converge_steps = 0;   // --converge-steps=N: the *_converged cases train N steps first (0: bench_common.hpp's)
 bool g_stages = false;       // --stages: resnet also prints each stage's time (torchvision's ResNet-18 only)
 
 // One-hot targets (batch, classes) with class i % classes.
@@ -106,12 +109,12 @@ void seed_case() {
   std::printf("seed_steps_per_s %.6g\n", r);
 }
 
-void mnist_case() {
+void mnist_case(int pretrain = 0) {
   auto model = Chain(Dense(784, 512, relu), Dense(512, 512, relu), Dense(512, 10)) | g_dev;
   Tensor x = to(rand({128, 784}), g_dev), y = onehot_targets(128, 10);
   double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); },
-                               5, 1.5);
-  std::printf("mnist_steps_per_s %.6g\n", r);
+                               pretrain ? pretrain : 5, 1.5);
+  std::printf("%s %.6g\n", pretrain ? "mnist_converged_steps_per_s" : "mnist_steps_per_s", r);
 }
 
 void wide_case() {
@@ -351,15 +354,15 @@ void check_parameters(const char* which, int64_t got, int64_t expected) {
   }
 }
 
-void lstm_case() {
+void lstm_case(int pretrain = 0) {
   using namespace bench;
   auto model = BenchCharLSTM{LSTM(kVocab, kLstmHidden), Dense(kLstmHidden, kVocab)} | g_dev;
   check_parameters("lstm", parameter_count(model), kLstmParameters);
   Tensor ids(seq_ids(), Shape{kSeqBatch * kSeqLen});
   Tensor x = to(onehot(ids, kVocab).reshape({kSeqBatch, kSeqLen, kVocab}), g_dev), y = seq_targets();
   double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); },
-                               3, 2.0);
-  std::printf("lstm_steps_per_s %.6g\n", r);
+                               pretrain ? pretrain : 3, 2.0);
+  std::printf("%s %.6g\n", pretrain ? "lstm_converged_steps_per_s" : "lstm_steps_per_s", r);
 }
 
 // examples/tiny_transformer.cpp's model at its defaults.
@@ -399,7 +402,7 @@ void transformer_case() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: flux_bench seed|mnist|wide|overhead|infer|sgemm|lenet|fmnist|resnet|lstm|transformer|blas [cpu|opencl]\n");
+    std::fprintf(stderr, "usage: flux_bench seed|mnist|mnist_converged|wide|overhead|infer|sgemm|lenet|fmnist|resnet|lstm|lstm_converged|transformer|blas [cpu|opencl]\n");
     return 2;
   }
   std::string which = argv[1], device = argc > 2 ? argv[2] : "cpu";
@@ -411,6 +414,11 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a.rfind("--seconds=", 0) == 0) {
       g_train_seconds = std::atof(a.c_str() + 10);
+      if (i == 2) device = "cpu";
+      continue;
+    }
+    if (a.rfind("--converge-steps=", 0) == 0) {
+      g_converge_steps = std::atoi(a.c_str() + 17);
       if (i == 2) device = "cpu";
       continue;
     }
@@ -472,6 +480,7 @@ int main(int argc, char** argv) {
 #endif
   if (which == "seed") seed_case();
   else if (which == "mnist") mnist_case();
+  else if (which == "mnist_converged") mnist_case(g_converge_steps ? g_converge_steps : int(bench::kMnistConvergeSteps));
   else if (which == "wide") wide_case();
   else if (which == "overhead") overhead_case();
   else if (which == "infer") infer_case();
@@ -480,6 +489,7 @@ int main(int argc, char** argv) {
   else if (which == "fmnist") fmnist_case();
   else if (which == "resnet") resnet_case();
   else if (which == "lstm") lstm_case();
+  else if (which == "lstm_converged") lstm_case(g_converge_steps ? g_converge_steps : int(bench::kLstmConvergeSteps));
   else if (which == "transformer") transformer_case();
   else {
     std::fprintf(stderr, "flux_bench: unknown case %s\n", which.c_str());

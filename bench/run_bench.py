@@ -34,10 +34,14 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CASES = ["seed", "mnist", "wide", "overhead", "infer", "lenet", "fmnist", "resnet", "lstm", "transformer"]
+CASES = ["seed", "mnist", "mnist_converged", "wide", "overhead", "infer", "lenet", "fmnist", "resnet", "lstm",
+         "lstm_converged", "transformer"]
 MLP_CASES = ["seed", "mnist", "wide", "infer"]
 CNN_CASES = ["lenet", "fmnist", "resnet"]
-SEQ_CASES = ["lstm", "transformer"]
+SEQ_CASES = ["lstm", "lstm_converged", "transformer"]
+# The converged variants (bench_common.hpp's k*ConvergeSteps of training before the timed steps) and
+# the from-initialisation case each is compared with.
+CONVERGED_OF = {"mnist_converged": "mnist", "lstm_converged": "lstm"}
 # LibTorch 1.13 "best" takes the better of OMP_WAIT_POLICY=PASSIVE and the default for these cases.
 BOTH_WAIT_CASES = CNN_CASES + SEQ_CASES
 ORT_CASES = ["infer", "resnet"]  # the inference rows
@@ -45,6 +49,7 @@ ORT_CASES = ["infer", "resnet"]  # the inference rows
 METRICS = {
     "seed_steps_per_s": ("1. seed MLP 10-64-1 training", "steps/s", True),
     "mnist_steps_per_s": ("2. MNIST MLP 784-512-512-10 training", "steps/s", True),
+    "mnist_converged_steps_per_s": ("2c. MNIST MLP training, converged (after 1000 steps)", "steps/s", True),
     "wide_steps_per_s": ("3. wide MLP 1024-4096-4096-1024 training", "steps/s", True),
     "wide_gflops": ("3. wide MLP achieved", "GFLOP/s", True),
     "add16_us": ("4. add, two 16-element tensors", "µs/op, thread CPU time", False),
@@ -57,13 +62,15 @@ METRICS = {
     "resnet1_ms": ("10. ResNet-18 inference {hw}, batch 1", "ms", False),
     "resnet32_ms": ("10. ResNet-18 inference {hw}, batch 32", "ms", False),
     "lstm_steps_per_s": ("11. char LSTM 62-256 (+Dense 256-62), T 64, batch 32 training", "steps/s", True),
+    "lstm_converged_steps_per_s": ("11c. char LSTM training, after 300 steps", "steps/s", True),
     "transformer_steps_per_s": ("12. tiny transformer (2 blocks, D 64, T 64, 4 heads), batch 32 training", "steps/s", True),
 }
 CASE_OF = {"seed_steps_per_s": "seed", "mnist_steps_per_s": "mnist", "wide_steps_per_s": "wide",
            "wide_gflops": "wide", "add16_us": "overhead", "dense16_us": "overhead", "infer1_us": "infer",
            "infer128_us": "infer", "peak_rss_mb": "wide", "lenet_steps_per_s": "lenet", "fmnist_steps_per_s": "fmnist",
            "resnet1_ms": "resnet", "resnet32_ms": "resnet", "lstm_steps_per_s": "lstm",
-           "transformer_steps_per_s": "transformer"}
+           "transformer_steps_per_s": "transformer", "mnist_converged_steps_per_s": "mnist_converged",
+           "lstm_converged_steps_per_s": "lstm_converged"}
 # The peer columns: key -> heading ({v} is filled with the peer's version).
 PEER_COLUMNS = {"lt113_user": "LibTorch {v} (user env)", "lt113": "LibTorch {v} (best)", "lt2": "LibTorch {v} C++",
                 "py2": "PyTorch {v} eager", "ort": "ONNX Runtime {v}"}
@@ -444,6 +451,11 @@ def main():
                     e = flux_env(t)
                     e["OPENBLAS_CORETYPE"] = "SkylakeX" if "avx512f" in cpu_flags() and not MAX_ISA else "Haswell"
                     jobs.append(("limit", [flux, "sgemm"], e))
+                if case in CONVERGED_OF:
+                    # diagnostic: the same steps with IEEE subnormals in flux's kernels
+                    e = flux_env(t)
+                    e["FLUX_FLUSH_DENORMALS"] = "0"
+                    jobs.append(("flux_ieee", [flux, case], e))
                 if have_opencl and case in args.opencl_cases.split(","):
                     e = flux_env(t)
                     e.setdefault("POCL_CACHE_DIR", os.path.join(args.build, "pocl-cache"))
@@ -537,6 +549,28 @@ def main():
                     rs = "—" if not f or not b else f"{speedup(m, f, b):.2f}× ({short[bc]})"
                     vs = "" if not f or not fo else f"{speedup(m, f, fo):.2f}× {vs_what}"
                     lines.append(f"| {label}, {what} ({unit}) | {t} | {fmt(f)} | {blank} | {rs} | info | {vs} |")
+        if CASE_OF[m] in CONVERGED_OF:
+            # flux with IEEE subnormals, then every column's converged rate as a share of its fresh one
+            fresh_m = CONVERGED_OF[CASE_OF[m]] + "_steps_per_s"
+            for t in threads:
+                f, fo = get("flux_ieee", t, m), get("flux", t, m)
+                if f is None:
+                    continue
+                b, bc = best_peer(t, m)
+                rs = "—" if not f or not b else f"{speedup(m, f, b):.2f}× ({short[bc]})"
+                vs = "" if not f or not fo else f"{speedup(m, f, fo):.2f}× of plain flux"
+                lines.append(f"| {label}, flux with IEEE subnormals (FLUX_FLUSH_DENORMALS=0) ({unit}) | {t} | {fmt(f)} | "
+                             f"{blank} | {rs} | info | {vs} |")
+            if CONVERGED_OF[CASE_OF[m]] in cases:
+                def share(c, t):
+                    v, v0 = get(c, t, m), get(c, t, fresh_m)
+                    return None if not v or not v0 else v / v0
+                for t in threads:
+                    fs = share("flux", t)
+                    pct = lambda v: "—" if v is None else f"{100 * v:.0f}%"
+                    met = "" if fs is None else ("yes" if fs >= 0.9 else "**no**")
+                    lines.append(f"| {label.split('.')[0]}. converged as % of from-init steps/s | {t} | {pct(fs)} | " +
+                                 " | ".join(pct(share(c, t)) for c in columns) + f" | — | ≥ 90% | {met} |")
         if m == "wide_gflops" and "wide" in cases and limit:
             for t in threads:
                 lim = get("limit", t, "sgemm_gflops")

@@ -1,6 +1,7 @@
 // The same cases as flux_bench.cpp, written as a LibTorch C++ user would write them.
-// Usage: torch_bench CASE THREADS   CASE: seed | mnist | wide | overhead | infer | lenet | fmnist | resnet | lstm |
-//                                    transformer | versions
+// Usage: torch_bench CASE THREADS   CASE: seed | mnist | mnist_converged | wide | overhead | infer | lenet | fmnist |
+//                                    resnet | lstm | lstm_converged | transformer | versions
+// The *_converged cases time the same steps after bench_common.hpp's k*ConvergeSteps steps of training.
 // Builds against Debian's LibTorch 1.13 (bench/CMakeLists.txt inside the project) and against the
 // LibTorch 2.x of PyPI's torch wheel (bench/CMakeLists.txt configured on its own; scripts/bench).
 #include <ATen/Version.h>
@@ -41,13 +42,13 @@ void seed_case() {
   std::printf("seed_steps_per_s %.6g\n", r);
 }
 
-void mnist_case() {
+void mnist_case(int pretrain = 0) {
   nn::Sequential model(nn::Linear(784, 512), nn::ReLU(), nn::Linear(512, 512), nn::ReLU(), nn::Linear(512, 10));
   torch::Tensor x = torch::rand({128, 784});
   torch::Tensor y = (torch::arange(128, torch::kLong) * 7) % 10;  // class indices, as flux's one-hot
   double r = train_steps_per_s(model, x, y, [](auto a, auto b) { return torch::nn::functional::cross_entropy(a, b); },
-                               5, 1.5);
-  std::printf("mnist_steps_per_s %.6g\n", r);
+                               pretrain ? pretrain : 5, 1.5);
+  std::printf("%s %.6g\n", pretrain ? "mnist_converged_steps_per_s" : "mnist_steps_per_s", r);
 }
 
 void wide_case() {
@@ -211,14 +212,14 @@ struct CharLSTMImpl : nn::Module {
 };
 TORCH_MODULE(CharLSTM);
 
-void lstm_case() {
+void lstm_case(int pretrain = 0) {
   CharLSTM model;
   check_parameters("lstm", *model, bench::kLstmParameters);
   torch::Tensor x = torch::one_hot(seq_tensor(0), bench::kVocab).to(torch::kFloat);  // (N, T, V)
   torch::Tensor y = seq_tensor(1).reshape({-1});
   double r = train_steps_per_s(model, x, y, [](auto a, auto b) { return torch::nn::functional::cross_entropy(a, b); },
-                               3, 2.0);
-  std::printf("lstm_steps_per_s %.6g\n", r);
+                               pretrain ? pretrain : 3, 2.0);
+  std::printf("%s %.6g\n", pretrain ? "lstm_converged_steps_per_s" : "lstm_steps_per_s", r);
 }
 
 // A pre-norm block, time-major (T, N, D) as LibTorch's C++ MultiheadAttention takes it (it has no
@@ -284,7 +285,7 @@ void transformer_case() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: torch_bench seed|mnist|wide|overhead|infer|lenet|fmnist|resnet|lstm|transformer [threads]\n");
+    std::fprintf(stderr, "usage: torch_bench seed|mnist|mnist_converged|wide|overhead|infer|lenet|fmnist|resnet|lstm|lstm_converged|transformer [threads]\n");
     return 2;
   }
   std::string which = argv[1];
@@ -312,6 +313,7 @@ int main(int argc, char** argv) {
   std::printf("torch_threads %d\ntorch_mkldnn %d\n", torch::get_num_threads(), int(at::globalContext().hasMKLDNN()));
   if (which == "seed") seed_case();
   else if (which == "mnist") mnist_case();
+  else if (which == "mnist_converged") mnist_case(int(bench::kMnistConvergeSteps));
   else if (which == "wide") wide_case();
   else if (which == "overhead") overhead_case();
   else if (which == "infer") infer_case();
@@ -319,6 +321,7 @@ int main(int argc, char** argv) {
   else if (which == "fmnist") fmnist_case();
   else if (which == "resnet") resnet_case();
   else if (which == "lstm") lstm_case();
+  else if (which == "lstm_converged") lstm_case(int(bench::kLstmConvergeSteps));
   else if (which == "transformer") transformer_case();
   else {
     std::fprintf(stderr, "torch_bench: unknown case %s\n", which.c_str());

@@ -2,7 +2,9 @@
 """The cases of torch_bench.cpp, written as a PyTorch 2.x (eager, Python) user writes them.
 
 Usage: torch_bench.py CASE [THREADS]
-  CASE: seed | mnist | wide | overhead | infer | lenet | fmnist | resnet | lstm | transformer | versions
+  CASE: seed | mnist | mnist_converged | wide | overhead | infer | lenet | fmnist | resnet | lstm |
+        lstm_converged | transformer | versions
+The *_converged cases time the same steps after bench_common.hpp's k*ConvergeSteps steps of training.
 Prints "key value" lines for bench/run_bench.py, the same keys as flux_bench and torch_bench. Runs in
 the virtual environment that scripts/bench makes (PyPI's torch), never in the system Python.
 Shapes, batch sizes, optimiser, warm-up and timed seconds are those of torch_bench.cpp and
@@ -21,6 +23,8 @@ RESNET_SIZE = 112  # bench::kResnetSize
 # bench_common.hpp's sequence cases: batch, window, vocabulary, LSTM hidden, model dim, heads, parameters.
 SEQ_BATCH, SEQ_LEN, VOCAB, LSTM_HIDDEN, MODEL_DIM, HEADS = 32, 64, 62, 256, 64, 4
 LSTM_PARAMETERS, TRANSFORMER_PARAMETERS = 343_614, 112_190
+# bench::kMnistConvergeSteps, bench::kLstmConvergeSteps: training steps before the converged rows' timing.
+MNIST_CONVERGE_STEPS, LSTM_CONVERGE_STEPS = 1000, 300
 
 
 def rate(f, seconds, batch=1):
@@ -96,10 +100,11 @@ def seed_case():
     print(f"seed_steps_per_s {train_steps_per_s(model, x, y, F.mse_loss, 50, 1.0):.6g}")
 
 
-def mnist_case():
+def mnist_case(pretrain=0):
     model = mlp(784, 512, 512, 10)
     x, y = torch.rand(128, 784), class_targets(128)
-    print(f"mnist_steps_per_s {train_steps_per_s(model, x, y, F.cross_entropy, 5, 1.5):.6g}")
+    key = "mnist_converged_steps_per_s" if pretrain else "mnist_steps_per_s"
+    print(f"{key} {train_steps_per_s(model, x, y, F.cross_entropy, pretrain or 5, 1.5):.6g}")
 
 
 def wide_case():
@@ -229,12 +234,13 @@ class CharLSTM(nn.Module):
         return self.head(self.lstm(x)[0].reshape(-1, LSTM_HIDDEN))
 
 
-def lstm_case():
+def lstm_case(pretrain=0):
     model = CharLSTM()
     check_parameters("lstm", model, LSTM_PARAMETERS)
     x = F.one_hot(seq_ids(0), VOCAB).float()
     y = seq_ids(1).reshape(-1)
-    print(f"lstm_steps_per_s {train_steps_per_s(model, x, y, F.cross_entropy, 3, 2.0):.6g}")
+    key = "lstm_converged_steps_per_s" if pretrain else "lstm_steps_per_s"
+    print(f"{key} {train_steps_per_s(model, x, y, F.cross_entropy, pretrain or 3, 2.0):.6g}")
 
 
 class Block(nn.Module):
@@ -291,8 +297,10 @@ def versions_case():
     print(f"config cmake_prefix_path={torch.utils.cmake_prefix_path}")
 
 
-CASES = {"seed": seed_case, "mnist": mnist_case, "wide": wide_case, "overhead": overhead_case, "infer": infer_case,
+CASES = {"seed": seed_case, "mnist": mnist_case, "mnist_converged": lambda: mnist_case(MNIST_CONVERGE_STEPS),
+         "wide": wide_case, "overhead": overhead_case, "infer": infer_case,
          "lenet": lenet_case, "fmnist": fmnist_case, "resnet": resnet_case, "lstm": lstm_case,
+         "lstm_converged": lambda: lstm_case(LSTM_CONVERGE_STEPS),
          "transformer": transformer_case, "versions": versions_case}
 
 

@@ -7,6 +7,7 @@
 #include "flux/data/split.hpp"
 #include "flux/data/standardise.hpp"
 #include "flux/data/device_loader.hpp"
+#include "flux/denormals.hpp"
 #include "flux/data/idx.hpp"
 #include "flux/data/text.hpp"
 #include "flux/device.hpp"

@@ -13,6 +13,7 @@
 #include "flux/out_of_memory.hpp"
 #include "src/backends/caching_pool.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/float_mode.hpp"
 
 #ifndef FLUX_BLAS_NAME
 #define FLUX_BLAS_NAME "unknown BLAS"
@@ -81,6 +82,9 @@ class HostPool {
   backends::CachingPool<void*> pool_{64};
 };
 
+// Every kernel that does float arithmetic runs under FloatModeScope: flush-to-zero for the dtypes the
+// subnormal policy names (flux/denormals.hpp), the caller's own mode restored after it. Copies, fills,
+// casts, gathers and selects move values unchanged and keep the caller's mode.
 class CpuBackend final : public backend::Backend {
  public:
   const char* name() const override { return "CPU"; }
@@ -125,10 +129,12 @@ class CpuBackend final : public backend::Backend {
     cpu::strided_copy(t, ptr(src), ptr(dst), p);
   }
   void unary(int, backend::UnaryOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t n, double alpha) override {
+    FloatModeScope mode(t);
     cpu::unary(op, t, ptr(src), ptr(dst), n, alpha);
   }
   void binary(int, backend::BinaryOp op, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer out,
               const backend::Broadcast& p) override {
+    FloatModeScope mode(t);
     cpu::binary(op, t, ptr(a), ptr(b), ptr(out), p);
   }
   void where(int, DType t, backend::Buffer c, backend::Buffer a, backend::Buffer b, backend::Buffer out,
@@ -137,13 +143,16 @@ class CpuBackend final : public backend::Backend {
   }
   void reduce(int, backend::ReduceOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer,
               int64_t len, int64_t inner) override {
+    FloatModeScope mode(t);
     cpu::reduce(op, t, ptr(src), ptr(dst), outer, len, inner);
   }
   void matmul(int, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer c, const backend::Gemm& g) override {
+    FloatModeScope mode(t);
     cpu::matmul(t, ptr(a), ptr(b), ptr(c), g);
   }
   void softmax(int, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer, int64_t len, int64_t inner,
                bool log) override {
+    FloatModeScope mode(t);
     cpu::softmax(t, ptr(src), ptr(dst), outer, len, inner, log);
   }
   void gather(int, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer, int64_t len,
@@ -152,10 +161,12 @@ class CpuBackend final : public backend::Backend {
   }
   void scatter_add(int, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer,
                    int64_t len, int64_t inner, int64_t nidx) override {
+    FloatModeScope mode(t);
     cpu::scatter_add(t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len, inner, nidx);
   }
   void adam_step(int, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer m, backend::Buffer v, int64_t n,
                  const backend::AdamStep& s) override {
+    FloatModeScope mode(t);
     cpu::adam_step(t, ptr(x), ptr(g), ptr(m), ptr(v), n, s);
   }
   void random_uniform(int, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
@@ -163,40 +174,48 @@ class CpuBackend final : public backend::Backend {
   }
   bool batchnorm_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
                          backend::Buffer mean, backend::Buffer var, int64_t n, int64_t c, int64_t s, double eps) override {
+    FloatModeScope mode(t);
     return cpu::batchnorm_forward(t, ptr(x), w.handle ? ptr(w) : nullptr, b.handle ? ptr(b) : nullptr, ptr(y), ptr(mean),
                                   ptr(var), n, c, s, eps);
   }
   bool batchnorm_backward(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w, backend::Buffer mean,
                           backend::Buffer var, backend::Buffer dx, backend::Buffer dw, backend::Buffer db, int64_t n,
                           int64_t c, int64_t s, double eps) override {
+    FloatModeScope mode(t);
     return cpu::batchnorm_backward(t, ptr(x), ptr(dy), w.handle ? ptr(w) : nullptr, ptr(mean), ptr(var), ptr(dx),
                                    dw.handle ? ptr(dw) : nullptr, db.handle ? ptr(db) : nullptr, n, c, s, eps);
   }
   bool channel_affine(int, DType t, backend::Buffer x, backend::Buffer scale, backend::Buffer shift, backend::Buffer y,
                       int64_t n, int64_t c, int64_t s) override {
+    FloatModeScope mode(t);
     return cpu::channel_affine(t, ptr(x), ptr(scale), shift.handle ? ptr(shift) : nullptr, ptr(y), n, c, s);
   }
   bool unary_backward(int, backend::UnaryOp op, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer dx,
                       int64_t n) override {
+    FloatModeScope mode(t);
     return cpu::unary_backward(op, t, ptr(x), ptr(g), ptr(dx), n);
   }
   bool softmax_backward(int, DType t, backend::Buffer y, backend::Buffer g, backend::Buffer dx, int64_t outer,
                         int64_t len, int64_t inner, bool log) override {
+    FloatModeScope mode(t);
     return cpu::softmax_backward(t, ptr(y), ptr(g), ptr(dx), outer, len, inner, log);
   }
   bool rownorm_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
                        backend::Buffer mean, backend::Buffer rstd, int64_t r, int64_t d, double eps) override {
+    FloatModeScope mode(t);
     return cpu::rownorm_forward(t, ptr(x), or_null(w), or_null(b), ptr(y), ptr(mean), ptr(rstd), r, d, eps);
   }
   bool rownorm_backward(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w, backend::Buffer mean,
                         backend::Buffer rstd, backend::Buffer dx, backend::Buffer dw, backend::Buffer db, int64_t r,
                         int64_t d) override {
+    FloatModeScope mode(t);
     return cpu::rownorm_backward(t, ptr(x), ptr(dy), or_null(w), ptr(mean), ptr(rstd), ptr(dx), or_null(dw), or_null(db),
                                  r, d);
   }
   bool recurrent_forward(int, backend::RecurrentCell cell, DType t, backend::Buffer xg, backend::Buffer hg,
                          backend::Buffer b_hh, backend::Buffer h_prev, backend::Buffer c_prev, backend::Buffer h,
                          backend::Buffer c, backend::Buffer saved, int64_t n, int64_t hidden) override {
+    FloatModeScope mode(t);
     return cpu::recurrent_forward(cell, t, ptr(xg), ptr(hg), or_null(b_hh), ptr(h_prev), or_null(c_prev), ptr(h),
                                   or_null(c), or_null(saved), n, hidden);
   }
@@ -204,6 +223,7 @@ class CpuBackend final : public backend::Backend {
                           backend::Buffer dc, backend::Buffer saved, backend::Buffer c_prev, backend::Buffer c,
                           backend::Buffer h_prev, backend::Buffer h, backend::Buffer dxg, backend::Buffer dhg, int64_t n,
                           int64_t hidden) override {
+    FloatModeScope mode(t);
     return cpu::recurrent_backward(cell, t, ptr(dy), ptr(dh_next), or_null(dc), or_null(saved), or_null(c_prev),
                                    or_null(c), ptr(h_prev), ptr(h), ptr(dxg), or_null(dhg), n, hidden);
   }
@@ -211,6 +231,7 @@ class CpuBackend final : public backend::Backend {
     cpu::im2col(t, ptr(x), ptr(col), g);
   }
   void col2im(int, DType t, backend::Buffer col, backend::Buffer dx, const backend::ConvGeometry& g) override {
+    FloatModeScope mode(t);
     cpu::col2im(t, ptr(col), ptr(dx), g);
   }
   void materialise(int, backend::Buffer b) override {
@@ -218,14 +239,17 @@ class CpuBackend final : public backend::Backend {
   }
   bool conv_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
+    FloatModeScope mode(t);
     return cpu::onednn_conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g);
   }
   bool conv_forward_relu(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
                          const backend::ConvGeometry& g) override {
+    FloatModeScope mode(t);
     return cpu::onednn_conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g, true);
   }
   bool linear_forward(int, DType t, backend::Buffer x, backend::Buffer w, uint64_t w_stamp, backend::Buffer bias,
                       backend::Buffer y, int64_t n, int64_t in, int64_t out, bool relu) override {
+    FloatModeScope mode(t);
     return cpu::linear_forward(t, ptr(x), ptr(w), w_stamp, bias.handle ? ptr(bias) : nullptr, ptr(y), n, in, out,
                                relu);
   }
@@ -235,25 +259,30 @@ class CpuBackend final : public backend::Backend {
   bool conv_forward_affine(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer scale,
                            backend::Buffer shift, backend::Buffer residual, backend::Buffer y,
                            const backend::ConvGeometry& g, bool relu, bool relu_after) override {
+    FloatModeScope mode(t);
     return cpu::onednn_conv_forward_affine(t, ptr(x), ptr(w), ptr(scale), ptr(shift),
                                            residual.handle ? ptr(residual) : nullptr, ptr(y), g, relu, relu_after);
   }
   bool conv_backward_data(int, DType t, backend::Buffer dy, backend::Buffer w, backend::Buffer dx,
                           const backend::ConvGeometry& g) override {
+    FloatModeScope mode(t);
     return cpu::onednn_conv_backward_data(t, ptr(dy), ptr(w), ptr(dx), g);
   }
   bool conv_backward_weight(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer dw,
                             backend::Buffer dbias, const backend::ConvGeometry& g) override {
+    FloatModeScope mode(t);
     return cpu::onednn_conv_backward_weight(t, ptr(x), ptr(dy), ptr(dw), dbias.handle ? ptr(dbias) : nullptr, g);
   }
   void pool_forward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
+    FloatModeScope mode(t);
     if (cpu::onednn_pool_forward(op, t, ptr(x), ptr(y), g)) return;  // on a kept blocked copy of x
     cpu::onednn_materialise(ptr(x));  // x may be a conv output left unwritten (ConvGeometry::output_deferred)
     cpu::pool_forward(op, t, ptr(x), ptr(y), g);
   }
   void pool_backward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y, backend::Buffer dy,
                      backend::Buffer dx, const backend::ConvGeometry& g) override {
+    FloatModeScope mode(t);
     cpu::pool_backward(op, t, ptr(x), ptr(y), ptr(dy), ptr(dx), g);
   }
 

@@ -35,6 +35,9 @@
 #include "src/backends/cpu/kept_weights.hpp"
 #endif
 
+// OpenBLAS's (pthreads build) stop for its server threads; see single_threaded_blas.
+extern "C" __attribute__((weak)) void blas_thread_shutdown_();
+
 namespace flux::cpu {
 
 namespace {
@@ -72,14 +75,20 @@ void blas_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double
 
 // OpenBLAS runs on one thread: its own threads sched_yield()-spin between calls and fought our
 // pool's (futex + sched_yield ~80% of a 2-thread MNIST run's time in strace -c -f). GEMMs large
-// enough to split are cut over our pool instead (gemm_split below). Set once, before the first GEMM.
+// enough to split are cut over our pool instead (gemm_split below). Set once, when libflux loads.
+// OpenBLAS (pthreads build) has started its server threads by then, and they sched_yield()-spin for
+// its thread timeout (2^28 cycles, ~0.1 s of a core) before sleeping for good: they are stopped
+// (blas_thread_shutdown_, its fork handler; OpenBLAS restarts them if someone later asks it for more
+// threads). Weak: absent from other OpenBLAS builds (OpenMP), where nothing is spinning.
 void single_threaded_blas() {
   static const bool once = [] {
     openblas_set_num_threads(1);
+    if (blas_thread_shutdown_) blas_thread_shutdown_();
     return true;
   }();
   (void)once;
 }
+[[maybe_unused]] const bool blas_single_threaded_at_load = (single_threaded_blas(), true);
 
 // ---- oneDNN's matmul as a GEMM engine (f32) ----
 std::atomic<int> g_forced_engine{-1};  // force_gemm_engine(): tests and benchmarks

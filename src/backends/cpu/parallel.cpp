@@ -38,6 +38,7 @@
 #endif
 
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/float_mode.hpp"
 
 namespace flux::cpu {
 
@@ -107,6 +108,7 @@ class Pool {
     if (!serial.owns_lock()) return false;
     fn_ = &fn;
     n_ = n;
+    float_control_ = float_control();  // workers run the region in the caller's mode (flush-to-zero)
     pieces_ = int(std::min<int64_t>({n, threads_, 0xffff}));
     error_ = nullptr;
     done_.value.store(0, std::memory_order_relaxed);
@@ -143,6 +145,7 @@ class Pool {
       } while (!next_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire));
       // The region cannot end before this piece does, so fn_, n_, pieces_ stay this region's.
       const int pieces = pieces_;
+      adopt_float_control(float_control_);
       int64_t begin = n_ * p / pieces, end = n_ * (p + 1) / pieces;
       try {
         (*fn_)(begin, end);
@@ -177,6 +180,7 @@ class Pool {
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
   int pieces_ = 0;
+  uint64_t float_control_ = 0;
   std::exception_ptr error_;
   std::atomic<uint64_t> next_{0};
   std::atomic<int> sleepers_{0};

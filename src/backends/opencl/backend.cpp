@@ -1,5 +1,7 @@
 // The OpenCL backend object: device discovery, contexts and queues, a caching buffer pool per device,
 // copies, program building, and dispatch to the kernel files. Exported as libflux-opencl.so.
+#include <dlfcn.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -89,14 +91,30 @@ const char* bits_type(size_t es) {
   }
 }
 
+namespace {
+// flux's subnormal policy (flux/denormals.hpp), from libflux's C entry (the plugin does not link
+// libflux): bit 0 float32 flushes, bit 1 float64 too. Not found (libflux loaded privately): the default.
+int denormal_flush_mask() {
+  using Mask = int (*)();
+  static const Mask mask = reinterpret_cast<Mask>(dlsym(RTLD_DEFAULT, "flux_denormal_flush_mask"));
+  return mask ? mask() : 1;
+}
+}  // namespace
+
+// -cl-denorms-are-zero where the policy flushes the dtype: PoCL then runs the kernel with FTZ|DAZ on
+// its threads (without it PoCL keeps IEEE subnormals, float and double); a GPU may flush regardless.
+// The option is part of the program's cache key, so a policy change builds the program anew.
 std::string type_options(DeviceState& dev, DType t, const char* api) {
   std::string o = dev.fp64 ? "-DFP64" : "";
+  const int flush = denormal_flush_mask();
   switch (t) {
-    case DType::f32: return o + " -DT=float -DIS_FLOAT -DACC=" + (dev.fp64 ? "double" : "float");
+    case DType::f32:
+      return o + (flush & 1 ? " -cl-denorms-are-zero" : "") + " -DT=float -DIS_FLOAT -DACC=" +
+             (dev.fp64 ? "double" : "float");
     case DType::f64:
       if (!dev.fp64)
         ::flux::detail::fail("[", api, "] OpenCL device ", dev.name, " does not support Float64 (no cl_khr_fp64)");
-      return o + " -DT=double -DIS_FLOAT -DACC=double";
+      return o + (flush & 2 ? " -cl-denorms-are-zero" : "") + " -DT=double -DIS_FLOAT -DACC=double";
     case DType::i32: return o + " -DT=int -DIS_SIGNED -DACC=long";
     case DType::i64: return o + " -DT=long -DIS_SIGNED -DACC=long";
     case DType::u8: case DType::boolean: return o + " -DT=uchar -DACC=long";

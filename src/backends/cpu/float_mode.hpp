@@ -1,0 +1,37 @@
+// The floating-point mode CPU kernels run under (flux/denormals.hpp): flush-to-zero and
+// denormals-are-zero for the dtypes the process-wide policy names. x86-64: MXCSR's FTZ (bit 15) and
+// DAZ (bit 6), which govern SSE/AVX float and double alike, so a float64 kernel is run with the
+// caller's own mode unless float64 flushing was asked for. AArch64: FPCR.FZ. Elsewhere: no mode.
+// Only the calling thread's register changes, and only for the kernel's scope; flux's pool threads
+// take the mode of the thread that started each region (parallel.cpp).
+#pragma once
+#include <cstdint>
+
+#include "flux/dtype.hpp"
+
+namespace flux::cpu {
+
+/// Whether this CPU has a flush-to-zero mode that flux can set (x86-64 with DAZ, AArch64).
+bool can_flush_denormals();
+
+/// This thread's floating-point control bits (MXCSR without its status flags; FPCR); 0 elsewhere.
+uint64_t float_control();
+/// Makes this thread's control bits `control` (from float_control() of another thread); keeps its
+/// status flags. Cheap when they already are.
+void adopt_float_control(uint64_t control);
+
+/// For its scope, this thread flushes subnormals when flushes_denormals(dtype); else nothing changes.
+/// The destructor restores the thread's previous control bits.
+class FloatModeScope {
+ public:
+  explicit FloatModeScope(DType dtype);
+  ~FloatModeScope();
+  FloatModeScope(const FloatModeScope&) = delete;
+  FloatModeScope& operator=(const FloatModeScope&) = delete;
+
+ private:
+  uint64_t saved_ = 0;
+  bool changed_ = false;
+};
+
+}  // namespace flux::cpu
