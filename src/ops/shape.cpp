@@ -5,6 +5,7 @@
 
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
+#include "src/checked_size.hpp"
 #include "src/ops/ops_internal.hpp"
 
 namespace flux {
@@ -268,6 +269,7 @@ Tensor onehot(const Tensor& labels, int64_t nclasses, DType t) {
     fail("[onehot] labels must be an integer tensor, got ", dtype_name(labels.dtype()));
   if (labels.ndim() != 1) fail("[onehot] labels must be 1-dimensional, got shape ", to_string(labels.shape()));
   if (nclasses <= 0) fail("[onehot] nclasses must be positive, got ", nclasses);
+  checked_numel("onehot", Shape{labels.numel(), nclasses}, t);  // before arange(nclasses) and the compare
   for (int64_t v : labels.to_vector<int64_t>())
     if (v < 0 || v >= nclasses) fail("[onehot] label ", v, " is outside 0..", nclasses - 1);
   Tensor l = raw_cast(labels, DType::i64).reshape(Shape{labels.numel(), 1});
