@@ -28,6 +28,15 @@ Tensor Tape::leaf(const Tensor& x) {
 
 bool recording() { return g_active != nullptr; }
 
+void refuse_nested(const char* api) {
+  if (g_active)
+    detail::fail("[", api, "] nested differentiation is not supported: it was called inside a function that ",
+                 "is itself being differentiated, and the outer gradient would silently treat the inner ",
+                 "gradient as a constant (d/dx of d/dx x^3 would give 0). Take second derivatives by finite ",
+                 "differences of gradients, or call the inner gradient inside a flux::autodiff::NoGrad scope ",
+                 "to use its value as a constant on purpose");
+}
+
 bool tracked(const Tensor& t) {
   return g_active && t.defined() && t.impl()->tape_id >= 0 &&
          t.impl()->tape_generation == g_active->generation();

@@ -26,6 +26,10 @@ backend::Buffer deferrable_buffer(const Tensor& t);
 /// After a forward conv set *ConvGeometry::output_deferred: t's plain content is still to be written.
 void mark_deferred(const Tensor& t);
 
+/// Whether optimisers::update is writing t's array right now, in some thread (src/optimisers/optimisers.cpp):
+/// save refuses such a tensor (two threads training, or saving while training, one model: a user error).
+bool being_updated(const Tensor& t);
+
 /// Sets the seed of the counter-based device generator (rand_like, dropout) and resets its call
 /// counter (src/ops/random.cpp); seed(n) calls it.
 void reset_random_stream(uint64_t seed);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <mutex>
 #include <numeric>
@@ -13,6 +14,7 @@
 
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
+#include "src/checked_size.hpp"
 #include "src/internal.hpp"
 
 namespace flux {
@@ -31,7 +33,9 @@ void Shape::push_back(int64_t v) {
 }
 int64_t Shape::numel() const {
   int64_t n = 1;
-  for (int i = 0; i < n_; ++i) n *= d_[i];
+  for (int i = 0; i < n_; ++i)
+    if (__builtin_mul_overflow(n, d_[i], &n))
+      detail::fail("[numel] shape ", to_string(*this), " has more elements than an int64 can count");
   return n;
 }
 bool Shape::operator==(const Shape& o) const {
@@ -76,26 +80,24 @@ uint64_t content_stamp(const Tensor& t) {
 Storage::~Storage() { backend->deallocate(device.index(), buffer, bytes); }
 
 // ---------------- Tensor basics ----------------
-static void check_shape(const char* api, const Shape& s) {
-  for (int64_t d : s)
-    if (d < 0) detail::fail("[", api, "] negative dimension in shape ", to_string(s));
-}
-
-Tensor Tensor::empty(Shape shape, DType t, Device d) {
-  check_shape("empty", shape);
+// A fresh tensor for the public API `api` (its name is in the errors of a bad shape).
+static Tensor empty_for(const char* api, const Shape& shape, DType t, const Device& d) {
+  const int64_t n = detail::checked_numel(api, shape, t);
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->dtype = t;
   backend::Backend& b = detail::backend_for(d);
-  impl->storage = std::make_shared<Storage>(&b, d, size_t(shape.numel()) * dtype_size(t));
+  impl->storage = std::make_shared<Storage>(&b, d, size_t(n) * dtype_size(t));
   return Tensor(std::move(impl));
 }
+
+Tensor Tensor::empty(Shape shape, DType t, Device d) { return empty_for("empty", shape, t, d); }
 
 static Tensor from_host(const void* data, size_t count, Shape shape, DType t, const char* api) {
   if (shape.numel() != int64_t(count))
     detail::fail("[", api, "] ", count, " values do not fill shape ", to_string(shape), " (",
                  shape.numel(), " elements)");
-  Tensor out = Tensor::empty(shape, t);
+  Tensor out = empty_for(api, shape, t, Device());
   if (count) out.backend().copy_from_host(0, out.buffer(), data, count * dtype_size(t));
   return out;
 }
@@ -166,26 +168,58 @@ bool Tensor::same_storage(const Tensor& o) const {
   return defined() && o.defined() && impl_->storage == o.impl_->storage && impl_->offset == o.impl_->offset;
 }
 
-template <class T> std::vector<T> Tensor::to_vector() const {
-  const TensorImpl& i = need(*this, "to_vector");
-  int64_t n = numel();
-  std::vector<unsigned char> raw(nbytes());
-  if (n) backend().copy_to_host(device().index(), raw.data(), buffer(), raw.size());
-  std::vector<T> out(static_cast<size_t>(n));
-  const bool exact_int64 = std::is_integral_v<T> && !std::is_same_v<T, bool> && i.dtype == DType::i64;
+namespace {
+template <class T> const char* host_type_name() {
+  if constexpr (std::is_same_v<T, int32_t>) return "int32";
+  else if constexpr (std::is_same_v<T, int64_t>) return "int64";
+  else return "uint8";
+}
+
+// The values of t as T; `api` names the caller in errors. To an integer T, a value T cannot hold (NaN,
+// ±Inf, out of range) is a flux::Error, as for Tensor::cast (no undefined C++ conversion).
+template <class T> std::vector<T> host_values(const Tensor& t, const char* api) {
+  const TensorImpl& i = need(t, api);
+  int64_t n = t.numel();
+  std::vector<unsigned char> raw = detail::host_vector<unsigned char>(api, int64_t(t.nbytes()));
+  if (n) t.backend().copy_to_host(t.device().index(), raw.data(), t.buffer(), raw.size());
+  std::vector<T> out = detail::host_vector<T>(api, n);
+  constexpr bool integral = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+  const bool exact_int64 = integral && i.dtype == DType::i64;
   for (int64_t k = 0; k < n; ++k) {
     // Int64 to an integer type without a double in between: doubles hold integers exactly only up to
     // 2^53, and 2^63 - 1 rounds to 2^63, which no int64_t holds (UB; found by tests/fuzz/fuzz_csv).
     if (exact_int64) {
       int64_t v;
       std::memcpy(&v, raw.data() + size_t(k) * sizeof(int64_t), sizeof v);
+      if constexpr (integral) {
+        if (v < int64_t(std::numeric_limits<T>::min()) || v > int64_t(std::numeric_limits<T>::max()))
+          detail::fail("[", api, "] cannot convert ", v, " to ", host_type_name<T>(), " (element ", k, " of ", summary(t), ")");
+      }
       out[size_t(k)] = T(v);
     } else {
-      out[size_t(k)] = T(detail::load_as_double(raw.data(), i.dtype, k));
+      const double v = detail::load_as_double(raw.data(), i.dtype, k);
+      if constexpr (integral) {
+        // Open bounds on v: its truncation toward zero is within T exactly when v lies inside them.
+        const double below = double(std::numeric_limits<T>::min()) - 1.0, above = double(std::numeric_limits<T>::max()) + 1.0;
+        const bool fits = std::is_same_v<T, int64_t> ? (v >= -9223372036854775808.0 && v < 9223372036854775808.0)
+                                                      : (v > below && v < above);
+        if (!fits) {
+          std::ostringstream os;
+          if (std::isnan(v)) os << "NaN";
+          else if (std::isinf(v)) os << (v > 0 ? "Inf" : "-Inf");
+          else os << v;
+          detail::fail("[", api, "] cannot convert ", os.str(), " to ", host_type_name<T>(), " (element ", k, " of ",
+                       summary(t), "): NaN, Inf and out-of-range values have no integer value");
+        }
+      }
+      out[size_t(k)] = T(v);
     }
   }
   return out;
 }
+}  // namespace
+
+template <class T> std::vector<T> Tensor::to_vector() const { return host_values<T>(*this, "to_vector"); }
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
@@ -196,7 +230,7 @@ template std::vector<bool> Tensor::to_vector<bool>() const;
 template <class T> T Tensor::item() const {
   if (numel() != 1)
     detail::fail("[item] needs a one-element tensor; got shape ", to_string(shape()));
-  return to_vector<T>()[0];
+  return host_values<T>(*this, "item")[0];
 }
 template float Tensor::item<float>() const;
 template double Tensor::item<double>() const;
@@ -216,7 +250,7 @@ Tensor Tensor::reshape(Shape s) const {
     } else if (s[k] < 0) {
       detail::fail("[reshape] negative dimension in ", to_string(s));
     } else {
-      known *= s[k];
+      known = detail::checked_mul("reshape", "the element count of the new shape", known, s[k]);
     }
   }
   if (infer >= 0) {
@@ -224,7 +258,7 @@ Tensor Tensor::reshape(Shape s) const {
       detail::fail("[reshape] cannot reshape ", to_string(i.shape), " into ", to_string(s));
     s[infer] = numel() / known;
   }
-  if (s.numel() != numel())
+  if (detail::checked_numel("reshape", s, i.dtype) != numel())
     detail::fail("[reshape] cannot reshape ", to_string(i.shape), " (", numel(), " elements) into ",
                  to_string(s), " (", s.numel(), " elements)");
   auto impl = std::make_shared<TensorImpl>(i);
@@ -266,13 +300,14 @@ Tensor Tensor::contiguous_copy() const {
 }
 
 // ---------------- construction ----------------
-Tensor full(Shape shape, double value, DType t, Device d) {
-  Tensor out = Tensor::empty(shape, t, d);
+static Tensor filled(const char* api, const Shape& shape, double value, DType t, const Device& d) {
+  Tensor out = empty_for(api, shape, t, d);
   if (out.numel()) out.backend().fill(d.index(), t, out.buffer(), out.numel(), value);
   return out;
 }
-Tensor zeros(Shape shape, DType t, Device d) { return full(shape, 0.0, t, d); }
-Tensor ones(Shape shape, DType t, Device d) { return full(shape, 1.0, t, d); }
+Tensor full(Shape shape, double value, DType t, Device d) { return filled("full", shape, value, t, d); }
+Tensor zeros(Shape shape, DType t, Device d) { return filled("zeros", shape, 0.0, t, d); }
+Tensor ones(Shape shape, DType t, Device d) { return filled("ones", shape, 1.0, t, d); }
 Tensor zeros_like(const Tensor& x) { return zeros(x.shape(), x.dtype(), x.device()); }
 Tensor ones_like(const Tensor& x) { return ones(x.shape(), x.dtype(), x.device()); }
 Tensor full_like(const Tensor& x, double v) { return full(x.shape(), v, x.dtype(), x.device()); }
@@ -305,7 +340,7 @@ void seed(uint64_t s) {
 
 std::vector<int64_t> randperm(int64_t n) {
   if (n < 0) detail::fail("[randperm] needs a non-negative length, got ", n);
-  std::vector<int64_t> p(static_cast<size_t>(n));
+  std::vector<int64_t> p = detail::host_vector<int64_t>("randperm", n);
   std::iota(p.begin(), p.end(), int64_t(0));
   std::lock_guard<std::mutex> lock(g_rng_mutex);
   for (int64_t i = n - 1; i > 0; --i) {
@@ -315,9 +350,13 @@ std::vector<int64_t> randperm(int64_t n) {
   return p;
 }
 
+// The device tensor first (a size the device cannot hold is OutOfMemory there, before any host
+// work), then the values drawn on the host in float64 and uploaded.
 Tensor rand(Shape shape, DType t, Device d) {
-  check_shape("rand", shape);
-  std::vector<double> v(static_cast<size_t>(shape.numel()));
+  const int64_t n = detail::checked_numel("rand", shape, t);
+  if (!is_floating(t)) detail::fail("[rand] needs a floating-point dtype, got ", dtype_name(t));
+  empty_for("rand", shape, t, d);
+  std::vector<double> v = detail::host_vector<double>("rand", n);
   {
     std::lock_guard<std::mutex> lock(g_rng_mutex);
     for (double& x : v) x = double(rng()() >> 11) * 0x1.0p-53;
@@ -326,8 +365,10 @@ Tensor rand(Shape shape, DType t, Device d) {
 }
 
 Tensor randn(Shape shape, DType t, Device d) {
-  check_shape("randn", shape);
-  std::vector<double> v(static_cast<size_t>(shape.numel()));
+  const int64_t n = detail::checked_numel("randn", shape, t);
+  if (!is_floating(t)) detail::fail("[randn] needs a floating-point dtype, got ", dtype_name(t));
+  empty_for("randn", shape, t, d);
+  std::vector<double> v = detail::host_vector<double>("randn", n);
   {
     std::lock_guard<std::mutex> lock(g_rng_mutex);
     std::normal_distribution<double> dist(0.0, 1.0);
@@ -338,9 +379,17 @@ Tensor randn(Shape shape, DType t, Device d) {
 
 Tensor arange(double start, double stop, double step, DType t, Device d) {
   if (step == 0) detail::fail("[arange] step must be non-zero");
-  int64_t n = int64_t(std::ceil((stop - start) / step));
-  if (n < 0) n = 0;
-  std::vector<double> v(static_cast<size_t>(n));
+  if (!std::isfinite(start) || !std::isfinite(stop) || !std::isfinite(step))
+    detail::fail("[arange] start, stop and step must be finite; got arange(", start, ", ", stop, ", ", step, ")");
+  const double count = std::ceil((stop - start) / step);
+  // 2^53: beyond it start + i * step no longer steps by one element (and no memory holds it anyway).
+  if (!(count <= 9007199254740992.0))
+    detail::fail("[arange] arange(", start, ", ", stop, ", ", step, ") would have ", count,
+                 " elements; at most 2^53 are supported");
+  const int64_t n = count > 0 ? int64_t(count) : 0;
+  detail::checked_numel("arange", Shape{n}, t);
+  empty_for("arange", Shape{n}, t, d);  // the device's OutOfMemory before the host buffer
+  std::vector<double> v = detail::host_vector<double>("arange", n);
   for (int64_t i = 0; i < n; ++i) v[i] = start + double(i) * step;
   Tensor host(v, Shape{n});
   return to(t == DType::f64 ? host : host.cast(t), d);

@@ -49,6 +49,11 @@ class Tape {
 /// True while a tape records on this thread (inside gradient()/withgradient(), outside NoGrad):
 /// layers in automatic mode (BatchNorm, Dropout) then use their training behaviour.
 bool recording();
+/// Throws flux::Error "[api] nested differentiation ..." when a tape records on this thread: gradient()
+/// inside a function being differentiated would hand back an untracked result, so the outer gradient
+/// would silently miss everything that flows through it (d/dx of d/dx x^3 would be 0). Not supported;
+/// the error says so. Under NoGrad the inner gradient is allowed (its result is then a constant).
+void refuse_nested(const char* api);
 /// True when an op's result should be recorded (a tape is active and t is on it).
 bool tracked(const Tensor& t);
 /// Records `out` as the result of an op on `inputs` if any input is tracked. `site` names the

@@ -11,6 +11,9 @@ namespace flux::detail {
 
 void check_loader(const Tensor* data, size_t count, const DataLoaderOptions& o) {
   if (o.batchsize <= 0) fail("[DataLoader] batchsize must be positive, got ", o.batchsize);
+  int64_t global = 0;
+  if (__builtin_mul_overflow(o.batchsize, int64_t(o.shard.size()), &global))
+    fail("[DataLoader] batchsize ", o.batchsize, " times ", o.shard.size(), " ranks overflows int64");
   for (size_t i = 0; i < count; ++i) {
     if (!data[i].defined()) fail("[DataLoader] tensor ", i, " is undefined");
     if (data[i].ndim() == 0) fail("[DataLoader] tensor ", i, " is 0-dimensional; observations go along the first axis");

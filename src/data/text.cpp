@@ -10,6 +10,7 @@
 
 #include "flux/backend.hpp"
 #include "flux/error.hpp"
+#include "flux/out_of_memory.hpp"
 #include "src/data/read_file.hpp"
 
 namespace flux::data {
@@ -45,6 +46,10 @@ std::string read_text_file(const char* api, const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) fail("[", api, "] cannot open '", path, "': no such file");
   if (std::filesystem::is_directory(path, ec)) fail("[", api, "] cannot open '", path, "': is a directory");
+  // A device file (/dev/zero) would be read without end; a FIFO (a pipe, <(...)) ends and is allowed.
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::is_regular_file(status) && !std::filesystem::is_fifo(status))
+    fail("[", api, "] cannot read '", path, "': not a regular file (a device, socket or other special file)");
   // gzread reads plain files unchanged and inflates gzip members.
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) fail("[", api, "] cannot open '", path, "' for reading");
@@ -52,7 +57,14 @@ std::string read_text_file(const char* api, const std::string& path) {
   char buf[1 << 16];
   for (;;) {
     int n = gzread(f, buf, sizeof buf);
-    if (n > 0) text.append(buf, size_t(n));
+    if (n > 0) {
+      try {
+        text.append(buf, size_t(n));
+      } catch (const std::exception&) {  // bad_alloc / length_error: a gzip bomb or a huge file
+        gzclose(f);
+        throw OutOfMemory("CPU", text.size() + size_t(n), 0, 0, 0, std::string("host memory for [") + api + "] '" + path + "'");
+      }
+    }
     if (n < int(sizeof buf)) {
       int code = Z_OK;
       const char* msg = gzerror(f, &code);

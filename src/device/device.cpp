@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -181,6 +182,38 @@ std::filesystem::path preferences_path() {
   return std::filesystem::current_path() / "LocalPreferences.toml";
 }
 
+// The text of a preference file, or nullopt with `why` set: a directory, a device file, a file over
+// 1 MiB or one that cannot be read is refused here rather than read into memory without end
+// (/dev/zero) or left to a std exception.
+std::optional<std::string> read_preferences_text(const std::filesystem::path& path, std::string& why) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec) {
+    why = ec.message();
+    return std::nullopt;
+  }
+  if (!std::filesystem::is_regular_file(status)) {
+    why = std::filesystem::is_directory(status) ? "it is a directory" : "it is not a regular file";
+    return std::nullopt;
+  }
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec || size > (1u << 20)) {
+    why = ec ? ec.message() : "it is larger than 1 MiB";
+    return std::nullopt;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    why = "it cannot be opened";
+    return std::nullopt;
+  }
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) {
+    why = "reading it failed";
+    return std::nullopt;
+  }
+  return text;
+}
+
 // The preference as read once at start; empty when none.
 const std::string& preferred_backend() {
   static const std::string pref = [] {
@@ -190,13 +223,13 @@ const std::string& preferred_backend() {
       debug("preferences: no ", path.string());
       return std::string();
     }
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      warn_once("[flux] cannot read " + path.string() + ". Ignoring the preference.");
+    std::string why;
+    std::optional<std::string> text = read_preferences_text(path, why);
+    if (!text) {
+      warn_once("[flux] cannot read " + path.string() + " (" + why + "). Ignoring the preference.");
       return std::string();
     }
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    preferences::Preference p = preferences::parse(text, path.string());
+    preferences::Preference p = preferences::parse(*text, path.string());
     if (!p.warning.empty()) warn_once(p.warning);
     if (p.backend.empty()) {
       if (p.warning.empty()) debug("preferences: ", path.string(), " has no [flux] gpu_backend");
@@ -290,9 +323,10 @@ void gpu_backend(const std::string& requested) {
   std::string existing;
   std::error_code ec;
   if (std::filesystem::exists(path, ec)) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) detail::fail("[gpu_backend] cannot read ", path.string());
-    existing.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string why;
+    std::optional<std::string> text = read_preferences_text(path, why);
+    if (!text) detail::fail("[gpu_backend] cannot read ", path.string(), ": ", why);
+    existing = std::move(*text);
   }
   std::string text = preferences::with_backend(existing, path.string(), name);
   std::filesystem::path tmp = path;

@@ -23,8 +23,16 @@ Preference parse(std::string_view text, const std::string& source) {
     out.malformed = true;
     return out;
   }
-  auto value = table["flux"]["gpu_backend"].value<std::string>();
-  if (!value) return out;
+  auto node = table["flux"]["gpu_backend"];
+  if (!node) return out;
+  auto value = node.value<std::string>();
+  if (!value || !node.is_string()) {
+    std::ostringstream os;
+    os << "[flux] " << source << ": gpu_backend must be a string such as \"OpenCL\"; got " << node.type()
+       << ". Ignoring the preference.";
+    out.warning = os.str();
+    return out;
+  }
   auto names = supported_devices();
   if (std::find(names.begin(), names.end(), *value) == names.end()) {
     out.warning = "[flux] " + source + ": unknown gpu_backend \"" + *value +

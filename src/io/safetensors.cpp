@@ -309,11 +309,20 @@ namespace io_detail {
 
 void save_named(const std::string& api, const std::string& path, const Targets& tensors, const Metadata& metadata) {
   const std::string context = context_of(api, path);
+  // Named here, not as a failed rename of the temporary file at the end.
+  if (path.empty()) detail::fail("[", api, "] the path is empty; name a file such as \"model.safetensors\"");
+  struct stat target {};
+  if (path.back() == '/' || (::stat(path.c_str(), &target) == 0 && S_ISDIR(target.st_mode)))
+    detail::fail(context, ": '", path, "' is a directory; name a file such as \"", path,
+                 path.back() == '/' ? "" : "/", "model.safetensors\"");
   std::vector<safetensors::Entry> entries;
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : tensors) {
     if (!t.defined()) detail::fail(context, ": tensor '", name, "' is undefined");
     if (!by_name.emplace(name, &t).second) detail::fail(context, ": two tensors are named '", name, "'");
+    if (detail::being_updated(t))  // a cheap check, not a lock: it sees an update in progress
+      detail::fail(context, ": tensor '", name, "' is being updated by optimisers::update in another thread; the file ",
+                   "would mix two steps. Save from the training thread, between steps");
     safetensors::Entry e;
     e.name = name;
     e.dtype = t.dtype();

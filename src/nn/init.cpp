@@ -6,6 +6,7 @@
 
 #include "flux/error.hpp"
 #include "flux/ops.hpp"
+#include "src/checked_size.hpp"
 
 namespace flux {
 
@@ -101,6 +102,7 @@ Tensor Orthogonal::operator()(const Shape& shape, DType t) const {
 namespace detail {
 Tensor initialise(const char* api, const Initialiser& init, const Shape& shape, DType t) {
   if (!init) fail("[", api, "] .init is empty; pass an initialiser such as glorot_uniform");
+  checked_numel(api, shape, t);  // Dense(1 << 62, 4): an error naming the layer, not a wrapped count
   Tensor w = init(shape, t);
   if (!w.defined() || w.shape() != shape)
     fail("[", api, "] init returned ", w.defined() ? summary(w) : std::string("an undefined tensor"),

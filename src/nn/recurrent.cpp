@@ -9,6 +9,7 @@
 #include "flux/nn/recurrent.hpp"
 
 #include "flux/nn/show.hpp"
+#include "src/checked_size.hpp"
 #include "src/nn/match_eltype.hpp"
 #include "src/ops/ops_internal.hpp"
 
@@ -26,7 +27,7 @@ int64_t gates(Kind k) { return k == Kind::lstm ? 4 : k == Kind::gru ? 3 : 1; }
 template <class Cell>
 void init_cell(Cell& cell, const char* api, Kind kind, int64_t in, int64_t hidden, const RecurrentOptions& o) {
   if (in <= 0 || hidden <= 0) fail("[", api, "] sizes must be positive; got ", api, "(", in, " => ", hidden, ")");
-  const int64_t g = gates(kind) * hidden;
+  const int64_t g = detail::checked_mul(api, "the gate count (gates × hidden)", gates(kind), hidden);
   cell.weight_ih = detail::initialise(api, o.init, Shape{g, in}, o.dtype);
   cell.weight_hh = detail::initialise(api, o.init, Shape{g, hidden}, o.dtype);
   if (o.bias) {

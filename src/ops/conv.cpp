@@ -412,7 +412,7 @@ Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, cons
     // Flux's SamePad for ConvTranspose: out = in * stride (dilation 1), the pad of a conv with kernel
     // k - stride + 1; the odd pixel on the low side, as for conv.
     for (int i = 0; i < n; ++i) {
-      int64_t total = std::max<int64_t>(0, g.dilation[i] * (g.kernel[i] - g.stride[i]));
+      int64_t total = std::max<int64_t>(0, int64_t(std::clamp<__int128>(__int128(g.dilation[i]) * (g.kernel[i] - g.stride[i]), 0, INT64_MAX)));
       g.pad_lo[i] = total - total / 2;
       g.pad_hi[i] = total / 2;
     }
@@ -426,8 +426,13 @@ Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, cons
   int64_t sizes[3] = {1, 1, 1};
   bool positive = true;
   for (int i = 0; i < n; ++i) {
-    sizes[i] = (g.out[i] - 1) * g.stride[i] - g.pad_lo[i] - g.pad_hi[i] + g.dilation[i] * (g.kernel[i] - 1) +
-               extra[size_t(i)] + 1;
+    // In 128 bits: a huge stride, kernel or dilation is an error below, never a wrapped size.
+    const __int128 size = __int128(g.out[i] - 1) * g.stride[i] - g.pad_lo[i] - g.pad_hi[i] +
+                          __int128(g.dilation[i]) * (g.kernel[i] - 1) + extra[size_t(i)] + 1;
+    if (size > INT64_MAX)
+      fail("[", api, "] output size on axis ", i, " overflows int64 (input ", dims_string(g.out, n), ", stride ",
+           dims_string(g.stride, n), ", kernel ", dims_string(g.kernel, n), ", dilation ", dims_string(g.dilation, n), ")");
+    sizes[i] = int64_t(size);
     positive = positive && sizes[i] >= 1;
   }
   if (!positive)
@@ -435,6 +440,7 @@ Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, cons
          dims_string(g.out, n), ", kernel ", dims_string(g.kernel, n), ", padding lo ", dims_string(g.pad_lo, n),
          " hi ", dims_string(g.pad_hi, n), ")");
   for (int i = 0; i < n; ++i) g.in[i] = sizes[i];
+  check_geometry_sizes(api, g);
   Tensor y = conv_data_raw(x, w, g, bias);
   bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
   if (need_x || need_w || need_b) {

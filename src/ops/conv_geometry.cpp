@@ -1,6 +1,7 @@
 // Window geometry shared by conv, conv_transpose and the pools.
 #include "src/ops/conv_geometry.hpp"
 
+#include "src/checked_size.hpp"
 #include "src/ops/ops_internal.hpp"
 
 namespace flux::detail {
@@ -29,7 +30,7 @@ void resolve_padding(const char* api, const Padding& p, backend::ConvGeometry& g
     // Flux's calc_padding(SamePad()): a total of dilation * (k - 1) per axis, the odd pixel on the
     // low side (cld low, fld high); independent of the input size, out = ceil(in / stride).
     for (int i = 0; i < n; ++i) {
-      int64_t total = std::max<int64_t>(0, g.dilation[i] * (g.kernel[i] - 1));
+      int64_t total = std::max<int64_t>(0, checked_mul(api, "SamePad's total padding", g.dilation[i], g.kernel[i] - 1));
       g.pad_lo[i] = total - total / 2;
       g.pad_hi[i] = total / 2;
     }
@@ -65,8 +66,9 @@ int spatial_axes(const char* api, const Tensor& x, int expected) {
 
 void compute_output_size(const char* api, backend::ConvGeometry& g) {
   for (int i = 0; i < g.spatial; ++i) {
-    int64_t padded = g.in[i] + g.pad_lo[i] + g.pad_hi[i];
-    int64_t effective = g.dilation[i] * (g.kernel[i] - 1) + 1;
+    // Checked: a huge pad, kernel or dilation is an error here, not a wrapped (negative) output size.
+    int64_t padded = checked_add(api, "the padded input size", checked_add(api, "the padded input size", g.in[i], g.pad_lo[i]), g.pad_hi[i]);
+    int64_t effective = checked_add(api, "the dilated kernel size", checked_mul(api, "the dilated kernel size", g.dilation[i], g.kernel[i] - 1), 1);
     if (effective > padded) {
       int64_t in_sizes[3], padded_sizes[3], eff[3];
       for (int j = 0; j < g.spatial; ++j) {
@@ -80,6 +82,20 @@ void compute_output_size(const char* api, backend::ConvGeometry& g) {
     }
     g.out[i] = (padded - effective) / g.stride[i] + 1;
   }
+  check_geometry_sizes(api, g);
+}
+
+void check_geometry_sizes(const char* api, const backend::ConvGeometry& g) {
+  // The input, the output and the im2col columns (C * prod(kernel) by prod(out) per image) must be countable.
+  int64_t window = std::max<int64_t>(g.in_channels, 1);
+  for (int i = 0; i < g.spatial; ++i) window = checked_mul(api, "the window's element count", window, g.kernel[i]);
+  int64_t pixels = 1;
+  for (int i = 0; i < g.spatial; ++i) pixels = checked_mul(api, "the output's pixel count", pixels, g.out[i]);
+  checked_mul(api, "the im2col column count", window, pixels);
+  Shape out_shape{g.batch, g.out_channels}, in_shape{g.batch, g.in_channels};
+  for (int i = 0; i < g.spatial; ++i) out_shape.push_back(g.out[i]), in_shape.push_back(g.in[i]);
+  checked_numel(api, out_shape);
+  checked_numel(api, in_shape);
 }
 
 Shape output_shape(const backend::ConvGeometry& g) {

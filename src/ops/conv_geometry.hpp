@@ -26,6 +26,9 @@ int spatial_axes(const char* api, const Tensor& x, int expected = 0);
 /// the padded input and the effective kernel) when the window does not fit.
 void compute_output_size(const char* api, backend::ConvGeometry& g);
 
+/// Errors (naming api and the sizes) unless g's input, output and im2col column counts fit in int64.
+void check_geometry_sizes(const char* api, const backend::ConvGeometry& g);
+
 /// The output shape (N, C_out, out...) of g.
 Shape output_shape(const backend::ConvGeometry& g);
 

@@ -1,9 +1,13 @@
 // Elementwise ops with broadcasting, casts and device moves; each backward sits beside its forward.
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <sstream>
+#include <string>
 
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
+#include "src/checked_size.hpp"
 #include "src/ops/ops_internal.hpp"
 
 namespace flux {
@@ -34,6 +38,7 @@ Shape broadcast_shapes(const char* api, const Shape& a, const Shape& b) {
       fail("[", api, "] shapes ", to_string(a), " and ", to_string(b), " cannot be broadcast together");
     out.push_back(da == 1 ? db : da);
   }
+  checked_numel(api, out);
   return out;
 }
 
@@ -75,6 +80,44 @@ Tensor raw_cast(const Tensor& x, DType t) {
   return out;
 }
 
+static std::string value_text(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Inf" : "-Inf";
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// The rule for conversions to an integer dtype (README, "Conversions"): a value the integer type cannot
+// hold (NaN, ±Inf, a float whose truncation is out of range, an Int64 beyond Int32 or UInt8) is a
+// flux::Error, the same on every device (Julia's InexactError; a C++ cast would be undefined and the
+// devices would disagree: INT64_MIN, wrapping, saturation). In-range floats truncate toward zero
+// (C++, NumPy's astype, PyTorch's to()); Bool is x != 0. Costs a min, a max and one host read.
+void check_integer_cast(const char* api, const Tensor& x, DType t) {
+  if (t != DType::i32 && t != DType::i64 && t != DType::u8) return;
+  const DType from = x.dtype();
+  if (from == t || from == DType::boolean || from == DType::u8 || (from == DType::i32 && t == DType::i64)) return;
+  if (x.numel() == 0) return;
+  // Open bounds on the value itself: its truncation toward zero fits exactly inside them.
+  const double below = t == DType::u8 ? -1.0 : t == DType::i32 ? -2147483649.0 : -9223372036854777856.0;
+  const double above = t == DType::u8 ? 256.0 : t == DType::i32 ? 2147483648.0 : 9223372036854775808.0;
+  autodiff::NoGrad no_grad;
+  Tensor v = is_half(from) ? raw_cast(x, DType::f32) : x;
+  Tensor range = stack({min(v).cast(DType::f64), max(v).cast(DType::f64)});
+  const std::vector<double> lohi = range.to_vector<double>();
+  const double lo = lohi[0], hi = lohi[1];
+  double bad = 0;
+  if (std::isnan(lo) || std::isnan(hi)) bad = std::numeric_limits<double>::quiet_NaN();
+  else if (!(lo > below)) bad = lo;
+  else if (!(hi < above)) bad = hi;
+  else return;
+  const char* range_text = t == DType::u8 ? "0 to 255" : t == DType::i32 ? "-2147483648 to 2147483647"
+                                                                          : "-9223372036854775808 to 9223372036854775807";
+  fail("[", api, "] cannot convert ", value_text(bad), " to ", dtype_name(t), " (from ", summary(x), "): NaN, Inf and ",
+       "values outside ", range_text, " have no ", dtype_name(t), " value (Julia's InexactError); values in range ",
+       "truncate toward zero");
+}
+
 }  // namespace detail
 
 using namespace detail;
@@ -83,6 +126,7 @@ using namespace detail;
 Tensor Tensor::cast(DType t) const {
   check_defined("cast", *this);
   if (dtype() == t) return *this;
+  check_integer_cast("cast", *this, t);
   Tensor out = raw_cast(*this, t);
   DType from = dtype();
   if (is_floating(from) && is_floating(t))
@@ -190,10 +234,15 @@ Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) 
       case BinaryOp::maximum:
       case BinaryOp::minimum: {
         bool is_max = op == BinaryOp::maximum;
+        // The gradient goes to the operand that was taken (a on ties). A NaN operand was taken (the
+        // output is NaN) and its derivative is NaN: g * a there, never a silent 0 (clamp, relu-like uses).
         autodiff::record(out, {&a, &b}, [a, b, is_max](const Tensor& g) {
-          Tensor pick_a = is_max ? ge(a, b) : le(a, b);
+          Tensor nan_a = ne(a, a), nan_b = ne(b, b);
+          Tensor pick_a = where(nan_b, nan_a, is_max ? ge(a, b) : le(a, b));  // with nan_a: ge/le are false
+          pick_a = where(nan_a, nan_a, pick_a);
           Tensor z = zeros(Shape{}, g.dtype(), g.device());
-          return Grads{sum_to(where(pick_a, g, z), a.shape()), sum_to(where(pick_a, z, g), b.shape())};
+          Tensor ga = where(pick_a, where(nan_a, g * a, g), z), gb = where(pick_a, z, where(nan_b, g * b, g));
+          return Grads{sum_to(ga, a.shape()), sum_to(gb, b.shape())};
         });
         break;
       }
@@ -410,7 +459,10 @@ void copy_(Tensor& dst, const Tensor& src) {
     fail("[copy_] shapes ", to_string(dst.shape()), " (destination) and ", to_string(src.shape()), " (source) differ");
   Tensor s = src;
   if (s.device() != dst.device()) s = to(s, dst.device());
-  if (s.dtype() != dst.dtype()) s = raw_cast(s, dst.dtype());
+  if (s.dtype() != dst.dtype()) {
+    check_integer_cast("copy_", s, dst.dtype());
+    s = raw_cast(s, dst.dtype());
+  }
   if (dst.nbytes()) dst.backend().copy(dst.device().index(), dst.buffer(), s.buffer(), dst.nbytes());
   mark_written(dst);
 }

@@ -14,8 +14,11 @@ void check_same_device(const char* api, const Tensor& a, const Tensor& b);
 Shape broadcast_shapes(const char* api, const Shape& a, const Shape& b);
 backend::Broadcast make_plan(const Shape& out, std::initializer_list<const Shape*> operands);
 bool is_half(DType t);
-/// A cast that is never recorded.
+/// A cast that is never recorded (and not checked: see check_integer_cast).
 Tensor raw_cast(const Tensor& x, DType t);
+/// To an integer dtype: a flux::Error "[api] cannot convert ..." when a value of x has no value in t
+/// (NaN, ±Inf, out of range); the rule of Tensor::cast and copy_ (src/ops/elementwise.cpp).
+void check_integer_cast(const char* api, const Tensor& x, DType t);
 /// Normalises a possibly negative axis for an ndim-dimensional tensor; errors name the API.
 int normalize_axis(const char* api, int axis, int ndim);
 

@@ -43,7 +43,8 @@ ConvGeometry base_geometry(const Tensor& x, int spatial) {
 // Checks that the (padded) input holds the window on every axis, then fills g.out.
 void window_fits(const char* api, ConvGeometry& g) {
   for (int i = 0; i < g.spatial; ++i) {
-    if (g.kernel[i] <= g.in[i] + g.pad_lo[i] + g.pad_hi[i]) continue;
+    // 128 bits: a huge pad is the error of compute_output_size below, not a wrapped sum here.
+    if (__int128(g.kernel[i]) <= __int128(g.in[i]) + g.pad_lo[i] + g.pad_hi[i]) continue;
     int64_t padded[3];
     for (int j = 0; j < g.spatial; ++j) padded[j] = g.in[j] + g.pad_lo[j] + g.pad_hi[j];
     fail("[", api, "] window ", dims_string(g.kernel, g.spatial), " is larger than the padded input ",

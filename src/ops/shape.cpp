@@ -5,6 +5,7 @@
 
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
+#include "src/checked_size.hpp"
 #include "src/ops/ops_internal.hpp"
 
 namespace flux {
@@ -267,6 +268,7 @@ Tensor onehot(const Tensor& labels, int64_t nclasses, DType t) {
   if (labels.dtype() != DType::i64 && labels.dtype() != DType::i32 && labels.dtype() != DType::u8)
     fail("[onehot] labels must be an integer tensor, got ", dtype_name(labels.dtype()));
   if (nclasses <= 0) fail("[onehot] nclasses must be positive, got ", nclasses);
+  checked_numel("onehot", Shape{labels.numel(), nclasses}, t);  // before arange(nclasses) and the compare
   for (int64_t v : labels.to_vector<int64_t>())
     if (v < 0 || v >= nclasses) fail("[onehot] label ", v, " is outside 0..", nclasses - 1);
   // Labels of any shape S give S + (nclasses,): (N,) -> (N, C), (N, T) -> (N, T, C) (onehotbatch on a matrix).

@@ -1,7 +1,10 @@
 // Optimisation rules (Optimisers.jl's apply! formulas) and the update loop.
 #include "flux/optimisers/optimisers.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <unordered_set>
 #include <sstream>
 
 #include "flux/autodiff.hpp"
@@ -159,6 +162,53 @@ void check_leaf_state(const LeafState& s, const Tensor& x, size_t i) {
 }
 }  // namespace
 
+namespace {
+// The arrays optimisers::update is writing right now, in any thread.
+std::mutex g_updating_mutex;
+std::unordered_set<const Storage*>& updating() {
+  static std::unordered_set<const Storage*> set;
+  return set;
+}
+
+// Claims every array of one update for its duration. Training one model from two threads is a user
+// error (README, "Threads"): their steps would interleave into run-to-run different results. A second
+// update that finds an array claimed throws instead; one lock per update, one set entry per array.
+class UpdateClaim {
+ public:
+  explicit UpdateClaim(const std::vector<Tensor>& xs) {
+    std::lock_guard<std::mutex> lock(g_updating_mutex);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (!xs[i].defined()) continue;
+      const Storage* s = xs[i].impl()->storage.get();
+      if (std::find(held_.begin(), held_.end(), s) != held_.end()) continue;  // views of one array
+      if (!updating().insert(s).second) {
+        for (const Storage* h : held_) updating().erase(h);
+        held_.clear();
+        flux::detail::fail("[update] another thread is updating the same model at this moment (array ", i, ", ",
+                           summary(xs[i]), "): training one model from two threads is not supported. Give each ",
+                           "thread its own model (deepcopy) and optimiser state, or update from one thread");
+      }
+      held_.push_back(s);
+    }
+  }
+  ~UpdateClaim() {
+    std::lock_guard<std::mutex> lock(g_updating_mutex);
+    for (const Storage* h : held_) updating().erase(h);
+  }
+  UpdateClaim(const UpdateClaim&) = delete;
+  UpdateClaim& operator=(const UpdateClaim&) = delete;
+
+ private:
+  std::vector<const Storage*> held_;
+};
+}  // namespace
+
+bool is_updating(const Tensor& t) {
+  if (!t.defined()) return false;
+  std::lock_guard<std::mutex> lock(g_updating_mutex);
+  return updating().count(t.impl()->storage.get()) != 0;
+}
+
 void update_arrays(State& state, std::vector<Tensor> xs, const std::vector<Tensor>& dxs) {
   if (!state.rule) flux::detail::fail("[update] the optimiser state is empty; make it with setup(rule, model)");
   if (xs.size() != state.leaves.size())
@@ -166,6 +216,7 @@ void update_arrays(State& state, std::vector<Tensor> xs, const std::vector<Tenso
                        state.leaves.size(), "; call setup(rule, model) for this model");
   if (dxs.size() != xs.size())
     flux::detail::fail("[update] the gradient has ", dxs.size(), " arrays but the model has ", xs.size());
+  UpdateClaim claim(xs);
   autodiff::NoGrad no_grad;
   for (size_t i = 0; i < xs.size(); ++i) {
     Tensor& x = xs[i];
@@ -187,3 +238,7 @@ void update_arrays(State& state, std::vector<Tensor> xs, const std::vector<Tenso
 }  // namespace detail
 
 }  // namespace flux::optimisers
+
+namespace flux::detail {
+bool being_updated(const Tensor& t) { return optimisers::detail::is_updating(t); }
+}  // namespace flux::detail

@@ -61,7 +61,7 @@ template <size_t N> class DataLoader {
   /// Batches per epoch.
   int64_t size() const {
     int64_t n = nobs(), b = options_.batchsize * options_.shard.size();
-    return options_.partial ? (n + b - 1) / b : n / b;
+    return n / b + (options_.partial && n % b != 0 ? 1 : 0);  // (n + b - 1) / b would overflow for a huge b
   }
   const DataLoaderOptions& options() const { return options_; }
   const std::array<Tensor, N>& data() const { return data_; }

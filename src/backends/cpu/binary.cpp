@@ -25,8 +25,8 @@ template <class T> inline T arith(BinaryOp op, T x, T y) {
     case BinaryOp::pow:
       if constexpr (std::is_floating_point_v<T>) return std::pow(x, y);
       else return T(std::pow(double(x), double(y)));
-    case BinaryOp::maximum: return x > y ? x : y;
-    case BinaryOp::minimum: return x < y ? x : y;
+    case BinaryOp::maximum: return x > y || x != x ? x : y;  // NaN in either operand gives NaN
+    case BinaryOp::minimum: return x < y || x != x ? x : y;
     default: return T(0);
   }
 }

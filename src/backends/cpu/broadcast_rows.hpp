@@ -48,7 +48,7 @@ FLUX_CPU_INLINE void broadcast_rows(const float* x, int64_t ldx, const float* b,
     for (int v = 0; v < V; ++v) {
       Vec s = acc[r][v];
       if (bias) s += *reinterpret_cast<const Vec*>(bias + v * L);
-      if (relu) s = s > Vec{} ? s : Vec{};
+      if (relu) s = s <= Vec{} ? Vec{} : s;  // NaN stays NaN (not max(s, 0))
       *reinterpret_cast<Vec*>(y + r * ldy + v * L) = s;
     }
 }

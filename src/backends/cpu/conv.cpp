@@ -48,6 +48,7 @@
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/onednn_relu.hpp"
 #include "src/backends/cpu/broadcast_rows.hpp"
 #include "src/backends/cpu/isa.hpp"
 #if FLUX_HAVE_ONEDNN
@@ -440,7 +441,7 @@ Descs make_descs(const backend::ConvGeometry& g, bool any, bool bias, bool plain
   return d;
 }
 
-/// relu: oneDNN's eltwise post-op, applied to conv + bias before the result is written.
+/// relu: oneDNN eltwise post-ops that keep NaN (onednn_relu.hpp), applied to conv + bias before y is written.
 dnnl::convolution_forward::primitive_desc forward_pd(Dnnl& s, const Descs& d, bool bias, bool relu = false) {
   using F = dnnl::convolution_forward;
   auto desc = bias ? F::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src, d.weights,
@@ -450,7 +451,7 @@ dnnl::convolution_forward::primitive_desc forward_pd(Dnnl& s, const Descs& d, bo
   dnnl::primitive_attr attr = user_scratchpad();
   if (relu) {
     dnnl::post_ops ops;
-    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    append_relu_keeping_nan(ops);
     attr.set_post_ops(ops);
   }
   return F::primitive_desc(desc, attr, s.engine);
@@ -486,9 +487,9 @@ std::unique_ptr<Entry> create_affine(Dnnl& s, const Descs& plain, const Descs& a
   F::primitive_desc unfused = forward_pd(s, asked, false);  // the unfused forward's layouts
   memory::desc channels({g.out_channels}, memory::data_type::f32, Tag::x);
   dnnl::post_ops ops;
-  if (ep.relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+  if (ep.relu) append_relu_keeping_nan(ops);
   if (ep.residual) ops.append_sum(1.0f);
-  if (ep.relu_after) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+  if (ep.relu_after) append_relu_keeping_nan(ops);
   dnnl::primitive_attr attr = user_scratchpad();
   attr.set_post_ops(ops);
   F::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, unfused.src_desc(),
@@ -931,9 +932,9 @@ void few_pixel_forward(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometr
           const float* add = r ? r + (n * O + o) * P : nullptr;
           for (int64_t p = 0; p < P; ++p) {
             float v = from[p] * a + b;
-            if (relu) v = v > 0.0f ? v : 0.0f;
+            if (relu) v = v <= 0.0f ? 0.0f : v;  // NaN stays NaN
             if (add) v += add[p];
-            if (relu_after) v = v > 0.0f ? v : 0.0f;
+            if (relu_after) v = v <= 0.0f ? 0.0f : v;
             to[p] = v;
           }
         }

@@ -28,6 +28,7 @@
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/onednn_relu.hpp"
 #include "src/backends/cpu/broadcast_rows.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/kept_floats.hpp"
@@ -551,7 +552,7 @@ Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, bool bias
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (relu) {
       dnnl::post_ops po;
-      po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+      append_relu_keeping_nan(po);
       attr.set_post_ops(po);
     }
     auto make = [&](int64_t stride, const dnnl::memory::desc& weights = dnnl::memory::desc()) {

@@ -9,12 +9,16 @@
 // system call, then sleeps on a futex (raw FUTEX_WAIT on Linux, a condition variable elsewhere);
 // the caller wakes sleepers only when there are any. The earlier pool slept on a condition variable after every op (a futex pair per op) while
 // OpenBLAS's own threads sched_yield()-spun beside it: 1.3 s of system time in a 1.5 s run.
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -39,6 +43,7 @@
 
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/float_mode.hpp"
+#include "src/internal.hpp"
 
 namespace flux::cpu {
 
@@ -92,7 +97,13 @@ template <class Ready> bool spin_until(Ready ready) {
 class Pool {
  public:
   explicit Pool(int n) : threads_(n) {
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { work(); });
+    try {
+      for (int i = 1; i < n; ++i) workers_.emplace_back([this] { work(); });
+    } catch (const std::system_error& e) {  // the system refused a thread: go on with those started
+      threads_ = int(workers_.size()) + 1;
+      detail::log_warning_once("[flux] could start only " + std::to_string(threads_) + " of " + std::to_string(n) +
+                               " CPU threads (" + e.what() + "); using " + std::to_string(threads_));
+    }
   }
   ~Pool() {
     stop_.store(true);
@@ -188,13 +199,29 @@ class Pool {
   std::atomic<bool> caller_waiting_{false}, stop_{false};
 };
 
+// FLUX_NUM_THREADS: a whole number from 1 to kMaxThreadsPerCore per core (at least 64); anything else
+// (0, negative, junk, absurd) is one warning and the fallback: every core, or the cap.
+constexpr int kMaxThreadsPerCore = 8;
 int configured_threads() {
-  if (const char* v = std::getenv("FLUX_NUM_THREADS")) {
-    int n = std::atoi(v);
-    if (n > 0) return n;
+  unsigned hw_count = std::thread::hardware_concurrency();
+  const int hw = hw_count ? int(hw_count) : 1;
+  const char* v = std::getenv("FLUX_NUM_THREADS");
+  if (!v || !*v) return hw;
+  const long cap = std::max(64L, long(kMaxThreadsPerCore) * hw);
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(v, &end, 10);
+  const bool whole = end != v && *end == '\0' && errno == 0;
+  if (whole && n >= 1 && n <= cap) return int(n);
+  if (whole && n > cap) {
+    detail::log_warning_once("[flux] FLUX_NUM_THREADS=" + std::string(v) + " is more than " + std::to_string(cap) +
+                             " threads (" + std::to_string(kMaxThreadsPerCore) + " per core, " + std::to_string(hw) +
+                             " cores); using " + std::to_string(cap));
+    return int(cap);
   }
-  unsigned hw = std::thread::hardware_concurrency();
-  return hw ? int(hw) : 1;
+  detail::log_warning_once("[flux] FLUX_NUM_THREADS=\"" + std::string(v) + "\" is not a thread count (a whole number from 1 to " +
+                           std::to_string(cap) + "); using " + std::to_string(hw) + ", one per core");
+  return hw;
 }
 
 Pool& pool() {

@@ -91,7 +91,7 @@ FLUX_CPU_INLINE void rnn_forward_body(const T* __restrict xg, const T* __restric
     if (relu) {
       for (int64_t j = 0; j < H; ++j) {
         const T v = x[j] + hh[j] + (b ? b[j] : T(0));
-        hr[j] = v > T(0) ? v : T(0);
+        hr[j] = v <= T(0) ? T(0) : v;  // NaN stays NaN
       }
     } else if (b) {
       for (int64_t j = 0; j < H; ++j) hr[j] = vm::tanh(x[j] + hh[j] + b[j]);
@@ -154,7 +154,7 @@ FLUX_CPU_INLINE void rnn_backward_body(const T* __restrict dy, T* __restrict dh_
                                        T* __restrict dxg, bool relu, int64_t r0, int64_t r1, int64_t H) {
   for (int64_t k = r0 * H; k < r1 * H; ++k) {
     const T dh = dy[k] + dh_next[k];
-    dxg[k] = relu ? (h[k] > T(0) ? dh : T(0)) : dh * (T(1) - h[k] * h[k]);
+    dxg[k] = relu ? (h[k] > T(0) ? dh : (h[k] <= T(0) ? T(0) : h[k])) : dh * (T(1) - h[k] * h[k]);
     dh_next[k] = T(0);
   }
 }

@@ -59,9 +59,10 @@ template <class T, class Acc> void reduce_typed(ReduceOp op, const T* s, void* d
         for (int64_t i = 0; i < inner; ++i) {
           T best = base[i];
           int64_t at = 0;
-          for (int64_t j = 1; j < len; ++j) {
+          // NaN is the extreme either way (PyTorch): the first NaN wins.
+          for (int64_t j = 1; j < len && best == best; ++j) {
             T v = base[j * inner + i];
-            if (is_max ? v > best : v < best) best = v, at = j;
+            if (v != v || (is_max ? v > best : v < best)) best = v, at = j;
           }
           d[i] = at;
         }

@@ -24,7 +24,7 @@ template <class T> inline T apply(UnaryOp op, T x, double alpha) {
       case UnaryOp::abs: return std::abs(x);
       case UnaryOp::tanh: return vmath::tanh(x);
       case UnaryOp::sigmoid: return vmath::sigmoid(x);
-      case UnaryOp::relu: return x > 0 ? x : T(0);
+      case UnaryOp::relu: return x <= 0 ? T(0) : x;  // NaN stays NaN (x > 0 ? x : 0 would give 0)
       case UnaryOp::leakyrelu: return x > 0 ? x : a * x;
       case UnaryOp::elu: return x > 0 ? x : a * std::expm1(x);
       case UnaryOp::gelu: {  // Flux/NNlib's gelu (tanh approximation), 0.5 x (1 + tanh(u)) = x sigmoid(2u):
@@ -35,13 +35,13 @@ template <class T> inline T apply(UnaryOp op, T x, double alpha) {
       }
       case UnaryOp::softplus: return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
       case UnaryOp::swish: return x * vmath::sigmoid(x);
-      case UnaryOp::sign: return x > 0 ? T(1) : (x < 0 ? T(-1) : T(0));
+      case UnaryOp::sign: return x > 0 ? T(1) : (x < 0 ? T(-1) : (x == 0 ? T(0) : x));  // sign(NaN) = NaN
       case UnaryOp::square: return x * x;
       case UnaryOp::reciprocal: return T(1) / x;
       case UnaryOp::sin: return std::sin(x);
       case UnaryOp::cos: return std::cos(x);
       case UnaryOp::log1p: return std::log1p(x);
-      case UnaryOp::step: return x > 0 ? T(1) : T(0);
+      case UnaryOp::step: return x > 0 ? T(1) : (x <= 0 ? T(0) : x);  // relu's derivative: NaN at NaN
     }
     return x;
   } else {

@@ -187,7 +187,7 @@ FLUX_CPU_INLINE void output_transform(const float* m, const Plan& p, int64_t T, 
         for (int i = 0; i < 2; ++i) {  // (A^T m) A
           WVec v0 = (s[i][0] + s[i][1] + s[i][2]) * scale + shift;
           WVec v1 = (s[i][1] - s[i][2] - s[i][3]) * scale + shift;
-          if (ep.relu) v0 = v0 > WVec{} ? v0 : WVec{}, v1 = v1 > WVec{} ? v1 : WVec{};
+          if (ep.relu) v0 = v0 <= WVec{} ? WVec{} : v0, v1 = v1 <= WVec{} ? WVec{} : v1;  // NaN stays NaN
           *reinterpret_cast<WVec*>(pixels + (i * OWp) * O + o0) = v0;
           *reinterpret_cast<WVec*>(pixels + (i * OWp + 1) * O + o0) = v1;
         }
@@ -205,7 +205,7 @@ FLUX_CPU_INLINE void output_transform(const float* m, const Plan& p, int64_t T, 
         for (int k = 0; k < 8; ++k) {
           WVec v = b[k];
           if (ep.residual) v += *reinterpret_cast<const WVec*>(ep.residual + at + k * plane + col);
-          if (ep.relu_after) v = v > WVec{} ? v : WVec{};
+          if (ep.relu_after) v = v <= WVec{} ? WVec{} : v;
           *reinterpret_cast<WVec*>(y + at + k * plane + col) = v;
         }
       }
@@ -213,7 +213,7 @@ FLUX_CPU_INLINE void output_transform(const float* m, const Plan& p, int64_t T, 
         for (int64_t k = 0; k < kLanes; ++k) {
           float e = from[col * O + k];
           if (ep.residual) e += ep.residual[at + k * plane + col];
-          if (ep.relu_after) e = e > 0.0f ? e : 0.0f;
+          if (ep.relu_after) e = e <= 0.0f ? 0.0f : e;
           y[at + k * plane + col] = e;
         }
     }

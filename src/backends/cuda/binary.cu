@@ -21,8 +21,8 @@ template <class T> __device__ inline T arith(BinaryOp op, T x, T y) {
     case BinaryOp::pow:
       if constexpr (std::is_floating_point_v<T>) return pow(x, y);
       else return T(pow(double(x), double(y)));
-    case BinaryOp::maximum: return x > y ? x : y;
-    case BinaryOp::minimum: return x < y ? x : y;
+    case BinaryOp::maximum: return x > y || x != x ? x : y;  // NaN in either operand gives NaN (not fmax)
+    case BinaryOp::minimum: return x < y || x != x ? x : y;
     default: return T(0);
   }
 }

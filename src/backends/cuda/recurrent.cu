@@ -41,7 +41,7 @@ __global__ void forward_kernel(RecurrentCell cell, const T* xg, const T* hg, con
       s[j] = rg, s[H + j] = z, s[2 * H + j] = nn, s[3 * H + j] = hn;
     } else {
       T v = x[j] + hh[j] + bias(j);
-      h[k] = cell == RecurrentCell::rnn_tanh ? tanh(v) : (v > T(0) ? v : T(0));
+      h[k] = cell == RecurrentCell::rnn_tanh ? tanh(v) : (v <= T(0) ? T(0) : v);  // relu: NaN stays NaN
     }
   }
 }
@@ -77,7 +77,7 @@ __global__ void backward_kernel(RecurrentCell cell, const T* dy, T* dh_next, T* 
       dh_next[k] = dh * z;
     } else {
       const T hv = h[k];
-      dx[j] = cell == RecurrentCell::rnn_tanh ? dh * (T(1) - hv * hv) : (hv > T(0) ? dh : T(0));
+      dx[j] = cell == RecurrentCell::rnn_tanh ? dh * (T(1) - hv * hv) : (hv > T(0) ? dh : (hv <= T(0) ? T(0) : hv));
       dh_next[k] = T(0);
     }
   }

@@ -38,21 +38,20 @@ template <class T> struct Extreme {  // max / min; state 0 empty, 1 value, 2 NaN
   __device__ void store(void* dst, int64_t k, P p) const { static_cast<T*>(dst)[k] = p.v; }
 };
 
-// argmax / argmin. As the CPU's sequential scan: a NaN at index 0 wins (nothing compares greater),
-// any other NaN is skipped; ties go to the smaller index.
+// argmax / argmin. As the CPU's sequential scan: NaN is the extreme either way (PyTorch), so the
+// first NaN wins; otherwise ties go to the smaller index.
 template <class T> struct Arg {
   struct P { T v; int64_t idx; };  // idx -1: empty
   bool is_max;
   __device__ P empty() const { return {T(0), -1}; }
-  __device__ P take(T v, int64_t j) const {
-    if (is_nan(v) && j != 0) return {T(0), -1};
-    return {v, j};
-  }
+  __device__ P take(T v, int64_t j) const { return {v, j}; }
   __device__ P combine(P a, P b) const {
     if (a.idx < 0) return b;
     if (b.idx < 0) return a;
-    if (is_nan(a.v)) return a;
-    if (is_nan(b.v)) return b;
+    const bool na = is_nan(a.v), nb = is_nan(b.v);
+    if (na && nb) return b.idx < a.idx ? b : a;
+    if (na) return a;
+    if (nb) return b;
     bool b_better = is_max ? (b.v > a.v || (b.v == a.v && b.idx < a.idx)) : (b.v < a.v || (b.v == a.v && b.idx < a.idx));
     return b_better ? b : a;
   }

@@ -28,7 +28,7 @@ template <class T> __device__ inline T apply(UnaryOp op, T x, T a) {
       case UnaryOp::abs: return fabs(x);
       case UnaryOp::tanh: return tanh_exact(x);
       case UnaryOp::sigmoid: return sigmoid_of(x);
-      case UnaryOp::relu: return x > 0 ? x : T(0);
+      case UnaryOp::relu: return x <= 0 ? T(0) : x;  // NaN stays NaN
       case UnaryOp::leakyrelu: return x > 0 ? x : a * x;
       case UnaryOp::elu: return x > 0 ? x : a * expm1(x);
       case UnaryOp::gelu: {  // Flux/NNlib's gelu (tanh approximation) as x sigmoid(2u): exact in the tails
@@ -37,13 +37,13 @@ template <class T> __device__ inline T apply(UnaryOp op, T x, T a) {
       }
       case UnaryOp::softplus: return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x));
       case UnaryOp::swish: return x * sigmoid_of(x);
-      case UnaryOp::sign: return x > 0 ? T(1) : (x < 0 ? T(-1) : T(0));
+      case UnaryOp::sign: return x > 0 ? T(1) : (x < 0 ? T(-1) : (x == 0 ? T(0) : x));  // sign(NaN) = NaN
       case UnaryOp::square: return x * x;
       case UnaryOp::reciprocal: return T(1) / x;
       case UnaryOp::sin: return sin(x);
       case UnaryOp::cos: return cos(x);
       case UnaryOp::log1p: return log1p(x);
-      case UnaryOp::step: return x > 0 ? T(1) : T(0);
+      case UnaryOp::step: return x > 0 ? T(1) : (x <= 0 ? T(0) : x);  // relu's derivative: NaN at NaN
     }
     return x;
   } else {  // integers and booleans: the host has already rejected the float-only functions

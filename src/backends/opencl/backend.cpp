@@ -288,9 +288,10 @@ class BufferPool {
  public:
   cl_mem allocate(int index, DeviceState& dev, size_t bytes) {
     size_t r = pool_.round(bytes);
-    if (dev.max_alloc && r > dev.max_alloc)
-      ::flux::detail::fail("[OpenCL] cannot allocate ", bytes, " bytes on ", dev.name, ": the device's largest buffer is ",
-                           dev.max_alloc, " bytes (CL_DEVICE_MAX_MEM_ALLOC_SIZE)");
+    if (dev.max_alloc && r > dev.max_alloc)  // no retry can help; still OutOfMemory, which callers catch
+      throw OutOfMemory("OpenCL:" + std::to_string(index) + " (" + dev.name + ")", bytes, pool_.used(), pool_.cached(),
+                        dev.global_mem, "the device's largest buffer is " + std::to_string(dev.max_alloc) +
+                                        " bytes (CL_DEVICE_MAX_MEM_ALLOC_SIZE)");
     cl_int err = CL_SUCCESS;
     auto create = [&](size_t size) -> cl_mem {
       if (dev.global_mem && pool_.used() + pool_.cached() + size > dev.global_mem) {

@@ -38,8 +38,8 @@ inline T arith(int op, T x, T y) {
       return y == 0 ? (T)0 : (T)(x / y);
     case 4: return ipow(x, y);
 #endif
-    case 5: return x > y ? x : y;
-    case 6: return x < y ? x : y;
+    case 5: return x > y || x != x ? x : y;  // NaN in either operand gives NaN (not fmax)
+    case 6: return x < y || x != x ? x : y;
   }
   return (T)0;
 }

@@ -46,7 +46,7 @@ __kernel void recurrent_forward(int cell, __global uchar* xg, ulong xg_off, __gl
       s[j] = rg; s[H + j] = z; s[2 * H + j] = nn; s[3 * H + j] = hn;
     } else {
       T v = x[j] + hh[j] + (has_bias ? B[j] : (T)0);
-      hr[k] = cell == 2 ? tanh(v) : (v > (T)0 ? v : (T)0);
+      hr[k] = cell == 2 ? tanh(v) : (v <= (T)0 ? (T)0 : v);  // relu: NaN stays NaN
     }
   }
 }
@@ -87,7 +87,7 @@ __kernel void recurrent_backward(int cell, __global uchar* dy, ulong dy_off, __g
       DHN[k] = dh * z;
     } else {
       const T hv = AT(T, h, h_off)[k];
-      dx[j] = cell == 2 ? dh * ((T)1 - hv * hv) : (hv > (T)0 ? dh : (T)0);
+      dx[j] = cell == 2 ? dh * ((T)1 - hv * hv) : (hv > (T)0 ? dh : (hv <= (T)0 ? (T)0 : hv));
       DHN[k] = (T)0;
     }
   }

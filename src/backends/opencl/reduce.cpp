@@ -37,9 +37,10 @@ __kernel void reduce_columns(__global uchar* src, ulong src_off, __global uchar*
     } else {
       T best = base[0];
       long at = 0;
-      for (long j = 1; j < len; ++j) {
+      // NaN is the extreme either way (PyTorch): the first NaN wins (x != x: NaN, for any T).
+      for (long j = 1; j < len && best == best; ++j) {
         T v = base[j * inner];
-        if (op == 3 ? v > best : v < best) { best = v; at = j; }
+        if (v != v || (op == 3 ? v > best : v < best)) { best = v; at = j; }
       }
       AT(long, dst, dst_off)[r] = at;
     }

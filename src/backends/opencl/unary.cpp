@@ -24,7 +24,7 @@ inline T apply(int op, T x, T a) {
     case 4: return fabs(x);
     case 5: return tanh_exact(x);
     case 6: return sigm(x);
-    case 7: return x > 0 ? x : (T)0;
+    case 7: return x <= 0 ? (T)0 : x;  // NaN stays NaN
     case 8: return x > 0 ? x : a * x;
     case 9: return x > 0 ? x : a * expm1(x);
     case 10: {  // NNlib's gelu (tanh approximation) as x sigmoid(2u): exact 0 / x in the tails
@@ -33,13 +33,13 @@ inline T apply(int op, T x, T a) {
     }
     case 11: return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x));
     case 12: return x * sigm(x);
-    case 13: return x > 0 ? (T)1 : (x < 0 ? (T)-1 : (T)0);
+    case 13: return x > 0 ? (T)1 : (x < 0 ? (T)-1 : (x == 0 ? (T)0 : x));  // sign(NaN) = NaN
     case 14: return x * x;
     case 15: return (T)1 / x;
     case 16: return sin(x);
     case 17: return cos(x);
     case 18: return log1p(x);
-    case 19: return x > 0 ? (T)1 : (T)0;
+    case 19: return x > 0 ? (T)1 : (x <= 0 ? (T)0 : x);  // relu's derivative: NaN at NaN
   }
   return x;
 }
