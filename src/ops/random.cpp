@@ -7,6 +7,7 @@
 #include "flux/ops.hpp"
 #include "src/internal.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/trace.hpp"
 
 namespace flux {
 
@@ -37,7 +38,9 @@ Tensor rand_like(const Tensor& x) {
   if (!is_floating(x.dtype()))
     detail::fail("[rand_like] needs a floating-point tensor; got ", summary(x));
   Tensor u = uniform_raw(x.shape(), generator_dtype(x.dtype()), x.device());
-  return u.dtype() == x.dtype() ? u : detail::raw_cast(u, x.dtype());
+  u = u.dtype() == x.dtype() ? u : detail::raw_cast(u, x.dtype());
+  if (trace::active()) trace::emit("rand_like", {x}, u);
+  return u;
 }
 
 // y = x * mask / (1 - p) with mask = (u < 1 - p); recorded through mul, so the backward multiplies the
@@ -65,7 +68,9 @@ Tensor dropout(const Tensor& x, double p, const std::vector<int>& dims) {
     mask = keep * (1.0 / (1.0 - p));
     if (mask.dtype() != x.dtype()) mask = detail::raw_cast(mask, x.dtype());  // f16/bf16 keep their dtype
   }
-  return mul(x, mask);
+  Tensor y = mul(x, mask);
+  if (trace::active()) trace::emit("dropout", {x}, y, {{"p", {}, {p}}});
+  return y;
 }
 
 }  // namespace flux
