@@ -13,6 +13,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "flux/autodiff.hpp"
 #include "flux/backend.hpp"
 #include "flux/nn/activations.hpp"
 #include "flux/onnx.hpp"
@@ -36,8 +37,13 @@ struct Graph {
   int64_t opset = 0;
   int nslots = 0;
   struct Step {
-    const ::onnx::NodeProto* node;
+    const ::onnx::NodeProto* node = nullptr;
     std::vector<int> in, out;  // slots; -1 for an absent optional input / output
+    // Fusion (load time): a Conv whose only reader is a BatchNormalization and/or a Relu runs them
+    // with it (conv_relu; conv_affine at inference), and those steps are skipped.
+    const ::onnx::NodeProto* bn = nullptr;
+    std::vector<int> bn_in;
+    bool relu = false, skip = false;
   };
   std::vector<Step> steps;
   std::vector<int> input_slots, output_slots, param_slots, buffer_slots;
@@ -182,6 +188,43 @@ Padding pads_of(const ::onnx::NodeProto& n, int spatial) {
   return Padding(out);
 }
 
+Tensor in_or(const std::vector<Tensor>& in, size_t k) { return k < in.size() ? in[k] : Tensor(); }
+
+ConvParams conv_params(const ::onnx::NodeProto& n, const Tensor& w) {
+  const int spatial = w.defined() ? w.ndim() - 2 : 0;
+  if (spatial < 1 || spatial > 3) fail("[onnx] ", where(n), ": weight ", w.defined() ? to_string(w.shape()) : "missing", " is not (O, C, k...)");
+  ConvParams p;
+  p.stride = Dims(attr_ints(n, "strides", std::vector<int64_t>(size_t(spatial), 1)));
+  p.dilation = Dims(attr_ints(n, "dilations", std::vector<int64_t>(size_t(spatial), 1)));
+  p.groups = attr_i(n, "group", 1);
+  p.pad = pads_of(n, spatial);
+  return p;
+}
+
+/// A Conv with the BatchNormalization (bn: its 5 inputs) and/or Relu fused at load: at inference (no
+/// tape, no trace) the backend's conv_affine with the statistics folded in (as the Conv + BatchNorm
+/// layers fuse), else conv_relu, else the ops composed (what a tape records).
+Tensor fused_conv(const ::onnx::NodeProto& n, const std::vector<Tensor>& in, const ::onnx::NodeProto* bn_node,
+                  const std::vector<Tensor>& bn, bool relu) {
+  const Device d = device_of(in);
+  if (in.size() < 2 || !in[0].defined() || !in[1].defined()) fail("[onnx] ", where(n), ": needs X and W");
+  Tensor x = on(in[0], d), w = on(in[1], d), b = on(in_or(in, 2), d);
+  const ConvParams p = conv_params(n, w);
+  if (!bn_node) return flux::detail::conv_relu(x, w, b, p);
+  for (size_t k = 1; k < 5; ++k)
+    if (k >= bn.size() || !bn[k].defined()) fail("[onnx] ", where(*bn_node), ": its input ", k, " is missing");
+  Tensor s = on(bn[1], d), sh = on(bn[2], d), mean = on(bn[3], d), var = on(bn[4], d);
+  const double eps = attr_f(*bn_node, "epsilon", 1e-5);
+  if (!autodiff::recording() && !trace::active() && s.dtype() == x.dtype() && w.dtype() == x.dtype()) {
+    Tensor scale = s / sqrt(var + eps), shift = sh - mean * scale;
+    if (b.defined()) shift = shift + b * scale;
+    Tensor y = flux::detail::conv_affine(x, w, scale, shift, Tensor(), p, relu, false);
+    if (y.defined()) return y;
+  }
+  Tensor y = batchnorm(conv(x, w, b, p), s, sh, mean, var, eps);
+  return relu ? flux::relu(y) : y;
+}
+
 Tensor gather(const Tensor& data, const Tensor& indices, int64_t axis0, const ::onnx::NodeProto& n) {
   const int axis = norm_axis(axis0, data.ndim(), n);
   std::vector<int64_t> idx = host_ints(indices, n, "indices");
@@ -274,8 +317,6 @@ Tensor binary_op(const std::string& op, Tensor a, Tensor b) {
 }
 
 using Run = std::vector<Tensor> (*)(const ::onnx::NodeProto&, const std::vector<Tensor>&);
-
-Tensor in_or(const std::vector<Tensor>& in, size_t k) { return k < in.size() ? in[k] : Tensor(); }
 
 std::vector<Tensor> run_node(const ::onnx::NodeProto& n, const std::vector<Tensor>& in) {
   const std::string& op = n.op_type();
@@ -455,15 +496,7 @@ std::vector<Tensor> run_node(const ::onnx::NodeProto& n, const std::vector<Tenso
   }
   if (op == "Conv") {
     const Device d = device_of(in);
-    Tensor x = on(need(0), d), w = on(need(1), d), b = on(in_or(in, 2), d);
-    const int spatial = w.ndim() - 2;
-    if (spatial < 1 || spatial > 3) fail("[onnx] ", where(n), ": weight ", to_string(w.shape()), " is not (O, C, k...)");
-    ConvParams p;
-    p.stride = Dims(attr_ints(n, "strides", std::vector<int64_t>(size_t(spatial), 1)));
-    p.dilation = Dims(attr_ints(n, "dilations", std::vector<int64_t>(size_t(spatial), 1)));
-    p.groups = attr_i(n, "group", 1);
-    p.pad = pads_of(n, spatial);
-    return {conv(x, w, b, p)};
+    return {conv(on(need(0), d), on(need(1), d), on(in_or(in, 2), d), conv_params(n, in[1]))};
   }
   if (op == "BatchNormalization") {
     const Device d = device_of(in);
@@ -678,7 +711,8 @@ Model load_from_bytes(const std::string& bytes, const std::string& context) {
     g->input_shapes.push_back(detail::shape_string(v));
   }
   for (const auto& n : graph.node()) {
-    detail::Graph::Step step{&n, {}, {}};
+    detail::Graph::Step step;
+    step.node = &n;
     for (const auto& name : n.input()) {
       if (name.empty()) {
         step.in.push_back(-1);
@@ -691,6 +725,33 @@ Model load_from_bytes(const std::string& bytes, const std::string& context) {
     }
     for (const auto& name : n.output()) step.out.push_back(name.empty() ? -1 : define(name, "node output"));
     g->steps.push_back(step);
+  }
+  // Fusion: Conv -> BatchNormalization -> Relu chains whose intermediate values nothing else reads.
+  {
+    std::vector<int> uses(size_t(g->nslots), 0), user(size_t(g->nslots), -1);
+    for (size_t i = 0; i < g->steps.size(); ++i)
+      for (int s : g->steps[i].in)
+        if (s >= 0) ++uses[size_t(s)], user[size_t(s)] = int(i);
+    for (const auto& v : graph.output())
+      if (auto it = slot.find(v.name()); it != slot.end()) uses[size_t(it->second)] += 2;
+    auto sole_reader = [&](int s, const char* op) -> detail::Graph::Step* {
+      if (s < 0 || uses[size_t(s)] != 1) return nullptr;
+      detail::Graph::Step& r = g->steps[size_t(user[size_t(s)])];
+      if (r.node->op_type() != op || r.in.empty() || r.in[0] != s || r.out.size() != 1) return nullptr;
+      return &r;
+    };
+    for (auto& step : g->steps) {
+      if (step.node->op_type() != "Conv" || step.out.size() != 1 || step.skip) continue;
+      auto constant = [&](int s) {  // an initialiser: defined before the Conv runs
+        return std::find(g->param_slots.begin(), g->param_slots.end(), s) != g->param_slots.end() ||
+               std::find(g->buffer_slots.begin(), g->buffer_slots.end(), s) != g->buffer_slots.end();
+      };
+      auto* bn = sole_reader(step.out[0], "BatchNormalization");
+      if (bn && bn->in.size() >= 5 && constant(bn->in[1]) && constant(bn->in[2]) && constant(bn->in[3]) && constant(bn->in[4])) {
+        step.bn = bn->node, step.bn_in = bn->in, step.out = bn->out, bn->skip = true;
+      }
+      if (auto* r = sole_reader(step.out[0], "Relu")) step.relu = true, step.out = r->out, r->skip = true;
+    }
   }
   if (graph.output_size() == 0) fail(api, ": the graph has no output");
   for (const auto& v : graph.output()) {
@@ -723,10 +784,19 @@ std::vector<Tensor> Model::forward(const std::vector<Tensor>& inputs) const {
   for (size_t i = 0; i < buffers.size() && i < g.buffer_slots.size(); ++i) v[size_t(g.buffer_slots[i])] = buffers[i].second;
   for (size_t i = 0; i < inputs.size(); ++i) v[size_t(g.input_slots[i])] = inputs[i];
   std::vector<Tensor> in;
+  std::vector<Tensor> bn;
   for (const auto& step : g.steps) {
+    if (step.skip) continue;
     in.clear();
     for (int s : step.in) in.push_back(s < 0 ? Tensor() : v[size_t(s)]);
-    std::vector<Tensor> out = detail::run_node(*step.node, in);
+    std::vector<Tensor> out;
+    if (step.bn || step.relu) {
+      bn.clear();
+      for (int s : step.bn_in) bn.push_back(s < 0 ? Tensor() : v[size_t(s)]);
+      out = {detail::fused_conv(*step.node, in, step.bn, bn, step.relu)};
+    } else {
+      out = detail::run_node(*step.node, in);
+    }
     for (size_t k = 0; k < step.out.size(); ++k) {
       if (step.out[k] < 0) continue;
       if (k >= out.size()) fail("[onnx::Model] ", detail::where(*step.node), ": output ", k, " is not supported");
@@ -753,7 +823,11 @@ std::string Model::summary() const {
   std::ostringstream os;
   os << "onnx::Model(" << graph->context << ": " << graph->steps.size() << " nodes (";
   for (size_t i = 0; i < sorted.size(); ++i) os << (i ? ", " : "") << sorted[i].second << " × " << -sorted[i].first;
-  os << "), opset " << graph->opset << "; ";
+  os << "), opset " << graph->opset;
+  int fused = 0;
+  for (const auto& s : graph->steps) fused += s.bn || s.relu;
+  if (fused) os << ", " << fused << " Conv fused with their BatchNormalization/Relu";
+  os << "; ";
   for (size_t i = 0; i < graph->input_names.size(); ++i)
     os << (i ? ", " : "") << graph->input_names[i] << " " << graph->input_shapes[i];
   os << " -> ";

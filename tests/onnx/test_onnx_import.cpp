@@ -120,6 +120,34 @@ TEST_P(OnnxImport, GradientsEqualTheNativeLayersAndItTrainsAndSaves) {
   EXPECT_NE(os.str().find("parameters"), std::string::npos) << os.str();
 }
 
+TEST_P(OnnxImport, ConvBatchNormReluIsFusedAtLoadAndMatchesTheLayers) {
+  const Device dev = GetParam();
+  seed(4);
+  // Exports as Conv -> BatchNormalization -> Relu (twice) -> GlobalAveragePool -> Gemm.
+  auto model = Chain(Conv({3, 3}, 3, 8, identity, {.pad = 1}), BatchNorm(8, relu), Conv({3, 3}, 8, 8, identity),
+                     BatchNorm(8, relu), GlobalMeanPool(), flatten, Dense(8, 4));
+  for (auto& [name, t] : state(model))
+    copy_(t, name.find("running_var") != std::string::npos ? rand(t.shape()) + 0.5 : rand(t.shape()) - 0.5);
+  testmode(model);
+  const std::string dir = temp_dir();
+  Tensor x = rand({2, 3, 10, 10});
+  flux::onnx::save(dir + "/cbr.onnx", model, x);
+  auto net = flux::onnx::load(dir + "/cbr.onnx") | dev;
+  EXPECT_NE(net.summary().find("2 Conv fused"), std::string::npos) << net.summary();
+  Tensor xd = to(x, dev);
+  std::vector<double> fused = to(net(xd), Device()).to_vector<double>();
+  std::vector<double> want = to((model | dev)(xd), Device()).to_vector<double>();
+  // Under a tape the same nodes run composed (conv, batchnorm, relu): the same values.
+  Tensor taped;
+  gradient([&](const auto& m) { taped = m(xd); return sum(taped); }, net);
+  std::vector<double> composed = to(taped, Device()).to_vector<double>();
+  ASSERT_EQ(fused.size(), want.size());
+  for (size_t i = 0; i < fused.size(); ++i) {
+    EXPECT_NEAR(fused[i], want[i], 1e-5);
+    EXPECT_NEAR(composed[i], want[i], 1e-5);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, OnnxImport, ::testing::ValuesIn(test_devices()), device_test_name);
 
 TEST(OnnxImportErrors, EveryUnsupportedOperatorIsListedWithItsNode) {
