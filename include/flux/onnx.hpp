@@ -78,7 +78,7 @@ template <class M, size_t... I> std::vector<Tensor> call(const M& model, const s
 template <class M> void save(const std::string& path, const M& model, const Tensor& x, const SaveOptions& options = {}) {
   detail::save_traced(
       path, [&](const std::vector<Tensor>& xs) { return detail::call(model, xs, std::make_index_sequence<1>()); },
-      flux::state(model), {x}, options);
+      ::flux::state(model), {x}, options);
 }
 
 /// Exports a model of several inputs, called as model(x0, x1, ...).
@@ -87,7 +87,7 @@ template <class M, class... X>
 void save(const std::string& path, const M& model, const X&... xs) {
   detail::save_traced(
       path, [&](const std::vector<Tensor>& in) { return detail::call(model, in, std::make_index_sequence<sizeof...(X)>()); },
-      flux::state(model), {Tensor(xs)...}, SaveOptions{});
+      ::flux::state(model), {Tensor(xs)...}, SaveOptions{});
 }
 
 /// Exports a model of several inputs with options.
@@ -95,7 +95,7 @@ template <class M, size_t N>
 void save(const std::string& path, const M& model, const std::array<Tensor, N>& xs, const SaveOptions& options) {
   detail::save_traced(
       path, [&](const std::vector<Tensor>& in) { return detail::call(model, in, std::make_index_sequence<N>()); },
-      flux::state(model), std::vector<Tensor>(xs.begin(), xs.end()), options);
+      ::flux::state(model), std::vector<Tensor>(xs.begin(), xs.end()), options);
 }
 
 // ---- import ----
