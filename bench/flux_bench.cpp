@@ -1,6 +1,6 @@
 // One benchmark case with flux-cpp; prints "key value" lines for bench/run_bench.py.
 // Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | mnist_converged | wide | overhead | infer | sgemm | lenet |
-//                                         fmnist | resnet | lstm | lstm_converged | transformer | blas
+//                                         fmnist | resnet | onnx_resnet | lstm | lstm_converged | transformer | blas
 // The *_converged cases time the same steps after kConvergeSteps steps of training (bench_common.hpp),
 // when small gradients have driven Adam's moments towards the subnormal range.
 // DEVICE: cpu (default) or opencl. --gemm=auto|openblas|onednn (after DEVICE) forces the CPU GEMM engine;
@@ -12,6 +12,7 @@
 // The same work, written with LibTorch, is in torch_bench.cpp; shapes are listed in bench_common.hpp.
 #include <cblas.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -37,6 +38,10 @@ bool library_kernels();
 #include <flux/nn/dropout.hpp>
 #include <flux/nn/normalisation.hpp>
 #define FLUX_BENCH_FMNIST 1
+#endif
+#if __has_include(<flux/onnx.hpp>)
+#include <flux/onnx.hpp>
+#define FLUX_BENCH_ONNX 1
 #endif
 #if __has_include(<flux/models/resnet.hpp>)
 #include <flux/models/resnet.hpp>
@@ -328,6 +333,41 @@ void resnet_case() {
 void resnet_case() { std::printf("skipped ResNet-18 (flux/models/resnet.hpp) not built\n"); }
 #endif
 
+#if defined(FLUX_BENCH_RESNET) && !defined(FLUX_BENCH_LOCAL_RESNET) && defined(FLUX_BENCH_ONNX)
+// onnx_resnet: models::ResNet18 exported with onnx::save and imported with onnx::load, timed against
+// the layers themselves, alternating, in this one process: the import's cost (issue 38 asks within 10%).
+void onnx_resnet_case() {
+  if (!onnx::available()) {
+    std::printf("skipped onnx_resnet: built without ONNX\n");
+    return;
+  }
+  auto model = models::ResNet18() | g_dev;
+  testmode(model);
+  const int64_t hw = bench::kResnetSize;
+  const std::string path = "/tmp/flux_bench_resnet18_" + std::to_string(::getpid()) + ".onnx";
+  onnx::save(path, model, to(rand({1, 3, hw, hw}), g_dev));
+  auto net = onnx::load(path) | g_dev;
+  std::remove(path.c_str());
+  std::printf("onnx_resnet_hw %lld\n", (long long)hw);
+  for (int64_t batch : {int64_t(1), int64_t(32)}) {
+    if (g_only_batch && batch != g_only_batch) continue;
+    Tensor x = to(rand({batch, 3, hw, hw}), g_dev);
+    auto layers = [&] { Tensor y = model(x); g_dev.synchronize(); return 0.f; };
+    auto imported = [&] { Tensor y = net(x); g_dev.synchronize(); return 0.f; };
+    for (int i = 0; i < 3; ++i) layers(), imported();
+    double a = 0, b = 0;
+    for (int round = 0; round < 3; ++round) {  // alternate, so that a load change hits both alike
+      a += 1e3 / bench::rate(layers, batch == 1 ? 0.5 : 1.0);
+      b += 1e3 / bench::rate(imported, batch == 1 ? 0.5 : 1.0);
+    }
+    std::printf("resnet%lld_layers_ms %.6g\nresnet%lld_onnx_ms %.6g\nresnet%lld_onnx_ratio %.4g\n", (long long)batch,
+                a / 3, (long long)batch, b / 3, (long long)batch, b / a);
+  }
+}
+#else
+void onnx_resnet_case() { std::printf("skipped onnx_resnet: flux/onnx.hpp or models::ResNet18 missing\n"); }
+#endif
+
 // ---- Sequence cases (bench_common.hpp: shapes; the same models are in torch_bench.cpp and
 // torch_bench.py). The batch is encoded once, as a data loader hands it over. ----
 
@@ -488,6 +528,7 @@ int main(int argc, char** argv) {
   else if (which == "lenet") lenet_case();
   else if (which == "fmnist") fmnist_case();
   else if (which == "resnet") resnet_case();
+  else if (which == "onnx_resnet") onnx_resnet_case();
   else if (which == "lstm") lstm_case();
   else if (which == "lstm_converged") lstm_case(g_converge_steps ? g_converge_steps : int(bench::kLstmConvergeSteps));
   else if (which == "transformer") transformer_case();

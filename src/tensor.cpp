@@ -16,6 +16,7 @@
 #include "flux/ops.hpp"
 #include "src/checked_size.hpp"
 #include "src/internal.hpp"
+#include "src/trace.hpp"
 
 namespace flux {
 
@@ -265,6 +266,7 @@ Tensor Tensor::reshape(Shape s) const {
   impl->shape = s;
   impl->tape_id = -1;
   Tensor out(impl);
+  if (trace::active()) trace::emit("reshape", {*this}, out, {{"shape", s.vec(), {}}});
   Shape original = i.shape;
   autodiff::record(out, {this}, [original](const Tensor& g) { return std::vector<Tensor>{g.reshape(original)}; });
   return out;
@@ -295,6 +297,7 @@ Tensor Tensor::contiguous_copy() const {
   Tensor out = Tensor::empty(shape(), dtype(), device());
   if (nbytes()) backend().copy(device().index(), out.buffer(), buffer(), nbytes());
   Tensor src = *this;
+  if (trace::active()) trace::emit("to", {src}, out);
   autodiff::record(out, {&src}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
   return out;
 }

@@ -16,6 +16,7 @@
 #include "src/nn/window_options.hpp"
 #include "src/internal.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/trace.hpp"
 
 namespace flux {
 
@@ -189,7 +190,8 @@ std::pair<Tensor, Tensor> folded_batchnorm(const Conv& conv, const BatchNorm& bn
 Tensor detail::conv_batchnorm(const Conv& conv, const BatchNorm& bn, const Tensor& x, const Tensor& residual,
                               bool relu_after) {
   // Only where the result equals the layers' own: see include/flux/nn/conv_fusion.hpp.
-  if (!conv_fusion() || !library_kernels() || autodiff::recording()) return Tensor();
+  // Not while tracing either (onnx::save): the layers' own ops are what is exported.
+  if (!conv_fusion() || !library_kernels() || autodiff::recording() || trace::active()) return Tensor();
   if (!conv.activation.is_identity() || !conv.weight.defined() || bn.training() || !bn.running_mean.defined())
     return Tensor();
   const bool bn_relu = bn.activation.is<Relu>();

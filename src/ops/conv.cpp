@@ -18,6 +18,7 @@
 #include "flux/ops.hpp"
 #include "src/ops/conv_geometry.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/trace.hpp"
 
 namespace flux {
 
@@ -320,6 +321,18 @@ ConvGeometry check_operands(const char* api, const Tensor& x, const Tensor& w, c
 }  // namespace
 
 namespace {
+/// The geometry as the tracer reports it (src/trace.hpp): ONNX's Conv attributes.
+std::vector<trace::Attr> conv_attrs(const ConvGeometry& g, bool relu) {
+  std::vector<int64_t> kernel, stride, dilation, pads;
+  for (int i = 0; i < g.spatial; ++i) {
+    kernel.push_back(g.kernel[i]), stride.push_back(g.stride[i]), dilation.push_back(g.dilation[i]);
+    pads.push_back(g.pad_lo[i]);
+  }
+  for (int i = 0; i < g.spatial; ++i) pads.push_back(g.pad_hi[i]);
+  return {{"kernel", kernel, {}}, {"strides", stride, {}}, {"dilations", dilation, {}}, {"pads", pads, {}},
+          {"group", {g.groups}, {}}, {"relu", {int64_t(relu)}, {}}};
+}
+
 /// conv's checked geometry for x, w, bias under p.
 ConvGeometry conv_geometry(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p) {
   const char* api = "conv";
@@ -341,6 +354,7 @@ Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const Con
   ConvGeometry g = conv_geometry(x, w, bias, p);
   g.weight_stamp = content_stamp(w);
   Tensor y = conv_forward_raw(x, w, bias, g, relu);
+  if (trace::active()) trace::emit("conv", {x, w, bias}, y, conv_attrs(g, relu));
   bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
   if (need_x || need_w || need_b) {
     Tensor keep_x = need_w ? x : Tensor(), keep_w = need_x ? w : Tensor();
@@ -370,7 +384,7 @@ Tensor detail::conv_relu(const Tensor& x, const Tensor& w, const Tensor& bias, c
 Tensor detail::conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& shift,
                            const Tensor& residual, const ConvParams& p, bool relu, bool relu_after) {
   // Never on a tape: the fused kernel has no backward (callers run the recorded composition there).
-  if (autodiff::recording() || !library_kernels()) return Tensor();
+  if (autodiff::recording() || trace::active() || !library_kernels()) return Tensor();
   ConvGeometry g = conv_geometry(x, w, Tensor(), p);
   g.weight_stamp = content_stamp(w);
   const DType t = x.dtype();
@@ -442,6 +456,11 @@ Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, cons
   for (int i = 0; i < n; ++i) g.in[i] = sizes[i];
   check_geometry_sizes(api, g);
   Tensor y = conv_data_raw(x, w, g, bias);
+  if (trace::active()) {
+    std::vector<trace::Attr> a = conv_attrs(g, false);
+    a.push_back({"output_padding", std::vector<int64_t>(extra.begin(), extra.begin() + n), {}});
+    trace::emit("conv_transpose", {x, w, bias}, y, std::move(a));
+  }
   bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
   if (need_x || need_w || need_b) {
     Tensor keep_x = need_w ? x : Tensor(), keep_w = need_x ? w : Tensor();

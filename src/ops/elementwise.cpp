@@ -9,6 +9,7 @@
 #include "flux/ops.hpp"
 #include "src/checked_size.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/trace.hpp"
 
 namespace flux {
 
@@ -77,6 +78,7 @@ Tensor raw_cast(const Tensor& x, DType t) {
   if (x.dtype() == t) return x;
   Tensor out = Tensor::empty(x.shape(), t, x.device());
   if (x.numel()) x.backend().cast(x.device().index(), x.dtype(), x.buffer(), t, out.buffer(), x.numel());
+  if (trace::active()) trace::emit("cast", {x}, out, {{"to", {int64_t(t)}, {}}});
   return out;
 }
 
@@ -159,6 +161,7 @@ Tensor to(const Tensor& x, const Device& d) {
     }
   }
   autodiff::record(out, {&x}, [from](const Tensor& g) { return Grads{to(g, from)}; });
+  if (trace::active()) trace::emit("to", {x}, out);
   return out;
 }
 
@@ -194,6 +197,7 @@ Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) 
     autodiff::NoGrad inner;  // the casts above are recorded; the raw op is recorded below
     out = binary_raw(api, op, a, b);
   }
+  if (trace::active()) trace::emit(api, {a, b}, out);
   if (!cmp && is_floating(compute)) {
     Shape sa = a.shape(), sb = b.shape();
     // Only the gradients of tracked operands are computed: x * 2.0 or x + bias_constant would
@@ -320,6 +324,7 @@ Tensor where(const Tensor& cond, const Tensor& a0, const Tensor& b0) {
     backend::Broadcast plan = make_plan(s, {&cond.shape(), &a.shape(), &b.shape()});
     a.backend().where(a.device().index(), compute, cond.buffer(), a.buffer(), b.buffer(), out.buffer(), plan);
   }
+  if (trace::active()) trace::emit("where", {cond, a, b}, out);
   if (is_floating(compute)) {
     const bool need_a = autodiff::tracked(a), need_b = autodiff::tracked(b);  // e.g. where(mask, s, -inf)
     autodiff::record(out, {&a, &b}, [cond, sa = a.shape(), sb = b.shape(), need_a, need_b](const Tensor& g) {
@@ -355,6 +360,7 @@ template <class B> Tensor unary(const char* api, UnaryOp op, const Tensor& x0, d
   DType compute = is_half(t) ? DType::f32 : t;
   Tensor x = x0.cast(compute);
   Tensor y = unary_raw(op, x, alpha);
+  if (trace::active()) trace::emit(api, {x}, y, {{"alpha", {}, {alpha}}});
   if (is_floating(compute))
     autodiff::record(y, {&x}, [x, y, backward](const Tensor& g) { return Grads{backward(x, y, g)}; });
   return is_half(t) ? y.cast(t) : y;

@@ -5,6 +5,7 @@
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/trace.hpp"
 
 namespace flux {
 
@@ -42,6 +43,7 @@ Tensor matmul_core(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     g.stride_c = m * nn;
     a.backend().matmul(a.device().index(), a.dtype(), a.buffer(), b.buffer(), c.buffer(), g);
   }
+  if (trace::active()) trace::emit("matmul", {a, b}, c, {{"trans", {int64_t(ta), int64_t(tb)}, {}}});
   if (is_floating(a.dtype())) {
     // Only the gradients of recorded inputs are computed: a Dense layer's input batch needs none.
     bool need_a = autodiff::tracked(a), need_b = autodiff::tracked(b);
@@ -79,8 +81,10 @@ Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool re
   bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(b);
   if (!need_x && !need_w && !need_b && library_kernels() &&
       x.backend().linear_forward(x.device().index(), t, x.buffer(), w.buffer(), content_stamp(w), b.buffer(),
-                                 y.buffer(), n, in, out, relu))
+                                 y.buffer(), n, in, out, relu)) {
+    if (trace::active()) trace::emit("linear", {x, w, b}, y, {{"relu", {int64_t(relu)}, {}}});
     return y;
+  }
   // y (n, out): every row a copy of b, then y += x W^T.
   backend::StridedCopy rows;
   rows.ndim = 2;
@@ -94,6 +98,7 @@ Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool re
   g.stride_a = n * in, g.stride_b = out * in, g.stride_c = n * out;
   g.beta = 1.0;
   x.backend().matmul(x.device().index(), t, x.buffer(), w.buffer(), y.buffer(), g);
+  if (trace::active()) trace::emit("linear", {x, w, b}, y, {{"relu", {0}, {}}});
   autodiff::record(y, {&x, &w, &b}, [x, w, need_x, need_w, need_b](const Tensor& gy) {
     Tensor dx, dw, db;
     if (need_x) dx = matmul(gy, w);                 // (n, out) (out, in)

@@ -11,6 +11,7 @@
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/trace.hpp"
 
 namespace flux {
 
@@ -68,6 +69,7 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
     mean = mean3.reshape(Shape{c});
     var = var3.reshape(Shape{c});
   }
+  if (trace::active()) trace::emit("batchnorm_train", {x, weight, bias}, y, {{"eps", {}, {eps}}});
   if (batch_mean) *batch_mean = mean;
   if (batch_var) *batch_var = var;
   Shape xshape = x.shape();
@@ -149,7 +151,9 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
   if (bias.defined()) shift = shift + bias;
   if (scale.dtype() != x.dtype()) scale = scale.cast(x.dtype());
   if (shift.dtype() != x.dtype()) shift = shift.cast(x.dtype());
-  return channel_affine(x, scale, shift, n, c, s);
+  Tensor y = channel_affine(x, scale, shift, n, c, s);
+  if (trace::active()) trace::emit("batchnorm", {x, weight, bias, mean, var}, y, {{"eps", {}, {eps}}});
+  return y;
 }
 
 }  // namespace flux
@@ -178,6 +182,7 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
     Tensor mean = Tensor::empty(Shape{r}, t, x2.device()), rstd = Tensor::empty(Shape{r}, t, x2.device());
     if (x2.backend().rownorm_forward(x2.device().index(), t, x2.buffer(), buffer_or_none(weight), buffer_or_none(bias),
                                      y.buffer(), mean.buffer(), rstd.buffer(), r, d, eps)) {
+      if (trace::active()) trace::emit("rownorm", {x2, weight, bias}, y, {{"eps", {}, {eps}}});
       autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
         Tensor g = dy.dtype() == t ? dy : dy.cast(t);
         Tensor dx = Tensor::empty(x2.shape(), t, g.device());
@@ -206,6 +211,7 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
     y = has_weight ? xhat * weight : xhat;
     if (has_bias) y = y + bias;
   }
+  if (trace::active()) trace::emit("rownorm", {x2, weight, bias}, y, {{"eps", {}, {eps}}});
   autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
     Tensor g = has_weight ? dy * weight : dy;
     Tensor dx = inv * (g - sum(g, 1, true) / double(d) - xhat * (sum(g * xhat, 1, true) / double(d)));

@@ -7,6 +7,7 @@
 #include "flux/ops.hpp"
 #include "src/internal.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/trace.hpp"
 
 namespace flux {
 
@@ -37,7 +38,9 @@ Tensor rand_like(const Tensor& x) {
   if (!is_floating(x.dtype()))
     detail::fail("[rand_like] needs a floating-point tensor; got ", summary(x));
   Tensor u = uniform_raw(x.shape(), generator_dtype(x.dtype()), x.device());
-  return u.dtype() == x.dtype() ? u : detail::raw_cast(u, x.dtype());
+  u = u.dtype() == x.dtype() ? u : detail::raw_cast(u, x.dtype());
+  if (trace::active()) trace::emit("rand_like", {x}, u);
+  return u;
 }
 
 // Box-Muller on x's device from two uniform draws: z = sqrt(-2 log(1 - u1)) cos(2 pi u2); 1 - u1 lies in
@@ -77,7 +80,9 @@ Tensor dropout(const Tensor& x, double p, const std::vector<int>& dims) {
     mask = keep * (1.0 / (1.0 - p));
     if (mask.dtype() != x.dtype()) mask = detail::raw_cast(mask, x.dtype());  // f16/bf16 keep their dtype
   }
-  return mul(x, mask);
+  Tensor y = mul(x, mask);
+  if (trace::active()) trace::emit("dropout", {x}, y, {{"p", {}, {p}}});
+  return y;
 }
 
 }  // namespace flux

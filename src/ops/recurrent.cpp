@@ -16,6 +16,7 @@
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/trace.hpp"
 
 namespace flux {
 
@@ -179,6 +180,7 @@ Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, cons
   const bool kept_w_hh = detail::library_kernels();
   {
     autodiff::NoGrad no_grad;  // the whole recurrence is recorded once, below
+    trace::Scope untraced(nullptr);  // and traced once (its per-step views are T-dependent internals)
     for (int64_t s = 0; s < steps; ++s) {
       Tensor h_prev = hist[s], h = hist[s + 1];
       Tensor c_prev = lstm ? c_hist[s] : Tensor(), c = lstm ? c_hist[s + 1] : Tensor();
@@ -196,6 +198,7 @@ Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, cons
   }
   Tensor y = hist.slice(1, hist.size(0));
 
+  if (trace::active()) trace::emit(cell_api(cell), {xg, w_hh, b_hh, h0, c0}, y, {{"relu", {int64_t(cell == RecurrentCell::rnn_relu)}, {}}});
   const bool need_b = b_hh.defined();
   backend::Backend* bep = &be;
   autodiff::record(y, {&xg, &w_hh, &b_hh, &h0, &c0}, [=](const Tensor& gy0) {

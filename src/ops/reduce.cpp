@@ -5,6 +5,7 @@
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/trace.hpp"
 
 namespace flux {
 
@@ -40,6 +41,8 @@ Tensor reduce_raw(ReduceOp op, const Tensor& x, int axis, bool keepdims, DType o
   Split p = split(x.shape(), axis);
   Tensor out = Tensor::empty(keepdims ? p.kept : p.dropped, out_t, x.device());
   if (out.numel()) x.backend().reduce(x.device().index(), op, x.dtype(), x.buffer(), out.buffer(), p.outer, p.len, p.inner);
+  if (trace::active())
+    trace::emit("reduce", {x}, out, {{"op", {int64_t(op)}, {}}, {"axis", {axis}, {}}, {"keepdims", {int64_t(keepdims)}, {}}});
   return out;
 }
 Tensor to_compute(const Tensor& x, bool for_sum) {
@@ -147,6 +150,7 @@ Tensor softmax_raw(const char* api, const Tensor& x0, int axis, bool log, Tensor
   Split p = split(x.shape(), a);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (y.numel()) x.backend().softmax(x.device().index(), x.dtype(), x.buffer(), y.buffer(), p.outer, p.len, p.inner, log);
+  if (trace::active()) trace::emit(log ? "logsoftmax" : "softmax", {x}, y, {{"axis", {a}, {}}});
   x_out = x;
   return y;
 }

@@ -1,0 +1,768 @@
+// onnx::save: traces the op layer (src/trace.hpp) through two inference forwards, the second with the
+// inputs' dynamic axes grown, and writes the ops of the first as an ONNX graph (ONNX's own protobuf
+// classes). The second trace tells which sizes follow the dynamic axes (see flux/onnx.hpp).
+#include "flux/onnx.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "flux/autodiff.hpp"
+#include "flux/backend.hpp"
+#include "flux/ops.hpp"
+#include "src/internal.hpp"
+#include "src/onnx/onnx_common.hpp"
+#include "src/trace.hpp"
+
+#if FLUX_HAVE_ONNX
+
+namespace flux::onnx {
+
+bool available() { return true; }
+
+namespace detail {
+namespace {
+
+using flux::detail::fail;
+using Attrs = std::vector<trace::Attr>;
+
+struct Recorder : trace::Recorder {
+  std::vector<trace::Event> events;
+  void record(trace::Event e) override { events.push_back(std::move(e)); }
+};
+
+struct Trace {
+  std::vector<Tensor> inputs, outputs;
+  std::vector<trace::Event> events;
+};
+
+Trace run(const Forward& forward, const std::vector<Tensor>& inputs) {
+  Trace t;
+  t.inputs = inputs;
+  Recorder r;
+  {
+    autodiff::NoGrad inference;  // no tape: layers in automatic mode use their inference behaviour
+    trace::Scope scope(&r);
+    t.outputs = forward(inputs);
+  }
+  t.events = std::move(r.events);
+  return t;
+}
+
+/// Where a tensor read by an op comes from.
+struct Ref {
+  enum Kind { none, input, param, event, constant } kind = none;
+  int64_t index = -1;  // input number, param number, event number, or constant number (per trace)
+  bool operator==(const Ref&) const = default;
+};
+
+/// Resolves every event's inputs and the outputs of one trace.
+struct Resolved {
+  std::vector<std::vector<Ref>> event_inputs;
+  std::vector<Ref> outputs;
+  std::vector<Tensor> constants;  // by constant number
+};
+
+Resolved resolve(const Trace& t, const std::unordered_map<const TensorImpl*, int64_t>& params) {
+  Resolved r;
+  std::unordered_map<const TensorImpl*, Ref> producer;
+  for (size_t i = 0; i < t.inputs.size(); ++i) producer[t.inputs[i].impl()] = Ref{Ref::input, int64_t(i)};
+  auto lookup = [&](const Tensor& x) -> Ref {
+    if (!x.defined()) return Ref{};
+    auto it = producer.find(x.impl());
+    if (it != producer.end()) return it->second;
+    auto p = params.find(x.impl());
+    if (p != params.end()) return Ref{Ref::param, p->second};
+    Ref c{Ref::constant, int64_t(r.constants.size())};
+    r.constants.push_back(x);
+    producer[x.impl()] = c;
+    return c;
+  };
+  for (size_t k = 0; k < t.events.size(); ++k) {
+    std::vector<Ref> in;
+    for (const Tensor& x : t.events[k].inputs) in.push_back(lookup(x));
+    r.event_inputs.push_back(std::move(in));
+    producer[t.events[k].output.impl()] = Ref{Ref::event, int64_t(k)};
+  }
+  for (const Tensor& y : t.outputs) r.outputs.push_back(lookup(y));
+  return r;
+}
+
+/// The ops the outputs depend on, in the order they ran.
+std::vector<size_t> live_events(const Resolved& r) {
+  std::vector<bool> live(r.event_inputs.size(), false);
+  std::vector<size_t> todo;
+  for (const Ref& x : r.outputs)
+    if (x.kind == Ref::event) todo.push_back(size_t(x.index));
+  while (!todo.empty()) {
+    size_t k = todo.back();
+    todo.pop_back();
+    if (live[k]) continue;
+    live[k] = true;
+    for (const Ref& x : r.event_inputs[k])
+      if (x.kind == Ref::event && !live[size_t(x.index)]) todo.push_back(size_t(x.index));
+  }
+  std::vector<size_t> out;
+  for (size_t k = 0; k < live.size(); ++k)
+    if (live[k]) out.push_back(k);
+  return out;
+}
+
+const trace::Attr* find_attr(const trace::Event& e, const char* name) {
+  for (const trace::Attr& a : e.attrs)
+    if (std::strcmp(a.name, name) == 0) return &a;
+  return nullptr;
+}
+std::vector<int64_t> ints(const trace::Event& e, const char* name) {
+  const trace::Attr* a = find_attr(e, name);
+  return a ? a->ints : std::vector<int64_t>{};
+}
+int64_t int1(const trace::Event& e, const char* name, int64_t dflt = 0) {
+  const trace::Attr* a = find_attr(e, name);
+  return a && !a->ints.empty() ? a->ints[0] : dflt;
+}
+double float1(const trace::Event& e, const char* name, double dflt = 0) {
+  const trace::Attr* a = find_attr(e, name);
+  return a && !a->floats.empty() ? a->floats[0] : dflt;
+}
+
+/// A dimension as the exporter writes it: c + mul * dyn[a] (* dyn[b]), dyn = the inputs' dynamic axes.
+struct DimExpr {
+  int64_t constant = 0;  // the value when a < 0
+  int a = -1, b = -1;
+  int64_t mul = 1, add = 0;
+};
+
+struct DynAxis {
+  int input, axis;
+  int64_t s1, s2;
+  std::string name;
+};
+
+std::string shape_text(const Shape& s) { return to_string(s); }
+
+class Exporter {
+ public:
+  Exporter(const std::vector<std::pair<std::string, Tensor>>& state, const SaveOptions& o) : opts_(o) {
+    for (const auto& [name, t] : state)
+      if (t.defined() && !param_index_.count(t.impl())) {
+        param_index_[t.impl()] = int64_t(params_.size());
+        params_.push_back({name, t});
+      }
+  }
+
+  ::onnx::ModelProto build(const Forward& forward, const std::vector<Tensor>& inputs);
+
+ private:
+  // ---- graph building ----
+  std::string fresh(const std::string& stem) { return stem + "_" + std::to_string(counter_++); }
+  ::onnx::NodeProto* node(const std::string& op, const std::vector<std::string>& in, const std::vector<std::string>& out) {
+    ::onnx::NodeProto* n = graph_->add_node();
+    n->set_op_type(op);
+    n->set_name(op + "_" + std::to_string(graph_->node_size() - 1));
+    for (const auto& s : in) n->add_input(s);
+    for (const auto& s : out) n->add_output(s);
+    return n;
+  }
+  std::string node1(const std::string& op, const std::vector<std::string>& in, const std::string& out = "") {
+    std::string o = out.empty() ? fresh(op) : out;
+    node(op, in, {o});
+    return o;
+  }
+  static void attr_i(::onnx::NodeProto* n, const char* name, int64_t v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(::onnx::AttributeProto::INT);
+    a->set_i(v);
+  }
+  static void attr_f(::onnx::NodeProto* n, const char* name, double v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(::onnx::AttributeProto::FLOAT);
+    a->set_f(float(v));
+  }
+  static void attr_ints(::onnx::NodeProto* n, const char* name, const std::vector<int64_t>& v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(::onnx::AttributeProto::INTS);
+    for (int64_t x : v) a->add_ints(x);
+  }
+  std::string const_i64(const std::vector<int64_t>& v) {
+    std::string name = fresh("const_i64");
+    auto* t = graph_->add_initializer();
+    t->set_name(name);
+    t->set_data_type(::onnx::TensorProto::INT64);
+    t->add_dims(int64_t(v.size()));
+    for (int64_t x : v) t->add_int64_data(x);
+    return name;
+  }
+  /// A scalar of dtype t (the dtype of the tensor it meets).
+  std::string const_scalar(double v, DType t) {
+    Tensor s = Tensor::scalar(v, t);
+    std::string name = fresh("const");
+    tensor_proto(s, name, graph_->add_initializer());
+    return name;
+  }
+  std::string const_tensor(const Tensor& x) {
+    std::string name = fresh("const");
+    tensor_proto(x, name, graph_->add_initializer());
+    return name;
+  }
+
+  // ---- dynamic dimensions ----
+  std::optional<DimExpr> solve(int64_t v1, int64_t v2) const;
+  std::string dim_value(const DimExpr& d);
+  /// A 1-D INT64 shape tensor for a tensor of shapes s1 (trace 1) and s2 (trace 2). `minus_one`: one
+  /// varying dimension may be written -1 (Reshape). `keep_one`: dims equal to `input`'s aligned dim
+  /// in both traces are written 1 (Expand broadcasts them).
+  std::string shape_value(const char* api, const Shape& s1, const Shape& s2, bool minus_one, const Shape* in1 = nullptr,
+                          const Shape* in2 = nullptr);
+
+  // ---- conversion ----
+  std::string value_of(const Ref& r, const Ref& r2, const Tensor& t1, const Tensor& t2, size_t user_event);
+  void convert(size_t k, const trace::Event& e, const trace::Event& e2, const std::vector<std::string>& in,
+               const std::string& out);
+  void recurrent(const trace::Event& e, const std::vector<std::string>& in, const std::string& out);
+  std::string near_param(size_t k) const;
+
+  SaveOptions opts_;
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::unordered_map<const TensorImpl*, int64_t> param_index_;
+  std::vector<DynAxis> dyn_;
+  std::vector<std::string> input_names_;
+  std::map<int, std::string> shape_of_input_;
+  std::map<std::tuple<int, int, int64_t, int64_t, int64_t>, std::string> dim_cache_;
+  std::map<int64_t, std::string> constant_names_;
+  std::vector<bool> param_written_;
+  std::vector<std::string> event_names_;
+  ::onnx::GraphProto* graph_ = nullptr;
+  int64_t counter_ = 0;
+  const Trace* t1_ = nullptr;
+  const Resolved* r1_ = nullptr;
+};
+
+std::optional<DimExpr> Exporter::solve(int64_t v1, int64_t v2) const {
+  if (v1 == v2) return DimExpr{v1};
+  for (size_t a = 0; a < dyn_.size(); ++a)
+    if (v1 == dyn_[a].s1 && v2 == dyn_[a].s2) return DimExpr{0, int(a)};
+  for (size_t a = 0; a < dyn_.size(); ++a) {
+    const DynAxis& d = dyn_[a];
+    if (v1 - d.s1 == v2 - d.s2) return DimExpr{0, int(a), -1, 1, v1 - d.s1};
+    if (v1 % d.s1 == 0 && v2 % d.s2 == 0 && v1 / d.s1 == v2 / d.s2) return DimExpr{0, int(a), -1, v1 / d.s1, 0};
+  }
+  for (size_t a = 0; a < dyn_.size(); ++a)
+    for (size_t b = a; b < dyn_.size(); ++b) {
+      int64_t p1 = dyn_[a].s1 * dyn_[b].s1, p2 = dyn_[a].s2 * dyn_[b].s2;
+      if (v1 % p1 == 0 && v2 % p2 == 0 && v1 / p1 == v2 / p2) return DimExpr{0, int(a), int(b), v1 / p1, 0};
+    }
+  return std::nullopt;
+}
+
+std::string Exporter::dim_value(const DimExpr& d) {
+  if (d.a < 0) return const_i64({d.constant});
+  auto key = std::make_tuple(d.a, d.b, d.mul, d.add, int64_t(0));
+  auto it = dim_cache_.find(key);
+  if (it != dim_cache_.end()) return it->second;
+  auto axis_value = [&](int a) {
+    const DynAxis& x = dyn_[size_t(a)];
+    std::string& shape = shape_of_input_[x.input];
+    if (shape.empty()) shape = node1("Shape", {input_names_[size_t(x.input)]});
+    return node1("Gather", {shape, const_i64({x.axis})});
+  };
+  std::string v = axis_value(d.a);
+  if (d.b >= 0) v = node1("Mul", {v, axis_value(d.b)});
+  if (d.mul != 1) v = node1("Mul", {v, const_i64({d.mul})});
+  if (d.add != 0) v = node1("Add", {v, const_i64({d.add})});
+  dim_cache_[key] = v;
+  return v;
+}
+
+std::string Exporter::shape_value(const char* api, const Shape& s1, const Shape& s2, bool minus_one, const Shape* in1,
+                                  const Shape* in2) {
+  if (s1.size() != s2.size())
+    fail("[onnx::save] the ", api, " to ", shape_text(s1), " has rank ", s1.size(), " at the second traced size (",
+         shape_text(s2), "): the forward's ranks must not depend on the input sizes");
+  std::vector<int64_t> fixed;
+  int varying = 0;
+  for (int i = 0; i < s1.size(); ++i) varying += s1[i] != s2[i];
+  if (varying == 0) return const_i64(s1.vec());
+  if (minus_one && varying == 1) {
+    for (int i = 0; i < s1.size(); ++i) fixed.push_back(s1[i] != s2[i] ? -1 : s1[i]);
+    return const_i64(fixed);
+  }
+  std::vector<std::string> parts;
+  for (int i = 0; i < s1.size(); ++i) {
+    if (s1[i] == s2[i]) {
+      parts.push_back(const_i64({s1[i]}));
+      continue;
+    }
+    if (in1 && in2) {
+      int j = i - (s1.size() - in1->size());
+      if (j >= 0 && (*in1)[j] == s1[i] && (*in2)[j] == s2[i]) {
+        parts.push_back(const_i64({1}));
+        continue;
+      }
+    }
+    std::optional<DimExpr> d = solve(s1[i], s2[i]);
+    if (!d)
+      fail("[onnx::save] the ", api, " to ", shape_text(s1), " has dimension ", i, " of ", s1[i], " and ", s2[i],
+           " at the two traced input sizes, which is no simple function of the inputs' dynamic axes");
+    parts.push_back(dim_value(*d));
+  }
+  auto* n = node("Concat", parts, {fresh("shape")});
+  attr_i(n, "axis", 0);
+  return n->output(0);
+}
+
+std::string Exporter::near_param(size_t k) const {
+  // The nearest parameter read by op k or the ops before it on its inputs: its layer path.
+  std::vector<size_t> todo{k};
+  std::set<size_t> seen;
+  for (size_t i = 0; i < todo.size() && i < 64; ++i) {
+    size_t e = todo[i];
+    if (!seen.insert(e).second) continue;
+    for (const Ref& r : r1_->event_inputs[e]) {
+      if (r.kind == Ref::param) {
+        const std::string& name = params_[size_t(r.index)].first;
+        size_t dot = name.rfind('.');
+        return dot == std::string::npos ? "the model's top level" : "layer '" + name.substr(0, dot) + "'";
+      }
+      if (r.kind == Ref::event) todo.push_back(size_t(r.index));
+    }
+  }
+  return "";
+}
+
+std::string Exporter::value_of(const Ref& r, const Ref& r2, const Tensor& t1, const Tensor& t2, size_t user) {
+  switch (r.kind) {
+    case Ref::none: return "";
+    case Ref::input: return input_names_[size_t(r.index)];
+    case Ref::event: return event_names_[size_t(r.index)];
+    case Ref::param: {
+      const auto& [name, t] = params_[size_t(r.index)];
+      if (!param_written_[size_t(r.index)]) {
+        tensor_proto(t, name, graph_->add_initializer());
+        param_written_[size_t(r.index)] = true;
+      }
+      return name;
+    }
+    case Ref::constant: break;
+  }
+  auto it = constant_names_.find(r.index);
+  if (it != constant_names_.end()) return it->second;
+  const trace::Event& e = t1_->events[user];
+  std::string name;
+  if (r2.kind != Ref::constant)
+    fail("[onnx::save] the op '", e.op, "' read a tensor made outside the traced ops at one traced size but not at the other");
+  if (t1.shape() == t2.shape()) {
+    if (host_bytes(t1) != host_bytes(t2))
+      fail("[onnx::save] the op '", e.op, "' (", near_param(user), ") reads a tensor ", summary(t1),
+           " that was computed from the input outside flux's ops (e.g. through Tensor::buffer() or a host copy); "
+           "the exported graph cannot compute it. Build it from flux ops");
+    name = const_tensor(t1);
+  } else {
+    // A tensor whose shape follows the inputs (a zero initial state): fine when every element is one value.
+    std::vector<double> a = to(t1, Device()).cast(DType::f64).to_vector<double>();
+    std::vector<double> b = to(t2, Device()).cast(DType::f64).to_vector<double>();
+    bool uniform = !a.empty() && !b.empty();
+    for (double v : a) uniform = uniform && (v == a[0] || (std::isnan(v) && std::isnan(a[0])));
+    for (double v : b) uniform = uniform && (v == a[0] || (std::isnan(v) && std::isnan(a[0])));
+    if (!uniform)
+      fail("[onnx::save] the op '", e.op, "' (", near_param(user), ") reads a tensor of shape ", shape_text(t1.shape()),
+           " (", shape_text(t2.shape()), " at the second traced size) made outside flux's ops from the input's size "
+           "with varying values; only constant-filled tensors (zeros, full) may follow the input's size");
+    std::string shape = shape_value("constant", t1.shape(), t2.shape(), false);
+    auto* n = node("ConstantOfShape", {shape}, {fresh("filled")});
+    auto* at = n->add_attribute();
+    at->set_name("value");
+    at->set_type(::onnx::AttributeProto::TENSOR);
+    tensor_proto(full(Shape{1}, a[0], t1.dtype()), "", at->mutable_t());
+    name = n->output(0);
+  }
+  constant_names_[r.index] = name;
+  return name;
+}
+
+void Exporter::recurrent(const trace::Event& e, const std::vector<std::string>& in, const std::string& out) {
+  // flux's recurrence takes the input gates xg = x W_ihᵀ + b_ih (T, N, G) already computed: ONNX's
+  // LSTM/GRU/RNN then gets X = xg with W = a permutation (ONNX's gate order from PyTorch's), zero W
+  // bias, R = W_hh with its gate blocks permuted (a Gather on the parameter), Rb = b_hh likewise.
+  const Tensor& xg = e.inputs[0];
+  const int64_t g = xg.shape()[2];
+  const bool lstm = e.op == "lstm_recurrence", gru = e.op == "gru_recurrence";
+  const int64_t gates = lstm ? 4 : gru ? 3 : 1, h = g / gates;
+  // ONNX block b takes PyTorch block order[b]: LSTM ONNX i o f c <- PyTorch i f g o; GRU z r h <- r z n.
+  std::vector<int64_t> order = lstm ? std::vector<int64_t>{0, 3, 1, 2} : gru ? std::vector<int64_t>{1, 0, 2} : std::vector<int64_t>{0};
+  std::vector<int64_t> rows;
+  for (int64_t b : order)
+    for (int64_t i = 0; i < h; ++i) rows.push_back(b * h + i);
+  std::vector<double> eye(size_t(g * g), 0.0);
+  for (int64_t r = 0; r < g; ++r) eye[size_t(r * g + rows[size_t(r)])] = 1.0;
+  const Tensor w = Tensor(eye, Shape{1, g, g}).cast(xg.dtype());
+  std::string idx = const_i64(rows);
+  auto permuted = [&](const std::string& x) {
+    auto* n = node("Gather", {x, idx}, {fresh("gates")});
+    attr_i(n, "axis", 0);
+    return node1("Unsqueeze", {n->output(0), const_i64({0})});
+  };
+  std::string r = permuted(in[1]);
+  std::string rb = in[2].empty() ? const_tensor(zeros(Shape{1, g}, xg.dtype())) : permuted(in[2]);
+  auto* cat = node("Concat", {const_tensor(zeros(Shape{1, g}, xg.dtype())), rb}, {fresh("bias")});
+  attr_i(cat, "axis", 1);
+  std::string bias = cat->output(0);
+  std::string h0 = node1("Unsqueeze", {in[3], const_i64({0})});
+  std::vector<std::string> inputs{in[0], const_tensor(w), r, bias, "", h0};
+  if (lstm) inputs.push_back(node1("Unsqueeze", {in[4], const_i64({0})}));
+  std::string y = fresh("Y"), yh = fresh("Y_h"), yc = fresh("Y_c");
+  std::vector<std::string> outs{y, yh};
+  if (lstm) outs.push_back(yc);
+  auto* n = node(lstm ? "LSTM" : gru ? "GRU" : "RNN", inputs, outs);
+  attr_i(n, "hidden_size", h);
+  if (gru) attr_i(n, "linear_before_reset", 1);
+  if (!lstm && !gru && int1(e, "relu")) {
+    auto* a = n->add_attribute();
+    a->set_name("activations");
+    a->set_type(::onnx::AttributeProto::STRINGS);
+    a->add_strings("Relu");
+  }
+  std::string seq = node1("Squeeze", {y, const_i64({1})}, lstm ? "" : out);  // (T, N, H)
+  if (lstm) {
+    auto* c = node("Concat", {seq, yc}, {out});  // rows h_1..h_T, then c_T
+    attr_i(c, "axis", 0);
+  }
+}
+
+void Exporter::convert(size_t k, const trace::Event& e, const trace::Event& e2, const std::vector<std::string>& in,
+                       const std::string& out) {
+  const std::string& op = e.op;
+  const DType t = e.output.dtype();
+  static const std::map<std::string, std::string> simple = {
+      {"add", "Add"}, {"sub", "Sub"}, {"mul", "Mul"}, {"div", "Div"}, {"pow", "Pow"}, {"maximum", "Max"},
+      {"minimum", "Min"}, {"eq", "Equal"}, {"lt", "Less"}, {"le", "LessOrEqual"}, {"gt", "Greater"},
+      {"ge", "GreaterOrEqual"}, {"where", "Where"}, {"neg", "Neg"}, {"exp", "Exp"}, {"log", "Log"},
+      {"sqrt", "Sqrt"}, {"abs", "Abs"}, {"sign", "Sign"}, {"sin", "Sin"}, {"cos", "Cos"}, {"tanh", "Tanh"},
+      {"sigmoid", "Sigmoid"}, {"relu", "Relu"}, {"softplus", "Softplus"}, {"to", "Identity"}};
+  if (auto it = simple.find(op); it != simple.end()) {
+    node1(it->second, in, out);
+    return;
+  }
+  if (op == "ne") {
+    node1("Not", {node1("Equal", in)}, out);
+  } else if (op == "square") {
+    node1("Mul", {in[0], in[0]}, out);
+  } else if (op == "log1p") {
+    node1("Log", {node1("Add", {in[0], const_scalar(1.0, t)})}, out);
+  } else if (op == "leakyrelu" || op == "elu") {
+    auto* n = node(op == "elu" ? "Elu" : "LeakyRelu", in, {out});
+    attr_f(n, "alpha", float1(e, "alpha"));
+  } else if (op == "gelu") {
+    // NNlib's gelu (tanh form): x sigmoid(c2 x (1 + k x²)), c2 = 2 sqrt(2 / pi), k = 0.044715.
+    std::string x2 = node1("Mul", {in[0], in[0]});
+    std::string u = node1("Add", {node1("Mul", {x2, const_scalar(0.044715, t)}), const_scalar(1.0, t)});
+    u = node1("Mul", {node1("Mul", {u, in[0]}), const_scalar(1.5957691216057308, t)});
+    node1("Mul", {in[0], node1("Sigmoid", {u})}, out);
+  } else if (op == "swish") {
+    node1("Mul", {in[0], node1("Sigmoid", {in[0]})}, out);
+  } else if (op == "cast") {
+    auto* n = node("Cast", in, {out});
+    attr_i(n, "to", onnx_dtype(DType(int1(e, "to"))));
+  } else if (op == "reshape") {
+    node1("Reshape", {in[0], shape_value("reshape", e.output.shape(), e2.output.shape(), true)}, out);
+  } else if (op == "broadcast_to") {
+    Shape i1 = e.inputs[0].shape(), i2 = e2.inputs[0].shape();
+    node1("Expand", {in[0], shape_value("broadcast_to", e.output.shape(), e2.output.shape(), false, &i1, &i2)}, out);
+  } else if (op == "permute") {
+    auto* n = node("Transpose", in, {out});
+    attr_ints(n, "perm", ints(e, "perm"));
+  } else if (op == "slice") {
+    std::vector<int64_t> r1 = ints(e, "range"), r2 = ints(e2, "range");
+    const int64_t axis = r1[0];
+    const int64_t n1 = e.inputs[0].shape()[int(axis)], n2 = e2.inputs[0].shape()[int(axis)];
+    auto bound = [&](int64_t v1, int64_t v2, bool stop) -> int64_t {
+      if (stop && v1 == n1 && v2 == n2) return std::numeric_limits<int64_t>::max();
+      if (v1 == v2) return v1;
+      if (v1 - n1 == v2 - n2) return v1 - n1;  // counted from the end
+      fail("[onnx::save] a slice [", r1[1], ", ", r1[2], ") of axis ", axis, " (length ", n1, "; [", r2[1], ", ", r2[2],
+           ") of length ", n2, " at the second traced size) is neither fixed nor counted from the end");
+    };
+    node1("Slice", {in[0], const_i64({bound(r1[1], r2[1], false)}), const_i64({bound(r1[2], r2[2], true)}), const_i64({axis})},
+          out);
+  } else if (op == "concat") {
+    auto* n = node("Concat", in, {out});
+    attr_i(n, "axis", int1(e, "axis"));
+  } else if (op == "index_select" || op == "embedding") {
+    auto* n = node("Gather", in, {out});
+    attr_i(n, "axis", op == "embedding" ? 0 : int1(e, "axis"));
+  } else if (op == "matmul") {
+    std::vector<int64_t> tr = ints(e, "trans");
+    std::vector<std::string> ab = in;
+    for (int i = 0; i < 2; ++i)
+      if (tr[size_t(i)]) {
+        int nd = e.inputs[size_t(i)].ndim();
+        std::vector<int64_t> perm(static_cast<size_t>(nd));
+        for (int j = 0; j < nd; ++j) perm[size_t(j)] = j;
+        std::swap(perm[size_t(nd - 1)], perm[size_t(nd - 2)]);
+        auto* n = node("Transpose", {ab[size_t(i)]}, {fresh("transposed")});
+        attr_ints(n, "perm", perm);
+        ab[size_t(i)] = n->output(0);
+      }
+    node1("MatMul", ab, out);
+  } else if (op == "linear") {
+    bool relu = int1(e, "relu");
+    auto* n = node("Gemm", in, {relu ? fresh("gemm") : out});
+    attr_i(n, "transB", 1);
+    if (relu) node1("Relu", {n->output(0)}, out);
+  } else if (op == "reduce") {
+    const auto r = backend::ReduceOp(int1(e, "op"));
+    const int64_t axis = int1(e, "axis"), keep = int1(e, "keepdims");
+    if (r == backend::ReduceOp::sum) {
+      auto* n = node("ReduceSum", {in[0], const_i64({axis})}, {out});
+      attr_i(n, "keepdims", keep);
+    } else {
+      static const char* names[] = {"ReduceSum", "ReduceMax", "ReduceMin", "ArgMax", "ArgMin"};
+      auto* n = node(names[int(r)], in, {out});
+      if (r == backend::ReduceOp::argmax || r == backend::ReduceOp::argmin) attr_i(n, "axis", axis);
+      else attr_ints(n, "axes", {axis});
+      attr_i(n, "keepdims", keep);
+    }
+  } else if (op == "softmax" || op == "logsoftmax") {
+    auto* n = node(op == "softmax" ? "Softmax" : "LogSoftmax", in, {out});
+    attr_i(n, "axis", int1(e, "axis"));
+  } else if (op == "conv" || op == "conv_transpose") {
+    const bool relu = int1(e, "relu");
+    std::vector<std::string> args{in[0], in[1]};
+    if (!in[2].empty()) args.push_back(in[2]);
+    auto* n = node(op == "conv" ? "Conv" : "ConvTranspose", args, {relu ? fresh("conv") : out});
+    attr_ints(n, "kernel_shape", ints(e, "kernel"));
+    attr_ints(n, "strides", ints(e, "strides"));
+    attr_ints(n, "dilations", ints(e, "dilations"));
+    attr_ints(n, "pads", ints(e, "pads"));
+    attr_i(n, "group", int1(e, "group"));
+    if (op == "conv_transpose") attr_ints(n, "output_padding", ints(e, "output_padding"));
+    if (relu) node1("Relu", {n->output(0)}, out);
+  } else if (op == "maxpool" || op == "meanpool") {
+    auto* n = node(op == "maxpool" ? "MaxPool" : "AveragePool", in, {out});
+    attr_ints(n, "kernel_shape", ints(e, "kernel"));
+    attr_ints(n, "strides", ints(e, "strides"));
+    attr_ints(n, "pads", ints(e, "pads"));
+    if (op == "meanpool") attr_i(n, "count_include_pad", 1);
+  } else if (op == "batchnorm") {
+    const int64_t c = e.inputs[0].shape()[1];
+    const DType pt = e.inputs[3].dtype();
+    std::string w = in[1].empty() ? const_tensor(ones(Shape{c}, pt)) : in[1];
+    std::string b = in[2].empty() ? const_tensor(zeros(Shape{c}, pt)) : in[2];
+    auto* n = node("BatchNormalization", {in[0], w, b, in[3], in[4]}, {out});
+    attr_f(n, "epsilon", float1(e, "eps"));
+  } else if (op == "rownorm") {
+    if (opts_.opset < 17)
+      fail("[onnx::save] layer/group normalisation (", near_param(k), ") needs opset 17 (LayerNormalization); ",
+           "SaveOptions::opset is ", opts_.opset);
+    const int64_t d = e.inputs[0].shape()[1];
+    std::string w = in[1].empty() ? const_tensor(ones(Shape{d}, t)) : in[1];
+    std::vector<std::string> args{in[0], w};
+    if (!in[2].empty()) args.push_back(in[2]);
+    auto* n = node("LayerNormalization", args, {out});
+    attr_i(n, "axis", -1);
+    attr_f(n, "epsilon", float1(e, "eps"));
+  } else if (op == "shape") {
+    std::vector<int64_t> r = ints(e, "range");
+    auto* n = node("Shape", in, {out});
+    if (r[0] != 0 || r[1] != e.inputs[0].ndim()) {
+      if (opts_.opset < 15) fail("[onnx::save] a partial Shape needs opset 15; SaveOptions::opset is ", opts_.opset);
+      attr_i(n, "start", r[0]);
+      attr_i(n, "end", r[1]);
+    }
+  } else if (op == "lstm_recurrence" || op == "gru_recurrence" || op == "rnn_recurrence") {
+    recurrent(e, in, out);
+  } else {
+    fail("unsupported");  // listed by the caller, which checked supported() first
+  }
+}
+
+/// Why an op has no ONNX form ("" when it has one).
+std::string unsupported_reason(const std::string& op) {
+  if (op == "dropout") return "training-mode Dropout (call testmode(model), or leave its mode automatic)";
+  if (op == "batchnorm_train") return "BatchNorm with batch statistics (training mode: call testmode(model))";
+  if (op == "rand_like") return "random numbers";
+  static const std::set<std::string> known = {
+      "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "where", "neg",
+      "exp", "log", "sqrt", "abs", "sign", "sin", "cos", "tanh", "sigmoid", "relu", "softplus", "to", "square",
+      "log1p", "leakyrelu", "elu", "gelu", "swish", "cast", "reshape", "broadcast_to", "permute", "slice", "concat",
+      "index_select", "embedding", "matmul", "linear", "reduce", "softmax", "logsoftmax", "conv", "conv_transpose",
+      "maxpool", "meanpool", "batchnorm", "rownorm", "lstm_recurrence", "gru_recurrence", "rnn_recurrence", "shape"};
+  return known.count(op) ? "" : "an op without an ONNX form in this exporter";
+}
+
+::onnx::ModelProto Exporter::build(const Forward& forward, const std::vector<Tensor>& inputs) {
+  const char* api = "[onnx::save]";
+  if (opts_.opset < 13 || opts_.opset > kMaxOpset)
+    fail(api, " opset ", opts_.opset, " is not supported: this build writes opsets 13 to ", kMaxOpset, " (ONNX ",
+         kOnnxVersion, ")");
+  if (inputs.empty()) fail(api, " needs at least one example input");
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!inputs[i].defined()) fail(api, " example input ", i, " is an undefined tensor");
+  if (!opts_.dynamic_axes.empty() && opts_.dynamic_axes.size() != inputs.size())
+    fail(api, " dynamic_axes lists ", opts_.dynamic_axes.size(), " inputs but the model is called with ", inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::string name = i < opts_.input_names.size() ? opts_.input_names[i] : (i ? "input_" + std::to_string(i) : "input");
+    input_names_.push_back(name);
+  }
+  // The second trace's inputs: every dynamic axis grown by its rank in the list plus one (1 for the
+  // first, 2 for the second, ...), so that two dynamic axes of equal size still differ there.
+  std::vector<Tensor> grown;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<int> axes = opts_.dynamic_axes.empty() ? std::vector<int>{0} : opts_.dynamic_axes[i];
+    Tensor x = inputs[i];
+    for (size_t j = 0; j < axes.size(); ++j) {
+      if (x.ndim() == 0) fail(api, " input ", i, " is 0-dimensional: it has no axis ", axes[j], " to make dynamic");
+      int a = axes[j] < 0 ? axes[j] + x.ndim() : axes[j];
+      if (a < 0 || a >= x.ndim())
+        fail(api, " dynamic axis ", axes[j], " is out of range for input ", i, " of shape ", to_string(x.shape()));
+      const int64_t n = x.shape()[a], extra = int64_t(j) + 1;
+      if (n == 0) fail(api, " input ", i, " has an empty dynamic axis ", a, " (shape ", to_string(x.shape()), ")");
+      std::vector<int64_t> idx;
+      for (int64_t r = 0; r < n + extra; ++r) idx.push_back(r % n);
+      {
+        autodiff::NoGrad outside;
+        x = index_select(x, a, to(Tensor(idx, Shape{int64_t(idx.size())}), x.device()));
+      }
+      std::string dim_name = (a == 0 && j == 0 && (dyn_.empty() || (dyn_[0].s1 == n && dyn_[0].axis == 0)))
+                                 ? "batch"
+                                 : input_names_[i] + "_dim" + std::to_string(a);
+      dyn_.push_back(DynAxis{int(i), a, n, n + extra, dim_name});
+    }
+    grown.push_back(x);
+  }
+
+  Trace t1 = run(forward, inputs);
+  Trace t2 = run(forward, grown);
+  if (t1.outputs.empty()) fail(api, " the model returned no tensor");
+  Resolved r1 = resolve(t1, param_index_), r2 = resolve(t2, param_index_);
+  t1_ = &t1;
+  r1_ = &r1;
+  if (t1.outputs.size() != t2.outputs.size())
+    fail(api, " the model returned ", t1.outputs.size(), " tensors at the example's size and ", t2.outputs.size(),
+         " with the dynamic axes grown");
+  // Live ops: those the outputs depend on, in order; the two traces' live ops must correspond.
+  std::vector<size_t> l1 = live_events(r1), l2 = live_events(r2);
+  if (l1.size() != l2.size())
+    fail(api, " the forward ran ", l1.size(), " ops at the example's size and ", l2.size(),
+         " with the dynamic axes grown: export needs a forward whose ops do not depend on the input sizes");
+  std::vector<int64_t> pos1(t1.events.size(), -1), pos2(t2.events.size(), -1);
+  for (size_t p = 0; p < l1.size(); ++p) pos1[l1[p]] = int64_t(p), pos2[l2[p]] = int64_t(p);
+  auto same_ref = [&](const Ref& x, const Ref& y) {
+    if (x.kind != y.kind) return false;
+    if (x.kind == Ref::event) return pos1[size_t(x.index)] == pos2[size_t(y.index)];
+    return x.kind == Ref::constant || x.index == y.index;
+  };
+  for (size_t i = 0; i < t1.outputs.size(); ++i)
+    if (!same_ref(r1.outputs[i], r2.outputs[i]))
+      fail(api, " output ", i, " comes from different ops at the two traced input sizes");
+  std::vector<size_t> partner(t1.events.size(), 0);
+  for (size_t p = 0; p < l1.size(); ++p) {
+    const size_t k = l1[p], k2 = l2[p];
+    partner[k] = k2;
+    const trace::Event &a = t1.events[k], &b = t2.events[k2];
+    bool same = a.op == b.op && a.inputs.size() == b.inputs.size();
+    for (size_t j = 0; same && j < a.inputs.size(); ++j) same = same_ref(r1.event_inputs[k][j], r2.event_inputs[k2][j]);
+    if (!same)
+      fail(api, " op ", k, " ('", a.op, "') reads different tensors at the two traced input sizes ('", b.op,
+           "' there): export needs a forward whose ops do not depend on the input sizes");
+    for (size_t j = 0; j < a.attrs.size(); ++j) {
+      const std::string name = a.attrs[j].name;
+      if (name == "shape" || name == "range") continue;  // written from the two traces
+      if (a.attrs[j].ints != b.attrs[j].ints || a.attrs[j].floats != b.attrs[j].floats)
+        fail(api, " the op '", a.op, "' (", near_param(k), ") has attribute '", name,
+             "' that depends on the input size (a window over a dynamic axis?); make that axis static");
+    }
+  }
+  std::ostringstream bad;
+  int nbad = 0;
+  for (size_t k : l1) {
+    std::string why = unsupported_reason(t1.events[k].op);
+    if (why.empty()) continue;
+    std::string where = near_param(k);
+    bad << (nbad++ ? "; " : "") << "'" << t1.events[k].op << "' (" << why << (where.empty() ? "" : ", after " + where) << ")";
+  }
+  if (nbad) fail(api, " the model runs ", nbad, " op(s) with no ONNX form: ", bad.str());
+
+  ::onnx::ModelProto model;
+  model.set_ir_version(::onnx::IR_VERSION);
+  model.set_producer_name("flux-cpp");
+  model.set_producer_version(kFluxVersion);
+  auto* opset = model.add_opset_import();
+  opset->set_domain("");
+  opset->set_version(opts_.opset);
+  graph_ = model.mutable_graph();
+  graph_->set_name("flux");
+  param_written_.assign(params_.size(), false);
+  event_names_.assign(t1.events.size(), "");
+  auto value_info = [&](::onnx::ValueInfoProto* v, const std::string& name, const Tensor& a, const Tensor& b) {
+    v->set_name(name);
+    auto* tt = v->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(onnx_dtype(a.dtype()));
+    auto* shape = tt->mutable_shape();
+    for (int i = 0; i < a.ndim(); ++i) {
+      auto* d = shape->add_dim();
+      if (a.shape()[i] == b.shape()[i]) {
+        d->set_dim_value(a.shape()[i]);
+        continue;
+      }
+      std::optional<DimExpr> e = solve(a.shape()[i], b.shape()[i]);
+      if (e && e->a >= 0 && e->b < 0 && e->mul == 1 && e->add == 0) d->set_dim_param(dyn_[size_t(e->a)].name);
+      else d->set_dim_param(name + "_dim" + std::to_string(i));
+    }
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) value_info(graph_->add_input(), input_names_[i], inputs[i], grown[i]);
+  for (size_t k : l1) {
+    const size_t k2 = partner[k];
+    const trace::Event &e = t1.events[k], &e2 = t2.events[k2];
+    std::vector<std::string> in;
+    for (size_t j = 0; j < e.inputs.size(); ++j)
+      in.push_back(value_of(r1.event_inputs[k][j], r2.event_inputs[k2][j], e.inputs[j], e2.inputs[j], k));
+    event_names_[k] = "t" + std::to_string(k) + "_" + e.op;
+    convert(k, e, e2, in, event_names_[k]);
+  }
+  for (size_t i = 0; i < t1.outputs.size(); ++i) {
+    std::string name = i < opts_.output_names.size() ? opts_.output_names[i] : (i ? "output_" + std::to_string(i) : "output");
+    const Ref& r = r1.outputs[i];
+    if (r.kind == Ref::none) fail(api, " output ", i, " of the model is an undefined tensor");
+    std::string v = value_of(r, r2.outputs[i], t1.outputs[i], t2.outputs[i], 0);
+    node1("Identity", {v}, name);
+    value_info(graph_->add_output(), name, t1.outputs[i], t2.outputs[i]);
+  }
+  return model;
+}
+
+}  // namespace
+
+void save_traced(const std::string& path, const Forward& forward, const std::vector<std::pair<std::string, Tensor>>& state,
+                 const std::vector<Tensor>& inputs, const SaveOptions& options) {
+  Exporter ex(state, options);
+  ::onnx::ModelProto model = ex.build(forward, inputs);
+  write_model(path, model, "[onnx::save]");
+}
+
+}  // namespace detail
+}  // namespace flux::onnx
+
+#else  // built without ONNX
+
+namespace flux::onnx {
+bool available() { return false; }
+namespace detail {
+void save_traced(const std::string&, const Forward&, const std::vector<std::pair<std::string, Tensor>>&,
+                 const std::vector<Tensor>&, const SaveOptions&) {
+  flux::detail::fail("[onnx::save] this flux-cpp was built without ONNX (CMake FLUX_ONNX; on Debian 12: scripts/deps.sh onnx, "
+                     "i.e. libonnx-dev libprotobuf-dev, then reconfigure)");
+}
+}  // namespace detail
+}  // namespace flux::onnx
+
+#endif

@@ -1,0 +1,75 @@
+# ONNX export checked by real clients (tests/onnx/): flux-cpp exports an MLP, LeNet, ResNet-18, the
+# char LSTM and the tiny transformer with onnx::save (traced on the CPU, and on OpenCL:0 where built);
+#   onnx_export.ort.<device>  ONNX Runtime (PyPI, in build/onnx-venv, made by tests/onnx/ensure_venv.sh)
+#                             reproduces flux's outputs within 1e-5 at batch 2 and 3 (a dynamic batch axis)
+#   onnx_export.checker       Debian's python3-onnx: onnx.checker.check_model(full_check=True) on each file
+# Without ONNX in the build (FLUX_ONNX) there are no such tests. Skipped (77) without PyPI / python3-onnx,
+# failed instead with CI set.
+if(NOT flux_have_onnx)
+  return()
+endif()
+add_executable(onnx_export_models ${CMAKE_CURRENT_SOURCE_DIR}/onnx/onnx_export_models.cpp)
+target_link_libraries(onnx_export_models PRIVATE flux)
+target_compile_options(onnx_export_models PRIVATE ${FLUX_WARNINGS})
+add_dependencies(flux_tests onnx_export_models)
+
+# The unit tests (tests/onnx/test_*.cpp, on every test device) read the written files back with ONNX's
+# own protobuf classes, so they are a binary of their own, linked with libonnx_proto.
+file(GLOB flux_onnx_test_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/onnx/test_*.cpp)
+add_executable(onnx_tests ${flux_onnx_test_sources})
+target_link_libraries(onnx_tests PRIVATE flux GTest::gtest GTest::gtest_main onnx_proto protobuf::libprotobuf)
+target_include_directories(onnx_tests PRIVATE ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+target_compile_options(onnx_tests PRIVATE ${FLUX_WARNINGS})
+target_compile_definitions(onnx_tests PRIVATE FLUX_SOURCE_DIR="${CMAKE_SOURCE_DIR}" FLUX_BINARY_DIR="${CMAKE_BINARY_DIR}")
+add_dependencies(flux_tests onnx_tests)
+gtest_discover_tests(onnx_tests DISCOVERY_TIMEOUT 120 PROPERTIES TIMEOUT 600 LABELS onnx
+  ENVIRONMENT "POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache")
+
+set(FLUX_ONNX_VENV ${CMAKE_BINARY_DIR}/onnx-venv)
+set(flux_onnx_devices CPU)
+if(TARGET flux-opencl)
+  list(APPEND flux_onnx_devices OpenCL:0)
+endif()
+foreach(device ${flux_onnx_devices})
+  string(REPLACE ":" "" tag ${device})
+  set(out ${CMAKE_CURRENT_BINARY_DIR}/onnx-export-${tag})
+  add_test(NAME onnx_export.ort.${tag}
+    COMMAND sh -c "rm -rf '${out}' && mkdir -p '${out}' && '$<TARGET_FILE:onnx_export_models>' '${out}' '${device}' || exit $?; \
+py=$('${CMAKE_CURRENT_SOURCE_DIR}/onnx/ensure_venv.sh' '${FLUX_ONNX_VENV}') || exit $?; \
+\"$py\" '${CMAKE_CURRENT_SOURCE_DIR}/onnx/ort_check.py' '${out}'")
+  set_tests_properties(onnx_export.ort.${tag} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS onnx
+    ENVIRONMENT "POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache")
+endforeach()
+# The checker reads the CPU export's files.
+add_test(NAME onnx_export.checker
+  COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/onnx/onnx_check.py ${CMAKE_CURRENT_BINARY_DIR}/onnx-export-CPU)
+set_tests_properties(onnx_export.checker PROPERTIES SKIP_RETURN_CODE 77 DEPENDS onnx_export.ort.CPU LABELS onnx)
+
+# ONNX import checked against PyTorch (Debian python3-torch 1.13, system Python): tests/onnx/torch_models.py
+# exports torchvision resnet18 and mobilenet_v2, an LSTM, a GRU and a TransformerEncoder at opset 17;
+# onnx_import_check runs them on every test device (<= 1e-5 of PyTorch's outputs), one SGD step of the
+# imported resnet18 against PyTorch's, and exports each imported model again for ONNX Runtime (round trip).
+add_executable(onnx_import_check ${CMAKE_CURRENT_SOURCE_DIR}/onnx/onnx_import_check.cpp)
+target_link_libraries(onnx_import_check PRIVATE flux GTest::gtest)
+target_include_directories(onnx_import_check PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_compile_options(onnx_import_check PRIVATE ${FLUX_WARNINGS})
+add_dependencies(flux_tests onnx_import_check)
+set(torch_dir ${CMAKE_CURRENT_BINARY_DIR}/onnx-import-torch)
+set(rt_dir ${CMAKE_CURRENT_BINARY_DIR}/onnx-import-roundtrip)
+add_test(NAME onnx_import.torch
+  COMMAND sh -c "rm -rf '${torch_dir}' '${rt_dir}' && mkdir -p '${torch_dir}' '${rt_dir}' && \
+/usr/bin/python3 '${CMAKE_CURRENT_SOURCE_DIR}/onnx/torch_models.py' '${torch_dir}' || exit $?; \
+'$<TARGET_FILE:onnx_import_check>' '${torch_dir}' '${rt_dir}' || exit $?; \
+py=$('${CMAKE_CURRENT_SOURCE_DIR}/onnx/ensure_venv.sh' '${FLUX_ONNX_VENV}') || exit $?; \
+\"$py\" '${CMAKE_CURRENT_SOURCE_DIR}/onnx/ort_check.py' '${rt_dir}'")
+set_tests_properties(onnx_import.torch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS "onnx;interop"
+  ENVIRONMENT "POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache")
+
+# examples/onnx_roundtrip.cpp: trains, exports, imports, compares; ONNX Runtime through the test venv.
+if(TARGET onnx_roundtrip)
+  set(ex_dir ${CMAKE_CURRENT_BINARY_DIR}/onnx-roundtrip-example)
+  add_test(NAME examples.onnx_roundtrip
+    COMMAND sh -c "mkdir -p '${ex_dir}' && py=$('${CMAKE_CURRENT_SOURCE_DIR}/onnx/ensure_venv.sh' '${FLUX_ONNX_VENV}'); \
+'$<TARGET_FILE:onnx_roundtrip>' --out '${ex_dir}' \${py:+--ort \"$py\"}")
+  set_tests_properties(examples.onnx_roundtrip PROPERTIES TIMEOUT 300 LABELS "examples;onnx")
+endif()

@@ -1,0 +1,123 @@
+// Exports flux-cpp models with onnx::save for ONNX Runtime to check (tests/onnx.cmake,
+// tests/onnx/ort_check.py): an MLP, LeNet, ResNet-18 (models::ResNet18), the char LSTM and the tiny
+// transformer of examples/ (and a GRU with a dynamic sequence axis), each with random parameters (BatchNorm statistics included), traced on the
+// device named by argv[2] at batch 2. For every model it writes <dir>/<name>.onnx and
+// <dir>/<name>.safetensors holding the inputs and flux's outputs at batch 2 and at batch 3 (x2, y2,
+// x3, y3): ORT must reproduce y2 and y3 from the one file (its batch axis is dynamic).
+#include <cstdio>
+#include <string>
+
+#include "flux/flux.hpp"
+#include "flux/io/safetensors.hpp"
+#include "flux/models/resnet.hpp"
+#include "flux/onnx.hpp"
+
+using namespace flux;
+
+namespace {
+
+/// LSTM then a Dense head on every step, as examples/char_lstm.cpp: (N, T, V) one-hot -> (N T, V).
+struct CharModel {
+  LSTM lstm;
+  Dense head;
+  Tensor operator()(const Tensor& x) const {
+    Tensor h = lstm(x);
+    return head(h.reshape({h.size(0) * h.size(1), h.size(2)}));
+  }
+};
+FLUX_LAYER(CharModel, lstm, head)
+
+auto block(int64_t d) {
+  return Chain(SkipConnection(Chain(LayerNorm(d), MultiHeadAttention(d, {.nheads = 4, .causal = true})), plus),
+               SkipConnection(Chain(LayerNorm(d), Dense(d, 4 * d, gelu), Dense(4 * d, d)), plus));
+}
+using Block = decltype(block(1));
+
+/// examples/tiny_transformer.cpp's model: ids (N, T) -> logits (N, T, V).
+struct TinyTransformer {
+  Embedding token, position;
+  Chain<Block, Block> blocks;
+  LayerNorm norm;
+  Dense head;
+  TinyTransformer(int64_t vocab, int64_t seq_len, int64_t d)
+      : token(vocab, d), position(seq_len, d), blocks(block(d), block(d)), norm(d), head(d, vocab) {}
+  Tensor operator()(const Tensor& ids) const {
+    const int64_t t = ids.shape()[1];
+    Tensor pos = position(arange(t, DType::i64, ids.device()));
+    return head(norm(blocks(token(ids) + pos)));
+  }
+};
+FLUX_LAYER(TinyTransformer, token, position, blocks, norm, head)
+
+/// Every floating tensor of m random (variances positive), so that no parameter is a trivial 0 or 1.
+template <class M> void randomise(M& m) {
+  for (auto& [name, t] : state(m)) {
+    if (!is_floating(t.dtype())) continue;
+    Tensor v = rand(t.shape()) * 0.5 - 0.25;
+    if (name.find("running_var") != std::string::npos) v = rand(t.shape()) + 0.5;
+    if (name.find("running_mean") != std::string::npos) v = rand(t.shape()) * 0.2 - 0.1;
+    Tensor target = t;
+    copy_(target, v.cast(t.dtype()));
+  }
+}
+
+template <class M, class MakeInput>
+void export_model(const std::string& dir, const std::string& name, M model, const Device& dev, MakeInput make_input,
+                  const onnx::SaveOptions& options = {}) {
+  randomise(model);
+  testmode(model);
+  auto m = model | dev;
+  Tensor x2 = make_input(2), x3 = make_input(3);
+  Tensor y2 = m(to(x2, dev)), y3 = m(to(x3, dev));
+  onnx::save(dir + "/" + name + ".onnx", m, to(x2, dev), options);
+  save_state(dir + "/" + name + ".safetensors", {{"x2", x2}, {"y2", to(y2, Device())}, {"x3", x3}, {"y3", to(y3, Device())}});
+  std::printf("exported %s on %s: output %s\n", name.c_str(), to_string(dev).c_str(), to_string(y2.shape()).c_str());
+}
+
+Tensor ids(int64_t n, int64_t t, int64_t vocab) {
+  std::vector<int64_t> v;
+  for (int64_t i = 0; i < n * t; ++i) v.push_back((i * 7 + 3) % vocab);
+  return Tensor(v, Shape{n, t});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: onnx_export_models DIR DEVICE (CPU, OpenCL:0) [MODEL...]\n");
+    return 2;
+  }
+  const std::string dir = argv[1], dev_name = argv[2];
+  Device dev = dev_name == "CPU" ? get_device("CPU") : get_device("OpenCL", std::stoi(dev_name.substr(dev_name.find(':') + 1)));
+  if (to_string(dev) != dev_name) {
+    std::printf("SKIPPED: device %s is not available (got %s)\n", dev_name.c_str(), to_string(dev).c_str());
+    return 77;
+  }
+  auto wanted = [&](const char* name) {
+    if (argc == 3) return true;
+    for (int i = 3; i < argc; ++i)
+      if (std::string(argv[i]) == name) return true;
+    return false;
+  };
+  seed(38);
+  if (wanted("mlp"))
+    export_model(dir, "mlp", Chain(Dense(20, 64, relu), Dense(64, 32, tanh), Dense(32, 10), softmax), dev,
+                 [](int64_t n) { return rand({n, 20}); });
+  if (wanted("lenet"))
+    export_model(dir, "lenet",
+                 Chain(Conv({5, 5}, 1, 6, relu), MaxPool({2, 2}), Conv({5, 5}, 6, 16, relu), MaxPool({2, 2}), flatten,
+                       Dense(256, 120, relu), Dense(120, 84, relu), Dense(84, 10)),
+                 dev, [](int64_t n) { return rand({n, 1, 28, 28}); });
+  if (wanted("resnet18"))
+    export_model(dir, "resnet18", models::ResNet18(100), dev, [](int64_t n) { return rand({n, 3, 64, 64}); });
+  if (wanted("char_lstm"))
+    export_model(dir, "char_lstm", CharModel{LSTM(12, 32), Dense(32, 12)}, dev,
+                 [](int64_t n) { return rand({n, 7, 12}); });
+  // A GRU whose sequence axis is dynamic too: batch 2 with 5 steps, then batch 3 with 6.
+  if (wanted("gru_sequence"))
+    export_model(dir, "gru_sequence", Chain(GRU(3, 8), Dense(8, 2)), dev, [](int64_t n) { return rand({n, n + 3, 3}); },
+                 {.dynamic_axes = {{0, 1}}});
+  if (wanted("tiny_transformer"))
+    export_model(dir, "tiny_transformer", TinyTransformer(20, 16, 32), dev, [](int64_t n) { return ids(n, 16, 20); });
+  return 0;
+}

@@ -1,0 +1,209 @@
+// onnx::save on every test device: the written graph (read back with ONNX's own protobuf classes),
+// initialiser names, the dynamic batch axis, user layers and lambdas, errors, and the atomic write.
+// ONNX Runtime's agreement is checked by tests/onnx/ort_check.py (ctest onnx_export.ort.*).
+#include <dirent.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <onnx/onnx_pb.h>
+
+#include "flux/flux.hpp"
+#include "flux/onnx.hpp"
+#include "test_devices.hpp"
+
+using namespace flux;
+using flux::testing::device_test_name;
+using flux::testing::test_devices;
+
+namespace {
+
+std::string temp_dir() {
+  std::string pattern = ::testing::TempDir() + "flux-onnx-XXXXXX";
+  char* made = ::mkdtemp(pattern.data());
+  EXPECT_NE(made, nullptr);
+  return pattern;
+}
+
+::onnx::ModelProto read(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  ::onnx::ModelProto m;
+  EXPECT_TRUE(m.ParseFromString(ss.str())) << path;
+  return m;
+}
+
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  while (dirent* e = d ? ::readdir(d) : nullptr)
+    if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") out.push_back(e->d_name);
+  if (d) ::closedir(d);
+  return out;
+}
+
+std::multiset<std::string> op_types(const ::onnx::ModelProto& m) {
+  std::multiset<std::string> s;
+  for (const auto& n : m.graph().node()) s.insert(n.op_type());
+  return s;
+}
+
+/// A user layer: a residual MLP block written by hand from ops.
+struct Residual {
+  Tensor weight, bias;
+  Tensor operator()(const Tensor& x) const { return x + tanh_(matmul(x, weight, false, true) + bias); }
+};
+FLUX_LAYER(Residual, weight, bias)
+
+class OnnxExport : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override {
+    if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  }
+};
+
+TEST_P(OnnxExport, InitialisersAreTheStateNamesAndTheBatchIsDynamic) {
+  const Device dev = GetParam();
+  seed(1);
+  auto model = Chain(Dense(4, 8, relu), Dense(8, 3)) | dev;
+  const std::string dir = temp_dir(), path = dir + "/mlp.onnx";
+  flux::onnx::save(path, model, to(rand({2, 4}), dev));
+  ::onnx::ModelProto m = read(path);
+  EXPECT_EQ(m.opset_import(0).version(), 17);
+  std::set<std::string> inits, want;
+  for (const auto& t : m.graph().initializer()) inits.insert(t.name());
+  for (const auto& [name, t] : state(model)) want.insert(name);
+  for (const std::string& name : want) EXPECT_TRUE(inits.count(name)) << name;
+  // The weight's values as stored: the model's own.
+  for (const auto& t : m.graph().initializer())
+    if (t.name() == "layers.0.weight") {
+      ASSERT_EQ(t.raw_data().size(), 32 * sizeof(float));
+      std::vector<float> stored(32);
+      std::memcpy(stored.data(), t.raw_data().data(), t.raw_data().size());
+      std::vector<float> have = model.get<0>().weight.to_vector<float>();
+      EXPECT_EQ(stored, have);
+    }
+  ASSERT_EQ(m.graph().input_size(), 1);
+  const auto& shape = m.graph().input(0).type().tensor_type().shape();
+  ASSERT_EQ(shape.dim_size(), 2);
+  EXPECT_EQ(shape.dim(0).dim_param(), "batch");
+  EXPECT_EQ(shape.dim(1).dim_value(), 4);
+  EXPECT_EQ(m.graph().output(0).type().tensor_type().shape().dim(0).dim_param(), "batch");
+  EXPECT_EQ(op_types(m).count("Gemm"), 2u);
+  EXPECT_EQ(op_types(m).count("Relu"), 1u);
+  // Written atomically: nothing else is left in the folder.
+  EXPECT_EQ(files_in(dir), std::vector<std::string>{"mlp.onnx"});
+}
+
+TEST_P(OnnxExport, UserLayersLambdasAndAFixedReshapeExport) {
+  const Device dev = GetParam();
+  seed(2);
+  auto twice = [](const Tensor& x) { return x * 2.0 - 1.0; };
+  auto model = Chain(Residual{rand({6, 6}), rand({6})}, twice, [](const Tensor& x) { return x.reshape({x.size(0), 2, 3}); },
+                     [](const Tensor& x) { return sum(x, 1); }) |
+               dev;
+  const std::string dir = temp_dir(), path = dir + "/user.onnx";
+  flux::onnx::save(path, model, to(rand({3, 6}), dev));
+  ::onnx::ModelProto m = read(path);
+  auto ops = op_types(m);
+  for (const char* op : {"MatMul", "Tanh", "Add", "Mul", "Sub", "Reshape", "ReduceSum"}) EXPECT_TRUE(ops.count(op)) << op;
+  std::set<std::string> inits;
+  for (const auto& t : m.graph().initializer()) inits.insert(t.name());
+  EXPECT_TRUE(inits.count("layers.0.weight"));
+  EXPECT_TRUE(inits.count("layers.0.bias"));
+  // The reshape to (N, 2, 3) follows the batch: written with -1 for the batch axis.
+  for (const auto& n : m.graph().node())
+    if (n.op_type() == "Reshape")
+      for (const auto& t : m.graph().initializer())
+        if (t.name() == n.input(1)) {
+          ASSERT_EQ(t.int64_data_size(), 3);
+          EXPECT_EQ(t.int64_data(0), -1);
+          EXPECT_EQ(t.int64_data(1), 2);
+          EXPECT_EQ(t.int64_data(2), 3);
+        }
+}
+
+TEST_P(OnnxExport, TrainingModeDropoutIsAnErrorNamingTheOpAndLayer) {
+  const Device dev = GetParam();
+  auto model = Chain(Dense(4, 8), Dropout(0.5), Dense(8, 2)) | dev;
+  trainmode(model);
+  const std::string dir = temp_dir(), path = dir + "/drop.onnx";
+  try {
+    flux::onnx::save(path, model, to(rand({2, 4}), dev));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("[onnx::save]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'dropout'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("testmode"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("layer 'layers.0'"), std::string::npos) << msg;
+  }
+  EXPECT_TRUE(files_in(dir).empty());
+  // In test mode the same model exports, without any dropout node.
+  testmode(model);
+  flux::onnx::save(path, model, to(rand({2, 4}), dev));
+  EXPECT_EQ(op_types(read(path)).count("Gemm"), 2u);
+}
+
+TEST_P(OnnxExport, ZeroStateFollowsTheBatchAndSequenceAxesCanBeDynamic) {
+  const Device dev = GetParam();
+  auto model = Chain(GRU(3, 5), [](const Tensor& h) { return h.slice(0, h.size(0)); }) | dev;
+  const std::string dir = temp_dir(), path = dir + "/gru.onnx";
+  flux::onnx::save(path, model, to(rand({2, 4, 3}), dev), {.dynamic_axes = {{0, 1}}});
+  ::onnx::ModelProto m = read(path);
+  auto ops = op_types(m);
+  EXPECT_TRUE(ops.count("GRU"));
+  EXPECT_TRUE(ops.count("ConstantOfShape"));  // the zero initial state, (N, H) from the input's N
+  const auto& in = m.graph().input(0).type().tensor_type().shape();
+  EXPECT_EQ(in.dim(0).dim_param(), "batch");
+  EXPECT_EQ(in.dim(1).dim_param(), "input_dim1");
+  const auto& out = m.graph().output(0).type().tensor_type().shape();
+  EXPECT_EQ(out.dim(0).dim_param(), "batch");
+  EXPECT_EQ(out.dim(1).dim_param(), "input_dim1");
+  EXPECT_EQ(out.dim(2).dim_value(), 5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, OnnxExport, ::testing::ValuesIn(test_devices()), device_test_name);
+
+TEST(OnnxExportErrors, OpsetNewerThanSupportedNamesBoth) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  auto model = Dense(2, 2);
+  try {
+    flux::onnx::save(temp_dir() + "/x.onnx", model, rand({1, 2}), {.opset = 18});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("opset 18"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("13 to 17"), std::string::npos) << msg;
+  }
+}
+
+TEST(OnnxExportErrors, BadDynamicAxesAndMissingFolder) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  auto model = Dense(2, 2);
+  EXPECT_THROW(flux::onnx::save(temp_dir() + "/x.onnx", model, rand({1, 2}), {.dynamic_axes = {{0}, {1}}}), Error);
+  EXPECT_THROW(flux::onnx::save(temp_dir() + "/x.onnx", model, rand({1, 2}), {.dynamic_axes = {{5}}}), Error);
+  try {
+    flux::onnx::save("/nonexistent-flux-folder/x.onnx", model, rand({1, 2}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent-flux-folder"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OnnxExportErrors, ShapeDependentTensorsMadeOutsideOpsAreRefused) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  // A tensor built on the host from the input's values cannot be computed by the graph.
+  auto model = [](const Tensor& x) { return x + Tensor(x.to_vector<float>(), x.shape()); };
+  try {
+    flux::onnx::save(temp_dir() + "/x.onnx", model, rand({2, 3}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("outside flux's ops"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace

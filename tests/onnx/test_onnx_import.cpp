@@ -1,0 +1,225 @@
+// onnx::load on every test device: gradients of an imported model equal the native layers' (the
+// model exported by onnx::save, imported again), safetensors save/load and an optimiser step on it,
+// and the load-time errors (every unsupported operator with its node name, a newer opset, truncated or
+// inconsistent files), built with ONNX's own protobuf classes.
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <onnx/onnx_pb.h>
+
+#include "flux/flux.hpp"
+#include "flux/io/safetensors.hpp"
+#include "flux/onnx.hpp"
+#include "test_devices.hpp"
+
+using namespace flux;
+using flux::testing::device_test_name;
+using flux::testing::test_devices;
+
+namespace {
+
+std::string temp_dir() {
+  std::string pattern = ::testing::TempDir() + "flux-onnx-import-XXXXXX";
+  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
+  return pattern;
+}
+
+std::string error_of(const std::string& bytes) {
+  try {
+    flux::onnx::load_from_bytes(bytes, "test model");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/// y = Relu(Gemm(x, w, b)) with a (3, 2) weight, as the building block of the error tests.
+::onnx::ModelProto small_model(int64_t opset = 17) {
+  ::onnx::ModelProto m;
+  m.set_ir_version(8);
+  auto* o = m.add_opset_import();
+  o->set_version(opset);
+  auto* g = m.mutable_graph();
+  auto* w = g->add_initializer();
+  w->set_name("w");
+  w->set_data_type(::onnx::TensorProto::FLOAT);
+  w->add_dims(3), w->add_dims(2);
+  for (int i = 0; i < 6; ++i) w->add_float_data(0.1f * float(i));
+  auto* in = g->add_input();
+  in->set_name("x");
+  auto* gemm = g->add_node();
+  gemm->set_op_type("Gemm"), gemm->set_name("gemm0");
+  gemm->add_input("x"), gemm->add_input("w"), gemm->add_output("h");
+  auto* relu = g->add_node();
+  relu->set_op_type("Relu"), relu->set_name("relu0");
+  relu->add_input("h"), relu->add_output("y");
+  g->add_output()->set_name("y");
+  return m;
+}
+
+class OnnxImport : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override {
+    if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  }
+};
+
+TEST_P(OnnxImport, GradientsEqualTheNativeLayersAndItTrainsAndSaves) {
+  const Device dev = GetParam();
+  seed(3);
+  auto model = Chain(Conv({3, 3}, 2, 4, relu, {.pad = 1}), BatchNorm(4), MaxPool({2, 2}), flatten, Dense(64, 8, tanh),
+                     Dense(8, 3));
+  testmode(model);
+  for (auto& [name, t] : state(model))
+    if (name.find("running_var") != std::string::npos) copy_(t, rand(t.shape()) + 0.5);
+  const std::string dir = temp_dir();
+  Tensor x = rand({2, 2, 8, 8});
+  flux::onnx::save(dir + "/m.onnx", model, x);
+  auto net = flux::onnx::load(dir + "/m.onnx") | dev;
+  auto native = model | dev;
+  Tensor xd = to(x, dev);
+  // Names as in the file (state(model)'s), BatchNorm statistics NonTrainable.
+  EXPECT_EQ(parameter_count(net), parameter_count(model));
+  EXPECT_EQ(nontrainable_count(net), nontrainable_count(model));
+  std::vector<double> y = to(net(xd), Device()).to_vector<double>(), want = to(native(xd), Device()).to_vector<double>();
+  ASSERT_EQ(y.size(), want.size());
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-5);
+
+  auto loss = [&](const auto& m) { return sum(square(m(xd))); };
+  auto g_net = gradient(loss, net);
+  auto g_native = gradient(loss, native);
+  std::map<std::string, Tensor> native_grads;
+  for (auto& [name, t] : state(g_native)) native_grads[name] = t;
+  int compared = 0;
+  for (auto& [name, t] : g_net.parameters) {
+    ASSERT_TRUE(native_grads.count(name)) << name;
+    std::vector<double> a = to(t, Device()).to_vector<double>(), b = to(native_grads[name], Device()).to_vector<double>();
+    ASSERT_EQ(a.size(), b.size()) << name;
+    double scale = 1e-6;
+    for (double v : b) scale = std::max(scale, std::abs(v));
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * scale) << name << "[" << i << "]";
+    ++compared;
+  }
+  EXPECT_EQ(compared, 8);  // conv, BatchNorm and two Dense: weight and bias each
+
+  // An optimiser step moves the imported parameters; safetensors save/load restores them exactly.
+  auto opt = optimisers::setup(optimisers::Adam(1e-2), net);
+  Tensor before = to(net(xd), Device());
+  optimisers::update(opt, net, g_net);
+  Tensor after = to(net(xd), Device());
+  EXPECT_GT(max(abs(after - before)).item<double>(), 1e-4);
+  save(dir + "/ft.safetensors", net);
+  auto again = flux::onnx::load(dir + "/m.onnx");
+  load(dir + "/ft.safetensors", again);
+  EXPECT_EQ(to((again | dev)(xd), Device()).to_vector<float>(), after.to_vector<float>());  // same device, same values
+  std::ostringstream os;
+  os << net;
+  EXPECT_NE(os.str().find("Conv × 1"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("parameters"), std::string::npos) << os.str();
+}
+
+TEST_P(OnnxImport, ConvBatchNormReluIsFusedAtLoadAndMatchesTheLayers) {
+  const Device dev = GetParam();
+  seed(4);
+  // Exports as Conv -> BatchNormalization -> Relu (twice) -> GlobalAveragePool -> Gemm.
+  auto model = Chain(Conv({3, 3}, 3, 8, identity, {.pad = 1}), BatchNorm(8, relu), Conv({3, 3}, 8, 8, identity),
+                     BatchNorm(8, relu), GlobalMeanPool(), flatten, Dense(8, 4));
+  for (auto& [name, t] : state(model))
+    copy_(t, name.find("running_var") != std::string::npos ? rand(t.shape()) + 0.5 : rand(t.shape()) - 0.5);
+  testmode(model);
+  const std::string dir = temp_dir();
+  Tensor x = rand({2, 3, 10, 10});
+  flux::onnx::save(dir + "/cbr.onnx", model, x);
+  auto net = flux::onnx::load(dir + "/cbr.onnx") | dev;
+  EXPECT_NE(net.summary().find("2 Conv fused"), std::string::npos) << net.summary();
+  Tensor xd = to(x, dev);
+  std::vector<double> fused = to(net(xd), Device()).to_vector<double>();
+  std::vector<double> want = to((model | dev)(xd), Device()).to_vector<double>();
+  // Under a tape the same nodes run composed (conv, batchnorm, relu): the same values.
+  Tensor taped;
+  gradient([&](const auto& m) { taped = m(xd); return sum(taped); }, net);
+  std::vector<double> composed = to(taped, Device()).to_vector<double>();
+  ASSERT_EQ(fused.size(), want.size());
+  for (size_t i = 0; i < fused.size(); ++i) {
+    EXPECT_NEAR(fused[i], want[i], 1e-5);
+    EXPECT_NEAR(composed[i], want[i], 1e-5);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, OnnxImport, ::testing::ValuesIn(test_devices()), device_test_name);
+
+TEST(OnnxImportErrors, EveryUnsupportedOperatorIsListedWithItsNode) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  ::onnx::ModelProto m = small_model();
+  auto* g = m.mutable_graph();
+  for (auto [op, name] : {std::pair{"Foo", "first_foo"}, std::pair{"Bar", "the_bar"}}) {
+    auto* n = g->add_node();
+    n->set_op_type(op), n->set_name(name), n->add_input("y"), n->add_output(std::string(name) + "_out");
+  }
+  auto* lstm = g->add_node();
+  lstm->set_op_type("LSTM"), lstm->set_name("bi");
+  auto* a = lstm->add_attribute();
+  a->set_name("direction"), a->set_type(::onnx::AttributeProto::STRING), a->set_s("bidirectional");
+  std::string msg = error_of(m.SerializeAsString());
+  EXPECT_NE(msg.find("3 node(s)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Foo (node 'first_foo'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Bar (node 'the_bar'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("LSTM (node 'bi': direction bidirectional"), std::string::npos) << msg;
+}
+
+TEST(OnnxImportErrors, NewerOpsetNamesBothVersions) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  std::string msg = error_of(small_model(18).SerializeAsString());
+  EXPECT_NE(msg.find("opset 18 is newer"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("opset 17"), std::string::npos) << msg;
+  EXPECT_EQ(error_of(small_model(17).SerializeAsString()), "");
+}
+
+TEST(OnnxImportErrors, TruncatedCorruptAndInconsistentFiles) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  const std::string good = small_model().SerializeAsString();
+  // Every truncation is an error or a smaller valid model, never a crash.
+  int errors = 0;
+  for (size_t n = 0; n < good.size(); ++n) errors += !error_of(good.substr(0, n)).empty();
+  EXPECT_GT(errors, int(good.size()) / 2);
+  EXPECT_NE(error_of("this is not protobuf \xff\xff\xff").find("not an ONNX model"), std::string::npos);
+  // Initialiser data that do not match the shape.
+  ::onnx::ModelProto m = small_model();
+  m.mutable_graph()->mutable_initializer(0)->add_dims(1000000);
+  std::string msg = error_of(m.SerializeAsString());
+  EXPECT_NE(msg.find("holds 6 values"), std::string::npos) << msg;
+  // A huge claimed shape with raw data: refused from the byte count, nothing allocated.
+  m = small_model();
+  auto* w = m.mutable_graph()->mutable_initializer(0);
+  w->clear_float_data();
+  w->set_raw_data(std::string(24, '\0'));
+  w->set_dims(0, int64_t(1) << 40);
+  EXPECT_NE(error_of(m.SerializeAsString()).find("more elements than any file"), std::string::npos);
+  // A value read before anything defines it, and external data.
+  m = small_model();
+  m.mutable_graph()->mutable_node(0)->set_input(0, "nowhere");
+  EXPECT_NE(error_of(m.SerializeAsString()).find("reads 'nowhere' before anything defines it"), std::string::npos);
+  m = small_model();
+  m.mutable_graph()->mutable_initializer(0)->set_data_location(::onnx::TensorProto::EXTERNAL);
+  EXPECT_NE(error_of(m.SerializeAsString()).find("external file"), std::string::npos);
+  // A missing file names the path.
+  try {
+    flux::onnx::load("/nonexistent/flux.onnx");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/flux.onnx"), std::string::npos);
+  }
+}
+
+TEST(OnnxImportErrors, WrongInputCountAndEmptyModel) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  auto net = flux::onnx::load_from_bytes(small_model().SerializeAsString());
+  EXPECT_EQ(net(ones({1, 3})).shape(), Shape({1, 2}));
+  EXPECT_THROW(net.forward({ones({1, 3}), ones({1, 3})}), Error);
+  flux::onnx::Model empty;
+  EXPECT_THROW(empty(ones({1, 3})), Error);
+}
+
+}  // namespace
