@@ -20,6 +20,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "test_devices.hpp"
 
@@ -63,6 +64,9 @@ double tolerance(DType t) {
   }
 }
 std::vector<DType> swept_dtypes() { return {DType::f64, DType::f32}; }
+// The dtype whose values the inputs hold: float32 for float32 and float64 runs (one reference for
+// both), the half type itself for half runs (their reference starts from the same rounded inputs).
+DType input_rounding(DType t) { return t == DType::f16 || t == DType::bf16 ? t : DType::f32; }
 
 Device dev_of(V v) { return v[0].device(); }
 Tensor idx64(std::vector<int64_t> v, Device d) {
@@ -94,10 +98,12 @@ struct Result {
 // that input is on the tape (the others are constants): grads then holds its gradient alone. The
 // ops skip the backward of untracked operands, so that is a path of its own (a target differentiated
 // while the prediction is data, a mask while x is data).
-Result run_case(const ParityCase& c, DType t, const Device& d, int alone = -1) {
+// The inputs hold values of `rounding` (the dtype they were rounded to; see input_rounding).
+Result run_case(const ParityCase& c, DType t, const Device& d, int alone = -1, DType rounding = DType::f32) {
   auto in = inputs_of(c);
   std::vector<Tensor> xs;
-  for (size_t i = 0; i < in.size(); ++i) xs.push_back(to(Tensor(in[i], c.inputs[i].shape).cast(t), d));
+  for (size_t i = 0; i < in.size(); ++i)
+    xs.push_back(to(Tensor(in[i], c.inputs[i].shape).cast(rounding).cast(t), d));
   std::vector<double> weights;
   auto objective = [&](const std::vector<Tensor>& v) {
     seed(20261205);  // the random ops (dropout) draw the same numbers on every device
@@ -530,11 +536,12 @@ std::string source_relative(const std::string& site) {
   return site;
 }
 
-// ---- the float64 CPU references, computed once per case ----
-const Result& reference(const ParityCase& c) {
-  static std::map<std::string, Result> cache;
-  auto it = cache.find(c.name);
-  if (it == cache.end()) it = cache.emplace(c.name, run_case(c, DType::f64, Device())).first;
+// ---- the float64 CPU references, computed once per case and input rounding ----
+const Result& reference(const ParityCase& c, DType rounding) {
+  static std::map<std::pair<std::string, DType>, Result> cache;
+  auto key = std::make_pair(c.name, rounding);
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, run_case(c, DType::f64, Device(), -1, rounding)).first;
   return it->second;
 }
 
@@ -546,7 +553,7 @@ bool agrees(const ParityCase& c, const Result& want, DType t, const Device& d, i
                       (alone >= 0 ? " (input " + std::to_string(alone) + " alone on the tape)" : "");
   Result got;
   try {
-    got = run_case(c, t, d, alone);
+    got = run_case(c, t, d, alone, input_rounding(t));
   } catch (const std::exception& e) {
     ADD_FAILURE() << where << ": threw " << e.what();
     return false;
@@ -579,9 +586,9 @@ void sweep(const std::vector<ParityCase>& cases, const Device& d) {
   int failing = 0, checked = 0;
   std::vector<std::string> failed_names;
   for (const ParityCase& c : cases) {
-    const Result& want = reference(c);
     bool case_failed = false;
     for (DType t : swept_dtypes()) {
+      const Result& want = reference(c, input_rounding(t));
       std::vector<int> variants;
       if (!(d == Device() && t == DType::f64)) variants.push_back(-1);  // else it is the reference itself
       if (runs_each_input_alone(c))
@@ -641,7 +648,7 @@ TEST(GradientParityTable, ReachesEveryRecordedBackward) {
     for (const Device& d : flux::testing::test_devices())
       for (DType t : swept_dtypes()) {
         try {
-          run_case(c, t, d);
+          run_case(c, t, d, -1, input_rounding(t));
         } catch (const std::exception& e) {
           ADD_FAILURE() << c.name << " on " << to_string(d) << " in " << dtype_name(t) << ": threw " << e.what();
         }
