@@ -3,7 +3,9 @@
 // layer: each node becomes flux ops on the device of its data, so autodiff records it like any layer.
 // Integer "shape" values (Shape, Gather on shapes, Concat, ...) are small host tensors on the CPU.
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <mutex>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -39,16 +41,24 @@ struct Graph {
   struct Step {
     const ::onnx::NodeProto* node = nullptr;
     std::vector<int> in, out;  // slots; -1 for an absent optional input / output
-    // Fusion (load time): a Conv whose only reader is a BatchNormalization and/or a Relu runs them
-    // with it (conv_relu; conv_affine at inference), and those steps are skipped.
+    // Fusion (load time): a Conv whose value only a BatchNormalization, then a Relu or a residual Add
+    // (then a Relu) read runs them with it (conv_relu; conv_affine at inference). The chain runs at
+    // the position of its last node (`head` there names the Conv's step: the residual is ready
+    // then); the Conv's and the absorbed nodes' own steps are skipped.
     const ::onnx::NodeProto* bn = nullptr;
     std::vector<int> bn_in;
-    bool relu = false, skip = false;
+    int residual = -1, head = -1;
+    bool relu = false, relu_after = false, skip = false;
   };
   std::vector<Step> steps;
   std::vector<int> input_slots, output_slots, param_slots, buffer_slots;
   std::vector<std::string> input_names, output_names;
   std::vector<std::string> input_shapes, output_shapes;
+  // Folded BatchNorm (scale, shift) of fused Convs at inference, by the content stamps and offsets of
+  // the statistics, BatchNorm parameters and conv bias (as the Conv + BatchNorm layers keep theirs):
+  // five small ops per Conv per call otherwise, a fifth of ResNet-18's time at batch 1.
+  mutable std::mutex fold_mutex;
+  mutable std::map<std::array<uint64_t, 11>, std::pair<Tensor, Tensor>> folds;
 };
 
 namespace {
@@ -204,25 +214,61 @@ ConvParams conv_params(const ::onnx::NodeProto& n, const Tensor& w) {
 /// A Conv with the BatchNormalization (bn: its 5 inputs) and/or Relu fused at load: at inference (no
 /// tape, no trace) the backend's conv_affine with the statistics folded in (as the Conv + BatchNorm
 /// layers fuse), else conv_relu, else the ops composed (what a tape records).
-Tensor fused_conv(const ::onnx::NodeProto& n, const std::vector<Tensor>& in, const ::onnx::NodeProto* bn_node,
-                  const std::vector<Tensor>& bn, bool relu) {
+/// The folded (scale, shift) of a fused Conv's BatchNormalization (or ones and the conv bias), kept in g.
+std::pair<Tensor, Tensor> folded(const Graph& g, const Tensor& s, const Tensor& sh, const Tensor& mean, const Tensor& var,
+                                 const Tensor& b, double eps, int64_t channels, DType t, const Device& d) {
+  const Tensor* parts[] = {&s, &sh, &mean, &var, &b};
+  std::array<uint64_t, 11> key{};
+  for (size_t i = 0; i < 5; ++i) {
+    key[2 * i] = parts[i]->defined() ? flux::detail::content_stamp(*parts[i]) : 0;
+    key[2 * i + 1] = parts[i]->defined() ? uint64_t(parts[i]->impl()->offset) : 0;
+  }
+  std::memcpy(&key[10], &eps, sizeof(double));
+  {
+    std::lock_guard<std::mutex> lock(g.fold_mutex);
+    auto it = g.folds.find(key);
+    if (it != g.folds.end() && it->second.first.device() == d) return it->second;
+  }
+  Tensor scale, shift;
+  if (s.defined()) {
+    scale = s / sqrt(var + eps), shift = sh - mean * scale;
+    if (b.defined()) shift = shift + b * scale;
+  } else {
+    scale = ones(Shape{channels}, t, d);
+    shift = b.defined() ? b : zeros(Shape{channels}, t, d);
+  }
+  std::lock_guard<std::mutex> lock(g.fold_mutex);
+  if (g.folds.size() >= 1024) g.folds.clear();
+  g.folds[key] = {scale, shift};
+  return {scale, shift};
+}
+
+Tensor fused_conv(const Graph& g, const ::onnx::NodeProto& n, const std::vector<Tensor>& in, const ::onnx::NodeProto* bn_node,
+                  const std::vector<Tensor>& bn, bool relu, Tensor residual, bool relu_after) {
   const Device d = device_of(in);
   if (in.size() < 2 || !in[0].defined() || !in[1].defined()) fail("[onnx] ", where(n), ": needs X and W");
   Tensor x = on(in[0], d), w = on(in[1], d), b = on(in_or(in, 2), d);
+  residual = on(residual, d);
   const ConvParams p = conv_params(n, w);
-  if (!bn_node) return flux::detail::conv_relu(x, w, b, p);
-  for (size_t k = 1; k < 5; ++k)
-    if (k >= bn.size() || !bn[k].defined()) fail("[onnx] ", where(*bn_node), ": its input ", k, " is missing");
-  Tensor s = on(bn[1], d), sh = on(bn[2], d), mean = on(bn[3], d), var = on(bn[4], d);
-  const double eps = attr_f(*bn_node, "epsilon", 1e-5);
-  if (!autodiff::recording() && !trace::active() && s.dtype() == x.dtype() && w.dtype() == x.dtype()) {
-    Tensor scale = s / sqrt(var + eps), shift = sh - mean * scale;
-    if (b.defined()) shift = shift + b * scale;
-    Tensor y = flux::detail::conv_affine(x, w, scale, shift, Tensor(), p, relu, false);
+  if (!bn_node && !residual.defined()) return flux::detail::conv_relu(x, w, b, p);
+  Tensor s, sh, mean, var;
+  double eps = 0;
+  if (bn_node) {
+    for (size_t k = 1; k < 5; ++k)
+      if (k >= bn.size() || !bn[k].defined()) fail("[onnx] ", where(*bn_node), ": its input ", k, " is missing");
+    s = on(bn[1], d), sh = on(bn[2], d), mean = on(bn[3], d), var = on(bn[4], d);
+    eps = attr_f(*bn_node, "epsilon", 1e-5);
+  }
+  if (!autodiff::recording() && !trace::active() && w.dtype() == x.dtype() && (!bn_node || s.dtype() == x.dtype())) {
+    auto [scale, shift] = folded(g, s, sh, mean, var, b, eps, w.size(0), x.dtype(), d);
+    Tensor y = flux::detail::conv_affine(x, w, scale, shift, residual, p, relu, relu_after);
     if (y.defined()) return y;
   }
-  Tensor y = batchnorm(conv(x, w, b, p), s, sh, mean, var, eps);
-  return relu ? flux::relu(y) : y;
+  Tensor y = conv(x, w, b, p);
+  if (bn_node) y = batchnorm(y, s, sh, mean, var, eps);
+  if (relu) y = flux::relu(y);
+  if (residual.defined()) y = y + residual;
+  return relu_after ? flux::relu(y) : y;
 }
 
 Tensor gather(const Tensor& data, const Tensor& indices, int64_t axis0, const ::onnx::NodeProto& n) {
@@ -737,20 +783,38 @@ Model load_from_bytes(const std::string& bytes, const std::string& context) {
     auto sole_reader = [&](int s, const char* op) -> detail::Graph::Step* {
       if (s < 0 || uses[size_t(s)] != 1) return nullptr;
       detail::Graph::Step& r = g->steps[size_t(user[size_t(s)])];
-      if (r.node->op_type() != op || r.in.empty() || r.in[0] != s || r.out.size() != 1) return nullptr;
+      if (r.node->op_type() != op || r.in.empty() || r.in[0] != s || r.out.size() != 1 || r.skip) return nullptr;
       return &r;
     };
-    for (auto& step : g->steps) {
+    auto index_of = [&](const detail::Graph::Step* s) { return int(s - g->steps.data()); };
+    for (size_t i = 0; i < g->steps.size(); ++i) {
+      auto& step = g->steps[i];
       if (step.node->op_type() != "Conv" || step.out.size() != 1 || step.skip) continue;
+      int last = int(i);
       auto constant = [&](int s) {  // an initialiser: defined before the Conv runs
         return std::find(g->param_slots.begin(), g->param_slots.end(), s) != g->param_slots.end() ||
                std::find(g->buffer_slots.begin(), g->buffer_slots.end(), s) != g->buffer_slots.end();
       };
       auto* bn = sole_reader(step.out[0], "BatchNormalization");
       if (bn && bn->in.size() >= 5 && constant(bn->in[1]) && constant(bn->in[2]) && constant(bn->in[3]) && constant(bn->in[4])) {
-        step.bn = bn->node, step.bn_in = bn->in, step.out = bn->out, bn->skip = true;
+        step.bn = bn->node, step.bn_in = bn->in, step.out = bn->out, bn->skip = true, last = index_of(bn);
       }
-      if (auto* r = sole_reader(step.out[0], "Relu")) step.relu = true, step.out = r->out, r->skip = true;
+      const int s = step.out[0];
+      if (auto* r = sole_reader(s, "Relu")) {
+        step.relu = true, step.out = r->out, r->skip = true, last = index_of(r);
+      } else if (s >= 0 && uses[size_t(s)] == 1) {
+        auto& a = g->steps[size_t(user[size_t(s)])];  // a residual Add: conv + other, in either order
+        // (not an Add another chain took already: both operands of a downsampling block's Add are chains)
+        if (a.node->op_type() == "Add" && !a.skip && a.in.size() == 2 && a.out.size() == 1 && (a.in[0] == s) != (a.in[1] == s)) {
+          step.residual = a.in[0] == s ? a.in[1] : a.in[0];
+          step.out = a.out, a.skip = true, last = index_of(&a);
+          if (auto* r = sole_reader(step.out[0], "Relu")) step.relu_after = true, step.out = r->out, r->skip = true, last = index_of(r);
+        }
+      }
+      if (last != int(i)) {
+        g->steps[size_t(last)].head = int(i);
+        step.skip = true;
+      }
     }
   }
   if (graph.output_size() == 0) fail(api, ": the graph has no output");
@@ -785,15 +849,17 @@ std::vector<Tensor> Model::forward(const std::vector<Tensor>& inputs) const {
   for (size_t i = 0; i < inputs.size(); ++i) v[size_t(g.input_slots[i])] = inputs[i];
   std::vector<Tensor> in;
   std::vector<Tensor> bn;
-  for (const auto& step : g.steps) {
-    if (step.skip) continue;
+  for (const auto& at : g.steps) {
+    if (at.skip && at.head < 0) continue;
+    const auto& step = at.head >= 0 ? g.steps[size_t(at.head)] : at;  // a fused chain runs at its last node
     in.clear();
     for (int s : step.in) in.push_back(s < 0 ? Tensor() : v[size_t(s)]);
     std::vector<Tensor> out;
-    if (step.bn || step.relu) {
+    if (at.head >= 0) {
       bn.clear();
       for (int s : step.bn_in) bn.push_back(s < 0 ? Tensor() : v[size_t(s)]);
-      out = {detail::fused_conv(*step.node, in, step.bn, bn, step.relu)};
+      out = {detail::fused_conv(g, *step.node, in, step.bn, bn, step.relu,
+                                step.residual >= 0 ? v[size_t(step.residual)] : Tensor(), step.relu_after)};
     } else {
       out = detail::run_node(*step.node, in);
     }
@@ -825,8 +891,8 @@ std::string Model::summary() const {
   for (size_t i = 0; i < sorted.size(); ++i) os << (i ? ", " : "") << sorted[i].second << " × " << -sorted[i].first;
   os << "), opset " << graph->opset;
   int fused = 0;
-  for (const auto& s : graph->steps) fused += s.bn || s.relu;
-  if (fused) os << ", " << fused << " Conv fused with their BatchNormalization/Relu";
+  for (const auto& s : graph->steps) fused += s.head >= 0;
+  if (fused) os << ", " << fused << " Conv fused with their BatchNormalization/Relu/residual Add";
   os << "; ";
   for (size_t i = 0; i < graph->input_names.size(); ++i)
     os << (i ? ", " : "") << graph->input_names[i] << " " << graph->input_shapes[i];
