@@ -139,8 +139,12 @@ Tensor kldivergence(const Tensor& yhat, const Tensor& y, LossOptions o, std::opt
   check_pair("kldivergence", yhat, y, true);
   Tensor t = target_like(yhat, y);
   Tensor cross = -xlogy(t, yhat + eps_or_default(yhat, eps));
-  if (t.shape() != yhat.shape())  // Flux: agg(sum(xlogx.(y))) over y's own rows, plus the broadcast crossentropy
-    return per_observation(xlogy(t, t), o.agg) + per_observation(cross, o.agg);
+  if (t.shape() != yhat.shape()) {
+    // Flux: agg(sum(xlogx.(y))) over y's own rows, plus the broadcast crossentropy. A 0-d target is
+    // one row of C equal classes (the class axis always matches otherwise: check_pair).
+    Tensor rows = t.ndim() == 0 && yhat.ndim() > 0 ? broadcast_to(t, Shape{yhat.shape()[yhat.ndim() - 1]}) : t;
+    return per_observation(xlogy(rows, rows), o.agg) + per_observation(cross, o.agg);
+  }
   return per_observation(xlogy(t, t) + cross, o.agg);  // xlogx(y): no eps
 }
 

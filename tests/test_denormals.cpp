@@ -10,6 +10,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -80,6 +81,10 @@ backend::Broadcast elementwise(int64_t n) {
 
 TEST(Denormals, PolicyDefaultsAndSwitch) {
   PolicyGuard guard;
+  if (const char* env = std::getenv("FLUX_FLUSH_DENORMALS"); (!env || !*env) && cpu::can_flush_denormals()) {
+    EXPECT_TRUE(flushes_denormals(DType::f32)) << "the default: float32 flushes";
+    EXPECT_FALSE(flushes_denormals(DType::f64)) << "the default: float64 keeps IEEE subnormals";
+  }
   if (cpu::can_flush_denormals()) {
     EXPECT_TRUE(flush_denormals(true));
     EXPECT_TRUE(flushes_denormals(DType::f32));

@@ -59,6 +59,10 @@ TEST(DeviceStrings, GetDeviceTakesTheIndexInTheNameAndAnyCase) {
     EXPECT_THAT(error_of([] { (void)get_device("OpenCL:999"); }), HasSubstr("device index 999 is out of range for OpenCL"));
   }
   EXPECT_THAT(error_of([] { (void)get_device("TPU"); }), HasSubstr("[get_device] unsupported backend \"TPU\""));
+  // gpu_backend writes the preference file and keeps Flux's exact names, but says which one was meant
+  EXPECT_THAT(error_of([] { gpu_backend("opencl"); }),
+              HasSubstr("[gpu_backend] unknown backend \"opencl\"; supported are CUDA, AMDGPU, Metal, OpenCL, CPU (names are "
+                        "case-sensitive here: did you mean \"OpenCL\"?)"));
   EXPECT_THAT(error_of([] { (void)get_device("OpenCL:zero"); }), HasSubstr("[parse_device]"));
 }
 
@@ -209,7 +213,7 @@ class TrainLoop : public ::testing::TestWithParam<Device> {};
 TEST_P(TrainLoop, LossFallsCallbackSeesEveryStepAndScheduleSetsTheRate) {
   const Device dev = GetParam();
   seed(6);
-  Tensor X = rand({64, 3}), Y = matmul(X, Tensor({{1.0f}, {-2.0f}, {0.5f}}));
+  Tensor X = rand({64, 3}), Y = matmul(X, Tensor(std::vector<float>{1.0f, -2.0f, 0.5f}, Shape{3, 1}));
   auto model = Chain(Dense(3, 1)) | dev;
   auto loader = DataLoader({X, Y}, {.batchsize = 16, .shuffle = true}) | dev;
   auto opt_state = optimisers::setup(optimisers::Adam({.eta = 0.05}), model);
@@ -223,7 +227,7 @@ TEST_P(TrainLoop, LossFallsCallbackSeesEveryStepAndScheduleSetsTheRate) {
                            events.push_back(e);
                            rates.push_back(static_cast<optimisers::Adam&>(*opt_state.rule).eta);
                          },
-                         .schedule = optimisers::Step{.start = 0.05, .decay = 0.5, .step_size = 60},
+                         .schedule = schedules::Step{.start = 0.05, .decay = 0.5, .step_size = 60},
                          .out = &log});
   ASSERT_EQ(r.epoch_loss.size(), 30u);
   EXPECT_EQ(r.steps, 120);
@@ -339,6 +343,7 @@ FLUX_DEVICE_SUITE(Sampling);
 // ---- schedules ----
 
 TEST(Schedules, StepExpCosineWithWarmup) {
+  using namespace schedules;
   using namespace optimisers;
   Step step{.start = 0.1, .decay = 0.5, .step_size = 3};
   EXPECT_DOUBLE_EQ(step(0), 0.1);

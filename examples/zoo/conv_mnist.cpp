@@ -4,7 +4,7 @@
 // MNIST digits are not packaged in Debian, so it reads Fashion-MNIST (the same 28x28x1 shape and ten
 // classes) from Debian's dataset-fashion-mnist.
 //
-// Usage: zoo_conv_mnist [--device OpenCL:0] [--epochs N] [--train-limit N] [--test-limit N]
+// Usage: zoo_conv_mnist [--device OpenCL:0] [--epochs N] [--eta X] [--train-limit N] [--test-limit N]
 //                       [--min-accuracy A] [idx folder]
 // Exit status: 0 ok, 1 test accuracy below --min-accuracy, 2 bad command line, 3 data set missing,
 // 4 other error, 5 the device does not exist here.
@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
     };
     if (a == "--device") args.device = value();
     else if (a == "--epochs") args.epochs = std::atoi(value().c_str());
+    else if (a == "--eta") args.eta = std::atof(value().c_str());
     else if (a == "--train-limit") args.train_limit = std::atoll(value().c_str());
     else if (a == "--test-limit") args.test_limit = std::atoll(value().c_str());
     else if (a == "--min-accuracy") args.min_accuracy = std::atof(value().c_str());

@@ -57,14 +57,14 @@ double train_discriminator(D& dscr, const G& gen, optimisers::State& opt_dscr, c
   Tensor fake_img = gen(noise);  // outside the gradient: the generator is not trained here
   auto [loss, grads] = withgradient([&](auto& d) { return discriminator_loss(d(real_img), d(fake_img)); }, dscr);
   optimisers::update(opt_dscr, dscr, grads);
-  return loss.item<double>();
+  return item<double>(loss);
 }
 
 template <class D, class G>
 double train_generator(const D& dscr, G& gen, optimisers::State& opt_gen, const Tensor& noise) {
   auto [loss, grads] = withgradient([&](auto& g) { return generator_loss(dscr(g(noise))); }, gen);
   optimisers::update(opt_gen, gen, grads);
-  return loss.item<double>();
+  return item<double>(loss);
 }
 
 int main(int argc, char** argv) {

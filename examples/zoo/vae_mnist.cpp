@@ -4,7 +4,7 @@
 // logitbinarycrossentropy with agg = sum, an L2 penalty on the decoder), Adam and train().
 // It reads Fashion-MNIST (MNIST digits are not packaged in Debian) from dataset-fashion-mnist.
 //
-// Usage: zoo_vae_mnist [--device OpenCL:0] [--epochs N] [--train-limit N] [--max-loss L] [idx folder]
+// Usage: zoo_vae_mnist [--device OpenCL:0] [--epochs N] [--eta X] [--train-limit N] [--max-loss L] [idx folder]
 // Prints the mean loss (the negative ELBO per image, in nats, plus the penalty) of every epoch;
 // exit status 1 when the last epoch's mean loss is above --max-loss, 3 data missing, 5 no such device.
 #include <cmath>
@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
     };
     if (a == "--device") args.device = value();
     else if (a == "--epochs") args.epochs = std::atoi(value().c_str());
+    else if (a == "--eta") args.eta = std::atof(value().c_str());
     else if (a == "--train-limit") args.train_limit = std::atoll(value().c_str());
     else if (a == "--max-loss") args.max_loss = std::atof(value().c_str());
     else if (a.rfind("--", 0) != 0) args.folder = a;

@@ -39,7 +39,7 @@ struct TrainOptions {
   bool progress = true;
   std::function<void(const TrainEvent&)> callback = nullptr;
   /// The learning rate for step t (0-based), set with optimisers::adjust before each update; e.g. a
-  /// schedule from flux/optimisers/schedules.hpp.
+  /// schedule from flux/schedules.hpp (schedules::CosAnneal, ...).
   std::function<double(int64_t)> schedule = nullptr;
   std::ostream* out = &std::cerr;
 };

@@ -311,12 +311,15 @@ std::string GPU_BACKEND() {
   return p.empty() ? "CUDA" : p;
 }
 
-void gpu_backend(const std::string& requested) {
-  const std::string canonical = detail::canonical_backend(requested);
-  const std::string& name = canonical.empty() ? requested : canonical;
+void gpu_backend(const std::string& name) {
+  // Exact names, as Flux's gpu_backend! (the preference file is read case-sensitively elsewhere);
+  // another case gets the spelling to use.
   auto names = supported_devices();
-  if (std::find(names.begin(), names.end(), name) == names.end())
-    detail::fail("[gpu_backend] unknown backend \"", name, "\"; supported are CUDA, AMDGPU, Metal, OpenCL, CPU");
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    const std::string canonical = detail::canonical_backend(name);
+    detail::fail("[gpu_backend] unknown backend \"", name, "\"; supported are CUDA, AMDGPU, Metal, OpenCL, CPU",
+                 canonical.empty() ? "" : " (names are case-sensitive here: did you mean \"" + canonical + "\"?)");
+  }
   // The preference this process started with; read now, before the file changes under it.
   const std::string& at_start = preferred_backend();
   std::filesystem::path path = preferences_path();

@@ -3,6 +3,7 @@
 #pragma once
 #include <ostream>
 #include <string>
+#include <type_traits>
 
 #include "flux/ops.hpp"
 
@@ -55,8 +56,11 @@ struct FunctionLayer {
 namespace show {
 std::string function_name(const void* address);
 }
-/// "tanh" for flux::tanh, else the function's symbol (or "function").
-inline std::string layer_string(const FunctionLayer& f) {
+/// "tanh" for flux::tanh, else the function's symbol (or "function"). A template on the exact type,
+/// so that a plain function pointer (which converts to FunctionLayer) keeps its own display.
+template <class F>
+  requires std::is_same_v<F, FunctionLayer>
+std::string layer_string(const F& f) {
   if (f.fn == &flux::tanh) return "tanh";
   std::string name = show::function_name(reinterpret_cast<const void*>(f.fn));
   return name.empty() ? "function" : name;

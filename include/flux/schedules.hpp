@@ -1,13 +1,14 @@
 // Learning-rate schedules (ParameterSchedulers.jl, torch.optim.lr_scheduler): a schedule maps a step
 // t = 0, 1, 2, ... to a learning rate, and optimisers::adjust(state, schedule(t)) applies it:
-//   optimisers::CosAnneal sched{.l0 = 1e-3, .l1 = 1e-5, .period = 1000, .warmup = 100};
+//   schedules::CosAnneal sched{.l0 = 1e-3, .l1 = 1e-5, .period = 1000, .warmup = 100};
 //   for (int64_t t = 0; ...; ++t) { optimisers::adjust(opt_state, sched(t)); optimisers::update(...); }
 // train() takes one as `.schedule` (flux/train.hpp). Each is a plain value; any double(int64_t)
-// callable works the same way.
+// callable works the same way. They live in their own namespace, as ParameterSchedulers beside
+// Optimisers, so that `using namespace flux::optimisers` brings no `Step` into a program.
 #pragma once
 #include <cstdint>
 
-namespace flux::optimisers {
+namespace flux::schedules {
 
 /// start * decay^floor(t / step_size): ParameterSchedulers' Step, PyTorch's StepLR(step_size, gamma).
 struct Step {
@@ -36,4 +37,4 @@ struct CosAnneal {
   double operator()(int64_t t) const;
 };
 
-}  // namespace flux::optimisers
+}  // namespace flux::schedules

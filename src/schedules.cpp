@@ -1,12 +1,12 @@
-// Learning-rate schedules: values per step (formulas in flux/optimisers/schedules.hpp).
-#include "flux/optimisers/schedules.hpp"
+// Learning-rate schedules: values per step (formulas in flux/schedules.hpp).
+#include "flux/schedules.hpp"
 
 #include <cmath>
 #include <numbers>
 
 #include "flux/error.hpp"
 
-namespace flux::optimisers {
+namespace flux::schedules {
 
 namespace {
 void check_step(const char* api, int64_t t) {
@@ -36,4 +36,4 @@ double CosAnneal::operator()(int64_t t) const {
   return l1 + (l0 - l1) * 0.5 * (1.0 + std::cos(std::numbers::pi * double(s) / double(period)));
 }
 
-}  // namespace flux::optimisers
+}  // namespace flux::schedules
