@@ -146,11 +146,13 @@ void check_conv(Input& in) {
     flux_fuzz::check(ok == (!invalid && !uncountable), "conv: success and the geometry disagree");
     if (ok) flux_fuzz::check(y.shape() == Shape({1, o, int64_t(axis), int64_t(axis)}), "conv: wrong output shape");
   }
-  // conv_transpose: out = (in - 1) s - 2 pad + d (k - 1) + 1 (output_padding 0); checked like conv.
-  const i128 t = bad_options ? 0 : (i128(size) - 1) * stride - 2 * i128(pad) + i128(dilation) * (k - 1) + 1;
+  // conv_transpose: out = (in - 1) s - 2 pad + d (k - 1) + 1 (output_padding 0); checked like conv,
+  // and the unpadded extent (in - 1) s + d (k - 1) + 1 must fit in int64 too.
+  const i128 extent = bad_options ? 0 : (i128(size) - 1) * stride + i128(dilation) * (k - 1) + 1;
+  const i128 t = bad_options ? 0 : extent - 2 * i128(pad);
   const bool t_invalid = t < 1;
   const i128 t_elements = t_invalid ? 0 : mul_cap(mul_cap(t > kMax ? kMax + 1 : t, t > kMax ? kMax + 1 : t), o);
-  const bool t_uncountable = !t_invalid && (t > kMax || t_elements > kTooBig);
+  const bool t_uncountable = !t_invalid && (t > kMax || extent > kMax || t_elements > kTooBig);
   if (t_invalid || t_uncountable || t_elements <= kSmall) {
     Tensor y;
     const int ok = outcome([&] { y = conv_transpose(x, ones({c, o, k, k}), Tensor(), {.stride = stride, .pad = pad, .dilation = dilation}); });
