@@ -14,11 +14,31 @@ thread_local Tape* g_active = nullptr;
 std::atomic<uint64_t> g_generation{0};
 }  // namespace
 
+namespace {
+// Whether t is tracked by a tape enclosing `tape` (one started before it on this thread and still
+// recording): nested differentiation, which is refused (Tape::leaf in autodiff.hpp).
+bool tracked_by_enclosing(const Tape* tape, const Tensor& t) {
+  if (!t.defined() || t.impl()->tape_id < 0) return false;
+  for (const Tape* outer = tape ? tape->enclosing() : nullptr; outer; outer = outer->enclosing())
+    if (t.impl()->tape_generation == outer->generation()) return true;
+  return false;
+}
+
+[[noreturn]] void refuse_nested() {
+  detail::fail("[gradient] nested differentiation is not supported: a gradient (or withgradient) inside a ",
+               "function being differentiated uses a tensor that the outer gradient tracks, and the outer ",
+               "gradient would silently treat the inner result as a constant (d/dx of d/dx x^3 would give 0). ",
+               "Take second derivatives by finite differences of gradients, or call the inner gradient inside ",
+               "a flux::autodiff::NoGrad scope to use its value as a constant on purpose");
+}
+}  // namespace
+
 Tape::Tape() : generation_(++g_generation), previous_(g_active) { g_active = this; }
 Tape::~Tape() { g_active = previous_; }
 
 Tensor Tape::leaf(const Tensor& x) {
   if (!x.defined()) return x;
+  if (tracked_by_enclosing(this, x)) refuse_nested();
   auto impl = std::make_shared<TensorImpl>(*x.impl());
   impl->tape_id = int64_t(nodes_.size());
   impl->tape_generation = generation_;
@@ -27,15 +47,6 @@ Tensor Tape::leaf(const Tensor& x) {
 }
 
 bool recording() { return g_active != nullptr; }
-
-void refuse_nested(const char* api) {
-  if (g_active)
-    detail::fail("[", api, "] nested differentiation is not supported: it was called inside a function that ",
-                 "is itself being differentiated, and the outer gradient would silently treat the inner ",
-                 "gradient as a constant (d/dx of d/dx x^3 would give 0). Take second derivatives by finite ",
-                 "differences of gradients, or call the inner gradient inside a flux::autodiff::NoGrad scope ",
-                 "to use its value as a constant on purpose");
-}
 
 bool tracked(const Tensor& t) {
   return g_active && t.defined() && t.impl()->tape_id >= 0 &&
@@ -49,6 +60,7 @@ template <class List> void record_list(Tensor& out, const List& inputs, Backward
   node.inputs.reserve(inputs.size());
   for (const Tensor* in : inputs) {
     bool t = tracked(*in);
+    if (!t && g_active->enclosing() && tracked_by_enclosing(g_active, *in)) refuse_nested();
     node.inputs.push_back(t ? in->impl()->tape_id : -1);
     any = any || t;
   }

@@ -122,7 +122,7 @@ TEST(Errors, Construction) {
   EXPECT_FLUX_ERROR(Tensor({{1, 2}, {3}}), "[Tensor] ragged rows: expected 2 values per row, got 1");
   EXPECT_FLUX_ERROR(Tensor(std::vector<float>{1, 2, 3}, Shape{2, 2}), "[Tensor] 3 values do not fill shape (2, 2) (4 elements)");
   EXPECT_FLUX_ERROR(Tensor(std::vector<uint8_t>{1}, Shape{1}, DType::f32), "[Tensor] a uint8 vector makes a UInt8 or Bool tensor, not Float32");
-  EXPECT_FLUX_ERROR(zeros({-1}), "[empty] negative dimension in shape (-1,)");
+  EXPECT_FLUX_ERROR(zeros({-1}), "[zeros] negative dimension in shape (-1,)");
   EXPECT_FLUX_ERROR(rand({2, -3}), "[rand] negative dimension in shape (2, -3)");
   EXPECT_FLUX_ERROR(randn({2}, DType::i32), "[randn] needs a floating-point dtype, got Int32");
   EXPECT_FLUX_ERROR(zeros({1, 1, 1, 1, 1, 1, 1, 1, 1}), "[Shape] at most 8 dimensions are supported");

@@ -311,5 +311,7 @@ TEST(Tensor, Int64ValuesReadBackExactly) {
   Tensor t(v, Shape{int64_t(v.size())});
   EXPECT_EQ(t.to_vector<int64_t>(), v);
   EXPECT_EQ(Tensor(std::vector<int64_t>{INT64_MAX}, Shape{}).item<int64_t>(), INT64_MAX);
-  EXPECT_EQ(Tensor(std::vector<int64_t>{(int64_t(1) << 40) + 7}, Shape{}).to_vector<int32_t>()[0], int32_t(7));
+  // Out of int32's range: an error (README, the rule for conversions to integers), not a wrapped 7.
+  EXPECT_THROW(Tensor(std::vector<int64_t>{(int64_t(1) << 40) + 7}, Shape{}).to_vector<int32_t>(), flux::Error);
+  EXPECT_EQ(Tensor(std::vector<int64_t>{-7}, Shape{}).to_vector<int32_t>()[0], int32_t(-7));
 }

@@ -19,6 +19,11 @@ class Tape {
   Tape(const Tape&) = delete;
   Tape& operator=(const Tape&) = delete;
   /// A handle to x's storage that is recorded as an input of the differentiation.
+  /// Nested differentiation is not supported: a tape started while another records (gradient inside a
+  /// function being differentiated) throws "[gradient] nested differentiation ..." as soon as it
+  /// would read a tensor the enclosing tape tracks (as a leaf or an op's input), since its result would
+  /// reach the outer gradient as a constant (d/dx of d/dx x^3 would be 0). An inner gradient of
+  /// tensors the outer tape does not track is independent and allowed; so is any under NoGrad.
   Tensor leaf(const Tensor& x);
   /// Runs the tape backwards from the scalar `output`; gradients are then looked up with grad().
   /// `seed` is d(objective)/d(output): 1 differentiates output itself; distributed::withgradient
@@ -36,6 +41,8 @@ class Tape {
     Backward backward;
   };
   uint64_t generation() const { return generation_; }
+  /// The tape that was recording on this thread when this one started (null: none, or under NoGrad).
+  const Tape* enclosing() const { return previous_; }
   std::vector<Node>& nodes() { return nodes_; }
 
  private:
@@ -49,11 +56,6 @@ class Tape {
 /// True while a tape records on this thread (inside gradient()/withgradient(), outside NoGrad):
 /// layers in automatic mode (BatchNorm, Dropout) then use their training behaviour.
 bool recording();
-/// Throws flux::Error "[api] nested differentiation ..." when a tape records on this thread: gradient()
-/// inside a function being differentiated would hand back an untracked result, so the outer gradient
-/// would silently miss everything that flows through it (d/dx of d/dx x^3 would be 0). Not supported;
-/// the error says so. Under NoGrad the inner gradient is allowed (its result is then a constant).
-void refuse_nested(const char* api);
 /// True when an op's result should be recorded (a tape is active and t is on it).
 bool tracked(const Tensor& t);
 /// Records `out` as the result of an op on `inputs` if any input is tracked. `site` names the

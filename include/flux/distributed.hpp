@@ -151,7 +151,6 @@ template <class M> M broadcast(const Communicator& comm, const M& model, int roo
 template <class F, class M>
 WithGradient<M> withgradient(const Communicator& comm, F&& f, const M& model, GradientOptions options = {}) {
   if (comm.size() == 1) return flux::withgradient(std::forward<F>(f), model);
-  autodiff::refuse_nested("distributed::withgradient");
   detail::check_same_leaves(comm, detail::describe_leaves(model, true), "distributed::withgradient");
   autodiff::Tape tape;
   M tracked = fmap([&](const Tensor& t) { return tape.leaf(t); }, model);

@@ -441,9 +441,11 @@ Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, cons
   bool positive = true;
   for (int i = 0; i < n; ++i) {
     // In 128 bits: a huge stride, kernel or dilation is an error below, never a wrapped size.
-    const __int128 size = __int128(g.out[i] - 1) * g.stride[i] - g.pad_lo[i] - g.pad_hi[i] +
-                          __int128(g.dilation[i]) * (g.kernel[i] - 1) + extra[size_t(i)] + 1;
-    if (size > INT64_MAX)
+    // The unpadded extent too: the kernels index o * stride + k * dilation before removing the pad.
+    const __int128 extent = __int128(g.out[i] - 1) * g.stride[i] + __int128(g.dilation[i]) * (g.kernel[i] - 1) +
+                            extra[size_t(i)] + 1;
+    const __int128 size = extent - g.pad_lo[i] - g.pad_hi[i];
+    if (size > INT64_MAX || extent > INT64_MAX)
       fail("[", api, "] output size on axis ", i, " overflows int64 (input ", dims_string(g.out, n), ", stride ",
            dims_string(g.stride, n), ", kernel ", dims_string(g.kernel, n), ", dilation ", dims_string(g.dilation, n), ")");
     sizes[i] = int64_t(size);

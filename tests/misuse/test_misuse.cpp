@@ -266,6 +266,17 @@ TEST_P(Misuse, NestedGradientIsAClearError) {
   auto inner = [](const Tensor& v) { return gradient([](const Tensor& u) { return sum(u * u * u); }, v); };
   EXPECT_FLUX_ERROR(gradient([&](const Tensor& v) { return sum(inner(v)); }, x), "[gradient] nested differentiation");
   EXPECT_FLUX_ERROR(withgradient([&](const Tensor& v) { return sum(inner(v)); }, x), "[gradient] nested differentiation");
+  // A gradient penalty's shape: the inner function closes over the outer variable.
+  Tensor b = to(Tensor::scalar(1.0), d);
+  EXPECT_FLUX_ERROR(gradient([&](const Tensor& v) {
+    return sum(gradient([&](const Tensor& u) { return sum(u * v); }, b));
+  }, x), "[gradient] nested differentiation");
+  // An inner gradient of tensors the outer one does not track is independent: allowed and right.
+  Tensor outer = gradient([&](const Tensor& v) {
+    Tensor inner = gradient([](const Tensor& u) { return sum(u * u); }, b);  // 2 b = 2
+    return sum(v * inner.item<float>());
+  }, x);
+  EXPECT_FLOAT_EQ(outer.item<float>(), 2.f);
   // The inner gradient as a constant, under NoGrad: allowed, and the outer gradient is that of v * c.
   Tensor g = gradient([&](const Tensor& v) {
     Tensor c;

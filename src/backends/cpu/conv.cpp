@@ -99,7 +99,7 @@ void im2col_rows(T* image_base, T* col_base, const Axes& a, int64_t rows) {
               for (int64_t o1 = 0; o1 < a.out[1]; ++o1) {
                 int64_t i1 = o1 * a.stride[1] - a.pad[1] + k1 * a.dilation[1];
                 bool inside = in0 && i1 >= 0 && i1 < a.in[1];
-                T* src = image + (i0 * a.in[1] + i1) * a.in[2];
+                T* src = inside ? image + (i0 * a.in[1] + i1) * a.in[2] : image;  // no out-of-range offset
                 for (int64_t o2 = 0; o2 < a.out[2]; ++o2, ++c) {
                   int64_t i2 = o2 * a.stride[2] - a.pad[2] + k2 * a.dilation[2];
                   bool ok = inside && i2 >= 0 && i2 < a.in[2];
@@ -1029,6 +1029,14 @@ int winograd_race(Dnnl& s, Kind kind, bool bias, const backend::ConvGeometry& g,
 bool run(Kind kind, bool bias, const backend::ConvGeometry& g, std::initializer_list<void*> list,
          const Epilogue& ep = {}, void* residual = nullptr) {
   if (g.spatial < 1 || g.spatial > 3) return false;
+  // oneDNN's kernels index in 32 bits: a geometry with a size, stride, pad or dilation beyond that
+  // (valid, e.g. a stride of 2^62 with a one-pixel output; found by tests/fuzz/fuzz_shapes) takes the
+  // portable im2col path, whose 64-bit offsets never exceed the padded input.
+  constexpr int64_t kLimit = int64_t(1) << 30;
+  for (int i = 0; i < g.spatial; ++i)
+    if (g.in[i] > kLimit || g.out[i] > kLimit || g.kernel[i] > kLimit || g.stride[i] > kLimit ||
+        g.dilation[i] > kLimit || g.pad_lo[i] > kLimit || g.pad_hi[i] > kLimit)
+      return false;
   Dnnl& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   // Before creating primitives too: oneDNN fixes some kernels' thread count when it creates them.
