@@ -46,6 +46,9 @@ struct SaveOptions {
   /// Graph input and output names; default "input", "input_1", ... and "output", "output_1", ...
   std::vector<std::string> input_names = {};
   std::vector<std::string> output_names = {};
+  /// Initialisers of 1 KiB and more go to "<file name>.data" beside the model (ONNX external data),
+  /// as for models over protobuf's 2 GiB limit, which are written so whatever this says.
+  bool external_data = false;
 };
 
 /// Whether this build reads and writes ONNX (FLUX_ONNX found ONNX and protobuf).

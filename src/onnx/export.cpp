@@ -746,6 +746,28 @@ void save_traced(const std::string& path, const Forward& forward, const std::vec
                  const std::vector<Tensor>& inputs, const SaveOptions& options) {
   Exporter ex(state, options);
   ::onnx::ModelProto model = ex.build(forward, inputs);
+  // External data: initialisers of 1 KiB and more in "<name>.data" beside the file (asked for, or needed
+  // above protobuf's 2 GiB), written before the model that names it.
+  if (options.external_data || model.ByteSizeLong() > (size_t(1) << 31) - (size_t(64) << 20)) {
+    const size_t slash = path.find_last_of('/');
+    const std::string location = (slash == std::string::npos ? path : path.substr(slash + 1)) + ".data";
+    std::string blob;
+    for (auto& t : *model.mutable_graph()->mutable_initializer()) {
+      if (t.raw_data().size() < 1024) continue;
+      blob.resize((blob.size() + 63) / 64 * 64, '\0');  // 64-byte aligned, for readers that map the file
+      const size_t offset = blob.size();
+      blob += t.raw_data();
+      t.clear_raw_data();
+      t.set_data_location(::onnx::TensorProto::EXTERNAL);
+      for (auto [k, v] : {std::pair<const char*, std::string>{"location", location}, {"offset", std::to_string(offset)},
+                          {"length", std::to_string(blob.size() - offset)}}) {
+        auto* e = t.add_external_data();
+        e->set_key(k);
+        e->set_value(v);
+      }
+    }
+    write_file((slash == std::string::npos ? "" : path.substr(0, slash + 1)) + location, blob, "[onnx::save]");
+  }
   write_model(path, model, "[onnx::save]");
 }
 

@@ -103,10 +103,42 @@ Tensor host_tensor(Shape shape, DType t, const void* data, size_t bytes) {
 
 /// A TensorProto's tensor (on the CPU), its data checked against its shape: the data must be in the
 /// file, so what is allocated is bounded by the file's size.
-Tensor from_proto(const ::onnx::TensorProto& p, const std::string& context) {
+/// The bytes of a tensor kept in an external data file (ONNX's external_data: location relative to the
+/// model's folder, offset, length), checked against the file's size before anything is allocated.
+std::string external_bytes(const ::onnx::TensorProto& p, const std::string& folder, size_t bytes, const std::string& what) {
+  if (folder.empty())
+    fail(what, " keeps its data in an external file: load the model with onnx::load(path), which knows its folder");
+  std::string location;
+  int64_t offset = 0, length = -1;
+  for (const auto& kv : p.external_data()) {
+    try {
+      if (kv.key() == "location") location = kv.value();
+      else if (kv.key() == "offset") offset = std::stoll(kv.value());
+      else if (kv.key() == "length") length = std::stoll(kv.value());
+    } catch (const std::exception&) {
+      fail(what, ": external_data '", kv.key(), "' = '", kv.value(), "' is not a number");
+    }
+  }
+  if (location.empty() || location[0] == '/' || location.find("..") != std::string::npos)
+    fail(what, ": external data location '", location, "' must be a file name relative to the model's folder");
+  if (offset < 0 || (length >= 0 && size_t(length) != bytes))
+    fail(what, ": external data offset ", offset, ", length ", length, "; its shape and type need ", bytes, " bytes");
+  const std::string file = folder + "/" + location;
+  std::ifstream f(file, std::ios::binary | std::ios::ate);
+  if (!f) fail(what, ": cannot open its external data file '", file, "'");
+  const auto size = int64_t(f.tellg());
+  if (size < 0 || offset > size || int64_t(bytes) > size - offset)
+    fail(what, ": external data file '", file, "' holds ", size, " bytes; the tensor needs ", bytes, " at offset ", offset);
+  std::string out(bytes, '\0');
+  f.seekg(offset);
+  if (!f.read(out.data(), std::streamsize(bytes))) fail(what, ": cannot read its external data from '", file, "'");
+  return out;
+}
+
+Tensor from_proto(const ::onnx::TensorProto& p, const std::string& context, const std::string& folder = "") {
   const std::string what = context + ": tensor '" + p.name() + "'";
-  if (p.data_location() == ::onnx::TensorProto::EXTERNAL || p.external_data_size() > 0)
-    fail(what, " keeps its data in an external file, which this importer does not read yet");
+  const bool external = p.data_location() == ::onnx::TensorProto::EXTERNAL;
+  if (!external && p.external_data_size() > 0) fail(what, " has external_data entries but its data_location is DEFAULT");
   if (p.has_segment()) fail(what, " is segmented, which this importer does not read");
   const DType t = flux_dtype(p.data_type(), what);
   if (p.dims_size() > int(backend::kMaxDims)) fail(what, " has ", p.dims_size(), " dimensions; flux supports up to ", backend::kMaxDims);
@@ -120,6 +152,10 @@ Tensor from_proto(const ::onnx::TensorProto& p, const std::string& context) {
   }
   const Shape shape(dims);
   const size_t size = dtype_size(t), bytes = size_t(numel) * size;
+  if (external) {
+    const std::string data = external_bytes(p, folder, bytes, what);
+    return host_tensor(shape, t, data.data(), bytes);
+  }
   if (p.has_raw_data()) {
     if (p.raw_data().size() != bytes)
       fail(what, " holds ", p.raw_data().size(), " bytes of data; its shape ", to_string(shape), " and type ",
@@ -688,7 +724,14 @@ std::vector<std::string> supported_operators() {
   return out;
 }
 
-Model load_from_bytes(const std::string& bytes, const std::string& context) {
+namespace {
+Model parse(const std::string& bytes, const std::string& context, const std::string& folder);
+}
+
+Model load_from_bytes(const std::string& bytes, const std::string& context) { return parse(bytes, context, ""); }
+
+namespace {
+Model parse(const std::string& bytes, const std::string& context, const std::string& folder) {
   auto g = std::make_shared<detail::Graph>();
   g->context = context;
   const std::string api = "[onnx::load] " + context;
@@ -739,7 +782,7 @@ Model load_from_bytes(const std::string& bytes, const std::string& context) {
     if (n.op_type() == "BatchNormalization")
       for (int k = 3; k < n.input_size() && k < 5; ++k) statistics.insert(n.input(k));
   for (const auto& t : graph.initializer()) {
-    Tensor v = detail::from_proto(t, api);
+    Tensor v = detail::from_proto(t, api, folder);
     int s = define(t.name(), "initialiser");
     if (is_floating(v.dtype()) && !statistics.count(t.name())) {
       model.parameters.emplace_back(t.name(), v);
@@ -828,6 +871,7 @@ Model load_from_bytes(const std::string& bytes, const std::string& context) {
   model.graph = g;
   return model;
 }
+}  // namespace
 
 Model load(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -835,7 +879,9 @@ Model load(const std::string& path) {
   std::ostringstream ss;
   ss << f.rdbuf();
   if (!f.good() && !f.eof()) fail("[onnx::load] cannot read '", path, "'");
-  return load_from_bytes(ss.str(), "'" + path + "'");
+  const size_t slash = path.find_last_of('/');
+  const std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  return parse(ss.str(), "'" + path + "'", folder);
 }
 
 std::vector<Tensor> Model::forward(const std::vector<Tensor>& inputs) const {

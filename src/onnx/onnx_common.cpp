@@ -63,10 +63,13 @@ void tensor_proto(const Tensor& x, const std::string& name, ::onnx::TensorProto*
 void write_model(const std::string& path, const ::onnx::ModelProto& model, const char* api) {
   const size_t bytes = model.ByteSizeLong();
   if (bytes > size_t(INT32_MAX))
-    fail(api, " the model is ", bytes >> 20, " MiB: over protobuf's 2 GiB limit for one file (external data files are "
-         "not supported yet)");
+    fail(api, " the model is ", bytes >> 20, " MiB without its initialisers: over protobuf's 2 GiB limit for one file");
   std::string data;
   if (!model.SerializeToString(&data)) fail(api, " protobuf could not serialise the model");
+  write_file(path, data, api);
+}
+
+void write_file(const std::string& path, const std::string& data, const char* api) {
   const size_t slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);

@@ -24,6 +24,8 @@ std::string host_bytes(const Tensor& x);
 void tensor_proto(const Tensor& x, const std::string& name, ::onnx::TensorProto* out);
 /// Writes model to path atomically (temporary file in the same folder, fsync, rename).
 void write_model(const std::string& path, const ::onnx::ModelProto& model, const char* api);
+/// Writes `bytes` to path atomically (temporary file in the same folder, fsync, rename).
+void write_file(const std::string& path, const std::string& bytes, const char* api);
 
 }  // namespace flux::onnx::detail
 #endif

@@ -103,6 +103,10 @@ int main(int argc, char** argv) {
   if (wanted("mlp"))
     export_model(dir, "mlp", Chain(Dense(20, 64, relu), Dense(64, 32, tanh), Dense(32, 10), softmax), dev,
                  [](int64_t n) { return rand({n, 20}); });
+  // The same MLP with its weights in an external data file (mlp_external.onnx.data), as ORT reads it.
+  if (wanted("mlp_external"))
+    export_model(dir, "mlp_external", Chain(Dense(20, 64, relu), Dense(64, 10)), dev, [](int64_t n) { return rand({n, 20}); },
+                 {.external_data = true});
   if (wanted("lenet"))
     export_model(dir, "lenet",
                  Chain(Conv({5, 5}, 1, 6, relu), MaxPool({2, 2}), Conv({5, 5}, 6, 16, relu), MaxPool({2, 2}), flatten,

@@ -152,6 +152,47 @@ TEST_P(OnnxImport, ConvBatchNormReluAndResidualAreFusedAtLoadAndMatchTheLayers) 
 
 INSTANTIATE_TEST_SUITE_P(Devices, OnnxImport, ::testing::ValuesIn(test_devices()), device_test_name);
 
+TEST_P(OnnxImport, ExternalDataIsWrittenAndRead) {
+  const Device dev = GetParam();
+  seed(5);
+  auto model = Chain(Dense(16, 32, relu), Dense(32, 16)) | dev;
+  const std::string dir = temp_dir(), path = dir + "/ext.onnx";
+  Tensor x = to(rand({3, 16}), dev);
+  flux::onnx::save(path, model, x, {.external_data = true});
+  std::ifstream model_file(path, std::ios::binary | std::ios::ate), data_file(path + ".data", std::ios::binary | std::ios::ate);
+  ASSERT_TRUE(model_file && data_file);
+  EXPECT_GE(int64_t(data_file.tellg()), int64_t((16 * 32 + 32 * 16) * sizeof(float)));  // both weights (>= 1 KiB)
+  EXPECT_LT(int64_t(model_file.tellg()), 2048);  // the graph and the biases
+  auto net = flux::onnx::load(path) | dev;
+  std::vector<float> got = to(net(x), Device()).to_vector<float>(), want = to(model(x), Device()).to_vector<float>();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5);
+  // Without a folder (from bytes), a location leaving it, or a short data file: errors, nothing read.
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_NE(error_of(ss.str()).find("onnx::load(path)"), std::string::npos);
+  ::onnx::ModelProto m;
+  ASSERT_TRUE(m.ParseFromString(ss.str()));
+  for (auto& t : *m.mutable_graph()->mutable_initializer())
+    for (auto& kv : *t.mutable_external_data())
+      if (kv.key() == "location") kv.set_value("../ext.onnx.data");
+  std::ofstream(dir + "/bad.onnx", std::ios::binary) << m.SerializeAsString();
+  try {
+    flux::onnx::load(dir + "/bad.onnx");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("relative to the model's folder"), std::string::npos) << e.what();
+  }
+  { std::ofstream(path + ".data", std::ios::binary | std::ios::trunc) << "short"; }
+  try {
+    flux::onnx::load(path);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 5 bytes"), std::string::npos) << e.what();
+  }
+}
+
 TEST(OnnxImportErrors, EveryUnsupportedOperatorIsListedWithItsNode) {
   if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
   ::onnx::ModelProto m = small_model();
