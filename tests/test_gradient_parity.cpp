@@ -237,6 +237,8 @@ std::vector<ParityCase> op_cases() {
        [](V v) { return dot_product_attention(v[0], v[1], v[2], causal_mask(3, 5, dev_of(v))); }},
       {"dot_product_attention", "dot_product_attention_scale_dropout", {{{1, 2, 3, 4}}, {{1, 2, 3, 4}}, {{1, 2, 3, 2}}},
        [](V v) { return dot_product_attention(v[0], v[1], v[2], Tensor(), 0.7, 0.25); }},
+      {"dot_product_attention_scores", "dot_product_attention_scores_causal", {{{2, 3, 4}}, {{2, 5, 4}}},
+       [](V v) { return dot_product_attention_scores(v[0], v[1], causal_mask(3, 5, dev_of(v))); }},
       {"dropout", "dropout", {{{4, 5}}}, [](V v) { return dropout(v[0], 0.3); }},
       {"dropout", "dropout_dims", {{{3, 4, 2}}}, [](V v) { return dropout(v[0], 0.5, {1}); }},
       {"embedding", "embedding_op", {{{5, 3}}}, [](V v) { return embedding(v[0], idx64({4, 0, 4, 2}, dev_of(v))); }},
@@ -342,6 +344,16 @@ std::vector<ParityCase> layer_cases() {
          m.in_proj_weight = v[3], m.in_proj_bias = v[4], m.out_proj = Dense(v[5], v[6]);
          return m(v[0], v[1], v[2]);
        }},
+      // Flux's widths: query, key and value inputs of different widths (PyTorch's kdim/vdim layout)
+      {"MultiHeadAttention", "MultiHeadAttention_dims_cross",
+       {{{2, 3, 4}}, {{2, 5, 3}}, {{2, 5, 2}}, {{4, 4}, kUnit}, {{4, 3}, kUnit}, {{6, 2}, kUnit}, {{14}}, {{5, 6}, kUnit}, {{5}}},
+       [](V v) {
+         MultiHeadAttention m({.in = 4, .k_in = 3, .v_in = 2, .qk = 4, .v = 6, .out = 5}, {.nheads = 2, .dtype = v[0].dtype()});
+         m.q_proj_weight = v[3], m.k_proj_weight = v[4], m.v_proj_weight = v[5], m.in_proj_bias = v[6];
+         m.out_proj = Dense(v[7], v[8]);
+         auto [y, scores] = m.forward(v[0], v[1], v[2]);
+         return y + sum(scores * scores);  // scores' rows sum to 1: squared so that they carry a gradient
+       }},
       {"RNNCell", "RNNCell", {{{2, 3}}, {{2, 4}}, {{4, 3}, kUnit}, {{4, 4}, kUnit}, {{4}}, {{4}}}, [](V v) {
          RNNCell c(3, 4, {.dtype = v[0].dtype()});
          c.weight_ih = v[2], c.weight_hh = v[3], c.bias_ih = v[4], c.bias_hh = v[5];
@@ -433,7 +445,8 @@ const std::map<std::string, std::string>& not_differentiable() {
       {"zeros", "constructor"}, {"ones", "constructor"}, {"full", "constructor"}, {"rand", "constructor"},
       {"randn", "constructor"}, {"arange", "constructor"},
       {"zeros_like", "a constant of x's shape"}, {"ones_like", "a constant of x's shape"},
-      {"full_like", "a constant of x's shape"},
+      {"full_like", "a constant of x's shape"}, {"fill_like", "a constant of x's shape"},
+      {"randn_like", "random values: depends on x only through its shape"},
   };
   return m;
 }
@@ -453,7 +466,10 @@ const std::map<std::string, std::string>& not_layers() {
       {"PoolParams", "options"}, {"SamePad", "a padding tag"}, {"Storage", "a tensor's memory, not an op"},
       {"TensorImpl", "a tensor's handle data, not an op"}, {"ConvParams", "options"},
       {"ConvTransposeParams", "options"}, {"Dims", "per-axis sizes"}, {"Padding", "padding sizes"},
-      {"LossOptions", "options"},
+      {"LossOptions", "options"}, {"MultiHeadAttentionDims", "widths (options)"},
+      {"AttentionOutput", "a result holder (its scores are checked in MultiHeadAttention_dims_cross)"},
+      {"FunctionLayer", "a function pointer wrapper: its gradient is the wrapped op's, checked with that op"},
+      {"InferSize", "a size placeholder resolved by autosize"},
   };
   return m;
 }
