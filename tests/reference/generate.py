@@ -710,7 +710,7 @@ def fusion_cases():
 def error_cases():
     error("add/shapes", "add", [((3, 4), "f64"), ((5,), "f64")], "[add] shapes (3, 4) and (5,) cannot be broadcast together")
     error("matmul/shapes", "matmul", [((3, 4), "f64"), ((5, 2), "f64")], "[matmul] shapes (3, 4) and (5, 2) do not compose (inner dimensions 4 and 5)")
-    error("mse/shapes", "mse", [((3, 2), "f32"), ((2, 3), "f32")], "[mse] prediction shape (3, 2) and target shape (2, 3) differ")
+    error("mse/shapes", "mse", [((3, 2), "f32"), ((2, 3), "f32")], "[mse] prediction shape (3, 2) and target shape (2, 3) differ (the target must have the prediction's shape or broadcast to it, e.g. a number or one row)")
     error("crossentropy/int_predictions", "crossentropy", [((2, 3), "i64"), ((2, 3), "i64")],
           "[crossentropy] needs floating-point predictions, got Int64")
     error("onehot/float_labels", "onehot", [((4,), "f32")], "[onehot] labels must be an integer tensor, got Float32", args={"nclasses": 3})
