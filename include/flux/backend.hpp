@@ -28,7 +28,8 @@ struct MemoryInfo {
 
 enum class UnaryOp : uint8_t {
   neg, exp, log, sqrt, abs, tanh, sigmoid, relu, leakyrelu, elu, gelu, softplus, swish,
-  sign, square, reciprocal, sin, cos, log1p, step  // step(x) = x > 0 ? 1 : 0
+  sign, square, reciprocal, sin, cos, log1p, step,  // step(x) = x > 0 ? 1 : 0
+  erf  // the error function (ONNX Erf, PyTorch's exact GELU)
 };
 enum class BinaryOp : uint8_t { add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge };
 enum class ReduceOp : uint8_t { sum, max, min, argmax, argmin };

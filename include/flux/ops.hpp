@@ -60,6 +60,8 @@ Tensor square(const Tensor& x);
 Tensor sin(const Tensor& x);
 Tensor cos(const Tensor& x);
 Tensor log1p(const Tensor& x);
+/// The error function, 2/sqrt(pi) times the integral of exp(-t^2) from 0 to x (ONNX Erf).
+Tensor erf(const Tensor& x);
 Tensor tanh_(const Tensor& x);  // also available as the activation value `flux::tanh`
 Tensor clamp(const Tensor& x, double lo, double hi);
 

@@ -446,7 +446,7 @@ void Exporter::convert(size_t k, const trace::Event& e, const trace::Event& e2, 
       {"add", "Add"}, {"sub", "Sub"}, {"mul", "Mul"}, {"div", "Div"}, {"pow", "Pow"}, {"maximum", "Max"},
       {"minimum", "Min"}, {"eq", "Equal"}, {"lt", "Less"}, {"le", "LessOrEqual"}, {"gt", "Greater"},
       {"ge", "GreaterOrEqual"}, {"where", "Where"}, {"neg", "Neg"}, {"exp", "Exp"}, {"log", "Log"},
-      {"sqrt", "Sqrt"}, {"abs", "Abs"}, {"sign", "Sign"}, {"sin", "Sin"}, {"cos", "Cos"}, {"tanh", "Tanh"},
+      {"sqrt", "Sqrt"}, {"abs", "Abs"}, {"sign", "Sign"}, {"sin", "Sin"}, {"cos", "Cos"}, {"erf", "Erf"}, {"tanh", "Tanh"},
       {"sigmoid", "Sigmoid"}, {"relu", "Relu"}, {"softplus", "Softplus"}, {"to", "Identity"}};
   if (auto it = simple.find(op); it != simple.end()) {
     node1(it->second, in, out);
@@ -593,7 +593,7 @@ std::string unsupported_reason(const std::string& op) {
   static const std::set<std::string> known = {
       "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "where", "neg",
       "exp", "log", "sqrt", "abs", "sign", "sin", "cos", "tanh", "sigmoid", "relu", "softplus", "to", "square",
-      "log1p", "leakyrelu", "elu", "gelu", "swish", "cast", "reshape", "broadcast_to", "permute", "slice", "concat",
+      "log1p", "erf", "leakyrelu", "elu", "gelu", "swish", "cast", "reshape", "broadcast_to", "permute", "slice", "concat",
       "index_select", "embedding", "matmul", "linear", "reduce", "softmax", "logsoftmax", "conv", "conv_transpose",
       "maxpool", "meanpool", "batchnorm", "rownorm", "lstm_recurrence", "gru_recurrence", "rnn_recurrence", "shape"};
   return known.count(op) ? "" : "an op without an ONNX form in this exporter";

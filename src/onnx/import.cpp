@@ -419,6 +419,7 @@ std::vector<Tensor> run_node(const ::onnx::NodeProto& n, const std::vector<Tenso
   if (op == "Tanh") return {tanh_(need(0))};
   if (op == "Exp") return {exp(need(0))};
   if (op == "Log") return {log(need(0))};
+  if (op == "Erf") return {erf(need(0))};
   if (op == "Sqrt") return {sqrt(need(0))};
   if (op == "Neg") return {neg(need(0))};
   if (op == "Abs") return {abs(need(0))};
@@ -643,7 +644,7 @@ const std::map<std::string, std::string (*)(const ::onnx::NodeProto&)>& operator
     auto* m = new std::map<std::string, std::string (*)(const ::onnx::NodeProto&)>();
     auto fine = [](const ::onnx::NodeProto&) { return std::string(); };
     for (const char* op : {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Less", "Greater", "LessOrEqual",
-                           "GreaterOrEqual", "Identity", "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Neg", "Abs",
+                           "GreaterOrEqual", "Identity", "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Erf", "Sqrt", "Neg", "Abs",
                            "Reciprocal", "LeakyRelu", "Clip", "Where", "Constant", "Shape", "Gather", "Unsqueeze", "Squeeze",
                            "Concat", "Slice", "Reshape", "Flatten", "Transpose", "Expand", "ConstantOfShape", "Cast",
                            "MatMul", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Softmax", "LogSoftmax",

@@ -384,6 +384,12 @@ Tensor square(const Tensor& x) {
 }
 Tensor sin(const Tensor& x) { return unary("sin", UnaryOp::sin, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * cos(x); }); }
 Tensor cos(const Tensor& x) { return unary("cos", UnaryOp::cos, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return -(g * sin(x)); }); }
+// erf'(x) = 2/sqrt(pi) exp(-x^2)
+Tensor erf(const Tensor& x) {
+  return unary("erf", UnaryOp::erf, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+    return g * exp(-(x * x)) * 1.1283791670955126;
+  });
+}
 Tensor log1p(const Tensor& x) {
   return unary("log1p", UnaryOp::log1p, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / (x + 1.0); });
 }

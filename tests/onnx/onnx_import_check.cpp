@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1], rt = argv[2];
-  for (const char* name : {"resnet18", "mobilenet_v2", "lstm", "gru", "transformer"}) {
+  for (const char* name : {"resnet18", "mobilenet_v2", "lstm", "gru", "transformer", "transformer_gelu"}) {
     TensorMap ref = load_state(dir + "/" + name + ".safetensors");
     onnx::Model net = onnx::load(dir + "/" + name + ".onnx");
     std::printf("%s\n", net.summary().c_str());

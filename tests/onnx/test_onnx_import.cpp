@@ -26,6 +26,8 @@ std::string temp_dir() {
   return pattern;
 }
 
+std::vector<double> host_of(const Tensor& t) { return to(t, Device()).to_vector<double>(); }
+
 std::string error_of(const std::string& bytes) {
   try {
     flux::onnx::load_from_bytes(bytes, "test model");
@@ -151,6 +153,51 @@ TEST_P(OnnxImport, ConvBatchNormReluAndResidualAreFusedAtLoadAndMatchTheLayers) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, OnnxImport, ::testing::ValuesIn(test_devices()), device_test_name);
+
+// Erf (PyTorch's exact GELU is Div/Erf/Add/Mul/Mul): flux::erf against std::erf in float64, its
+// gradient against 2/sqrt(pi) exp(-x^2) and central differences, through an imported one-node graph.
+TEST_P(OnnxImport, ErfMatchesStdErfAndItsGradient) {
+  const Device dev = GetParam();
+  ::onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  g->add_input()->set_name("x");
+  auto* n = g->add_node();
+  n->set_op_type("Erf"), n->set_name("erf0"), n->add_input("x"), n->add_output("y");
+  g->add_output()->set_name("y");
+  auto net = flux::onnx::load_from_bytes(m.SerializeAsString(), "erf model") | dev;
+  std::vector<double> xs;
+  for (int i = -40; i <= 40; ++i) xs.push_back(0.1 * i + 0.013);
+  for (DType t : {DType::f32, DType::f64}) {
+    SCOPED_TRACE(dtype_name(t));
+    const double tol = t == DType::f32 ? 1e-6 : 1e-14;
+    Tensor x64 = Tensor(xs, Shape{int64_t(xs.size())}).f64();
+    Tensor x = to(t == DType::f32 ? x64.f32() : x64, dev);
+    std::vector<double> y = host_of(t == DType::f32 ? net(x) : erf(x));
+    ASSERT_EQ(y.size(), xs.size());
+    for (size_t i = 0; i < xs.size(); ++i) EXPECT_NEAR(y[i], std::erf(xs[i]), tol) << "x = " << xs[i];
+    autodiff::Tape tape;
+    Tensor leaf = tape.leaf(x);
+    tape.backward(sum(t == DType::f32 ? net(leaf) : erf(leaf)));
+    std::vector<double> dx = host_of(tape.grad(leaf));
+    ASSERT_EQ(dx.size(), xs.size());
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double h = 1e-5, fd = (std::erf(xs[i] + h) - std::erf(xs[i] - h)) / (2 * h);
+      EXPECT_NEAR(dx[i], 1.1283791670955126 * std::exp(-xs[i] * xs[i]), tol) << "x = " << xs[i];
+      EXPECT_NEAR(dx[i], fd, 1e-6) << "x = " << xs[i];
+    }
+  }
+  // An imported Erf exports again as Erf.
+  const std::string dir = temp_dir();
+  flux::onnx::save(dir + "/erf.onnx", flux::onnx::load_from_bytes(m.SerializeAsString(), "erf model"), ones({3}));
+  ::onnx::ModelProto back;
+  std::ifstream in(dir + "/erf.onnx", std::ios::binary);
+  ASSERT_TRUE(back.ParseFromIstream(&in));
+  int erfs = 0;
+  for (const auto& node : back.graph().node()) erfs += node.op_type() == "Erf";
+  EXPECT_EQ(erfs, 1);
+}
 
 TEST_P(OnnxImport, ExternalDataIsWrittenAndRead) {
   const Device dev = GetParam();

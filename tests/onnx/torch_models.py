@@ -7,7 +7,8 @@ Runs under Debian's python3-torch / python3-torchvision (system Python). For eac
 output y and, for resnet18, the parameters after one SGD step (lr 0.1) on the loss sum(y * w) where
 w = the tensor "seed_grad" (so the importer can check its fine-tuning step). Models: torchvision
 resnet18 and mobilenet_v2 (random init; BatchNorm statistics randomised), a 2-layer LSTM, a GRU, and a
-2-layer TransformerEncoder (batch_first, dropout 0)."""
+2-layer TransformerEncoder (batch_first, dropout 0), and the same with activation="gelu" (PyTorch's exact
+GELU: torch 1.13 writes Div/Erf/Add/Mul/Mul)."""
 import json
 import os
 import struct
@@ -76,12 +77,16 @@ def build(name, gen):
     if name == "transformer":
         layer = torch.nn.TransformerEncoderLayer(d_model=16, nhead=4, dim_feedforward=32, dropout=0.0, batch_first=True)
         return torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False), torch.rand(2, 5, 16, generator=gen)
+    if name == "transformer_gelu":
+        layer = torch.nn.TransformerEncoderLayer(d_model=16, nhead=4, dim_feedforward=32, dropout=0.0, batch_first=True,
+                                                 activation="gelu")
+        return torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False), torch.rand(2, 5, 16, generator=gen)
     raise SystemExit(f"unknown model {name}")
 
 
 def main():
     folder = sys.argv[1]
-    names = sys.argv[2:] or ["resnet18", "mobilenet_v2", "lstm", "gru", "transformer"]
+    names = sys.argv[2:] or ["resnet18", "mobilenet_v2", "lstm", "gru", "transformer", "transformer_gelu"]
     os.makedirs(folder, exist_ok=True)
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(38)

@@ -42,6 +42,7 @@ template <class T> inline T apply(UnaryOp op, T x, double alpha) {
       case UnaryOp::cos: return std::cos(x);
       case UnaryOp::log1p: return std::log1p(x);
       case UnaryOp::step: return x > 0 ? T(1) : (x <= 0 ? T(0) : x);  // relu's derivative: NaN at NaN
+      case UnaryOp::erf: return std::erf(x);
     }
     return x;
   } else {

@@ -44,6 +44,7 @@ template <class T> __device__ inline T apply(UnaryOp op, T x, T a) {
       case UnaryOp::cos: return cos(x);
       case UnaryOp::log1p: return log1p(x);
       case UnaryOp::step: return x > 0 ? T(1) : (x <= 0 ? T(0) : x);  // relu's derivative: NaN at NaN
+      case UnaryOp::erf: return erf(x);
     }
     return x;
   } else {  // integers and booleans: the host has already rejected the float-only functions

@@ -40,6 +40,7 @@ inline T apply(int op, T x, T a) {
     case 17: return cos(x);
     case 18: return log1p(x);
     case 19: return x > 0 ? (T)1 : (x <= 0 ? (T)0 : x);  // relu's derivative: NaN at NaN
+    case 20: return erf(x);
   }
   return x;
 }
@@ -76,7 +77,7 @@ bool integer_ok(UnaryOp op) {
   }
 }
 
-static_assert(int(UnaryOp::gelu) == 10 && int(UnaryOp::step) == 19, "kUnarySource numbers the ops");
+static_assert(int(UnaryOp::gelu) == 10 && int(UnaryOp::step) == 19 && int(UnaryOp::erf) == 20, "kUnarySource numbers the ops");
 
 }  // namespace
 
