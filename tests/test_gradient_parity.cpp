@@ -155,6 +155,7 @@ std::vector<ParityCase> op_cases() {
       {"where", "where_broadcast", {{{3, 4}}, {{4}}}, [](V v) { return where(v[0] < v[1], v[0], v[1]); }},
       {"neg", "neg", {{{6}}}, [](V v) { return neg(v[0]); }},
       {"exp", "exp", {{{6}}}, [](V v) { return exp(v[0]); }},
+      {"erf", "erf", {{{6}}}, [](V v) { return erf(v[0]); }},
       {"log", "log", {{{6}, pos}}, [](V v) { return log(v[0]); }},
       {"sqrt", "sqrt", {{{6}, pos}}, [](V v) { return sqrt(v[0]); }},
       {"abs", "abs", {{{8}}}, [](V v) { return abs(v[0]); }},
