@@ -16,7 +16,7 @@
 #   hip      hipcc, the HIP runtime and device libraries (ROCm 5.2): builds libflux-amdgpu.so
 #   cuda     nothing from Debian: libflux-cuda.so needs NVIDIA's CUDA toolkit (nvcc >= 12) and driver
 #   test     GoogleTest, clang + libFuzzer (the safetensors fuzz test), Fashion-MNIST, git
-#   onnx     ONNX 1.12 + protobuf 3.21 (libflux's onnx::save/load) and python3-onnx (the tests' checker)
+#   onnx     ONNX 1.12 + protobuf 3.21 (libflux's onnx::save/load), python3-onnx (the tests' checker), python3-venv (the tests' ONNX Runtime venv)
 #   interop  PyTorch and torchvision for the interop tests (python3-torch, python3-torchvision)
 #   bench    LibTorch (the benchmarks' peer) and Google Benchmark
 #   mpi      Open MPI for multi-process (data-parallel) training and its tests
@@ -33,7 +33,7 @@ FLUX_GROUP_pocl=(pocl-opencl-icd)
 FLUX_GROUP_hip=(hipcc libamdhip64-dev rocm-device-libs)
 FLUX_GROUP_cuda=()
 FLUX_GROUP_test=(libgtest-dev libgmock-dev clang libclang-rt-14-dev dataset-fashion-mnist git)
-FLUX_GROUP_onnx=(libonnx-dev libprotobuf-dev python3-onnx)
+FLUX_GROUP_onnx=(libonnx-dev libprotobuf-dev python3-onnx python3-venv)
 FLUX_GROUP_interop=(python3-torch python3-torchvision python3-numpy)
 FLUX_GROUP_bench=(libtorch-dev libbenchmark-dev)
 FLUX_GROUP_mpi=(libopenmpi-dev openmpi-bin)
