@@ -76,21 +76,21 @@ namespace {
 std::atomic<bool> g_note_sites{false};
 std::mutex g_sites_mutex;
 std::set<std::string> g_sites;
-void note_site(const Tensor& out, const std::source_location& site) {
+void note_site(const Tensor& out, const char* file, int line) {
   if (!g_note_sites.load(std::memory_order_relaxed) || !tracked(out)) return;
-  std::string s = std::string(site.file_name()) + ":" + std::to_string(site.line());
+  std::string s = std::string(file) + ":" + std::to_string(line);
   std::lock_guard<std::mutex> lock(g_sites_mutex);
   g_sites.insert(std::move(s));
 }
 }  // namespace
 
-void record(Tensor& out, std::initializer_list<const Tensor*> inputs, Backward backward, std::source_location site) {
+void record(Tensor& out, std::initializer_list<const Tensor*> inputs, Backward backward, const char* file, int line) {
   record_list(out, inputs, backward);
-  note_site(out, site);
+  note_site(out, file, line);
 }
-void record(Tensor& out, const std::vector<const Tensor*>& inputs, Backward backward, std::source_location site) {
+void record(Tensor& out, const std::vector<const Tensor*>& inputs, Backward backward, const char* file, int line) {
   record_list(out, inputs, backward);
-  note_site(out, site);
+  note_site(out, file, line);
 }
 
 void note_recorded_sites(bool enabled) { g_note_sites.store(enabled); }

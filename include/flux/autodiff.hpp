@@ -1,7 +1,6 @@
 // Reverse-mode autodiff: a tape recorded only inside gradient()/withgradient().
 #pragma once
 #include <functional>
-#include <source_location>
 #include <string>
 #include <vector>
 
@@ -58,12 +57,13 @@ class Tape {
 bool recording();
 /// True when an op's result should be recorded (a tape is active and t is on it).
 bool tracked(const Tensor& t);
-/// Records `out` as the result of an op on `inputs` if any input is tracked. `site` names the
-/// op's backward in the library's source (see recorded_sites).
+/// Records `out` as the result of an op on `inputs` if any input is tracked. `file`:`line` name the
+/// op's backward in the library's source (see recorded_sites); GCC's and clang's __builtin_FILE /
+/// __builtin_LINE, because clang 14 with libstdc++ 12 has no std::source_location.
 void record(Tensor& out, std::initializer_list<const Tensor*> inputs, Backward backward,
-            std::source_location site = std::source_location::current());
+            const char* file = __builtin_FILE(), int line = __builtin_LINE());
 void record(Tensor& out, const std::vector<const Tensor*>& inputs, Backward backward,
-            std::source_location site = std::source_location::current());
+            const char* file = __builtin_FILE(), int line = __builtin_LINE());
 /// While enabled, every call site of record() that put a node on a tape is noted, as "file:line";
 /// recorded_sites() lists them. For the test that checks that the gradient-parity sweep reaches
 /// every backward the library has (tests/test_gradient_parity.cpp). Off by default.
