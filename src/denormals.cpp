@@ -27,13 +27,13 @@ int initial_mode() {
 }
 
 std::atomic<int>& mode() {
-  static std::atomic<int> m{cpu::can_flush_denormals() ? initial_mode() : 0};
+  static std::atomic<int> m{cpu_backend::can_flush_denormals() ? initial_mode() : 0};
   return m;
 }
 }  // namespace
 
 bool flush_denormals(bool on, bool float64) {
-  if (on && !cpu::can_flush_denormals()) {
+  if (on && !cpu_backend::can_flush_denormals()) {
     mode().store(0);
     return false;
   }

@@ -18,7 +18,7 @@ using flux::testing::max_rel_error;
 using ::testing::HasSubstr;
 
 namespace flux::detail {
-// src/backends/cpu/isa.cpp (flux.hpp's flux::cpu is the mover, so not flux::cpu::force_isa): the ISA
+// src/backends/cpu/isa.cpp (flux.hpp's flux::cpu is the mover, so not flux::cpu_backend::force_isa): the ISA
 // level of the CPU kernels, capped at `level` (0 baseline, 1 AVX2, 2 AVX-512; never above the CPU's).
 const char* cpu_isa_name();
 int cpu_force_isa(int level);

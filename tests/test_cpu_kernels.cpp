@@ -17,7 +17,7 @@
 
 #include <gtest/gtest.h>
 
-// Not flux/flux.hpp: its flux::cpu (the mover) would hide the backend namespace flux::cpu.
+// Not flux/flux.hpp: its flux::cpu (the mover) would hide the backend namespace flux::cpu_backend.
 #include "flux/backend.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
@@ -26,19 +26,19 @@
 namespace {
 
 using namespace flux;
-using flux::cpu::Isa;
+using flux::cpu_backend::Isa;
 
 std::vector<Isa> usable_isas() {
   std::vector<Isa> v;
   for (Isa i : {Isa::baseline, Isa::avx2, Isa::avx512})
-    if (int(i) <= int(cpu::detected_isa())) v.push_back(i);
+    if (int(i) <= int(cpu_backend::detected_isa())) v.push_back(i);
   return v;
 }
 
 // Restores the detected level at the end of a test.
 struct IsaGuard {
-  Isa old = cpu::active_isa();
-  ~IsaGuard() { cpu::force_isa(old); }
+  Isa old = cpu_backend::active_isa();
+  ~IsaGuard() { cpu_backend::force_isa(old); }
 };
 
 std::vector<float> random_floats(size_t n, float lo, float hi, unsigned seed) {
@@ -53,11 +53,11 @@ double rel(double got, double want) { return std::abs(got - want) / std::max(1.0
 
 TEST(CpuIsa, DetectedLevelIsNamedAndForcingClamps) {
   IsaGuard guard;
-  EXPECT_NE(std::string(cpu::isa_name(cpu::detected_isa())), "");
-  cpu::force_isa(Isa::baseline);
-  EXPECT_EQ(cpu::active_isa(), Isa::baseline);
-  cpu::force_isa(Isa::avx512);
-  EXPECT_EQ(cpu::active_isa(), cpu::detected_isa());  // never above what the CPU has
+  EXPECT_NE(std::string(cpu_backend::isa_name(cpu_backend::detected_isa())), "");
+  cpu_backend::force_isa(Isa::baseline);
+  EXPECT_EQ(cpu_backend::active_isa(), Isa::baseline);
+  cpu_backend::force_isa(Isa::avx512);
+  EXPECT_EQ(cpu_backend::active_isa(), cpu_backend::detected_isa());  // never above what the CPU has
 }
 
 // n: odd tails and a size large enough for the pool's split.
@@ -69,9 +69,9 @@ TEST(CpuIsa, AdamVariantsMatchBaselineAndFloat64) {
     backend::AdamStep s{1e-2, 0.9, 0.999, 1e-8, 0.01, 1 - std::pow(0.9, 3), 1 - std::pow(0.999, 3)};
     std::vector<float> base_x;
     for (Isa level : usable_isas()) {
-      cpu::force_isa(level);
+      cpu_backend::force_isa(level);
       std::vector<float> x = x0, m = m0, v = v0;
-      cpu::adam_step(DType::f32, x.data(), g.data(), m.data(), v.data(), n, s);
+      cpu_backend::adam_step(DType::f32, x.data(), g.data(), m.data(), v.data(), n, s);
       if (level == Isa::baseline) base_x = x;
       double worst = 0, worst_base = 0;
       for (int64_t i = 0; i < n; ++i) {
@@ -80,8 +80,8 @@ TEST(CpuIsa, AdamVariantsMatchBaselineAndFloat64) {
         worst = std::max({worst, rel(x[i], xi), rel(m[i], mi), rel(v[i], vi)});
         worst_base = std::max(worst_base, rel(x[i], base_x[i]));
       }
-      EXPECT_LT(worst, 2e-6) << cpu::isa_name(level) << " n=" << n;
-      EXPECT_LT(worst_base, 2e-6) << cpu::isa_name(level) << " n=" << n;
+      EXPECT_LT(worst, 2e-6) << cpu_backend::isa_name(level) << " n=" << n;
+      EXPECT_LT(worst_base, 2e-6) << cpu_backend::isa_name(level) << " n=" << n;
     }
   }
 }
@@ -95,15 +95,15 @@ TEST(CpuIsa, AdamFloat64VariantsMatchFormula) {
   for (int64_t i = 0; i < n; ++i) x0[i] = d(gen) - 0.5, g[i] = 2 * d(gen) - 1, m0[i] = d(gen) - 0.5, v0[i] = d(gen);
   backend::AdamStep s{1e-3, 0.9, 0.999, 1e-8, 0, 0.1, 0.001};
   for (Isa level : usable_isas()) {
-    cpu::force_isa(level);
+    cpu_backend::force_isa(level);
     std::vector<double> x = x0, m = m0, v = v0;
-    cpu::adam_step(DType::f64, x.data(), g.data(), m.data(), v.data(), n, s);
+    cpu_backend::adam_step(DType::f64, x.data(), g.data(), m.data(), v.data(), n, s);
     double worst = 0;
     for (int64_t i = 0; i < n; ++i) {
       double mi = s.beta1 * m0[i] + (1 - s.beta1) * g[i], vi = s.beta2 * v0[i] + (1 - s.beta2) * g[i] * g[i];
       worst = std::max(worst, rel(x[i], x0[i] - s.lr * (mi / s.bias1) / (std::sqrt(vi / s.bias2) + s.eps)));
     }
-    EXPECT_LT(worst, 1e-14) << cpu::isa_name(level);
+    EXPECT_LT(worst, 1e-14) << cpu_backend::isa_name(level);
   }
 }
 
@@ -122,24 +122,24 @@ TEST(CpuIsa, BinaryVariantsMatchFloat64) {
   const int64_t n = 70001;
   std::vector<float> a = random_floats(n, -3, 3, 11), b = random_floats(n, 0.5f, 2, 12);
   for (Isa level : usable_isas()) {
-    cpu::force_isa(level);
+    cpu_backend::force_isa(level);
     for (BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div}) {
       auto ref = [&](double x, double y) {
         return op == BinaryOp::add ? x + y : op == BinaryOp::sub ? x - y : op == BinaryOp::mul ? x * y : x / y;
       };
       // Both dense; then b a single value broadcast (the fast path's scalar form).
       std::vector<float> out(n);
-      cpu::binary(op, DType::f32, a.data(), b.data(), out.data(), flat(n));
+      cpu_backend::binary(op, DType::f32, a.data(), b.data(), out.data(), flat(n));
       double worst = 0;
       for (int64_t i = 0; i < n; ++i) worst = std::max(worst, rel(out[i], ref(a[i], b[i])));
-      EXPECT_LT(worst, 1e-7) << cpu::isa_name(level) << " op " << int(op);
+      EXPECT_LT(worst, 1e-7) << cpu_backend::isa_name(level) << " op " << int(op);
       backend::Broadcast p = flat(n);
       p.contiguous = false;
       p.stride[1][0] = 0;
-      cpu::binary(op, DType::f32, a.data(), b.data(), out.data(), p);
+      cpu_backend::binary(op, DType::f32, a.data(), b.data(), out.data(), p);
       worst = 0;
       for (int64_t i = 0; i < n; ++i) worst = std::max(worst, rel(out[i], ref(a[i], b[0])));
-      EXPECT_LT(worst, 1e-7) << cpu::isa_name(level) << " scalar op " << int(op);
+      EXPECT_LT(worst, 1e-7) << cpu_backend::isa_name(level) << " scalar op " << int(op);
     }
   }
 }
@@ -155,7 +155,7 @@ TEST(CpuIsa, BinaryRowBroadcastsMatchFloat64) {
     std::vector<float> big = random_floats(size_t(n), -3, 3, 13), small = random_floats(size_t(B * C), 0.5f, 2, 14),
                        col = random_floats(size_t(A * B), 0.5f, 2, 15);
     for (Isa level : usable_isas()) {
-      cpu::force_isa(level);
+      cpu_backend::force_isa(level);
       for (BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div}) {
         auto ref = [&](double x, double y) {
           return op == BinaryOp::add ? x + y : op == BinaryOp::sub ? x - y : op == BinaryOp::mul ? x * y : x / y;
@@ -173,7 +173,7 @@ TEST(CpuIsa, BinaryRowBroadcastsMatchFloat64) {
             p.stride[2][i] = dense[i];
           }
           std::vector<float> out(big.size());
-          cpu::binary(op, DType::f32, x, y, out.data(), p);
+          cpu_backend::binary(op, DType::f32, x, y, out.data(), p);
           for (int64_t a = 0; a < A; ++a)
             for (int64_t b = 0; b < B; ++b)
               for (int64_t c = 0; c < C; ++c) {
@@ -181,7 +181,7 @@ TEST(CpuIsa, BinaryRowBroadcastsMatchFloat64) {
                 const double xv = x[size_t(a * p.stride[0][0] + b * p.stride[0][1] + c * p.stride[0][2])];
                 const double yv = y[size_t(a * p.stride[1][0] + b * p.stride[1][1] + c * p.stride[1][2])];
                 ASSERT_LT(rel(out[size_t(o)], ref(xv, yv)), 1e-7)
-                    << cpu::isa_name(level) << " op " << int(op) << " form " << form << " at " << o;
+                    << cpu_backend::isa_name(level) << " op " << int(op) << " form " << form << " at " << o;
               }
         }
       }
@@ -196,14 +196,14 @@ TEST(CpuIsa, UnaryVariantsMatchFloat64) {
   std::vector<float> a = random_floats(n, -3, 3, 21);
   a[5] = 0.f;
   for (Isa level : usable_isas()) {
-    cpu::force_isa(level);
+    cpu_backend::force_isa(level);
     for (UnaryOp op : {UnaryOp::relu, UnaryOp::neg, UnaryOp::square, UnaryOp::step}) {
       std::vector<float> out(n);
-      cpu::unary(op, DType::f32, a.data(), out.data(), n, 0);
+      cpu_backend::unary(op, DType::f32, a.data(), out.data(), n, 0);
       for (int64_t i = 0; i < n; ++i) {
         double x = a[i];
         double want = op == UnaryOp::relu ? (x > 0 ? x : 0) : op == UnaryOp::neg ? -x : op == UnaryOp::square ? x * x : (x > 0 ? 1 : 0);
-        ASSERT_LT(rel(out[i], want), 1e-7) << cpu::isa_name(level) << " op " << int(op) << " at " << i;
+        ASSERT_LT(rel(out[i], want), 1e-7) << cpu_backend::isa_name(level) << " op " << int(op) << " at " << i;
       }
     }
   }
@@ -237,19 +237,19 @@ TEST(CpuIsa, TranscendentalVariantsMatchFloat64) {
     }
   };
   for (Isa level : usable_isas()) {
-    cpu::force_isa(level);
+    cpu_backend::force_isa(level);
     for (UnaryOp op : {UnaryOp::exp, UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::gelu, UnaryOp::swish}) {
       std::vector<float> out(a.size());
-      cpu::unary(op, DType::f32, a.data(), out.data(), n, 0);
+      cpu_backend::unary(op, DType::f32, a.data(), out.data(), n, 0);
       for (int64_t i = 0; i < n; ++i) {
         const double want = ref(op, a[i]);
         if (std::isinf(float(want)) || std::isinf(a[i])) {
           if (std::isnan(want)) continue;  // gelu/swish at -inf: -inf * 0 in the formula
-          ASSERT_EQ(double(out[i]), double(float(want))) << cpu::isa_name(level) << " op " << int(op) << " x " << a[i];
+          ASSERT_EQ(double(out[i]), double(float(want))) << cpu_backend::isa_name(level) << " op " << int(op) << " x " << a[i];
           continue;
         }
         if (double(float(want)) == 0) {
-          ASSERT_LE(std::abs(out[i] - want), 1e-37) << cpu::isa_name(level) << " op " << int(op) << " x " << a[i];
+          ASSERT_LE(std::abs(out[i] - want), 1e-37) << cpu_backend::isa_name(level) << " op " << int(op) << " x " << a[i];
           continue;
         }
         // float's rounding of the argument of exp inside (gelu: u2 = c2 x (1 + k x^2), a few roundings)
@@ -257,20 +257,20 @@ TEST(CpuIsa, TranscendentalVariantsMatchFloat64) {
         const double x = a[i], arg = op == UnaryOp::gelu ? 1.5957691216057308 * x * (1 + 0.044715 * x * x) : x;
         const double tol = 4.8e-7 + (op == UnaryOp::gelu ? 2.4e-7 : 6e-8) * std::abs(arg);
         ASSERT_LE(std::abs(out[i] - want), tol * std::abs(want) + 1e-37)
-            << cpu::isa_name(level) << " op " << int(op) << " x " << a[i] << " got " << out[i] << " want " << want;
+            << cpu_backend::isa_name(level) << " op " << int(op) << " x " << a[i] << " got " << out[i] << " want " << want;
       }
       float nan = std::numeric_limits<float>::quiet_NaN(), got = 0;
-      cpu::unary(op, DType::f32, &nan, &got, 1, 0);
-      EXPECT_TRUE(std::isnan(got)) << cpu::isa_name(level) << " op " << int(op);
+      cpu_backend::unary(op, DType::f32, &nan, &got, 1, 0);
+      EXPECT_TRUE(std::isnan(got)) << cpu_backend::isa_name(level) << " op " << int(op);
     }
     // Sign and exact saturation: tanh is odd and reaches ±1 exactly, sigmoid reaches 1 exactly.
     std::vector<float> x = {0.3f, -0.3f, 2.5f, -2.5f, 50.f, -50.f}, y(x.size());
-    cpu::unary(UnaryOp::tanh, DType::f32, x.data(), y.data(), int64_t(x.size()), 0);
+    cpu_backend::unary(UnaryOp::tanh, DType::f32, x.data(), y.data(), int64_t(x.size()), 0);
     EXPECT_EQ(y[0], -y[1]);
     EXPECT_EQ(y[2], -y[3]);
     EXPECT_EQ(y[4], 1.f);
     EXPECT_EQ(y[5], -1.f);
-    cpu::unary(UnaryOp::sigmoid, DType::f32, x.data(), y.data(), int64_t(x.size()), 0);
+    cpu_backend::unary(UnaryOp::sigmoid, DType::f32, x.data(), y.data(), int64_t(x.size()), 0);
     EXPECT_EQ(y[4], 1.f);
     EXPECT_GT(y[5], 0.f);
   }
@@ -284,10 +284,10 @@ TEST(CpuIsa, ActivationBackwardVariantsMatchFloat64) {
   std::vector<float> x = random_floats(size_t(n), -9, 9, 24), g = random_floats(size_t(n), -2, 2, 25);
   auto sig = [](double u) { return 1 / (1 + std::exp(-u)); };
   for (Isa level : usable_isas()) {
-    cpu::force_isa(level);
+    cpu_backend::force_isa(level);
     for (UnaryOp op : {UnaryOp::gelu, UnaryOp::swish}) {
       std::vector<float> dx(x.size());
-      ASSERT_TRUE(cpu::unary_backward(op, DType::f32, x.data(), g.data(), dx.data(), n));
+      ASSERT_TRUE(cpu_backend::unary_backward(op, DType::f32, x.data(), g.data(), dx.data(), n));
       // Relative to the size of the two terms of f' (they cancel where f' crosses 0, in float as in float64).
       double worst = 0;
       for (int64_t i = 0; i < n; ++i) {
@@ -304,11 +304,11 @@ TEST(CpuIsa, ActivationBackwardVariantsMatchFloat64) {
         const double scale = std::abs(g[i]) * (first + std::abs(second)) * (1 + 0.1 * std::abs(arg)) + 1e-30;
         worst = std::max(worst, std::abs(dx[i] - want) / scale);
       }
-      EXPECT_LT(worst, 3e-6) << cpu::isa_name(level) << " op " << int(op);
+      EXPECT_LT(worst, 3e-6) << cpu_backend::isa_name(level) << " op " << int(op);
     }
   }
   std::vector<float> dx(4);
-  EXPECT_FALSE(cpu::unary_backward(UnaryOp::tanh, DType::f32, x.data(), g.data(), dx.data(), 4));  // not fused
+  EXPECT_FALSE(cpu_backend::unary_backward(UnaryOp::tanh, DType::f32, x.data(), g.data(), dx.data(), 4));  // not fused
 }
 
 // Softmax and logsoftmax over contiguous rows, forward and the fused backward, in every ISA variant
@@ -322,11 +322,11 @@ TEST(CpuIsa, SoftmaxVariantsMatchFloat64) {
     for (int64_t r = 1; r < rows; r += 3)  // a causal-mask pattern: the tail of every third row masked
       for (int64_t j = r % len + 1; j < len; ++j) x[size_t(r * len + j)] = -inf;
     for (Isa level : usable_isas()) {
-      cpu::force_isa(level);
+      cpu_backend::force_isa(level);
       for (bool log : {false, true}) {
         std::vector<float> y(x.size()), dx(x.size());
-        cpu::softmax(DType::f32, x.data(), y.data(), rows, len, 1, log);
-        ASSERT_TRUE(cpu::softmax_backward(DType::f32, y.data(), g.data(), dx.data(), rows, len, 1, log));
+        cpu_backend::softmax(DType::f32, x.data(), y.data(), rows, len, 1, log);
+        ASSERT_TRUE(cpu_backend::softmax_backward(DType::f32, y.data(), g.data(), dx.data(), rows, len, 1, log));
         for (int64_t r = 0; r < rows; ++r) {
           const float* xr = x.data() + r * len;
           double m = -INFINITY, total = 0, gp = 0, gs = 0;
@@ -345,9 +345,9 @@ TEST(CpuIsa, SoftmaxVariantsMatchFloat64) {
                 ASSERT_EQ(y[k], -inf);
               } else {
                 ASSERT_LE(std::abs(y[k] - (double(xr[j]) - m - std::log(total))), 2e-6 * (1 + std::abs(double(y[k]))))
-                    << cpu::isa_name(level) << " len " << len;
+                    << cpu_backend::isa_name(level) << " len " << len;
               }
-              ASSERT_LE(std::abs(dx[k] - (g[k] - p[size_t(j)] * gs)), 1e-5 * (1 + std::abs(gs))) << cpu::isa_name(level);
+              ASSERT_LE(std::abs(dx[k] - (g[k] - p[size_t(j)] * gs)), 1e-5 * (1 + std::abs(gs))) << cpu_backend::isa_name(level);
             } else {
               // float's x - max rounds by up to 2^-24 |x - max|: exp then moves by that much, relatively
               if (std::isinf(xr[j])) {
@@ -356,9 +356,9 @@ TEST(CpuIsa, SoftmaxVariantsMatchFloat64) {
                 continue;
               }
               const double tol = 5e-7 + 6e-8 * std::abs(double(xr[j]) - m);
-              ASSERT_LE(std::abs(y[k] - p[size_t(j)]), tol * p[size_t(j)] + 1e-37) << cpu::isa_name(level) << " len " << len;
+              ASSERT_LE(std::abs(y[k] - p[size_t(j)]), tol * p[size_t(j)] + 1e-37) << cpu_backend::isa_name(level) << " len " << len;
               ASSERT_LE(std::abs(dx[k] - p[size_t(j)] * (g[k] - gp)), 2 * tol * p[size_t(j)] * (std::abs(g[k]) + std::abs(gp)) + 1e-37)
-                  << cpu::isa_name(level) << " len " << len;
+                  << cpu_backend::isa_name(level) << " len " << len;
             }
           }
         }
@@ -366,7 +366,7 @@ TEST(CpuIsa, SoftmaxVariantsMatchFloat64) {
     }
   }
   std::vector<float> y(8), g(8), dx(8);
-  EXPECT_FALSE(cpu::softmax_backward(DType::f32, y.data(), g.data(), dx.data(), 2, 2, 2, false));  // inner > 1: not fused
+  EXPECT_FALSE(cpu_backend::softmax_backward(DType::f32, y.data(), g.data(), dx.data(), 2, 2, 2, false));  // inner > 1: not fused
 }
 
 // One fused LSTM and GRU step (forward and backward, recurrent.cpp) in every ISA variant against the
@@ -420,17 +420,17 @@ TEST(CpuIsa, RecurrentStepVariantsMatchFloat64) {
           }
         }
       for (Isa level : usable_isas()) {
-        cpu::force_isa(level);
+        cpu_backend::force_isa(level);
         std::vector<float> hf(size_t(n * H)), cf(size_t(n * H)), saved(size_t(n * 4 * H)), dxf(size_t(n * G)),
             dhf(size_t(n * G)), dh_next = dh0, dc = dc0;
         const bool lstm = cell == RecurrentCell::lstm, gru = cell == RecurrentCell::gru;
-        ASSERT_TRUE(cpu::recurrent_forward(cell, DType::f32, xg.data(), hg.data(), with_bias ? bias.data() : nullptr,
+        ASSERT_TRUE(cpu_backend::recurrent_forward(cell, DType::f32, xg.data(), hg.data(), with_bias ? bias.data() : nullptr,
                                            hp.data(), lstm ? cp.data() : nullptr, hf.data(), lstm ? cf.data() : nullptr,
                                            lstm || gru ? saved.data() : nullptr, n, H));
-        ASSERT_TRUE(cpu::recurrent_backward(cell, DType::f32, dy.data(), dh_next.data(), lstm ? dc.data() : nullptr,
+        ASSERT_TRUE(cpu_backend::recurrent_backward(cell, DType::f32, dy.data(), dh_next.data(), lstm ? dc.data() : nullptr,
                                             saved.data(), lstm ? cp.data() : nullptr, lstm ? cf.data() : nullptr,
                                             hp.data(), hf.data(), dxf.data(), gru ? dhf.data() : nullptr, n, H));
-        const char* name = cpu::isa_name(level);
+        const char* name = cpu_backend::isa_name(level);
         for (size_t k = 0; k < h.size(); ++k) {
           ASSERT_LE(std::abs(hf[k] - h[k]), 1e-6) << name << " cell " << int(cell) << " h at " << k;
           ASSERT_LE(std::abs(dh_next[k] - dhn[k]), 1e-6) << name << " cell " << int(cell) << " dh_next at " << k;
@@ -455,13 +455,13 @@ TEST(CpuIsa, SumOverRowsVariantsMatchFloat64) {
   const int64_t len = 129, inner = 515;  // (len, inner) summed over len: the bias gradient's shape
   std::vector<float> a = random_floats(size_t(len * inner), -1, 1, 31);
   for (Isa level : usable_isas()) {
-    cpu::force_isa(level);
+    cpu_backend::force_isa(level);
     std::vector<float> out(inner);
-    cpu::reduce(backend::ReduceOp::sum, DType::f32, a.data(), out.data(), 1, len, inner);
+    cpu_backend::reduce(backend::ReduceOp::sum, DType::f32, a.data(), out.data(), 1, len, inner);
     for (int64_t i = 0; i < inner; ++i) {
       double want = 0;
       for (int64_t j = 0; j < len; ++j) want += a[size_t(j * inner + i)];
-      ASSERT_LT(rel(out[i], want), 1e-6) << cpu::isa_name(level) << " at " << i;
+      ASSERT_LT(rel(out[i], want), 1e-6) << cpu_backend::isa_name(level) << " at " << i;
     }
   }
 }
@@ -469,7 +469,7 @@ TEST(CpuIsa, SumOverRowsVariantsMatchFloat64) {
 TEST(CpuPool, EveryIndexRunsExactlyOnce) {
   for (int64_t n : {int64_t(1), int64_t(2), int64_t(3), int64_t(17), int64_t(100000)}) {
     std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
-    cpu::parallel_for(n, 1, [&](int64_t b, int64_t e) {
+    cpu_backend::parallel_for(n, 1, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1);
     });
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "n=" << n << " i=" << i;
@@ -480,19 +480,19 @@ TEST(CpuPool, ManySmallRegionsInARow) {
   // Back-to-back regions, as the ops of a training step: the workers' hand-off must lose none.
   std::atomic<int64_t> total{0};
   for (int r = 0; r < 20000; ++r)
-    cpu::parallel_for(4, 1, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
+    cpu_backend::parallel_for(4, 1, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
   EXPECT_EQ(total.load(), 80000);
 }
 
 TEST(CpuPool, ErrorInAPieceReachesTheCaller) {
   for (int rep = 0; rep < 50; ++rep)
-    EXPECT_THROW(cpu::parallel_for(1000, 1,
+    EXPECT_THROW(cpu_backend::parallel_for(1000, 1,
                                    [&](int64_t, int64_t e) {  // the last piece, whichever thread has it
                                      if (e == 1000) throw std::runtime_error("piece failed");
                                    }),
                  std::runtime_error);
   std::atomic<int64_t> total{0};  // the pool still works afterwards
-  cpu::parallel_for(1000, 1, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
+  cpu_backend::parallel_for(1000, 1, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
   EXPECT_EQ(total.load(), 1000);
 }
 
@@ -502,9 +502,9 @@ TEST(CpuPool, ConcurrentAndNestedCallers) {
   auto job = [](int64_t* out) {
     std::atomic<int64_t> total{0};
     for (int r = 0; r < 2000; ++r)
-      cpu::parallel_for(8, 1, [&](int64_t b, int64_t e) {
+      cpu_backend::parallel_for(8, 1, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i)
-          cpu::parallel_for(3, 1, [&](int64_t b2, int64_t e2) { total.fetch_add(e2 - b2); });
+          cpu_backend::parallel_for(3, 1, [&](int64_t b2, int64_t e2) { total.fetch_add(e2 - b2); });
       });
     *out = total.load();
   };
@@ -531,7 +531,7 @@ void check_gemm(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb
   g.batch = batch, g.m = m, g.n = n, g.k = k, g.trans_a = ta, g.trans_b = tb;
   g.stride_a = m * k, g.stride_b = k * n, g.stride_c = m * n;
   g.alpha = alpha, g.beta = beta;
-  cpu::matmul(std::is_same_v<T, float> ? DType::f32 : DType::f64, a.data(), b.data(), c.data(), g);
+  cpu_backend::matmul(std::is_same_v<T, float> ? DType::f32 : DType::f64, a.data(), b.data(), c.data(), g);
   double worst = 0;
   for (int64_t p = 0; p < batch; ++p)
     for (int64_t i = 0; i < m; ++i)
@@ -586,10 +586,10 @@ TEST(CpuGemm, EveryEngineMatchesFloat64) {
     int64_t m, n, k;
   };
   struct Restore {
-    ~Restore() { cpu::force_gemm_engine(cpu::GemmEngine::automatic); }
+    ~Restore() { cpu_backend::force_gemm_engine(cpu_backend::GemmEngine::automatic); }
   } restore;
-  for (cpu::GemmEngine e : {cpu::GemmEngine::openblas, cpu::GemmEngine::onednn, cpu::GemmEngine::automatic}) {
-    cpu::force_gemm_engine(e);
+  for (cpu_backend::GemmEngine e : {cpu_backend::GemmEngine::openblas, cpu_backend::GemmEngine::onednn, cpu_backend::GemmEngine::automatic}) {
+    cpu_backend::force_gemm_engine(e);
     for (Case s : {Case{128, 10, 512}, Case{128, 203, 150}, Case{300, 96, 70}, Case{64, 64, 10}})
       for (bool ta : {false, true})
         for (bool tb : {false, true})
@@ -609,8 +609,8 @@ TEST(CpuGemm, MeasuredChoiceIsStableWithinAProcess) {
   for (int rep = 0; rep < 20; ++rep) {
     g.k = k - rep;  // a shape not yet measured each time
     std::vector<float> c1(size_t(m * n)), c2(size_t(m * n));
-    cpu::matmul(DType::f32, a.data(), b.data(), c1.data(), g);
-    cpu::matmul(DType::f32, a.data(), b.data(), c2.data(), g);
+    cpu_backend::matmul(DType::f32, a.data(), b.data(), c1.data(), g);
+    cpu_backend::matmul(DType::f32, a.data(), b.data(), c2.data(), g);
     ASSERT_EQ(c1, c2) << "k = " << g.k;
   }
 }
@@ -619,7 +619,7 @@ TEST(CpuGemm, MeasuredChoiceIsStableWithinAProcess) {
 
 namespace {
 
-// Dense inference with kept (prepacked) weights, cpu::linear_forward, against a float64 loop:
+// Dense inference with kept (prepacked) weights, cpu_backend::linear_forward, against a float64 loop:
 // y = relu?(x w^T + bias). Same stamp: the kept copy is read (so a change made behind the stamp's back
 // does not show: that is what proves it is kept); a new stamp: packed again from the new weights.
 std::vector<double> linear_ref(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>* b,
@@ -642,7 +642,7 @@ double max_abs_diff(const std::vector<float>& got, const std::vector<double>& wa
 }
 
 struct LinearKernelGuard {
-  ~LinearKernelGuard() { cpu::force_linear_kernel(cpu::LinearKernel::automatic); }
+  ~LinearKernelGuard() { cpu_backend::force_linear_kernel(cpu_backend::LinearKernel::automatic); }
 };
 
 // Each kernel linear_forward can run, forced in turn (flux's panels at every ISA level), then the
@@ -657,21 +657,21 @@ TEST(CpuLinear, KeptWeightsMatchReferenceAndFollowTheStamp) {
   LinearKernelGuard kernel_guard;
   uint64_t stamp = 1000;
   struct Run {
-    cpu::LinearKernel kernel;
+    cpu_backend::LinearKernel kernel;
     Isa isa;
   };
   std::vector<Run> runs;
-  for (Isa level : usable_isas()) runs.push_back({cpu::LinearKernel::panels, level});
-  runs.push_back({cpu::LinearKernel::onednn, cpu::detected_isa()});
-  runs.push_back({cpu::LinearKernel::automatic, cpu::detected_isa()});
+  for (Isa level : usable_isas()) runs.push_back({cpu_backend::LinearKernel::panels, level});
+  runs.push_back({cpu_backend::LinearKernel::onednn, cpu_backend::detected_isa()});
+  runs.push_back({cpu_backend::LinearKernel::automatic, cpu_backend::detected_isa()});
   for (Run run : runs)
     for (Case s : {Case{128, 784, 512}, Case{128, 512, 10}, Case{8, 17, 33}, Case{300, 96, 70}, Case{64, 1, 1},
                    Case{13, 5, 16}, Case{127, 33, 47}, Case{9, 64, 1}})
       for (bool bias : {true, false})
         for (bool relu : {false, true}) {
-          cpu::force_isa(run.isa);
-          cpu::force_linear_kernel(run.kernel);
-          SCOPED_TRACE(::testing::Message() << "kernel " << int(run.kernel) << " isa " << cpu::isa_name(run.isa)
+          cpu_backend::force_isa(run.isa);
+          cpu_backend::force_linear_kernel(run.kernel);
+          SCOPED_TRACE(::testing::Message() << "kernel " << int(run.kernel) << " isa " << cpu_backend::isa_name(run.isa)
                                             << " n " << s.n << " in " << s.in << " out " << s.out << " bias " << bias
                                             << " relu " << relu);
           std::vector<float> x = random_floats(size_t(s.n * s.in), -1, 1, 51);
@@ -680,9 +680,9 @@ TEST(CpuLinear, KeptWeightsMatchReferenceAndFollowTheStamp) {
           std::vector<float> y(size_t(s.n * s.out), -7.f);
           const std::vector<double> want = linear_ref(x, w, bias ? &b : nullptr, s.n, s.in, s.out, relu);
           ++stamp;
-          bool ran = cpu::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
+          bool ran = cpu_backend::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
                                          s.n, s.in, s.out, relu);
-          if (run.kernel == cpu::LinearKernel::onednn) {
+          if (run.kernel == cpu_backend::LinearKernel::onednn) {
             if (!FLUX_TEST_HAVE_ONEDNN) {
               EXPECT_FALSE(ran);
             }
@@ -694,11 +694,11 @@ TEST(CpuLinear, KeptWeightsMatchReferenceAndFollowTheStamp) {
           // The same buffer and stamp: the kept copy, however the buffer changed meanwhile.
           for (float& v : w) v = -v;
           std::fill(y.begin(), y.end(), -7.f);
-          ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
+          ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
                                           s.n, s.in, s.out, relu));
           const std::vector<double> want_new = linear_ref(x, w, bias ? &b : nullptr, s.n, s.in, s.out, relu);
           double d_old = max_abs_diff(y, want), d_new = max_abs_diff(y, want_new);
-          if (run.kernel == cpu::LinearKernel::panels) {
+          if (run.kernel == cpu_backend::LinearKernel::panels) {
             EXPECT_LT(d_old, 1e-4) << "the panels are a kept copy: the old weights' result";
           } else {
             // Whether a copy is kept depends on the kernel oneDNN picks (a plain-layout kernel keeps
@@ -708,7 +708,7 @@ TEST(CpuLinear, KeptWeightsMatchReferenceAndFollowTheStamp) {
           // A new stamp: the new weights.
           ++stamp;
           std::fill(y.begin(), y.end(), -7.f);
-          ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
+          ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
                                           s.n, s.in, s.out, relu));
           EXPECT_LT(max_abs_diff(y, want_new), 1e-4);
         }
@@ -723,28 +723,28 @@ TEST(CpuLinear, ChoiceIsMadeOnceAndEveryCallGivesTheSameBits) {
   const int64_t n = 40, in = 300, out = 200;
   std::vector<float> x = random_floats(size_t(n * in), -1, 1, 71), w = random_floats(size_t(out * in), -1, 1, 72);
   std::vector<float> b = random_floats(size_t(out), -1, 1, 73);
-  EXPECT_FALSE(cpu::linear_kernel_of(n, in, out, true, true).has_value()) << "no call has measured this shape yet";
+  EXPECT_FALSE(cpu_backend::linear_kernel_of(n, in, out, true, true).has_value()) << "no call has measured this shape yet";
   std::vector<float> y1(size_t(n * out)), y2(size_t(n * out));
-  ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), y1.data(), n, in, out, true));
-  const std::optional<cpu::LinearKernel> chosen = cpu::linear_kernel_of(n, in, out, true, true);
+  ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), y1.data(), n, in, out, true));
+  const std::optional<cpu_backend::LinearKernel> chosen = cpu_backend::linear_kernel_of(n, in, out, true, true);
   ASSERT_TRUE(chosen.has_value());
   if (!FLUX_TEST_HAVE_ONEDNN) {
-    EXPECT_EQ(*chosen, cpu::LinearKernel::panels);
+    EXPECT_EQ(*chosen, cpu_backend::LinearKernel::panels);
   }
   for (int rep = 0; rep < 3; ++rep) {
-    ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), y2.data(), n, in, out, true));
+    ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), y2.data(), n, in, out, true));
     ASSERT_EQ(y1, y2) << "call " << rep + 2;
-    ASSERT_EQ(cpu::linear_kernel_of(n, in, out, true, true), chosen);
+    ASSERT_EQ(cpu_backend::linear_kernel_of(n, in, out, true, true), chosen);
   }
   const std::vector<double> want = linear_ref(x, w, &b, n, in, out, true);
-  cpu::force_linear_kernel(cpu::LinearKernel::panels);
+  cpu_backend::force_linear_kernel(cpu_backend::LinearKernel::panels);
   for (Isa level : usable_isas()) {
-    cpu::force_isa(level);
+    cpu_backend::force_isa(level);
     std::vector<float> a(size_t(n * out)), c(size_t(n * out));
-    ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), a.data(), n, in, out, true));
-    ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), c.data(), n, in, out, true));
-    EXPECT_EQ(a, c) << cpu::isa_name(level);
-    EXPECT_LT(max_abs_diff(a, want), 1e-4) << cpu::isa_name(level);
+    ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), a.data(), n, in, out, true));
+    ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), c.data(), n, in, out, true));
+    EXPECT_EQ(a, c) << cpu_backend::isa_name(level);
+    EXPECT_LT(max_abs_diff(a, want), 1e-4) << cpu_backend::isa_name(level);
   }
 }
 
@@ -753,17 +753,17 @@ TEST(CpuLinear, KeepsACopyForMnistShapesAndDeclinesWhatItCannotKeep) {
   const int64_t n = 128, in = 784, out = 512;
   std::vector<float> x = random_floats(size_t(n * in), -1, 1, 61), w = random_floats(size_t(out * in), -1, 1, 62);
   std::vector<float> y1(size_t(n * out)), y2(size_t(n * out));
-  ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), 77, nullptr, y1.data(), n, in, out, false));
-  const std::optional<bool> kept = cpu::linear_reads_kept_copy(n, in, out, false, false);
+  ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 77, nullptr, y1.data(), n, in, out, false));
+  const std::optional<bool> kept = cpu_backend::linear_reads_kept_copy(n, in, out, false, false);
   ASSERT_TRUE(kept.has_value()) << "the first call makes the shape's kernels and settles how they read w";
   // oneDNN's brgemm kernel (AVX-512 and up) reads its own blocked copy of w; below it the first call
   // timed gemm:jit on a transposed copy against w as it is and kept the faster.
   const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
-  if (cpu::detected_isa() == cpu::Isa::avx512 && !(cap && *cap)) {
+  if (cpu_backend::detected_isa() == cpu_backend::Isa::avx512 && !(cap && *cap)) {
     EXPECT_TRUE(*kept) << "MNIST's first layer should run from a packed copy (oneDNN's blocked weights)";
   }
   for (float& v : w) v *= 2;  // behind the stamp's back: a kept copy ignores it
-  ASSERT_TRUE(cpu::linear_forward(DType::f32, x.data(), w.data(), 77, nullptr, y2.data(), n, in, out, false));
+  ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 77, nullptr, y2.data(), n, in, out, false));
   if (*kept) {
     EXPECT_EQ(y1, y2) << "a kept copy is read, not the changed buffer";
   } else {
@@ -772,10 +772,10 @@ TEST(CpuLinear, KeepsACopyForMnistShapesAndDeclinesWhatItCannotKeep) {
   }
   // Not for it: float64, unknown stamp, one row (GEMV), fewer than 8 rows.
   std::vector<double> xd(size_t(n * in)), wd(size_t(out * in)), yd(size_t(n * out));
-  EXPECT_FALSE(cpu::linear_forward(DType::f64, xd.data(), wd.data(), 5, nullptr, yd.data(), n, in, out, false));
-  EXPECT_FALSE(cpu::linear_forward(DType::f32, x.data(), w.data(), 0, nullptr, y1.data(), n, in, out, false));
-  EXPECT_FALSE(cpu::linear_forward(DType::f32, x.data(), w.data(), 78, nullptr, y1.data(), 1, in, out, false));
-  EXPECT_FALSE(cpu::linear_forward(DType::f32, x.data(), w.data(), 78, nullptr, y1.data(), 7, in, out, false));
+  EXPECT_FALSE(cpu_backend::linear_forward(DType::f64, xd.data(), wd.data(), 5, nullptr, yd.data(), n, in, out, false));
+  EXPECT_FALSE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 0, nullptr, y1.data(), n, in, out, false));
+  EXPECT_FALSE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 78, nullptr, y1.data(), 1, in, out, false));
+  EXPECT_FALSE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 78, nullptr, y1.data(), 7, in, out, false));
 }
 
 }  // namespace
@@ -787,7 +787,7 @@ void conv_with_stamps(const backend::ConvGeometry& g, const float* x, const floa
                       uint64_t weight_stamp, uint64_t input_stamp = 0, uint64_t output_stamp = 0) {
   backend::ConvGeometry gs = g;
   gs.weight_stamp = weight_stamp, gs.input_stamp = input_stamp, gs.output_stamp = output_stamp;
-  EXPECT_TRUE(cpu::onednn_conv_forward(DType::f32, const_cast<float*>(x), const_cast<float*>(w),
+  EXPECT_TRUE(cpu_backend::onednn_conv_forward(DType::f32, const_cast<float*>(x), const_cast<float*>(w),
                                        const_cast<float*>(b), y, gs));
 }
 
@@ -865,7 +865,7 @@ TEST(CpuConv, ForwardReadsBlockedCopyOfItsInputPerStamp) {
       std::vector<float> r(n, -7.f);
       backend::ConvGeometry gs = g;
       gs.residual_stamp = res;
-      EXPECT_TRUE(cpu::onednn_conv_forward_affine(DType::f32, x.data(), w2.data(), scale.data(), shift.data(), y.data(),
+      EXPECT_TRUE(cpu_backend::onednn_conv_forward_affine(DType::f32, x.data(), w2.data(), scale.data(), shift.data(), y.data(),
                                                   r.data(), gs, false, true));
       return r;
     };
@@ -946,24 +946,24 @@ std::vector<double> conv3x3_ref(const backend::ConvGeometry& g, const std::vecto
 }
 
 struct WinogradGuard {
-  ~WinogradGuard() { cpu::force_conv_winograd(-1); }
+  ~WinogradGuard() { cpu_backend::force_conv_winograd(-1); }
 };
 
 TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
   if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN (the Winograd path sits in its conv dispatch)";
   IsaGuard isa_guard;
   WinogradGuard winograd_guard;
-  cpu::force_conv_winograd(1);
+  cpu_backend::force_conv_winograd(1);
   uint64_t stamp = 9000;
   for (WinogradCase s : {WinogradCase{2, 16, 24, 7, 7, 1, 1, 1, 1}, WinogradCase{3, 8 * 2, 16, 5, 6, 0, 0, 0, 0},
                          WinogradCase{1, 32, 16, 4, 4, 1, 1, 1, 1}, WinogradCase{5, 16, 32, 9, 4, 2, 0, 1, 2},
                          WinogradCase{40, 16, 16, 3, 3, 1, 1, 1, 1}, WinogradCase{2, 16, 16, 14, 17, 1, 1, 1, 1},
                          WinogradCase{1, 24, 16, 10, 12, 0, 0, 1, 1}})
     for (Isa level : usable_isas()) {
-      cpu::force_isa(level);
+      cpu_backend::force_isa(level);
       backend::ConvGeometry g0 = winograd_geometry(s);
       g0.weight_stamp = 1;
-      ASSERT_TRUE(cpu::winograd_fits(g0));
+      ASSERT_TRUE(cpu_backend::winograd_fits(g0));
       const size_t ny = size_t(s.n * s.o * g0.out[0] * g0.out[1]);
       std::vector<float> x = random_floats(size_t(s.n * s.c * s.h * s.w), -1, 1, 81);
       std::vector<float> w = random_floats(size_t(s.o * s.c * 9), -1, 1, 82);
@@ -972,7 +972,7 @@ TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
       for (int variant = 0; variant < 5; ++variant) {
         SCOPED_TRACE(::testing::Message() << "n " << s.n << " c " << s.c << " o " << s.o << " " << s.h << "x" << s.w
                                           << " pads " << s.pad_lo_h << s.pad_hi_h << s.pad_lo_w << s.pad_hi_w
-                                          << " isa " << cpu::isa_name(level) << " variant " << variant);
+                                          << " isa " << cpu_backend::isa_name(level) << " variant " << variant);
         backend::ConvGeometry g = g0;
         bool deferred = false;
         g.weight_stamp = ++stamp, g.output_deferred = &deferred;
@@ -980,24 +980,24 @@ TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
         std::vector<double> want;
         switch (variant) {
           case 0:  // no bias
-            ASSERT_TRUE(cpu::onednn_conv_forward(DType::f32, x.data(), w.data(), nullptr, y.data(), g, false));
+            ASSERT_TRUE(cpu_backend::onednn_conv_forward(DType::f32, x.data(), w.data(), nullptr, y.data(), g, false));
             want = conv3x3_ref(g, x, w, nullptr, nullptr, false, nullptr, false);
             break;
           case 1:  // bias
-            ASSERT_TRUE(cpu::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), g, false));
+            ASSERT_TRUE(cpu_backend::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), g, false));
             want = conv3x3_ref(g, x, w, nullptr, b.data(), false, nullptr, false);
             break;
           case 2:  // bias, relu
-            ASSERT_TRUE(cpu::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), g, true));
+            ASSERT_TRUE(cpu_backend::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), g, true));
             want = conv3x3_ref(g, x, w, nullptr, b.data(), true, nullptr, false);
             break;
           case 3:  // folded BatchNorm, relu
-            ASSERT_TRUE(cpu::onednn_conv_forward_affine(DType::f32, x.data(), w.data(), scale.data(), b.data(), nullptr,
+            ASSERT_TRUE(cpu_backend::onednn_conv_forward_affine(DType::f32, x.data(), w.data(), scale.data(), b.data(), nullptr,
                                                         y.data(), g, true, false));
             want = conv3x3_ref(g, x, w, scale.data(), b.data(), true, nullptr, false);
             break;
           default:  // folded BatchNorm, residual, relu after (a ResNet block's second conv)
-            ASSERT_TRUE(cpu::onednn_conv_forward_affine(DType::f32, x.data(), w.data(), scale.data(), b.data(),
+            ASSERT_TRUE(cpu_backend::onednn_conv_forward_affine(DType::f32, x.data(), w.data(), scale.data(), b.data(),
                                                         residual.data(), y.data(), g, false, true));
             want = conv3x3_ref(g, x, w, scale.data(), b.data(), false, residual.data(), true);
             break;
@@ -1018,14 +1018,14 @@ TEST(CpuConv, WinogradChoiceIsTimedOnceAndKeepsItsBits) {
   std::vector<float> w = random_floats(size_t(s.o * s.c * 9), -1, 1, 92), b = random_floats(size_t(s.o), -1, 1, 93);
   const std::vector<double> want = conv3x3_ref(g, x, w, nullptr, b.data(), true, nullptr, false);
   auto call = [&](int mode, uint64_t stamp) {
-    cpu::force_conv_winograd(mode);
+    cpu_backend::force_conv_winograd(mode);
     backend::ConvGeometry gs = g;
     bool deferred = false;
     gs.weight_stamp = stamp, gs.output_deferred = &deferred;
     std::vector<float> y(ny, -7.f);
-    EXPECT_TRUE(cpu::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), gs, true));
-    if (deferred) cpu::onednn_materialise(y.data());
-    cpu::onednn_forget(y.data());
+    EXPECT_TRUE(cpu_backend::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), gs, true));
+    if (deferred) cpu_backend::onednn_materialise(y.data());
+    cpu_backend::onednn_forget(y.data());
     return y;
   };
   const std::vector<float> first = call(-1, 77), winograd = call(1, 77), onednn = call(0, 77);
@@ -1044,7 +1044,7 @@ namespace {
 // The store behind the Dense panels and the Winograd transforms: an array is made once per (buffer,
 // stamp, shape), remade when any changes, bounded in count (least recently used refilled), dropped by forget.
 TEST(CpuKeptFloats, MakesOncePerStampAndShapeAndForgets) {
-  cpu::KeptFloats kept(2, size_t(1) << 20);
+  cpu_backend::KeptFloats kept(2, size_t(1) << 20);
   int made = 0;
   auto fill_with = [&](float v) {
     return [&made, v](float* to) {

@@ -18,7 +18,7 @@
 
 #include <gtest/gtest.h>
 
-// Not flux/flux.hpp: its flux::cpu (the mover) would hide the backend namespace flux::cpu.
+// Not flux/flux.hpp: its flux::cpu (the mover) would hide the backend namespace flux::cpu_backend.
 #include "flux/backend.hpp"
 #include "flux/denormals.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
@@ -36,35 +36,35 @@ bool subnormal(float x) { return std::fpclassify(x) == FP_SUBNORMAL; }
 bool subnormal(double x) { return std::fpclassify(x) == FP_SUBNORMAL; }
 
 template <class T> Buffer buf(std::vector<T>& v) { return Buffer{v.data(), 0}; }
-backend::Backend& cpu_be() { return cpu::cpu_backend(); }
+backend::Backend& cpu_be() { return cpu_backend::instance(); }
 
 // Restores the process-wide policy and the kernels' choices at the end of a test.
 struct PolicyGuard {
   bool f32 = flushes_denormals(DType::f32), f64 = flushes_denormals(DType::f64);
-  cpu::Isa isa = cpu::active_isa();
+  cpu_backend::Isa isa = cpu_backend::active_isa();
   ~PolicyGuard() {
     flush_denormals(f32, f64);
-    cpu::force_isa(isa);
-    cpu::force_linear_kernel(cpu::LinearKernel::automatic);
-    cpu::force_conv_winograd(-1);
+    cpu_backend::force_isa(isa);
+    cpu_backend::force_linear_kernel(cpu_backend::LinearKernel::automatic);
+    cpu_backend::force_conv_winograd(-1);
   }
 };
 
-std::vector<cpu::Isa> usable_isas() {
-  std::vector<cpu::Isa> v;
-  for (cpu::Isa i : {cpu::Isa::baseline, cpu::Isa::avx2, cpu::Isa::avx512})
-    if (int(i) <= int(cpu::detected_isa())) v.push_back(i);
+std::vector<cpu_backend::Isa> usable_isas() {
+  std::vector<cpu_backend::Isa> v;
+  for (cpu_backend::Isa i : {cpu_backend::Isa::baseline, cpu_backend::Isa::avx2, cpu_backend::Isa::avx512})
+    if (int(i) <= int(cpu_backend::detected_isa())) v.push_back(i);
   return v;
 }
 
 // Runs `check(flush)` with flushing on (float32) and off, at every ISA level the CPU has.
 template <class F> void both_modes(F check) {
-  if (!cpu::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
+  if (!cpu_backend::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
   PolicyGuard guard;
-  for (cpu::Isa level : usable_isas())
+  for (cpu_backend::Isa level : usable_isas())
     for (bool flush : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << (flush ? "flushing" : "IEEE") << ", " << cpu::isa_name(level));
-      cpu::force_isa(level);
+      SCOPED_TRACE(::testing::Message() << (flush ? "flushing" : "IEEE") << ", " << cpu_backend::isa_name(level));
+      cpu_backend::force_isa(level);
       ASSERT_TRUE(flush_denormals(flush));
       ASSERT_EQ(flushes_denormals(DType::f32), flush);
       check(flush);
@@ -81,11 +81,11 @@ backend::Broadcast elementwise(int64_t n) {
 
 TEST(Denormals, PolicyDefaultsAndSwitch) {
   PolicyGuard guard;
-  if (const char* env = std::getenv("FLUX_FLUSH_DENORMALS"); (!env || !*env) && cpu::can_flush_denormals()) {
+  if (const char* env = std::getenv("FLUX_FLUSH_DENORMALS"); (!env || !*env) && cpu_backend::can_flush_denormals()) {
     EXPECT_TRUE(flushes_denormals(DType::f32)) << "the default: float32 flushes";
     EXPECT_FALSE(flushes_denormals(DType::f64)) << "the default: float64 keeps IEEE subnormals";
   }
-  if (cpu::can_flush_denormals()) {
+  if (cpu_backend::can_flush_denormals()) {
     EXPECT_TRUE(flush_denormals(true));
     EXPECT_TRUE(flushes_denormals(DType::f32));
     EXPECT_TRUE(flushes_denormals(DType::f16));
@@ -235,7 +235,7 @@ TEST(Denormals, GemmAndPanelsReadSubnormalsAsZero) {
       }
     }
     static uint64_t stamp = 7700;
-    cpu::force_linear_kernel(cpu::LinearKernel::panels);
+    cpu_backend::force_linear_kernel(cpu_backend::LinearKernel::panels);
     std::fill(y.begin(), y.end(), -1.f);
     ASSERT_TRUE(cpu_be().linear_forward(0, DType::f32, buf(x), buf(w), ++stamp, Buffer{}, buf(y), n, in, out, false));
     for (float v : y) {
@@ -260,8 +260,8 @@ TEST(Denormals, WinogradReadsSubnormalsAsZero) {
     g.weight_stamp = ++stamp;
     bool deferred = false;
     g.output_deferred = &deferred;
-    ASSERT_TRUE(cpu::winograd_fits(g));
-    cpu::force_conv_winograd(1);
+    ASSERT_TRUE(cpu_backend::winograd_fits(g));
+    cpu_backend::force_conv_winograd(1);
     std::vector<float> x(16 * 36, kSub), w(16 * 16 * 9, 1.f), y(16 * 16, -1.f);
     ASSERT_TRUE(cpu_be().conv_forward(0, DType::f32, buf(x), buf(w), Buffer{}, buf(y), g));
     const double want = 9 * 16 * double(kSub);
@@ -277,7 +277,7 @@ TEST(Denormals, WinogradReadsSubnormalsAsZero) {
 
 // float64 keeps IEEE subnormals by default, even with float32 flushing, and flushes when asked.
 TEST(Denormals, Float64KeepsSubnormalsUnlessAsked) {
-  if (!cpu::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
+  if (!cpu_backend::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
   PolicyGuard guard;
   const double tiny = 1e-310;  // a float64 subnormal
   for (bool f64 : {false, true}) {
@@ -298,33 +298,33 @@ TEST(Denormals, Float64KeepsSubnormalsUnlessAsked) {
 // The caller's mode is the same after a kernel, flushing or not; a caller that flushes itself keeps
 // flushing (also through a float64 kernel, which then runs in the caller's mode).
 TEST(Denormals, CallersModeIsRestored) {
-  if (!cpu::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
+  if (!cpu_backend::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
   PolicyGuard guard;
   ASSERT_TRUE(flush_denormals(true));
-  const uint64_t before = cpu::float_control();
+  const uint64_t before = cpu_backend::float_control();
   std::vector<float> a(64, kSub), out(64);
   cpu_be().unary(0, backend::UnaryOp::tanh, DType::f32, buf(a), buf(out), 64, 0.0);
   EXPECT_EQ(out[0], 0.f);
-  EXPECT_EQ(cpu::float_control(), before);
+  EXPECT_EQ(cpu_backend::float_control(), before);
   volatile float v = kSub;
   EXPECT_TRUE(subnormal(v * 0.5f)) << "the test thread's arithmetic stays IEEE";
   {
-    cpu::FloatModeScope scope(DType::f32);  // as a caller that set FTZ|DAZ itself
-    const uint64_t flushing = cpu::float_control();
+    cpu_backend::FloatModeScope scope(DType::f32);  // as a caller that set FTZ|DAZ itself
+    const uint64_t flushing = cpu_backend::float_control();
     EXPECT_NE(flushing, before);
     EXPECT_EQ(float(v * 0.5f), 0.f);
     std::vector<double> d(8, 1e-310), dout(8, -1.0);
     cpu_be().unary(0, backend::UnaryOp::abs, DType::f64, buf(d), buf(dout), 8, 0.0);
     cpu_be().unary(0, backend::UnaryOp::tanh, DType::f32, buf(a), buf(out), 64, 0.0);
-    EXPECT_EQ(cpu::float_control(), flushing);
+    EXPECT_EQ(cpu_backend::float_control(), flushing);
   }
-  EXPECT_EQ(cpu::float_control(), before);
+  EXPECT_EQ(cpu_backend::float_control(), before);
 }
 
 // The pool's workers run each region in the mode of the thread that started it: flushing inside a
 // FloatModeScope, IEEE outside, whichever thread takes which piece.
 TEST(Denormals, PoolThreadsTakeTheCallersMode) {
-  if (!cpu::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
+  if (!cpu_backend::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
   PolicyGuard guard;
   ASSERT_TRUE(flush_denormals(true));
   const int64_t n = 1 << 16;
@@ -341,13 +341,13 @@ TEST(Denormals, PoolThreadsTakeTheCallersMode) {
     };
     std::fill(out.begin(), out.end(), -1.f);
     if (flush) {
-      cpu::FloatModeScope scope(DType::f32);
-      cpu::parallel_for(n, 1, body);
+      cpu_backend::FloatModeScope scope(DType::f32);
+      cpu_backend::parallel_for(n, 1, body);
     } else {
-      cpu::parallel_for(n, 1, body);
+      cpu_backend::parallel_for(n, 1, body);
     }
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[size_t(i)], flush ? 0.f : kSub * 0.5f) << "round " << round << " i " << i;
-    if (cpu::num_threads() == 1) {
+    if (cpu_backend::num_threads() == 1) {
       EXPECT_EQ(threads.size(), 1u);
     }
   }

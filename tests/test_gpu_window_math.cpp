@@ -17,7 +17,7 @@ namespace {
 
 using flux::backend::ConvGeometry;
 using flux::backend::PoolOp;
-using flux::gpu::Window3;
+using flux::cuda_backend::Window3;
 
 int64_t prod(const int64_t* v, int n) {
   int64_t p = 1;
@@ -93,7 +93,7 @@ TEST(GpuWindowMath, Im2colAndCol2imMatchTheFormulaOnRandomGeometries) {
   Random r;
   for (int trial = 0; trial < 2000; ++trial) {
     const ConvGeometry g = random_geometry(r, false);
-    const Window3 a = flux::gpu::window3(g);
+    const Window3 a = flux::cuda_backend::window3(g);
     const int64_t K = prod(g.kernel, g.spatial), P = prod(g.out, g.spatial), I = prod(g.in, g.spatial);
     const int64_t rows = g.batch * g.in_channels;  // col (N, G, C/G * K, P) is (N * C, K, P)
     ASSERT_EQ(a.kernel_size, K);
@@ -113,11 +113,11 @@ TEST(GpuWindowMath, Im2colAndCol2imMatchTheFormulaOnRandomGeometries) {
           if (s >= 0) dx_ref[size_t(row * I + s)] += col_in[c];
         }
     for (size_t k = 0; k < col_ref.size(); ++k) {
-      const double got = flux::gpu::im2col_value(x.data(), a, int64_t(k));
+      const double got = flux::cuda_backend::im2col_value(x.data(), a, int64_t(k));
       ASSERT_EQ(got, col_ref[k]) << "im2col element " << k << " of " << describe(g);
     }
     for (size_t j = 0; j < dx.size(); ++j) {
-      const double got = flux::gpu::col2im_value(col_in.data(), dx.data(), a, int64_t(j));
+      const double got = flux::cuda_backend::col2im_value(col_in.data(), dx.data(), a, int64_t(j));
       ASSERT_EQ(got, dx_ref[j]) << "col2im element " << j << " of " << describe(g);
     }
   }
@@ -127,7 +127,7 @@ TEST(GpuWindowMath, PoolingMatchesTheReferenceWithTiesAndNaN) {
   Random r;
   for (int trial = 0; trial < 2000; ++trial) {
     const ConvGeometry g = random_geometry(r, true);
-    const Window3 a = flux::gpu::window3(g);
+    const Window3 a = flux::cuda_backend::window3(g);
     const int64_t K = prod(g.kernel, g.spatial), P = prod(g.out, g.spatial), I = prod(g.in, g.spatial);
     const int64_t planes = g.batch * g.in_channels;
     std::vector<double> x(size_t(planes * I));
@@ -164,18 +164,18 @@ TEST(GpuWindowMath, PoolingMatchesTheReferenceWithTiesAndNaN) {
           }
         }
       for (size_t k = 0; k < y.size(); ++k) {
-        y[k] = is_max ? flux::gpu::pool_value<double, PoolOp::max>(x.data(), a, int64_t(k))
-                      : flux::gpu::pool_value<double, PoolOp::mean>(x.data(), a, int64_t(k));
+        y[k] = is_max ? flux::cuda_backend::pool_value<double, PoolOp::max>(x.data(), a, int64_t(k))
+                      : flux::cuda_backend::pool_value<double, PoolOp::mean>(x.data(), a, int64_t(k));
         ASSERT_TRUE(same(y[k], y_ref[k])) << (is_max ? "max" : "mean") << " output " << k << ": " << y[k] << " vs "
                                           << y_ref[k] << " in " << describe(g);
         if (is_max) {
-          first[k] = flux::gpu::pool_first_max(x.data(), y.data(), a, int64_t(k));
+          first[k] = flux::cuda_backend::pool_first_max(x.data(), y.data(), a, int64_t(k));
           ASSERT_EQ(first[k], first_ref[k]) << "first maximum of output " << k << " in " << describe(g);
         }
       }
       for (size_t j = 0; j < dx.size(); ++j) {
-        const double got = is_max ? flux::gpu::pool_gather<double, PoolOp::max>(dy.data(), first.data(), dx.data(), a, int64_t(j))
-                                  : flux::gpu::pool_gather<double, PoolOp::mean>(dy.data(), nullptr, dx.data(), a, int64_t(j));
+        const double got = is_max ? flux::cuda_backend::pool_gather<double, PoolOp::max>(dy.data(), first.data(), dx.data(), a, int64_t(j))
+                                  : flux::cuda_backend::pool_gather<double, PoolOp::mean>(dy.data(), nullptr, dx.data(), a, int64_t(j));
         ASSERT_TRUE(same(got, dx_ref[j])) << (is_max ? "max" : "mean") << " gradient " << j << ": " << got << " vs "
                                           << dx_ref[j] << " in " << describe(g);
       }
@@ -188,16 +188,16 @@ TEST(GpuWindowMath, Float32MaxKeepsNaNAndPaddingOnlyWindowsGiveMinusInfinity) {
   ConvGeometry g;
   g.spatial = 1, g.batch = 1, g.in_channels = g.out_channels = 1;
   g.in[0] = 3, g.kernel[0] = 2, g.pad_lo[0] = g.pad_hi[0] = 1, g.out[0] = 4;
-  const Window3 a = flux::gpu::window3(g);
+  const Window3 a = flux::cuda_backend::window3(g);
   const float x[3] = {-5.f, NAN, -7.f};
-  EXPECT_EQ((flux::gpu::pool_value<float, PoolOp::max>(x, a, 0)), -5.f);  // padding is not 0 here
-  EXPECT_TRUE(std::isnan(flux::gpu::pool_value<float, PoolOp::max>(x, a, 1)));
-  EXPECT_TRUE(std::isnan(flux::gpu::pool_value<float, PoolOp::max>(x, a, 2)));
-  EXPECT_EQ((flux::gpu::pool_value<float, PoolOp::max>(x, a, 3)), -7.f);
-  EXPECT_EQ((flux::gpu::pool_value<float, PoolOp::mean>(x, a, 0)), -2.5f);  // divides by the full window
+  EXPECT_EQ((flux::cuda_backend::pool_value<float, PoolOp::max>(x, a, 0)), -5.f);  // padding is not 0 here
+  EXPECT_TRUE(std::isnan(flux::cuda_backend::pool_value<float, PoolOp::max>(x, a, 1)));
+  EXPECT_TRUE(std::isnan(flux::cuda_backend::pool_value<float, PoolOp::max>(x, a, 2)));
+  EXPECT_EQ((flux::cuda_backend::pool_value<float, PoolOp::max>(x, a, 3)), -7.f);
+  EXPECT_EQ((flux::cuda_backend::pool_value<float, PoolOp::mean>(x, a, 0)), -2.5f);  // divides by the full window
   ConvGeometry only_pad = g;  // kernel 1 at pad 1: the first window is all padding
   only_pad.kernel[0] = 1, only_pad.out[0] = 5;
-  EXPECT_EQ((flux::gpu::pool_value<float, PoolOp::max>(x, flux::gpu::window3(only_pad), 0)), -INFINITY);
+  EXPECT_EQ((flux::cuda_backend::pool_value<float, PoolOp::max>(x, flux::cuda_backend::window3(only_pad), 0)), -INFINITY);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 
 namespace {
 
-using flux::cpu::parallel_for;
+using flux::cpu_backend::parallel_for;
 
 TEST(ThreadPool, VisitsEveryIndexOnce) {
   for (int64_t n : {1, 2, 3, 7, 64, 1000, 100003}) {
@@ -69,10 +69,10 @@ TEST(ThreadPool, ConcurrentCallersEachGetTheirWholeRange) {
 }
 
 TEST(ThreadPool, ExceptionInAnyChunkReachesTheCallerAfterAllChunksEnd) {
-  if (flux::cpu::num_threads() < 2) GTEST_SKIP() << "one thread: no worker chunks";
-  for (int thrower = 0; thrower < flux::cpu::num_threads(); ++thrower) {
+  if (flux::cpu_backend::num_threads() < 2) GTEST_SKIP() << "one thread: no worker chunks";
+  for (int thrower = 0; thrower < flux::cpu_backend::num_threads(); ++thrower) {
     std::atomic<int> running{0}, finished{0};
-    const int64_t n = flux::cpu::num_threads();  // one index per chunk, so chunk k starts at index k
+    const int64_t n = flux::cpu_backend::num_threads();  // one index per chunk, so chunk k starts at index k
     try {
       parallel_for(n, 1, [&](int64_t b, int64_t e) {
         running.fetch_add(1);

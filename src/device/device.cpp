@@ -105,7 +105,7 @@ Entry& load(const std::string& name) {
   if (e.attempted) return e;
   e.attempted = true;
   if (name == "CPU") {
-    e.backend = &cpu::cpu_backend();
+    e.backend = &cpu_backend::instance();
     return e;
   }
   const char* file = plugin_file(name);
@@ -275,7 +275,7 @@ backend::Backend& backend_for(const std::string& name) {
 backend::Backend& backend_for(const Device& d) {
   if (d.backend() == "CPU") {
     if (d.index() != 0) fail("[device] CPU has one device (index 0); got ", d.backend(), ":", d.index());
-    return cpu::cpu_backend();
+    return cpu_backend::instance();
   }
   backend::Backend& b = backend_for(d.backend());
   if (d.index() < 0 || d.index() >= b.device_count())

@@ -19,7 +19,7 @@
 #define FLUX_BLAS_NAME "unknown BLAS"
 #endif
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 namespace {
 
@@ -103,7 +103,7 @@ class CpuBackend final : public backend::Backend {
   }
   backend::Buffer allocate(int, size_t bytes) override { return {bytes ? pool_.allocate(bytes) : nullptr, 0}; }
   void deallocate(int, backend::Buffer b, size_t bytes) override {
-    if (b.handle) cpu::onednn_forget(ptr(b));  // before the memory can hold another tensor
+    if (b.handle) cpu_backend::onednn_forget(ptr(b));  // before the memory can hold another tensor
     if (b.handle) pool_.deallocate(b.handle, bytes);
   }
   void release_cache(int) override { pool_.release(); }
@@ -121,102 +121,102 @@ class CpuBackend final : public backend::Backend {
     return true;
   }
   void synchronize(int) override {}
-  void fill(int, DType t, backend::Buffer dst, int64_t n, double v) override { cpu::fill(t, ptr(dst), n, v); }
+  void fill(int, DType t, backend::Buffer dst, int64_t n, double v) override { cpu_backend::fill(t, ptr(dst), n, v); }
   void cast(int, DType from, backend::Buffer src, DType to, backend::Buffer dst, int64_t n) override {
-    cpu::cast(from, ptr(src), to, ptr(dst), n);
+    cpu_backend::cast(from, ptr(src), to, ptr(dst), n);
   }
   void strided_copy(int, DType t, backend::Buffer src, backend::Buffer dst, const backend::StridedCopy& p) override {
-    cpu::strided_copy(t, ptr(src), ptr(dst), p);
+    cpu_backend::strided_copy(t, ptr(src), ptr(dst), p);
   }
   void unary(int, backend::UnaryOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t n, double alpha) override {
     FloatModeScope mode(t);
-    cpu::unary(op, t, ptr(src), ptr(dst), n, alpha);
+    cpu_backend::unary(op, t, ptr(src), ptr(dst), n, alpha);
   }
   void binary(int, backend::BinaryOp op, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer out,
               const backend::Broadcast& p) override {
     FloatModeScope mode(t);
-    cpu::binary(op, t, ptr(a), ptr(b), ptr(out), p);
+    cpu_backend::binary(op, t, ptr(a), ptr(b), ptr(out), p);
   }
   void where(int, DType t, backend::Buffer c, backend::Buffer a, backend::Buffer b, backend::Buffer out,
              const backend::Broadcast& p) override {
-    cpu::where(t, ptr(c), ptr(a), ptr(b), ptr(out), p);
+    cpu_backend::where(t, ptr(c), ptr(a), ptr(b), ptr(out), p);
   }
   void reduce(int, backend::ReduceOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer,
               int64_t len, int64_t inner) override {
     FloatModeScope mode(t);
-    cpu::reduce(op, t, ptr(src), ptr(dst), outer, len, inner);
+    cpu_backend::reduce(op, t, ptr(src), ptr(dst), outer, len, inner);
   }
   void matmul(int, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer c, const backend::Gemm& g) override {
     FloatModeScope mode(t);
-    cpu::matmul(t, ptr(a), ptr(b), ptr(c), g);
+    cpu_backend::matmul(t, ptr(a), ptr(b), ptr(c), g);
   }
   void softmax(int, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer, int64_t len, int64_t inner,
                bool log) override {
     FloatModeScope mode(t);
-    cpu::softmax(t, ptr(src), ptr(dst), outer, len, inner, log);
+    cpu_backend::softmax(t, ptr(src), ptr(dst), outer, len, inner, log);
   }
   void gather(int, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer, int64_t len,
               int64_t inner, int64_t nidx) override {
-    cpu::gather(t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len, inner, nidx);
+    cpu_backend::gather(t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len, inner, nidx);
   }
   void scatter_add(int, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer,
                    int64_t len, int64_t inner, int64_t nidx) override {
     FloatModeScope mode(t);
-    cpu::scatter_add(t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len, inner, nidx);
+    cpu_backend::scatter_add(t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len, inner, nidx);
   }
   void adam_step(int, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer m, backend::Buffer v, int64_t n,
                  const backend::AdamStep& s) override {
     FloatModeScope mode(t);
-    cpu::adam_step(t, ptr(x), ptr(g), ptr(m), ptr(v), n, s);
+    cpu_backend::adam_step(t, ptr(x), ptr(g), ptr(m), ptr(v), n, s);
   }
   void random_uniform(int, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
-    cpu::random_uniform(t, ptr(dst), n, seed, offset);
+    cpu_backend::random_uniform(t, ptr(dst), n, seed, offset);
   }
   bool batchnorm_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
                          backend::Buffer mean, backend::Buffer var, int64_t n, int64_t c, int64_t s, double eps) override {
     FloatModeScope mode(t);
-    return cpu::batchnorm_forward(t, ptr(x), w.handle ? ptr(w) : nullptr, b.handle ? ptr(b) : nullptr, ptr(y), ptr(mean),
+    return cpu_backend::batchnorm_forward(t, ptr(x), w.handle ? ptr(w) : nullptr, b.handle ? ptr(b) : nullptr, ptr(y), ptr(mean),
                                   ptr(var), n, c, s, eps);
   }
   bool batchnorm_backward(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w, backend::Buffer mean,
                           backend::Buffer var, backend::Buffer dx, backend::Buffer dw, backend::Buffer db, int64_t n,
                           int64_t c, int64_t s, double eps) override {
     FloatModeScope mode(t);
-    return cpu::batchnorm_backward(t, ptr(x), ptr(dy), w.handle ? ptr(w) : nullptr, ptr(mean), ptr(var), ptr(dx),
+    return cpu_backend::batchnorm_backward(t, ptr(x), ptr(dy), w.handle ? ptr(w) : nullptr, ptr(mean), ptr(var), ptr(dx),
                                    dw.handle ? ptr(dw) : nullptr, db.handle ? ptr(db) : nullptr, n, c, s, eps);
   }
   bool channel_affine(int, DType t, backend::Buffer x, backend::Buffer scale, backend::Buffer shift, backend::Buffer y,
                       int64_t n, int64_t c, int64_t s) override {
     FloatModeScope mode(t);
-    return cpu::channel_affine(t, ptr(x), ptr(scale), shift.handle ? ptr(shift) : nullptr, ptr(y), n, c, s);
+    return cpu_backend::channel_affine(t, ptr(x), ptr(scale), shift.handle ? ptr(shift) : nullptr, ptr(y), n, c, s);
   }
   bool unary_backward(int, backend::UnaryOp op, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer dx,
                       int64_t n) override {
     FloatModeScope mode(t);
-    return cpu::unary_backward(op, t, ptr(x), ptr(g), ptr(dx), n);
+    return cpu_backend::unary_backward(op, t, ptr(x), ptr(g), ptr(dx), n);
   }
   bool softmax_backward(int, DType t, backend::Buffer y, backend::Buffer g, backend::Buffer dx, int64_t outer,
                         int64_t len, int64_t inner, bool log) override {
     FloatModeScope mode(t);
-    return cpu::softmax_backward(t, ptr(y), ptr(g), ptr(dx), outer, len, inner, log);
+    return cpu_backend::softmax_backward(t, ptr(y), ptr(g), ptr(dx), outer, len, inner, log);
   }
   bool rownorm_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
                        backend::Buffer mean, backend::Buffer rstd, int64_t r, int64_t d, double eps) override {
     FloatModeScope mode(t);
-    return cpu::rownorm_forward(t, ptr(x), or_null(w), or_null(b), ptr(y), ptr(mean), ptr(rstd), r, d, eps);
+    return cpu_backend::rownorm_forward(t, ptr(x), or_null(w), or_null(b), ptr(y), ptr(mean), ptr(rstd), r, d, eps);
   }
   bool rownorm_backward(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w, backend::Buffer mean,
                         backend::Buffer rstd, backend::Buffer dx, backend::Buffer dw, backend::Buffer db, int64_t r,
                         int64_t d) override {
     FloatModeScope mode(t);
-    return cpu::rownorm_backward(t, ptr(x), ptr(dy), or_null(w), ptr(mean), ptr(rstd), ptr(dx), or_null(dw), or_null(db),
+    return cpu_backend::rownorm_backward(t, ptr(x), ptr(dy), or_null(w), ptr(mean), ptr(rstd), ptr(dx), or_null(dw), or_null(db),
                                  r, d);
   }
   bool recurrent_forward(int, backend::RecurrentCell cell, DType t, backend::Buffer xg, backend::Buffer hg,
                          backend::Buffer b_hh, backend::Buffer h_prev, backend::Buffer c_prev, backend::Buffer h,
                          backend::Buffer c, backend::Buffer saved, int64_t n, int64_t hidden) override {
     FloatModeScope mode(t);
-    return cpu::recurrent_forward(cell, t, ptr(xg), ptr(hg), or_null(b_hh), ptr(h_prev), or_null(c_prev), ptr(h),
+    return cpu_backend::recurrent_forward(cell, t, ptr(xg), ptr(hg), or_null(b_hh), ptr(h_prev), or_null(c_prev), ptr(h),
                                   or_null(c), or_null(saved), n, hidden);
   }
   bool recurrent_backward(int, backend::RecurrentCell cell, DType t, backend::Buffer dy, backend::Buffer dh_next,
@@ -224,33 +224,33 @@ class CpuBackend final : public backend::Backend {
                           backend::Buffer h_prev, backend::Buffer h, backend::Buffer dxg, backend::Buffer dhg, int64_t n,
                           int64_t hidden) override {
     FloatModeScope mode(t);
-    return cpu::recurrent_backward(cell, t, ptr(dy), ptr(dh_next), or_null(dc), or_null(saved), or_null(c_prev),
+    return cpu_backend::recurrent_backward(cell, t, ptr(dy), ptr(dh_next), or_null(dc), or_null(saved), or_null(c_prev),
                                    or_null(c), ptr(h_prev), ptr(h), ptr(dxg), or_null(dhg), n, hidden);
   }
   void im2col(int, DType t, backend::Buffer x, backend::Buffer col, const backend::ConvGeometry& g) override {
-    cpu::im2col(t, ptr(x), ptr(col), g);
+    cpu_backend::im2col(t, ptr(x), ptr(col), g);
   }
   void col2im(int, DType t, backend::Buffer col, backend::Buffer dx, const backend::ConvGeometry& g) override {
     FloatModeScope mode(t);
-    cpu::col2im(t, ptr(col), ptr(dx), g);
+    cpu_backend::col2im(t, ptr(col), ptr(dx), g);
   }
   void materialise(int, backend::Buffer b) override {
-    if (b.handle) cpu::onednn_materialise(ptr(b));
+    if (b.handle) cpu_backend::onednn_materialise(ptr(b));
   }
   bool conv_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
     FloatModeScope mode(t);
-    return cpu::onednn_conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g);
+    return cpu_backend::onednn_conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g);
   }
   bool conv_forward_relu(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
                          const backend::ConvGeometry& g) override {
     FloatModeScope mode(t);
-    return cpu::onednn_conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g, true);
+    return cpu_backend::onednn_conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g, true);
   }
   bool linear_forward(int, DType t, backend::Buffer x, backend::Buffer w, uint64_t w_stamp, backend::Buffer bias,
                       backend::Buffer y, int64_t n, int64_t in, int64_t out, bool relu) override {
     FloatModeScope mode(t);
-    return cpu::linear_forward(t, ptr(x), ptr(w), w_stamp, bias.handle ? ptr(bias) : nullptr, ptr(y), n, in, out,
+    return cpu_backend::linear_forward(t, ptr(x), ptr(w), w_stamp, bias.handle ? ptr(bias) : nullptr, ptr(y), n, in, out,
                                relu);
   }
 #if FLUX_HAVE_ONEDNN
@@ -260,30 +260,30 @@ class CpuBackend final : public backend::Backend {
                            backend::Buffer shift, backend::Buffer residual, backend::Buffer y,
                            const backend::ConvGeometry& g, bool relu, bool relu_after) override {
     FloatModeScope mode(t);
-    return cpu::onednn_conv_forward_affine(t, ptr(x), ptr(w), ptr(scale), ptr(shift),
+    return cpu_backend::onednn_conv_forward_affine(t, ptr(x), ptr(w), ptr(scale), ptr(shift),
                                            residual.handle ? ptr(residual) : nullptr, ptr(y), g, relu, relu_after);
   }
   bool conv_backward_data(int, DType t, backend::Buffer dy, backend::Buffer w, backend::Buffer dx,
                           const backend::ConvGeometry& g) override {
     FloatModeScope mode(t);
-    return cpu::onednn_conv_backward_data(t, ptr(dy), ptr(w), ptr(dx), g);
+    return cpu_backend::onednn_conv_backward_data(t, ptr(dy), ptr(w), ptr(dx), g);
   }
   bool conv_backward_weight(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer dw,
                             backend::Buffer dbias, const backend::ConvGeometry& g) override {
     FloatModeScope mode(t);
-    return cpu::onednn_conv_backward_weight(t, ptr(x), ptr(dy), ptr(dw), dbias.handle ? ptr(dbias) : nullptr, g);
+    return cpu_backend::onednn_conv_backward_weight(t, ptr(x), ptr(dy), ptr(dw), dbias.handle ? ptr(dbias) : nullptr, g);
   }
   void pool_forward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
     FloatModeScope mode(t);
-    if (cpu::onednn_pool_forward(op, t, ptr(x), ptr(y), g)) return;  // on a kept blocked copy of x
-    cpu::onednn_materialise(ptr(x));  // x may be a conv output left unwritten (ConvGeometry::output_deferred)
-    cpu::pool_forward(op, t, ptr(x), ptr(y), g);
+    if (cpu_backend::onednn_pool_forward(op, t, ptr(x), ptr(y), g)) return;  // on a kept blocked copy of x
+    cpu_backend::onednn_materialise(ptr(x));  // x may be a conv output left unwritten (ConvGeometry::output_deferred)
+    cpu_backend::pool_forward(op, t, ptr(x), ptr(y), g);
   }
   void pool_backward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y, backend::Buffer dy,
                      backend::Buffer dx, const backend::ConvGeometry& g) override {
     FloatModeScope mode(t);
-    cpu::pool_backward(op, t, ptr(x), ptr(y), ptr(dy), ptr(dx), g);
+    cpu_backend::pool_backward(op, t, ptr(x), ptr(y), ptr(dy), ptr(dx), g);
   }
 
  private:
@@ -292,9 +292,9 @@ class CpuBackend final : public backend::Backend {
 
 }  // namespace
 
-backend::Backend& cpu_backend() {
+backend::Backend& instance() {
   static CpuBackend* b = new CpuBackend();  // never destroyed: tensors may outlive static destruction
   return *b;
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

@@ -6,7 +6,7 @@
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 using backend::BinaryOp;
 
@@ -196,4 +196,4 @@ void where(DType t, const void* cond, const void* a, const void* b, void* out, c
   });
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

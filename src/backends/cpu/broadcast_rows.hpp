@@ -12,7 +12,7 @@
 
 #include "src/backends/cpu/isa.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 using Vec16 = float __attribute__((vector_size(64), aligned(4)));
 using Vec8 = float __attribute__((vector_size(32), aligned(4)));
@@ -63,4 +63,4 @@ FLUX_CPU_INLINE void broadcast_block(int64_t rows, const float* x, int64_t ldx, 
   broadcast_rows<Vec, R, V>(x, ldx, b, k, bias, relu, y, ldy);
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

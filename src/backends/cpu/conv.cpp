@@ -12,7 +12,7 @@
 // weight grad 12.8 ms with gemm:jit -> 1.4 ms + 0.9 ms of output reorders, AVX-512, 1 thread, loaded
 // machine). FLUX_ONEDNN_LAYOUT=plain|any|plain-src forces one.
 // Threads: Debian's oneDNN runs on libgomp, whose idle team threads spin (OMP_WAIT_POLICY unset) and
-// burn the cores that cpu::parallel_for and OpenBLAS need: on 2 loaded cores (load average ~8) the
+// burn the cores that cpu_backend::parallel_for and OpenBLAS need: on 2 loaded cores (load average ~8) the
 // LeNet conv pair fwd+bwd took ~460-1050 ms per step on a 2-thread team against ~26 ms split over
 // our pool (on quiet cores the two are close, 6.5-8.5 ms). So each call splits its batch over our
 // pool, one oneDNN call per thread on a one-thread OpenMP team, which starts no OpenMP threads.
@@ -55,7 +55,7 @@
 #include "src/backends/cpu/kept_weights.hpp"
 #endif
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 namespace {
 
@@ -1260,4 +1260,4 @@ int force_conv_winograd(int mode) { return mode; }
 
 #endif  // FLUX_HAVE_ONEDNN
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

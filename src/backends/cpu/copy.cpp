@@ -5,7 +5,7 @@
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/internal.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 constexpr int64_t kGrain = 1 << 16;
 
@@ -124,4 +124,4 @@ void strided_copy(DType t, const void* src, void* dst, const backend::StridedCop
   parallel_for(outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1)), body);
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

@@ -7,9 +7,9 @@
 
 #include "flux/backend.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
-backend::Backend& cpu_backend();
+backend::Backend& instance();
 
 /// Address of a CPU buffer.
 inline void* ptr(backend::Buffer b) { return static_cast<char*>(b.handle) + b.offset; }
@@ -125,7 +125,7 @@ bool recurrent_backward(backend::RecurrentCell cell, DType t, const void* dy, vo
                         const void* c_prev, const void* c, const void* h_prev, const void* h, void* dxg, void* dhg,
                         int64_t n, int64_t hidden);
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend
 
 // Calls BODY with `using T = <C++ type>` for the arithmetic dtypes; errors for others.
 #define FLUX_CPU_DISPATCH(api, dtype, ...)                                                   \

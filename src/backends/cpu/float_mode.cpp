@@ -9,7 +9,7 @@
 #include <xmmintrin.h>
 #endif
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 namespace {
 #if defined(__x86_64__)
@@ -76,4 +76,4 @@ FloatModeScope::~FloatModeScope() {
   if (changed_) adopt_float_control(control_bits(saved_));
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

@@ -9,7 +9,7 @@
 
 #include "flux/dtype.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 /// Whether this CPU has a flush-to-zero mode that flux can set (x86-64 with DAZ, AArch64).
 bool can_flush_denormals();
@@ -34,4 +34,4 @@ class FloatModeScope {
   bool changed_ = false;
 };
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

@@ -4,7 +4,7 @@
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 void gather(DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx) {
   size_t es = dtype_size(t);
@@ -39,4 +39,4 @@ void scatter_add(DType t, const void* src, const int64_t* idx, void* dst, int64_
   });
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

@@ -3,7 +3,7 @@
 
 #include <atomic>
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 namespace {
 Isa detect() {
@@ -49,11 +49,11 @@ const char* isa_name(Isa level) {
   }
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend
 
 namespace flux::detail {
 // For bench/flux_bench.cpp: the ISA level the CPU kernels run at, and a cap on it (0 baseline, 1 AVX2,
 // 2 AVX-512; never above what the CPU has) for measuring the AVX2 paths on an AVX-512 machine.
-const char* cpu_isa_name() { return cpu::isa_name(cpu::active_isa()); }
-int cpu_force_isa(int level) { return int(cpu::force_isa(cpu::Isa(level))); }
+const char* cpu_isa_name() { return cpu_backend::isa_name(cpu_backend::active_isa()); }
+int cpu_force_isa(int level) { return int(cpu_backend::force_isa(cpu_backend::Isa(level))); }
 }  // namespace flux::detail

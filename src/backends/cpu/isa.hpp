@@ -4,7 +4,7 @@
 // shipped library needs no -march flag. The baseline copy is the reference the tests compare with.
 #pragma once
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 enum class Isa : int { baseline = 0, avx2 = 1, avx512 = 2 };
 
@@ -17,7 +17,7 @@ Isa force_isa(Isa level);
 /// "baseline x86-64", "AVX2+FMA", "AVX-512".
 const char* isa_name(Isa level);
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FLUX_CPU_TARGET_AVX2 __attribute__((target("avx2,fma")))
@@ -37,9 +37,9 @@ const char* isa_name(Isa level);
   template <class... A> FLUX_CPU_TARGET_AVX2 void name##_avx2(A... a) { body(a...); }        \
   template <class... A> FLUX_CPU_TARGET_AVX512 void name##_avx512(A... a) { body(a...); }    \
   template <class... A> void name(A... a) {                                                   \
-    switch (::flux::cpu::active_isa()) {                                                     \
-      case ::flux::cpu::Isa::avx512: return name##_avx512(a...);                             \
-      case ::flux::cpu::Isa::avx2: return name##_avx2(a...);                                 \
+    switch (::flux::cpu_backend::active_isa()) {                                                     \
+      case ::flux::cpu_backend::Isa::avx512: return name##_avx512(a...);                             \
+      case ::flux::cpu_backend::Isa::avx2: return name##_avx2(a...);                                 \
       default: return name##_baseline(a...);                                                 \
     }                                                                                        \
   }

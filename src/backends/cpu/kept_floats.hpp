@@ -11,7 +11,7 @@
 #include <deque>
 #include <vector>
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 class KeptFloats {
  public:
@@ -65,4 +65,4 @@ class KeptFloats {
   size_t bytes_ = 0;
 };
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

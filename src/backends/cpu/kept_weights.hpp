@@ -15,7 +15,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 class KeptWeights {
  public:
@@ -62,4 +62,4 @@ class KeptWeights {
   size_t bytes_ = 0;  // of all copies (one primitive's copies share one desc)
 };
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

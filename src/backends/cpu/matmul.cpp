@@ -39,7 +39,7 @@
 // OpenBLAS's (pthreads build) stop for its server threads; see single_threaded_blas.
 extern "C" __attribute__((weak)) void blas_thread_shutdown_();
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 namespace {
 template <class T> void gemm_loops(const T* a, const T* b, T* c, const backend::Gemm& g) {
@@ -842,14 +842,14 @@ void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm&
   }
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend
 
 namespace flux::detail {
 // For bench/flux_bench.cpp (which cannot see flux::cpu: flux.hpp's flux::cpu is the mover):
 // -1 automatic, 0 OpenBLAS, 1 oneDNN; returns the previous setting.
-int cpu_force_gemm_engine(int engine) { return int(cpu::force_gemm_engine(cpu::GemmEngine(engine))); }
+int cpu_force_gemm_engine(int engine) { return int(cpu_backend::force_gemm_engine(cpu_backend::GemmEngine(engine))); }
 // -1 automatic, 0 oneDNN, 1 flux's panels (linear_forward); returns the previous setting.
-int cpu_force_linear_kernel(int kernel) { return int(cpu::force_linear_kernel(cpu::LinearKernel(kernel))); }
+int cpu_force_linear_kernel(int kernel) { return int(cpu_backend::force_linear_kernel(cpu_backend::LinearKernel(kernel))); }
 // -1 timed per geometry, 0 never, 1 always where it fits (conv.cpp's Winograd forwards); returns the previous setting.
-int cpu_force_conv_winograd(int mode) { return cpu::force_conv_winograd(mode); }
+int cpu_force_conv_winograd(int mode) { return cpu_backend::force_conv_winograd(mode); }
 }  // namespace flux::detail

@@ -8,7 +8,7 @@
 
 #include "src/backends/cpu/cpu_backend.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 namespace {
 
@@ -318,4 +318,4 @@ bool rownorm_backward(DType t, const void* x, const void* dy, const void* weight
   return true;
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

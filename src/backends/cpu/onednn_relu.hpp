@@ -7,12 +7,12 @@
 #if FLUX_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 inline void append_relu_keeping_nan(dnnl::post_ops& ops) {
   ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_elu, 0.0f, 0.0f);
   ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_linear, 1.0f, 0.0f);
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend
 #endif

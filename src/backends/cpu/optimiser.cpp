@@ -6,7 +6,7 @@
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 namespace {
 // Optimisers.jl's Adam over [b, e): dx = eta * mhat / (sqrt(vhat) + eps) (+ eta * lambda * x, AdamW).
@@ -46,4 +46,4 @@ void adam_step(DType t, void* x, const void* g, void* m, void* v, int64_t n, con
   }
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

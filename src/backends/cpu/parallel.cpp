@@ -45,7 +45,7 @@
 #include "src/backends/cpu/float_mode.hpp"
 #include "src/internal.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 namespace {
 thread_local bool t_inside = false;
@@ -257,4 +257,4 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
   t_inside = false;
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

@@ -23,7 +23,7 @@
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 namespace {
 
@@ -342,4 +342,4 @@ void pool_backward(PoolOp op, DType t, const void* x, const void* y, const void*
   else detail::fail("[pool backward] CPU kernel supports Float32 and Float64; got ", dtype_name(t));
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

@@ -2,7 +2,7 @@
 // (seed, offset + i), so any split over threads, and every backend, gives the same values.
 #include "src/backends/cpu/cpu_backend.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 namespace {
 inline uint64_t splitmix64(uint64_t z) {
@@ -30,4 +30,4 @@ void random_uniform(DType t, void* dst, int64_t n, uint64_t seed, uint64_t offse
   }
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

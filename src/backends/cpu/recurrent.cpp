@@ -11,7 +11,7 @@
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/vector_math.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 namespace {
 
@@ -223,4 +223,4 @@ bool recurrent_backward(RecurrentCell cell, DType t, const void* dy, void* dh_ne
   return true;
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

@@ -6,7 +6,7 @@
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 using backend::ReduceOp;
 
@@ -86,4 +86,4 @@ void reduce(ReduceOp op, DType t, const void* src, void* dst, int64_t outer, int
   }
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

@@ -8,7 +8,7 @@
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/vector_math.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 namespace {
 // Rows of a contiguous [rows, len] view (inner == 1, the common case: softmax over the last axis),
@@ -134,4 +134,4 @@ bool softmax_backward(DType t, const void* y, const void* g, void* dx, int64_t o
   return true;
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

@@ -7,7 +7,7 @@
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/vector_math.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 using backend::UnaryOp;
 
@@ -150,4 +150,4 @@ bool unary_backward(UnaryOp op, DType t, const void* x, const void* g, void* dx,
   return true;
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

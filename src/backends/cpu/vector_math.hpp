@@ -20,7 +20,7 @@
 
 #include "src/backends/cpu/isa.hpp"
 
-namespace flux::cpu::vmath {
+namespace flux::cpu_backend::vmath {
 
 // Low / High: whether x may lie below -104 / above 88.7228 (false skips that clamp and select).
 template <bool Low = true, bool High = true> FLUX_CPU_INLINE float exp_f32(float x) {
@@ -83,4 +83,4 @@ template <class T> FLUX_CPU_INLINE T sigmoid(T x) {
   else return x >= 0 ? T(1) / (T(1) + std::exp(-x)) : std::exp(x) / (T(1) + std::exp(x));
 }
 
-}  // namespace flux::cpu::vmath
+}  // namespace flux::cpu_backend::vmath

@@ -30,7 +30,7 @@
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/kept_floats.hpp"
 
-namespace flux::cpu {
+namespace flux::cpu_backend {
 
 namespace {
 
@@ -313,4 +313,4 @@ void winograd_forward(const float* x, const float* w, const backend::ConvGeometr
   }
 }
 
-}  // namespace flux::cpu
+}  // namespace flux::cpu_backend

@@ -16,7 +16,7 @@
 #define FLUX_GPU_ARCHS "unknown"
 #endif
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 namespace {
 
@@ -271,126 +271,126 @@ class GpuBackend final : public backend::Backend {
     check(cudaStreamSynchronize(d.stream), "cudaStreamSynchronize (a kernel failed)");
   }
 
-  size_t collective_id_bytes() override { return gpu::collective_id_bytes(); }
-  void collective_unique_id(void* id) override { gpu::collective_unique_id(id); }
+  size_t collective_id_bytes() override { return cuda_backend::collective_id_bytes(); }
+  void collective_unique_id(void* id) override { cuda_backend::collective_unique_id(id); }
   void* collective_join(int device, const void* id, int ranks, int rank) override {
     use(device);
-    return gpu::collective_join(id, ranks, rank);
+    return cuda_backend::collective_join(id, ranks, rank);
   }
   void collective_allreduce_sum(void* comm, int device, DType t, backend::Buffer data, int64_t n) override {
-    gpu::collective_allreduce_sum(comm, use(device).stream, t, ptr(data), n);
+    cuda_backend::collective_allreduce_sum(comm, use(device).stream, t, ptr(data), n);
   }
   void collective_broadcast(void* comm, int device, backend::Buffer data, size_t bytes, int root) override {
-    gpu::collective_broadcast(comm, use(device).stream, ptr(data), bytes, root);
+    cuda_backend::collective_broadcast(comm, use(device).stream, ptr(data), bytes, root);
   }
   void collective_allgather(void* comm, int device, backend::Buffer send, backend::Buffer recv, size_t bytes) override {
-    gpu::collective_allgather(comm, use(device).stream, ptr(send), ptr(recv), bytes);
+    cuda_backend::collective_allgather(comm, use(device).stream, ptr(send), ptr(recv), bytes);
   }
   bool collective_wait(void* comm, int device, double timeout) override {
-    return gpu::collective_wait(comm, use(device).stream, timeout);
+    return cuda_backend::collective_wait(comm, use(device).stream, timeout);
   }
 
   void fill(int device, DType t, backend::Buffer dst, int64_t n, double v) override {
-    gpu::fill(use(device).stream, t, ptr(dst), n, v);
+    cuda_backend::fill(use(device).stream, t, ptr(dst), n, v);
   }
   void cast(int device, DType from, backend::Buffer src, DType to, backend::Buffer dst, int64_t n) override {
-    gpu::cast(use(device).stream, from, ptr(src), to, ptr(dst), n);
+    cuda_backend::cast(use(device).stream, from, ptr(src), to, ptr(dst), n);
   }
   void strided_copy(int device, DType t, backend::Buffer src, backend::Buffer dst, const backend::StridedCopy& p) override {
-    gpu::strided_copy(use(device).stream, t, ptr(src), ptr(dst), p);
+    cuda_backend::strided_copy(use(device).stream, t, ptr(src), ptr(dst), p);
   }
   void unary(int device, backend::UnaryOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t n,
              double alpha) override {
-    gpu::unary(use(device).stream, op, t, ptr(src), ptr(dst), n, alpha);
+    cuda_backend::unary(use(device).stream, op, t, ptr(src), ptr(dst), n, alpha);
   }
   void binary(int device, backend::BinaryOp op, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer out,
               const backend::Broadcast& p) override {
-    gpu::binary(use(device).stream, op, t, ptr(a), ptr(b), ptr(out), p);
+    cuda_backend::binary(use(device).stream, op, t, ptr(a), ptr(b), ptr(out), p);
   }
   void where(int device, DType t, backend::Buffer c, backend::Buffer a, backend::Buffer b, backend::Buffer out,
              const backend::Broadcast& p) override {
-    gpu::where(use(device).stream, t, ptr(c), ptr(a), ptr(b), ptr(out), p);
+    cuda_backend::where(use(device).stream, t, ptr(c), ptr(a), ptr(b), ptr(out), p);
   }
   void reduce(int device, backend::ReduceOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer,
               int64_t len, int64_t inner) override {
-    gpu::reduce(use(device).stream, op, t, ptr(src), ptr(dst), outer, len, inner);
+    cuda_backend::reduce(use(device).stream, op, t, ptr(src), ptr(dst), outer, len, inner);
   }
   void matmul(int device, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer c, const backend::Gemm& g) override {
-    gpu::matmul(device, use(device).stream, t, ptr(a), ptr(b), ptr(c), g);
+    cuda_backend::matmul(device, use(device).stream, t, ptr(a), ptr(b), ptr(c), g);
   }
   void softmax(int device, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer, int64_t len, int64_t inner,
                bool log) override {
-    gpu::softmax(use(device).stream, t, ptr(src), ptr(dst), outer, len, inner, log);
+    cuda_backend::softmax(use(device).stream, t, ptr(src), ptr(dst), outer, len, inner, log);
   }
   void gather(int device, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer,
               int64_t len, int64_t inner, int64_t nidx) override {
-    gpu::gather(use(device).stream, t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len, inner, nidx);
+    cuda_backend::gather(use(device).stream, t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len, inner, nidx);
   }
   void scatter_add(int device, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer,
                    int64_t len, int64_t inner, int64_t nidx) override {
-    gpu::scatter_add(use(device).stream, t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len,
+    cuda_backend::scatter_add(use(device).stream, t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len,
                      inner, nidx);
   }
   void adam_step(int device, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer m, backend::Buffer v,
                  int64_t n, const backend::AdamStep& s) override {
-    gpu::adam_step(use(device).stream, t, ptr(x), ptr(g), ptr(m), ptr(v), n, s);
+    cuda_backend::adam_step(use(device).stream, t, ptr(x), ptr(g), ptr(m), ptr(v), n, s);
   }
 
   // ---- convolution, pooling, random: conv.cu, pooling.cu, random.cu ----
   void im2col(int device, DType t, backend::Buffer x, backend::Buffer col, const backend::ConvGeometry& g) override {
-    gpu::im2col(use(device).stream, t, ptr(x), ptr(col), g);
+    cuda_backend::im2col(use(device).stream, t, ptr(x), ptr(col), g);
   }
   void col2im(int device, DType t, backend::Buffer col, backend::Buffer dx, const backend::ConvGeometry& g) override {
-    gpu::col2im(use(device).stream, t, ptr(col), ptr(dx), g);
+    cuda_backend::col2im(use(device).stream, t, ptr(col), ptr(dx), g);
   }
   void pool_forward(int device, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
-    gpu::pool_forward(use(device).stream, op, t, ptr(x), ptr(y), g);
+    cuda_backend::pool_forward(use(device).stream, op, t, ptr(x), ptr(y), g);
   }
   void pool_backward(int device, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y, backend::Buffer dy,
                      backend::Buffer dx, const backend::ConvGeometry& g) override {
-    gpu::pool_backward(*this, device, use(device).stream, op, t, ptr(x), ptr(y), ptr(dy), ptr(dx), g);
+    cuda_backend::pool_backward(*this, device, use(device).stream, op, t, ptr(x), ptr(y), ptr(dy), ptr(dx), g);
   }
   bool rownorm_forward(int device, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
                        backend::Buffer mean, backend::Buffer rstd, int64_t r, int64_t d, double eps) override {
-    return gpu::rownorm_forward(use(device).stream, t, ptr(x), or_null(w), or_null(b), ptr(y), ptr(mean), ptr(rstd), r,
+    return cuda_backend::rownorm_forward(use(device).stream, t, ptr(x), or_null(w), or_null(b), ptr(y), ptr(mean), ptr(rstd), r,
                                 d, eps);
   }
   bool rownorm_backward(int device, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w,
                         backend::Buffer mean, backend::Buffer rstd, backend::Buffer dx, backend::Buffer dw,
                         backend::Buffer db, int64_t r, int64_t d) override {
-    return gpu::rownorm_backward(use(device).stream, t, ptr(x), ptr(dy), or_null(w), ptr(mean), ptr(rstd), ptr(dx),
+    return cuda_backend::rownorm_backward(use(device).stream, t, ptr(x), ptr(dy), or_null(w), ptr(mean), ptr(rstd), ptr(dx),
                                  or_null(dw), or_null(db), r, d);
   }
   bool recurrent_forward(int device, backend::RecurrentCell cell, DType t, backend::Buffer xg, backend::Buffer hg,
                          backend::Buffer b_hh, backend::Buffer h_prev, backend::Buffer c_prev, backend::Buffer h,
                          backend::Buffer c, backend::Buffer saved, int64_t n, int64_t hidden) override {
-    return gpu::recurrent_forward(use(device).stream, cell, t, ptr(xg), ptr(hg), or_null(b_hh), ptr(h_prev),
+    return cuda_backend::recurrent_forward(use(device).stream, cell, t, ptr(xg), ptr(hg), or_null(b_hh), ptr(h_prev),
                                   or_null(c_prev), ptr(h), or_null(c), or_null(saved), n, hidden);
   }
   bool recurrent_backward(int device, backend::RecurrentCell cell, DType t, backend::Buffer dy, backend::Buffer dh_next,
                           backend::Buffer dc, backend::Buffer saved, backend::Buffer c_prev, backend::Buffer c,
                           backend::Buffer h_prev, backend::Buffer h, backend::Buffer dxg, backend::Buffer dhg, int64_t n,
                           int64_t hidden) override {
-    return gpu::recurrent_backward(use(device).stream, cell, t, ptr(dy), ptr(dh_next), or_null(dc), or_null(saved),
+    return cuda_backend::recurrent_backward(use(device).stream, cell, t, ptr(dy), ptr(dh_next), or_null(dc), or_null(saved),
                                    or_null(c_prev), or_null(c), ptr(h_prev), ptr(h), ptr(dxg), or_null(dhg), n,
                                    hidden);
   }
   void random_uniform(int device, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
-    gpu::random_uniform(use(device).stream, t, ptr(dst), n, seed, offset);
+    cuda_backend::random_uniform(use(device).stream, t, ptr(dst), n, seed, offset);
   }
   bool conv_forward(int device, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
-    return gpu::conv_forward(*this, device, use(device).stream, t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr,
+    return cuda_backend::conv_forward(*this, device, use(device).stream, t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr,
                              ptr(y), g);
   }
   bool conv_backward_data(int device, DType t, backend::Buffer dy, backend::Buffer w, backend::Buffer dx,
                           const backend::ConvGeometry& g) override {
-    return gpu::conv_backward_data(*this, device, use(device).stream, t, ptr(dy), ptr(w), ptr(dx), g);
+    return cuda_backend::conv_backward_data(*this, device, use(device).stream, t, ptr(dy), ptr(w), ptr(dx), g);
   }
   bool conv_backward_weight(int device, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer dw,
                             backend::Buffer dbias, const backend::ConvGeometry& g) override {
-    return gpu::conv_backward_weight(*this, device, use(device).stream, t, ptr(x), ptr(dy), ptr(dw),
+    return cuda_backend::conv_backward_weight(*this, device, use(device).stream, t, ptr(x), ptr(dy), ptr(dw),
                                      dbias.handle ? ptr(dbias) : nullptr, g);
   }
 
@@ -466,8 +466,8 @@ backend::Backend* create_backend() {
 
 }  // namespace
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend
 
 extern "C" __attribute__((visibility("default"))) flux::backend::PluginInfo flux_backend_plugin() {
-  return {flux::backend::kBackendAbiVersion, &flux::gpu::create_backend};
+  return {flux::backend::kBackendAbiVersion, &flux::cuda_backend::create_backend};
 }

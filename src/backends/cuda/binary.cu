@@ -2,7 +2,7 @@
 // (reference: src/backends/cpu/binary.cpp). Broadcast strides come in the plan (0 on broadcast axes).
 #include "src/backends/cuda/cuda_backend.hpp"
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 using backend::BinaryOp;
 
@@ -107,4 +107,4 @@ void where(Stream s, DType t, const void* cond, const void* a, const void* b, vo
   check_launch("where kernel");
 }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

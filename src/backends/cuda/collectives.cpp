@@ -15,7 +15,7 @@
 #include <nccl.h>
 #endif
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 #if FLUX_NCCL
 namespace {
@@ -110,4 +110,4 @@ bool collective_wait(void*, Stream, double) { return true; }
 
 #endif
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

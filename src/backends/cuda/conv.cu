@@ -27,7 +27,7 @@
 #define FLUX_HAVE_CUDNN 1
 #endif
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 namespace {
 
@@ -407,4 +407,4 @@ std::string dnn_version() {
 
 #endif
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

@@ -3,7 +3,7 @@
 
 #include "src/backends/cuda/cuda_backend.hpp"
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 namespace {
 
@@ -114,4 +114,4 @@ void strided_copy(Stream s, DType t, const void* src, void* dst, const backend::
   check_launch("strided_copy kernel");
 }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

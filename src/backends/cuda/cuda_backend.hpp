@@ -10,7 +10,7 @@
 #include "src/backends/cuda/gpu_runtime.hpp"
 #include "src/backends/cuda/window.hpp"
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 void fill(Stream s, DType t, void* dst, int64_t n, double value);
 void cast(Stream s, DType from, const void* src, DType to, void* dst, int64_t n);
@@ -110,4 +110,4 @@ bool conv_backward_weight(backend::Backend& be, int device, Stream s, DType t, c
 /// "cuDNN 9.19.0" or why there is none ("not built with cuDNN", "no MIOpen in Debian 12").
 std::string dnn_version();
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

@@ -67,7 +67,7 @@
 #include "flux/error.hpp"
 #include "src/half_bits.hpp"
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 using Stream = cudaStream_t;
 
@@ -102,7 +102,7 @@ FLUX_HD uint16_t float_to_half_bits(float f) { return half_bits::from_float(f); 
 FLUX_HD float bfloat16_bits_to_float(uint16_t b) { return half_bits::bfloat16_to_float(b); }
 FLUX_HD uint16_t float_to_bfloat16_bits(float f) { return half_bits::bfloat16_from_float(f); }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend
 
 // Calls BODY with `using T = <C++ type>` for the arithmetic dtypes; errors for others (as the CPU).
 #define FLUX_GPU_DISPATCH(api, dtype, ...)                                                   \

@@ -3,7 +3,7 @@
 // the kernels still skip out-of-range indices so that a bad index can never touch stray memory.
 #include "src/backends/cuda/cuda_backend.hpp"
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 namespace {
 
@@ -73,4 +73,4 @@ void scatter_add(Stream s, DType t, const void* src, const int64_t* idx, void* d
   check_launch("scatter_add kernel");
 }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

@@ -11,7 +11,7 @@
 #include <cublas_v2.h>
 #endif
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 namespace {
 
@@ -159,4 +159,4 @@ std::string blas_version() {
 #endif
 }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

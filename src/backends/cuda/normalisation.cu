@@ -5,7 +5,7 @@
 // tree reduction. dweight/dbias: one thread per column walking the rows (no atomics, deterministic).
 #include "src/backends/cuda/cuda_backend.hpp"
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 namespace {
 
@@ -129,4 +129,4 @@ bool rownorm_backward(Stream s, DType t, const void* x, const void* dy, const vo
   return true;
 }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

@@ -2,7 +2,7 @@
 // (reference: src/backends/cpu/optimiser.cpp; Optimisers.jl's Adam/AdamW).
 #include "src/backends/cuda/cuda_backend.hpp"
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 namespace {
 
@@ -36,4 +36,4 @@ void adam_step(Stream s, DType t, void* x, const void* g, void* m, void* v, int6
   check_launch("adam_step kernel");
 }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

@@ -7,7 +7,7 @@
 // order: no atomics, the same result on every run.
 #include "src/backends/cuda/cuda_backend.hpp"
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 namespace {
 
@@ -76,4 +76,4 @@ void pool_backward(backend::Backend& be, int device, Stream s, PoolOp op, DType 
   check_launch("pool backward kernel");
 }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

@@ -3,7 +3,7 @@
 // bit-identical to every other backend's whatever the launch shape.
 #include "src/backends/cuda/cuda_backend.hpp"
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 namespace {
 
@@ -37,4 +37,4 @@ void random_uniform(Stream s, DType t, void* dst, int64_t n, uint64_t seed, uint
   check_launch("random_uniform kernel");
 }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

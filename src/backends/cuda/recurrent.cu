@@ -4,7 +4,7 @@
 // saved (n, 4H); h, c, dy, dh_next, dc (n, H). One thread per (row, unit): no reduction, no atomics.
 #include "src/backends/cuda/cuda_backend.hpp"
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 namespace {
 
@@ -122,4 +122,4 @@ bool recurrent_backward(Stream s, RecurrentCell cell, DType t, const void* dy, v
   return true;
 }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

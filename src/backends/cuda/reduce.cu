@@ -4,7 +4,7 @@
 //   inner == 1: one block per row, a tree in shared memory;  inner > 1: one thread per output.
 #include "src/backends/cuda/cuda_backend.hpp"
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 using backend::ReduceOp;
 
@@ -126,4 +126,4 @@ void reduce(Stream s, ReduceOp op, DType t, const void* src, void* dst, int64_t 
   check_launch("reduce kernel");
 }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

@@ -3,7 +3,7 @@
 //   inner == 1: one block per row (max, sum, write: three passes);  inner > 1: one thread per column.
 #include "src/backends/cuda/cuda_backend.hpp"
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 namespace {
 
@@ -89,4 +89,4 @@ void softmax(Stream s, DType t, const void* src, void* dst, int64_t outer, int64
   check_launch("softmax kernel");
 }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

@@ -2,7 +2,7 @@
 // One kernel per dtype; the op is a uniform runtime switch (the kernel is memory bound).
 #include "src/backends/cuda/cuda_backend.hpp"
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 using backend::UnaryOp;
 
@@ -85,4 +85,4 @@ void unary(Stream s, UnaryOp op, DType t, const void* src, void* dst, int64_t n,
   check_launch("unary kernel");
 }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

@@ -15,7 +15,7 @@
 #define FLUX_WINDOW_HD inline
 #endif
 
-namespace flux::gpu {
+namespace flux::cuda_backend {
 
 /// A ConvGeometry on exactly three spatial axes (D, H, W), unused leading axes of length 1, so 1-D and
 /// 2-D windows run the 3-D loops. Plain data: kernels take it by value.
@@ -170,4 +170,4 @@ FLUX_WINDOW_HD T pool_gather(const T* dy, const int64_t* arg, const T* dx, const
   return acc;
 }
 
-}  // namespace flux::gpu
+}  // namespace flux::cuda_backend

@@ -1,0 +1,135 @@
+// The CPU backend's kernel choice (kernel_choice.hpp): forced, tuned, or by the rules below. The
+// rules are a small table of conditions on the shape, the active ISA and the thread count, written
+// from the measurements in bench/results/2026-12-05-kernel-rules.md; a tuned table (flux-tune)
+// replaces them on the CPU it was made on.
+#include "src/backends/cpu/kernel_choice.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+#include "src/backends/cpu/isa.hpp"
+#include "src/backends/cpu/tuned_table.hpp"
+
+namespace flux::cpu_backend {
+
+namespace {
+constexpr const char* kKernelNames[kKernels] = {"openblas", "onednn", "panels", "winograd", "few_pixel"};
+constexpr const char* kSiteNames[kSites] = {"gemm", "linear", "conv_forward"};
+
+std::atomic<int> g_forced[kSites] = {-1, -1, -1};
+
+// Recording (tuning only): off on the hot path, one relaxed load.
+std::atomic<bool> g_recording{false};
+std::mutex g_record_mutex;
+std::map<Query, Candidates>& recorded() {
+  static auto* r = new std::map<Query, Candidates>();  // never destroyed (used at exit by late callers)
+  return *r;
+}
+std::mutex g_timer_mutex;
+Timer g_timers[kSites];
+
+Kernel first_of(Candidates c) {
+  for (int k = 0; k < kKernels; ++k)
+    if (c & (Candidates(1) << k)) return Kernel(k);
+  return Kernel::openblas;
+}
+bool has(Candidates c, Kernel k) { return (c & bit(k)) != 0; }
+
+// ---- the rules, one function per site ----
+
+// A GEMM piece: OpenBLAS, except thin products (a side of at most 16: the Dense layers' narrow
+// outputs and small batches), where oneDNN's matmul ran 1.3-2x faster on AVX2 and AVX-512.
+Kernel gemm_rule(const Query& q, Candidates c) {
+  const int64_t m = q.dims[0], n = q.dims[1], k = q.dims[2];
+  if (has(c, Kernel::onednn) && std::min({m, n, k}) <= 16) return Kernel::onednn;
+  return has(c, Kernel::openblas) ? Kernel::openblas : first_of(c);
+}
+
+// A Dense inference: with AVX-512, oneDNN's brgemm matmul on its prepared weights; below AVX-512
+// (oneDNN 2.6 has no brgemm there: gemm:jit) flux's panels, which measured faster on the bench's
+// Dense shapes at 1 and 2 threads.
+Kernel linear_rule(const Query&, Candidates c) {
+  if (active_isa() == Isa::avx512 && has(c, Kernel::onednn)) return Kernel::onednn;
+  if (has(c, Kernel::panels)) return Kernel::panels;
+  return first_of(c);
+}
+
+// A conv forward: the few-pixel kernel wherever it is a candidate (at most 32 output pixels over
+// the batch: weight-bound, see conv_own.cpp); Winograd for 3x3 stride-1 convs below AVX-512 (oneDNN
+// 2.6 runs them as direct convolutions there) once the output has 64 pixels or more per image;
+// oneDNN otherwise.
+Kernel conv_rule(const Query& q, Candidates c) {
+  if (has(c, Kernel::few_pixel)) return Kernel::few_pixel;
+  const int64_t pixels = q.dims[5] * q.dims[6] * q.dims[7];  // in[3]: same as out for 3x3 pad 1 stride 1
+  if (has(c, Kernel::winograd) && active_isa() != Isa::avx512 && pixels >= 64) return Kernel::winograd;
+  if (has(c, Kernel::onednn)) return Kernel::onednn;
+  return first_of(c);
+}
+}  // namespace
+
+bool Query::operator<(const Query& o) const {
+  return std::tie(site, threads, dims) < std::tie(o.site, o.threads, o.dims);
+}
+
+const char* kernel_name(Kernel k) { return int(k) >= 0 && int(k) < kKernels ? kKernelNames[int(k)] : "?"; }
+std::optional<Kernel> kernel_from_name(const std::string& name) {
+  for (int k = 0; k < kKernels; ++k)
+    if (name == kKernelNames[k]) return Kernel(k);
+  return std::nullopt;
+}
+const char* site_name(Site s) { return int(s) >= 0 && int(s) < kSites ? kSiteNames[int(s)] : "?"; }
+std::optional<Site> site_from_name(const std::string& name) {
+  for (int s = 0; s < kSites; ++s)
+    if (name == kSiteNames[s]) return Site(s);
+  return std::nullopt;
+}
+
+Kernel rule(const Query& q, Candidates c) {
+  switch (q.site) {
+    case Site::gemm: return gemm_rule(q, c);
+    case Site::linear: return linear_rule(q, c);
+    case Site::conv_forward: return conv_rule(q, c);
+  }
+  return first_of(c);
+}
+
+Kernel choose(const Query& q, Candidates c) {
+  if (g_recording.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(g_record_mutex);
+    recorded()[q] |= c;
+  }
+  const int forced = g_forced[int(q.site)].load(std::memory_order_relaxed);
+  if (forced >= 0 && has(c, Kernel(forced))) return Kernel(forced);
+  if (std::optional<Kernel> t = tuned_choice(q); t && has(c, *t)) return *t;
+  return rule(q, c);
+}
+
+std::optional<Kernel> force_kernel(Site site, std::optional<Kernel> k) {
+  const int old = g_forced[int(site)].exchange(k ? int(*k) : -1);
+  return old < 0 ? std::nullopt : std::optional<Kernel>(Kernel(old));
+}
+
+void record_queries(bool on) {
+  std::lock_guard<std::mutex> lock(g_record_mutex);
+  if (on) recorded().clear();
+  g_recording.store(on, std::memory_order_relaxed);
+}
+std::vector<std::pair<Query, Candidates>> recorded_queries() {
+  std::lock_guard<std::mutex> lock(g_record_mutex);
+  return {recorded().begin(), recorded().end()};
+}
+
+void register_timer(Site site, Timer timer) {
+  std::lock_guard<std::mutex> lock(g_timer_mutex);
+  g_timers[int(site)] = std::move(timer);
+}
+Timer timer_of(Site site) {
+  std::lock_guard<std::mutex> lock(g_timer_mutex);
+  return g_timers[int(site)];
+}
+
+}  // namespace flux::cpu_backend

@@ -1,0 +1,71 @@
+// The one place where the CPU backend decides which kernel runs a shape (OpenBLAS or oneDNN for a
+// GEMM piece; oneDNN or flux's panels for a Dense inference; oneDNN, Winograd or the few-pixel kernel
+// for a conv forward). The decision is a pure function of the shape, the thread count and the CPU:
+// a forced choice (tests, benchmarks), else a tuned table made by flux-tune for this CPU model
+// (tuned_table.hpp), else the rules in kernel_choice.cpp. Nothing is timed on a first call, so the
+// same program gives the same bits in every run.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace flux::cpu_backend {
+
+/// Where a choice is made. The dims each site passes are listed with it.
+enum class Site : int8_t {
+  gemm = 0,          // one f32 GEMM piece: m n k trans_a trans_b lda ldb ldc beta!=0
+  linear = 1,        // a Dense inference y = x w^T (+ b, relu): n in out bias relu
+  conv_forward = 2,  // an inference conv forward: spatial batch C O groups in[3] kernel[3] stride[3] dilation[3] affine
+};
+constexpr int kSites = 3;
+
+enum class Kernel : int8_t {
+  openblas = 0,   // gemm: OpenBLAS sgemm on the calling thread
+  onednn = 1,     // gemm: oneDNN matmul; linear: oneDNN matmul on prepared (reordered) weights; conv: oneDNN
+  panels = 2,     // linear: flux's 16-output panels (matmul.cpp)
+  winograd = 3,   // conv forward: flux's Winograd F(2x2, 3x3) (winograd.cpp)
+  few_pixel = 4,  // conv forward: flux's few-output-pixel kernel (conv_own.cpp)
+};
+constexpr int kKernels = 5;
+/// "openblas", "onednn", ... (the tuned table's spelling); nullopt for an unknown name.
+const char* kernel_name(Kernel k);
+std::optional<Kernel> kernel_from_name(const std::string& name);
+const char* site_name(Site s);
+std::optional<Site> site_from_name(const std::string& name);
+
+/// A set of kernels (bit i: Kernel i).
+using Candidates = uint32_t;
+constexpr Candidates bit(Kernel k) { return Candidates(1) << int(k); }
+
+/// One shape to decide: the site, its dims (site-specific, see Site; unused ones 0) and the pool's
+/// thread count.
+struct Query {
+  Site site = Site::gemm;
+  int threads = 1;
+  std::array<int64_t, 18> dims{};
+  bool operator==(const Query& o) const { return site == o.site && threads == o.threads && dims == o.dims; }
+  bool operator<(const Query& o) const;
+};
+
+/// The kernel for q among `candidates` (never empty): forced, else tuned, else rules.
+Kernel choose(const Query& q, Candidates candidates);
+/// The rules alone (the fallback; what a tuned table is compared against).
+Kernel rule(const Query& q, Candidates candidates);
+
+/// Tests and benchmarks: every later choice at `site` takes `k` where it is a candidate (nullopt:
+/// choose as usual). Returns the previous setting.
+std::optional<Kernel> force_kernel(Site site, std::optional<Kernel> k);
+
+/// Tuning (tune.cpp): while recording, every distinct query asked with its candidates is kept.
+void record_queries(bool on);
+std::vector<std::pair<Query, Candidates>> recorded_queries();
+/// Each site registers how to time one query with one kernel on synthetic operands (seconds, best of
+/// `reps`); the tuner calls it. Null for a site that registered none.
+using Timer = std::function<double(const Query&, Kernel, int reps)>;
+void register_timer(Site site, Timer timer);
+Timer timer_of(Site site);
+
+}  // namespace flux::cpu_backend
