@@ -60,9 +60,7 @@ bool library_kernels();
 namespace flux::detail {
 const char* cpu_isa_name();
 int cpu_force_isa(int level);
-int cpu_force_gemm_engine(int engine);
-int cpu_force_linear_kernel(int kernel);
-int cpu_force_conv_winograd(int mode);
+bool cpu_force_kernel(const std::string& site, const std::string& kernel);
 }  // namespace flux::detail
 
 using namespace flux;
@@ -472,26 +470,28 @@ int main(int argc, char** argv) {
       if (i == 2) device = "cpu";
       continue;
     }
-    // Kernel overrides for A/B runs: --FLAG=NAME sets the choice to NAME's index in `names` - 1 (auto: -1).
+    // Kernel overrides for A/B runs (the CPU backend's kernel-choice seam): --FLAG=NAME forces the
+    // kernel `names` maps NAME to ("": the seam's own choice).
     struct Override {
       const char* flag;
-      std::vector<std::string> names;  // index 0: "auto"
-      int (*set)(int);
+      const char* site;
+      std::vector<std::pair<std::string, std::string>> names;  // flag value -> kernel name
     };
-    const Override overrides[] = {{"--gemm=", {"auto", "openblas", "onednn"}, detail::cpu_force_gemm_engine},
-                                  {"--linear=", {"auto", "onednn", "panels"}, detail::cpu_force_linear_kernel},
-                                  {"--winograd=", {"auto", "off", "on"}, detail::cpu_force_conv_winograd}};
+    const Override overrides[] = {
+        {"--gemm=", "gemm", {{"auto", ""}, {"openblas", "openblas"}, {"onednn", "onednn"}}},
+        {"--linear=", "linear", {{"auto", ""}, {"onednn", "onednn"}, {"panels", "panels"}}},
+        {"--winograd=", "conv_forward", {{"auto", ""}, {"off", "onednn"}, {"on", "winograd"}}}};
     for (const Override& o : overrides) {
       if (a.rfind(o.flag, 0) != 0) continue;
       if (i == 2) device = "cpu";
       const std::string v = a.substr(std::strlen(o.flag));
-      auto at = std::find(o.names.begin(), o.names.end(), v);
+      auto at = std::find_if(o.names.begin(), o.names.end(), [&](const auto& p) { return p.first == v; });
       if (at == o.names.end()) {
-        std::fprintf(stderr, "flux_bench: %s takes auto, %s or %s, got %s\n", o.flag, o.names[1].c_str(),
-                     o.names[2].c_str(), v.c_str());
+        std::fprintf(stderr, "flux_bench: %s takes %s, %s or %s, got %s\n", o.flag, o.names[0].first.c_str(),
+                     o.names[1].first.c_str(), o.names[2].first.c_str(), v.c_str());
         std::exit(2);
       }
-      o.set(int(at - o.names.begin()) - 1);
+      detail::cpu_force_kernel(o.site, at->second);
     }
   }
   if (const char* cap = std::getenv("FLUX_BENCH_MAX_ISA"); cap && *cap) {

@@ -13,18 +13,18 @@ class Tensor;
 
 namespace flux::detail {
 
-/// Content stamps (Storage::stamp, src/tensor.cpp): marks a tensor's storage as written in place
-/// (every writer into an existing tensor must: copy_, sub_, the optimisers' fused steps, state
-/// loading; ops writing only tensors they allocated need not); the current stamp of a tensor's storage
-/// (0 for an undefined tensor). Backends cache data derived from a buffer's content (reordered conv
-/// weights, packed Dense weights) under the stamp the core passes with it.
+/// Marks a tensor's storage as written in place (src/storage_cache.cpp): everything derived from its
+/// content (a backend's prepared weights, a folded BatchNorm) is dropped. Every writer into an existing
+/// tensor calls it: copy_, sub_, the optimisers' fused steps, state loading, Tensor::buffer(); ops that
+/// write only tensors they allocated need not.
 void mark_written(const Tensor& t);
-uint64_t content_stamp(const Tensor& t);
-/// t's buffer without materialising a deferred conv output (Tensor::buffer does): only for the x and
-/// residual of a forward conv that passes their stamps (ConvGeometry::output_deferred).
-backend::Buffer deferrable_buffer(const Tensor& t);
-/// After a forward conv set *ConvGeometry::output_deferred: t's plain content is still to be written.
-void mark_deferred(const Tensor& t);
+/// A number naming the content of t's storage, renewed by every write (0 for an undefined tensor):
+/// for keys of values the core derives from several tensors.
+uint64_t content_version(const Tensor& t);
+
+/// t's buffer for the library's own reads, and writes into tensors it allocated: unlike the public
+/// Tensor::buffer(), not a write to the content (nothing derived from it is dropped).
+backend::Buffer buffer_of(const Tensor& t);
 
 /// Whether optimisers::update is writing t's array right now, in some thread (src/optimisers/optimisers.cpp):
 /// save refuses such a tensor (two threads training, or saving while training, one model: a user error).

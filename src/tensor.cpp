@@ -16,6 +16,7 @@
 #include "flux/ops.hpp"
 #include "src/checked_size.hpp"
 #include "src/internal.hpp"
+#include "src/storage_cache.hpp"
 #include "src/trace.hpp"
 
 namespace flux {
@@ -57,28 +58,13 @@ std::string to_string(const Shape& s) {
 std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << to_string(s); }
 
 // ---------------- Storage ----------------
-namespace {
-// A content stamp never handed out before (Storage::stamp).
-uint64_t fresh_stamp() {
-  static std::atomic<uint64_t> next{1};
-  return next.fetch_add(1, std::memory_order_relaxed);
-}
-}  // namespace
-
-Storage::Storage(backend::Backend* b, Device d, size_t nbytes)
-    : backend(b), device(std::move(d)), bytes(nbytes), stamp(fresh_stamp()) {
+Storage::Storage(backend::Backend* b, Device d, size_t nbytes) : backend(b), device(std::move(d)), bytes(nbytes) {
   buffer = backend->allocate(device.index(), bytes);
 }
-
-namespace detail {
-void mark_written(const Tensor& t) {
-  if (t.defined() && t.impl()->storage) t.impl()->storage->stamp.store(fresh_stamp(), std::memory_order_relaxed);
+Storage::~Storage() {
+  delete derived.load(std::memory_order_acquire);
+  backend->deallocate(device.index(), buffer, bytes);
 }
-uint64_t content_stamp(const Tensor& t) {
-  return t.defined() && t.impl()->storage ? t.impl()->storage->stamp.load(std::memory_order_relaxed) : 0;
-}
-}  // namespace detail
-Storage::~Storage() { backend->deallocate(device.index(), buffer, bytes); }
 
 // ---------------- Tensor basics ----------------
 // A fresh tensor for the public API `api` (its name is in the errors of a bad shape).
@@ -99,7 +85,7 @@ static Tensor from_host(const void* data, size_t count, Shape shape, DType t, co
     detail::fail("[", api, "] ", count, " values do not fill shape ", to_string(shape), " (",
                  shape.numel(), " elements)");
   Tensor out = empty_for(api, shape, t, Device());
-  if (count) out.backend().copy_from_host(0, out.buffer(), data, count * dtype_size(t));
+  if (count) out.backend().copy_from_host(0, flux::detail::buffer_of(out), data, count * dtype_size(t));
   return out;
 }
 
@@ -142,29 +128,11 @@ int64_t Tensor::size(int axis) const {
   return shape()[a];
 }
 backend::Buffer Tensor::buffer() const {
-  const TensorImpl& i = need(*this, "buffer");
-  Storage& s = *i.storage;
-  if (s.deferred.load(std::memory_order_acquire)) {
-    static std::mutex mutex;  // one materialisation at a time; the backend serialises its own state
-    std::lock_guard<std::mutex> lock(mutex);
-    if (s.deferred.load(std::memory_order_relaxed)) {
-      s.backend->materialise(s.device.index(), s.buffer);
-      s.deferred.store(false, std::memory_order_release);
-    }
-  }
-  return {s.buffer.handle, s.buffer.offset + i.offset};
+  need(*this, "buffer");
+  detail::mark_written(*this);  // the caller may write through it: what was derived from it goes
+  return detail::buffer_of(*this);
 }
 backend::Backend& Tensor::backend() const { return *need(*this, "backend").storage->backend; }
-namespace detail {
-backend::Buffer deferrable_buffer(const Tensor& t) {
-  const TensorImpl& i = need(t, "buffer");
-  // Only the whole storage: the backend knows a deferred tensor by its start (a slice further in
-  // would be read plain), so any part of one is materialised here.
-  if (i.offset != 0 || t.nbytes() != i.storage->bytes) return t.buffer();
-  return {i.storage->buffer.handle, i.storage->buffer.offset};
-}
-void mark_deferred(const Tensor& t) { t.impl()->storage->deferred.store(true, std::memory_order_release); }
-}  // namespace detail
 bool Tensor::same_storage(const Tensor& o) const {
   return defined() && o.defined() && impl_->storage == o.impl_->storage && impl_->offset == o.impl_->offset;
 }
@@ -182,7 +150,7 @@ template <class T> std::vector<T> host_values(const Tensor& t, const char* api) 
   const TensorImpl& i = need(t, api);
   int64_t n = t.numel();
   std::vector<unsigned char> raw = detail::host_vector<unsigned char>(api, int64_t(t.nbytes()));
-  if (n) t.backend().copy_to_host(t.device().index(), raw.data(), t.buffer(), raw.size());
+  if (n) t.backend().copy_to_host(t.device().index(), raw.data(), flux::detail::buffer_of(t), raw.size());
   std::vector<T> out = detail::host_vector<T>(api, n);
   constexpr bool integral = std::is_integral_v<T> && !std::is_same_v<T, bool>;
   const bool exact_int64 = integral && i.dtype == DType::i64;
@@ -295,7 +263,7 @@ Tensor Tensor::operator[](int64_t i) const {
 
 Tensor Tensor::contiguous_copy() const {
   Tensor out = Tensor::empty(shape(), dtype(), device());
-  if (nbytes()) backend().copy(device().index(), out.buffer(), buffer(), nbytes());
+  if (nbytes()) backend().copy(device().index(), flux::detail::buffer_of(out), flux::detail::buffer_of(*this), nbytes());
   Tensor src = *this;
   if (trace::active()) trace::emit("to", {src}, out);
   autodiff::record(out, {&src}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
@@ -305,7 +273,7 @@ Tensor Tensor::contiguous_copy() const {
 // ---------------- construction ----------------
 static Tensor filled(const char* api, const Shape& shape, double value, DType t, const Device& d) {
   Tensor out = empty_for(api, shape, t, d);
-  if (out.numel()) out.backend().fill(d.index(), t, out.buffer(), out.numel(), value);
+  if (out.numel()) out.backend().fill(d.index(), t, flux::detail::buffer_of(out), out.numel(), value);
   return out;
 }
 Tensor full(Shape shape, double value, DType t, Device d) { return filled("full", shape, value, t, d); }

@@ -10,6 +10,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <thread>
 #include <utility>
@@ -21,7 +22,7 @@
 #include "flux/backend.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
-#include "src/backends/cpu/kept_floats.hpp"
+#include "src/backends/cpu/kernel_choice.hpp"
 
 namespace {
 
@@ -579,17 +580,24 @@ TEST(CpuGemm, VectorProductsMatchFloat64) {
         }
 }
 
-// Every float32 engine the run-time choice can pick, forced in turn, then the measured choice;
-// alpha/beta as Dense's forward (1, 1: C holds the bias), a weight gradient (1, 0) and general.
+// Every float32 engine the seam can pick, forced in turn, then the seam's own choice; alpha/beta as
+// Dense's forward (1, 1: C holds the bias), a weight gradient (1, 0) and general.
+struct ForceGuard {
+  ~ForceGuard() {
+    for (cpu_backend::Site s : {cpu_backend::Site::gemm, cpu_backend::Site::linear, cpu_backend::Site::conv_forward})
+      cpu_backend::force_kernel(s, std::nullopt);
+  }
+};
+
 TEST(CpuGemm, EveryEngineMatchesFloat64) {
   struct Case {
     int64_t m, n, k;
   };
-  struct Restore {
-    ~Restore() { cpu_backend::force_gemm_engine(cpu_backend::GemmEngine::automatic); }
-  } restore;
-  for (cpu_backend::GemmEngine e : {cpu_backend::GemmEngine::openblas, cpu_backend::GemmEngine::onednn, cpu_backend::GemmEngine::automatic}) {
-    cpu_backend::force_gemm_engine(e);
+  ForceGuard guard;
+  for (std::optional<cpu_backend::Kernel> e :
+       {std::optional(cpu_backend::Kernel::openblas), std::optional(cpu_backend::Kernel::onednn),
+        std::optional<cpu_backend::Kernel>()}) {
+    cpu_backend::force_kernel(cpu_backend::Site::gemm, e);
     for (Case s : {Case{128, 10, 512}, Case{128, 203, 150}, Case{300, 96, 70}, Case{64, 64, 10}})
       for (bool ta : {false, true})
         for (bool tb : {false, true})
@@ -598,16 +606,33 @@ TEST(CpuGemm, EveryEngineMatchesFloat64) {
   }
 }
 
-TEST(CpuGemm, MeasuredChoiceIsStableWithinAProcess) {
-  // Once measured, a shape keeps its engine: the same product twice is bitwise the same.
+// The seam decides by rules (no tuned table in the tests' environment): the same query, the same
+// answer, equal to rule(); the same product twice is bitwise the same, thin shapes included.
+TEST(CpuGemm, ChoiceIsTheRuleAndEveryCallGivesTheSameBits) {
+  using cpu_backend::Kernel;
+  const cpu_backend::Candidates both = cpu_backend::bit(Kernel::openblas) | cpu_backend::bit(Kernel::onednn);
+  cpu_backend::Query q;
+  q.site = cpu_backend::Site::gemm;
+  q.threads = 1;
+  for (auto [m, n, k] : {std::tuple{128, 10, 512}, std::tuple{96, 160, 200}, std::tuple{512, 512, 128}}) {
+    q.dims = {m, n, k, 0, 1, k, k, n, 0};
+    EXPECT_EQ(cpu_backend::choose(q, both), cpu_backend::rule(q, both));
+    EXPECT_EQ(cpu_backend::choose(q, both), cpu_backend::choose(q, both));
+  }
+  q.dims = {128, 10, 512, 0, 1, 512, 512, 10, 0};
+  if (FLUX_TEST_HAVE_ONEDNN) {
+    EXPECT_EQ(cpu_backend::rule(q, both), Kernel::onednn) << "a thin product: oneDNN";
+  }
+  q.dims = {512, 512, 128, 0, 1, 128, 128, 512, 0};
+  EXPECT_EQ(cpu_backend::rule(q, both), Kernel::openblas);
+  EXPECT_EQ(cpu_backend::rule(q, cpu_backend::bit(Kernel::onednn)), Kernel::onednn) << "only candidates are chosen";
   const int64_t m = 96, n = 160, k = 200;
   std::vector<float> a = random_floats(size_t(m * k), -1, 1, 41), b = random_floats(size_t(k * n), -1, 1, 42);
   backend::Gemm g;
   g.m = m, g.n = n, g.k = k, g.trans_b = true;
   g.stride_a = m * k, g.stride_b = k * n, g.stride_c = m * n;
-  // At 2+ threads the two pieces have one shape and measure it at the same time, on two threads.
   for (int rep = 0; rep < 20; ++rep) {
-    g.k = k - rep;  // a shape not yet measured each time
+    g.k = k - rep, g.n = rep % 2 ? n : 10;
     std::vector<float> c1(size_t(m * n)), c2(size_t(m * n));
     cpu_backend::matmul(DType::f32, a.data(), b.data(), c1.data(), g);
     cpu_backend::matmul(DType::f32, a.data(), b.data(), c2.data(), g);
@@ -615,13 +640,36 @@ TEST(CpuGemm, MeasuredChoiceIsStableWithinAProcess) {
   }
 }
 
+// The forced choice wins over the rules only where it is a candidate; kernel names round-trip.
+TEST(CpuKernelChoice, ForcedNamedAndRecorded) {
+  using cpu_backend::Kernel;
+  ForceGuard guard;
+  cpu_backend::Query q;
+  q.site = cpu_backend::Site::linear;
+  q.dims = {32, 784, 512, 1, 1};
+  const cpu_backend::Candidates panels_only = cpu_backend::bit(Kernel::panels);
+  cpu_backend::force_kernel(cpu_backend::Site::linear, Kernel::onednn);
+  EXPECT_EQ(cpu_backend::choose(q, panels_only | cpu_backend::bit(Kernel::onednn)), Kernel::onednn);
+  EXPECT_EQ(cpu_backend::choose(q, panels_only), Kernel::panels);
+  EXPECT_EQ(cpu_backend::force_kernel(cpu_backend::Site::linear, std::nullopt), Kernel::onednn);
+  for (int k = 0; k < cpu_backend::kKernels; ++k)
+    EXPECT_EQ(cpu_backend::kernel_from_name(cpu_backend::kernel_name(Kernel(k))), Kernel(k));
+  EXPECT_FALSE(cpu_backend::kernel_from_name("fastest").has_value());
+  cpu_backend::record_queries(true);
+  cpu_backend::choose(q, panels_only);
+  cpu_backend::choose(q, panels_only);
+  cpu_backend::record_queries(false);
+  cpu_backend::choose(q, panels_only);  // not recorded
+  const auto recorded = cpu_backend::recorded_queries();
+  ASSERT_EQ(recorded.size(), 1u);
+  EXPECT_EQ(recorded[0].first, q);
+  EXPECT_EQ(recorded[0].second, panels_only);
+}
+
 }  // namespace
 
 namespace {
 
-// Dense inference with kept (prepacked) weights, cpu_backend::linear_forward, against a float64 loop:
-// y = relu?(x w^T + bias). Same stamp: the kept copy is read (so a change made behind the stamp's back
-// does not show: that is what proves it is kept); a new stamp: packed again from the new weights.
 std::vector<double> linear_ref(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>* b,
                                int64_t n, int64_t in, int64_t out, bool relu) {
   std::vector<double> y(size_t(n * out));
@@ -641,268 +689,171 @@ double max_abs_diff(const std::vector<float>& got, const std::vector<double>& wa
   return worst;
 }
 
-struct LinearKernelGuard {
-  ~LinearKernelGuard() { cpu_backend::force_linear_kernel(cpu_backend::LinearKernel::automatic); }
+/// A weight tensor's prepared-data cache as the core keeps one (src/storage_cache.cpp), counting inserts.
+struct TestCache final : backend::PreparedCache {
+  std::vector<std::pair<backend::PreparedKey, std::shared_ptr<const backend::Prepared>>> kept;
+  int inserts = 0;
+  std::shared_ptr<const backend::Prepared> find(const backend::PreparedKey& k) override {
+    for (auto& [key, p] : kept)
+      if (key == k) return p;
+    return nullptr;
+  }
+  void insert(const backend::PreparedKey& k, std::shared_ptr<const backend::Prepared> p) override {
+    ++inserts;
+    for (auto& [key, old] : kept)
+      if (key == k) {
+        old = std::move(p);
+        return;
+      }
+    kept.emplace_back(k, std::move(p));
+  }
 };
 
-// Each kernel linear_forward can run, forced in turn (flux's panels at every ISA level), then the
-// measured choice. Shapes: MNIST's, rows not a multiple of any register block (13, 127: the last two
-// blocks share the remainder), outputs not a multiple of the 16-wide panel (1, 10, 33, 47, 70: a
-// partial last panel, its bias from a padded copy), pieces over the pool (128 x 784 x 512 at 2+ threads).
-TEST(CpuLinear, KeptWeightsMatchReferenceAndFollowTheStamp) {
+// Each kernel linear_forward can run, forced in turn (flux's panels at every ISA level, oneDNN), then
+// the seam's choice, against a float64 loop. With a cache: the prepared weights are read (so a change
+// made behind the cache's back does not show: that is what proves they are kept); a fresh (emptied)
+// cache: prepared again from the new weights. Shapes: MNIST's, rows not a multiple of any register
+// block (13, 127), outputs not a multiple of the 16-wide panel (1, 10, 33, 47, 70), pieces over the
+// pool (128 x 784 x 512 at 2+ threads).
+TEST(CpuLinear, PreparedWeightsMatchReferenceAndFollowTheCache) {
   struct Case {
     int64_t n, in, out;
   };
   IsaGuard isa_guard;
-  LinearKernelGuard kernel_guard;
-  uint64_t stamp = 1000;
+  ForceGuard force_guard;
   struct Run {
-    cpu_backend::LinearKernel kernel;
+    std::optional<cpu_backend::Kernel> kernel;
     Isa isa;
   };
   std::vector<Run> runs;
-  for (Isa level : usable_isas()) runs.push_back({cpu_backend::LinearKernel::panels, level});
-  runs.push_back({cpu_backend::LinearKernel::onednn, cpu_backend::detected_isa()});
-  runs.push_back({cpu_backend::LinearKernel::automatic, cpu_backend::detected_isa()});
-  for (Run run : runs)
-    for (Case s : {Case{128, 784, 512}, Case{128, 512, 10}, Case{8, 17, 33}, Case{300, 96, 70}, Case{64, 1, 1},
-                   Case{13, 5, 16}, Case{127, 33, 47}, Case{9, 64, 1}})
-      for (bool bias : {true, false})
+  for (Isa level : usable_isas()) runs.push_back({cpu_backend::Kernel::panels, level});
+  runs.push_back({cpu_backend::Kernel::onednn, cpu_backend::detected_isa()});
+  runs.push_back({std::nullopt, cpu_backend::detected_isa()});
+  for (const Run& run : runs)
+    for (Case s : {Case{128, 784, 512}, Case{13, 50, 33}, Case{127, 64, 10}, Case{8, 20, 1}, Case{40, 300, 47},
+                   Case{9, 16, 70}})
+      for (bool bias : {false, true})
         for (bool relu : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "kernel " << (run.kernel ? cpu_backend::kernel_name(*run.kernel) : "seam")
+                                            << " isa " << cpu_backend::isa_name(run.isa) << " n " << s.n << " in "
+                                            << s.in << " out " << s.out << " bias " << bias << " relu " << relu);
           cpu_backend::force_isa(run.isa);
-          cpu_backend::force_linear_kernel(run.kernel);
-          SCOPED_TRACE(::testing::Message() << "kernel " << int(run.kernel) << " isa " << cpu_backend::isa_name(run.isa)
-                                            << " n " << s.n << " in " << s.in << " out " << s.out << " bias " << bias
-                                            << " relu " << relu);
-          std::vector<float> x = random_floats(size_t(s.n * s.in), -1, 1, 51);
-          std::vector<float> w = random_floats(size_t(s.out * s.in), -1, 1, 52);
-          std::vector<float> b = random_floats(size_t(s.out), -1, 1, 53);
+          cpu_backend::force_kernel(cpu_backend::Site::linear, run.kernel);
+          std::vector<float> x = random_floats(size_t(s.n * s.in), -1, 1, 11);
+          std::vector<float> w = random_floats(size_t(s.out * s.in), -1, 1, 12);
+          std::vector<float> b = random_floats(size_t(s.out), -1, 1, 13);
           std::vector<float> y(size_t(s.n * s.out), -7.f);
+          TestCache cache;
+          ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), &cache, bias ? b.data() : nullptr,
+                                                  y.data(), s.n, s.in, s.out, relu));
           const std::vector<double> want = linear_ref(x, w, bias ? &b : nullptr, s.n, s.in, s.out, relu);
-          ++stamp;
-          bool ran = cpu_backend::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
-                                         s.n, s.in, s.out, relu);
-          if (run.kernel == cpu_backend::LinearKernel::onednn) {
-            if (!FLUX_TEST_HAVE_ONEDNN) {
-              EXPECT_FALSE(ran);
-            }
-            if (!ran) continue;  // oneDNN may decline odd shapes (reference kernel only): the GEMM path runs
-          } else {
-            ASSERT_TRUE(ran) << "flux's panels take every f32 shape of 8 rows and more";
-          }
           EXPECT_LT(max_abs_diff(y, want), 1e-4);
-          // The same buffer and stamp: the kept copy, however the buffer changed meanwhile.
+          const std::vector<float> first = y;
+          // Without a cache: prepared for the call only, the same bits.
+          std::vector<float> uncached(y.size());
+          ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), nullptr, bias ? b.data() : nullptr,
+                                                  uncached.data(), s.n, s.in, s.out, relu));
+          EXPECT_EQ(uncached, first);
+          // Behind the cache's back: a kernel that prepared its weights still answers with the old ones.
+          const bool prepared = !cache.kept.empty();
           for (float& v : w) v = -v;
-          std::fill(y.begin(), y.end(), -7.f);
-          ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
-                                          s.n, s.in, s.out, relu));
-          const std::vector<double> want_new = linear_ref(x, w, bias ? &b : nullptr, s.n, s.in, s.out, relu);
-          double d_old = max_abs_diff(y, want), d_new = max_abs_diff(y, want_new);
-          if (run.kernel == cpu_backend::LinearKernel::panels) {
-            EXPECT_LT(d_old, 1e-4) << "the panels are a kept copy: the old weights' result";
-          } else {
-            // Whether a copy is kept depends on the kernel oneDNN picks (a plain-layout kernel keeps
-            // none): either the old weights' result (kept) or the new one (read in place), never anything else.
-            EXPECT_TRUE(d_old < 1e-4 || d_new < 1e-4) << d_old << " " << d_new;
+          ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), &cache, bias ? b.data() : nullptr,
+                                                  y.data(), s.n, s.in, s.out, relu));
+          if (prepared) {
+            EXPECT_EQ(y, first) << "the prepared weights are read";
           }
-          // A new stamp: the new weights.
-          ++stamp;
-          std::fill(y.begin(), y.end(), -7.f);
-          ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), stamp, bias ? b.data() : nullptr, y.data(),
-                                          s.n, s.in, s.out, relu));
-          EXPECT_LT(max_abs_diff(y, want_new), 1e-4);
+          if (run.kernel == cpu_backend::Kernel::panels) {
+            EXPECT_TRUE(prepared) << "the panels are always prepared";
+          }
+          EXPECT_EQ(cache.inserts, prepared ? 1 : 0) << "prepared once";
+          // An emptied cache (what the core does on a write): the new weights.
+          TestCache fresh;
+          ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), &fresh, bias ? b.data() : nullptr,
+                                                  y.data(), s.n, s.in, s.out, relu));
+          EXPECT_LT(max_abs_diff(y, linear_ref(x, w, bias ? &b : nullptr, s.n, s.in, s.out, relu)), 1e-4);
         }
 }
 
-// The measured choice: made on a shape's first call, then kept; the first call's y comes from the
-// kernel that later calls run (bitwise the same); the panels at every ISA level agree with each other
-// to float rounding and are deterministic (the same bits twice, whatever the pieces).
-TEST(CpuLinear, ChoiceIsMadeOnceAndEveryCallGivesTheSameBits) {
+// The seam's choice is the rule; the panels at every ISA level agree with each other to float
+// rounding and are deterministic (the same bits twice, whatever the pieces).
+TEST(CpuLinear, ChoiceIsTheRuleAndEveryCallGivesTheSameBits) {
   IsaGuard isa_guard;
-  LinearKernelGuard kernel_guard;
-  const int64_t n = 40, in = 300, out = 200;
-  std::vector<float> x = random_floats(size_t(n * in), -1, 1, 71), w = random_floats(size_t(out * in), -1, 1, 72);
-  std::vector<float> b = random_floats(size_t(out), -1, 1, 73);
-  EXPECT_FALSE(cpu_backend::linear_kernel_of(n, in, out, true, true).has_value()) << "no call has measured this shape yet";
-  std::vector<float> y1(size_t(n * out)), y2(size_t(n * out));
-  ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), y1.data(), n, in, out, true));
-  const std::optional<cpu_backend::LinearKernel> chosen = cpu_backend::linear_kernel_of(n, in, out, true, true);
-  ASSERT_TRUE(chosen.has_value());
+  ForceGuard force_guard;
+  const int64_t n = 64, in = 200, out = 96;
+  const cpu_backend::Kernel chosen = cpu_backend::linear_kernel(n, in, out, true, true);
   if (!FLUX_TEST_HAVE_ONEDNN) {
-    EXPECT_EQ(*chosen, cpu_backend::LinearKernel::panels);
+    EXPECT_EQ(chosen, cpu_backend::Kernel::panels);
   }
+  std::vector<float> x = random_floats(size_t(n * in), -1, 1, 21), w = random_floats(size_t(out * in), -1, 1, 22);
+  std::vector<float> b = random_floats(size_t(out), -1, 1, 23), y1(size_t(n * out)), y2(size_t(n * out));
+  TestCache cache;
+  ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), &cache, b.data(), y1.data(), n, in, out, true));
   for (int rep = 0; rep < 3; ++rep) {
-    ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), y2.data(), n, in, out, true));
-    ASSERT_EQ(y1, y2) << "call " << rep + 2;
-    ASSERT_EQ(cpu_backend::linear_kernel_of(n, in, out, true, true), chosen);
+    ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), &cache, b.data(), y2.data(), n, in, out, true));
+    ASSERT_EQ(y1, y2);
+    EXPECT_EQ(cpu_backend::linear_kernel(n, in, out, true, true), chosen);
   }
-  const std::vector<double> want = linear_ref(x, w, &b, n, in, out, true);
-  cpu_backend::force_linear_kernel(cpu_backend::LinearKernel::panels);
+  cpu_backend::force_kernel(cpu_backend::Site::linear, cpu_backend::Kernel::panels);
   for (Isa level : usable_isas()) {
     cpu_backend::force_isa(level);
-    std::vector<float> a(size_t(n * out)), c(size_t(n * out));
-    ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), a.data(), n, in, out, true));
-    ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 501, b.data(), c.data(), n, in, out, true));
-    EXPECT_EQ(a, c) << cpu_backend::isa_name(level);
-    EXPECT_LT(max_abs_diff(a, want), 1e-4) << cpu_backend::isa_name(level);
+    TestCache c1, c2;
+    ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), &c1, b.data(), y1.data(), n, in, out, true));
+    ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), &c2, b.data(), y2.data(), n, in, out, true));
+    EXPECT_EQ(y1, y2) << cpu_backend::isa_name(level);
   }
 }
 
-TEST(CpuLinear, KeepsACopyForMnistShapesAndDeclinesWhatItCannotKeep) {
-  if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN";
-  const int64_t n = 128, in = 784, out = 512;
-  std::vector<float> x = random_floats(size_t(n * in), -1, 1, 61), w = random_floats(size_t(out * in), -1, 1, 62);
-  std::vector<float> y1(size_t(n * out)), y2(size_t(n * out));
-  ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 77, nullptr, y1.data(), n, in, out, false));
-  const std::optional<bool> kept = cpu_backend::linear_reads_kept_copy(n, in, out, false, false);
-  ASSERT_TRUE(kept.has_value()) << "the first call makes the shape's kernels and settles how they read w";
-  // oneDNN's brgemm kernel (AVX-512 and up) reads its own blocked copy of w; below it the first call
-  // timed gemm:jit on a transposed copy against w as it is and kept the faster.
-  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
-  if (cpu_backend::detected_isa() == cpu_backend::Isa::avx512 && !(cap && *cap)) {
-    EXPECT_TRUE(*kept) << "MNIST's first layer should run from a packed copy (oneDNN's blocked weights)";
-  }
-  for (float& v : w) v *= 2;  // behind the stamp's back: a kept copy ignores it
-  ASSERT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 77, nullptr, y2.data(), n, in, out, false));
-  if (*kept) {
-    EXPECT_EQ(y1, y2) << "a kept copy is read, not the changed buffer";
-  } else {
-    for (float& v : y1) v *= 2;  // doubling is exact: w read as it is gives exactly twice the first result
-    EXPECT_EQ(y1, y2) << "w is read as it is";
-  }
-  // Not for it: float64, unknown stamp, one row (GEMV), fewer than 8 rows.
-  std::vector<double> xd(size_t(n * in)), wd(size_t(out * in)), yd(size_t(n * out));
-  EXPECT_FALSE(cpu_backend::linear_forward(DType::f64, xd.data(), wd.data(), 5, nullptr, yd.data(), n, in, out, false));
-  EXPECT_FALSE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 0, nullptr, y1.data(), n, in, out, false));
-  EXPECT_FALSE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 78, nullptr, y1.data(), 1, in, out, false));
-  EXPECT_FALSE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), 78, nullptr, y1.data(), 7, in, out, false));
+TEST(CpuLinear, DeclinesWhatItCannotRun) {
+  const int64_t in = 30, out = 20;
+  std::vector<float> x(size_t(8 * in), 1.f), w(size_t(out * in), 1.f), y(size_t(8 * out));
+  std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), yd(y.size());
+  TestCache cache;
+  // Not for it: float64, one row (GEMV), fewer than 8 rows; nothing prepared for them.
+  EXPECT_FALSE(cpu_backend::linear_forward(DType::f64, xd.data(), wd.data(), &cache, nullptr, yd.data(), 8, in, out, false));
+  EXPECT_FALSE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), &cache, nullptr, y.data(), 1, in, out, false));
+  EXPECT_FALSE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), &cache, nullptr, y.data(), 7, in, out, false));
+  EXPECT_TRUE(cache.kept.empty());
 }
 
 }  // namespace
 
 namespace {
 
-/// onednn_conv_forward(x, w, b) -> y under g with the given content stamps (weights, x, y).
-void conv_with_stamps(const backend::ConvGeometry& g, const float* x, const float* w, const float* b, float* y,
-                      uint64_t weight_stamp, uint64_t input_stamp = 0, uint64_t output_stamp = 0) {
-  backend::ConvGeometry gs = g;
-  gs.weight_stamp = weight_stamp, gs.input_stamp = input_stamp, gs.output_stamp = output_stamp;
-  EXPECT_TRUE(cpu_backend::onednn_conv_forward(DType::f32, const_cast<float*>(x), const_cast<float*>(w),
-                                       const_cast<float*>(b), y, gs));
-}
-
-// Forward convs keep their weights reordered into oneDNN's blocked layout under
-// ConvGeometry::weight_stamp: the same stamp reads the kept copy, a new stamp (or 0) reorders anew;
-// results equal the unkept call's bit for bit. Convs of one geometry share the cached primitive and
-// keep one copy each.
-TEST(CpuConv, ForwardKeepsReorderedWeightsPerStamp) {
+// Forward convs through oneDNN keep their weights reordered into its blocked layout in the weight
+// tensor's cache: the same cache reads the prepared copy (a change behind its back does not show),
+// an emptied one reorders anew; results equal the uncached call's bit for bit. Batch 1 splits output
+// channels over the pool (one prepared set per chunk), batch 3 the samples.
+TEST(CpuConv, ForwardKeepsPreparedWeightsInTheCache) {
   if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN";
-  // Batch 1 on 24x24 (~5 MFLOP): at 2+ threads the output channels are split over the pool, one
-  // kept copy per piece.
-  for (int64_t batch : {2, 1}) {
+  ForceGuard force_guard;
+  cpu_backend::force_kernel(cpu_backend::Site::conv_forward, cpu_backend::Kernel::onednn);
+  for (int64_t batch : {1, 3}) {
     SCOPED_TRACE(::testing::Message() << "batch " << batch);
-    const int64_t h = batch == 1 ? 24 : 9, w = batch == 1 ? 24 : 10;
     backend::ConvGeometry g;
-    g.batch = batch, g.in_channels = 16, g.out_channels = 32;
-    g.in[0] = h, g.in[1] = w, g.kernel[0] = g.kernel[1] = 3, g.pad_lo[0] = g.pad_lo[1] = 1;
-    g.pad_hi[0] = g.pad_hi[1] = 1, g.out[0] = h, g.out[1] = w;
-    std::vector<float> x = random_floats(size_t(batch * 16 * h * w), -1, 1, 71);
-    std::vector<float> w1 = random_floats(size_t(32 * 16 * 9), -1, 1, 72), w2 = random_floats(size_t(32 * 16 * 9), -1, 1, 73);
-    std::vector<float> b = random_floats(32, -1, 1, 74);
-    const size_t ny = size_t(batch * 32 * h * w);
-    auto run = [&](std::vector<float>& w, uint64_t stamp) {
-      std::vector<float> y(ny, -7.f);
-      conv_with_stamps(g, x.data(), w.data(), b.data(), y.data(), stamp);
+    g.batch = batch, g.in_channels = 32, g.out_channels = 64;
+    g.in[0] = g.in[1] = 9, g.kernel[0] = g.kernel[1] = 3, g.pad_lo[0] = g.pad_lo[1] = g.pad_hi[0] = g.pad_hi[1] = 1;
+    g.out[0] = g.out[1] = 9;
+    std::vector<float> x = random_floats(size_t(batch * 32 * 81), -1, 1, 61);
+    std::vector<float> w1 = random_floats(size_t(64 * 32 * 9), -1, 1, 62), w2 = random_floats(w1.size(), -1, 1, 63);
+    std::vector<float> b = random_floats(64, -1, 1, 64);
+    auto run = [&](std::vector<float>& w, backend::PreparedCache* cache) {
+      backend::ConvGeometry gs = g;
+      gs.weight_cache = cache;
+      std::vector<float> y(size_t(batch * 64 * 81), -7.f);
+      EXPECT_TRUE(cpu_backend::conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), gs));
       return y;
     };
-    const std::vector<float> y1 = run(w1, 0), y2 = run(w2, 0);  // nothing kept: the reference
-    EXPECT_NE(y1, y2);
-    EXPECT_EQ(run(w1, 501), y1);
-    EXPECT_EQ(run(w2, 502), y2);  // a second conv of the same geometry: its own copy
-    EXPECT_EQ(run(w1, 501), y1);
-    EXPECT_EQ(run(w2, 502), y2);
-    std::vector<float> w1_before = w1;
-    w1 = w2;  // behind the stamp's back: the kept copy of w1 still answers
-    EXPECT_EQ(run(w1, 501), y1);
-    EXPECT_EQ(run(w1, 503), y2);  // a new stamp: reordered from what the buffer holds now
-    w1 = w1_before;
-    EXPECT_EQ(run(w1, 0), y1);  // stamp 0: always reordered
+    const std::vector<float> y1 = run(w1, nullptr), y2 = run(w2, nullptr);
+    TestCache cache;
+    EXPECT_EQ(run(w1, &cache), y1);
+    EXPECT_EQ(cache.inserts, 1);
+    w1 = w2;  // behind the cache's back (the same buffer): the prepared copy of the old w1 still answers
+    EXPECT_EQ(run(w1, &cache), y1);
+    TestCache fresh;
+    EXPECT_EQ(run(w1, &fresh), y2) << "an emptied cache: reordered from what the buffer holds now";
   }
 }
 
-// A forward whose destination is channel-blocked keeps that blocked copy under y's content stamp
-// (ConvGeometry::output_stamp); the next forward reads it for its input (input_stamp) or fused
-// residual (residual_stamp) instead of reordering the plain buffer. Results equal the calls without
-// stamps bit for bit; a plain buffer changed behind an unchanged stamp still reads the kept copy (so
-// the copy is what is read), a new stamp reads the buffer again. Batch 1 splits output channels over
-// the pool, batch 3 the samples.
-TEST(CpuConv, ForwardReadsBlockedCopyOfItsInputPerStamp) {
-  if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN";
-  for (int64_t batch : {3, 1}) {
-    SCOPED_TRACE(::testing::Message() << "batch " << batch);
-    const int64_t h = 20, w = 21, c = 32;
-    backend::ConvGeometry g;  // c -> c channels, 3x3, padding 1: the shape of x, y and z alike
-    g.batch = batch, g.in_channels = c, g.out_channels = c;
-    g.in[0] = g.out[0] = h, g.in[1] = g.out[1] = w, g.kernel[0] = g.kernel[1] = 3;
-    g.pad_lo[0] = g.pad_lo[1] = g.pad_hi[0] = g.pad_hi[1] = 1;
-    const size_t n = size_t(batch * c * h * w);
-    std::vector<float> x = random_floats(n, -1, 1, 81), w1 = random_floats(size_t(c * c * 9), -0.2f, 0.2f, 82);
-    std::vector<float> w2 = random_floats(size_t(c * c * 9), -0.2f, 0.2f, 83), b = random_floats(size_t(c), -1, 1, 84);
-    std::vector<float> scale = random_floats(size_t(c), 0.5f, 1.5f, 85), shift = random_floats(size_t(c), -1, 1, 86);
-    // y = conv(x, w1) + b written into y (kept under stamp `out` when out != 0)
-    auto first = [&](std::vector<float>& y, uint64_t out) {
-      std::fill(y.begin(), y.end(), -7.f);
-      conv_with_stamps(g, x.data(), w1.data(), b.data(), y.data(), 0, 0, out);
-    };
-    // z = conv(y, w2) + b, reading y under stamp `in`
-    auto second = [&](std::vector<float>& y, uint64_t in) {
-      std::vector<float> z(n, -7.f);
-      conv_with_stamps(g, y.data(), w2.data(), b.data(), z.data(), 0, in);
-      return z;
-    };
-    // r = relu(conv(x, w2) * scale + shift + y), the residual y under stamp `res`
-    auto residual = [&](std::vector<float>& y, uint64_t res) {
-      std::vector<float> r(n, -7.f);
-      backend::ConvGeometry gs = g;
-      gs.residual_stamp = res;
-      EXPECT_TRUE(cpu_backend::onednn_conv_forward_affine(DType::f32, x.data(), w2.data(), scale.data(), shift.data(), y.data(),
-                                                  r.data(), gs, false, true));
-      return r;
-    };
-    std::vector<float> y(n), y_plain(n);
-    first(y_plain, 0);
-    const std::vector<float> z_want = second(y_plain, 0), r_want = residual(y_plain, 0);
-    first(y, 901);
-    EXPECT_EQ(y, y_plain);
-    EXPECT_EQ(second(y, 901), z_want);
-    EXPECT_EQ(residual(y, 901), r_want);
-    EXPECT_EQ(second(y, 901), z_want);  // still kept after being read
-    const std::vector<float> y_before = y;
-    for (float& v : y) v = -v;  // behind the stamp's back: the kept copy still answers
-    EXPECT_EQ(second(y, 901), z_want);
-    EXPECT_EQ(residual(y, 901), r_want);
-    const std::vector<float> z_negated = second(y, 0);
-    EXPECT_NE(z_negated, z_want);
-    EXPECT_EQ(second(y, 902), z_negated);  // another stamp: the plain buffer
-    EXPECT_EQ(residual(y, 902), residual(y, 0));
-    y = y_before;
-    // Later outputs take the kept copies' places (four at most): y's is gone, its stamp reads the buffer.
-    std::vector<float> other(n);
-    for (uint64_t out = 910; out < 916; ++out) first(other, out);
-    for (float& v : y) v = -v;
-    EXPECT_EQ(second(y, 901), z_negated);
-  }
-}
-
-}  // namespace
-
-namespace {
-
-// Winograd F(2x2, 3x3) forwards (winograd.cpp, chosen by conv.cpp) against a float64 direct conv:
-// every epilogue (bias, relu, scale and shift with residual and the relus around it), odd output
-// sizes (a tile half outside), widths below, at and past the 8-column transposes, padding 0, 1 and 2,
-// one image and several chunks, at every ISA level;
-// then the timed choice: made on the first call, the same bits on later calls.
 struct WinogradCase {
   int64_t n, c, o, h, w, pad_lo_h, pad_hi_h, pad_lo_w, pad_hi_w;
 };
@@ -945,16 +896,11 @@ std::vector<double> conv3x3_ref(const backend::ConvGeometry& g, const std::vecto
   return y;
 }
 
-struct WinogradGuard {
-  ~WinogradGuard() { cpu_backend::force_conv_winograd(-1); }
-};
-
+// Winograd (forced where it fits; inference only: it needs the weight cache) against float64.
 TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
-  if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN (the Winograd path sits in its conv dispatch)";
   IsaGuard isa_guard;
-  WinogradGuard winograd_guard;
-  cpu_backend::force_conv_winograd(1);
-  uint64_t stamp = 9000;
+  ForceGuard force_guard;
+  cpu_backend::force_kernel(cpu_backend::Site::conv_forward, cpu_backend::Kernel::winograd);
   for (WinogradCase s : {WinogradCase{2, 16, 24, 7, 7, 1, 1, 1, 1}, WinogradCase{3, 8 * 2, 16, 5, 6, 0, 0, 0, 0},
                          WinogradCase{1, 32, 16, 4, 4, 1, 1, 1, 1}, WinogradCase{5, 16, 32, 9, 4, 2, 0, 1, 2},
                          WinogradCase{40, 16, 16, 3, 3, 1, 1, 1, 1}, WinogradCase{2, 16, 16, 14, 17, 1, 1, 1, 1},
@@ -962,7 +908,6 @@ TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
     for (Isa level : usable_isas()) {
       cpu_backend::force_isa(level);
       backend::ConvGeometry g0 = winograd_geometry(s);
-      g0.weight_stamp = 1;
       ASSERT_TRUE(cpu_backend::winograd_fits(g0));
       const size_t ny = size_t(s.n * s.o * g0.out[0] * g0.out[1]);
       std::vector<float> x = random_floats(size_t(s.n * s.c * s.h * s.w), -1, 1, 81);
@@ -974,103 +919,76 @@ TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
                                           << " pads " << s.pad_lo_h << s.pad_hi_h << s.pad_lo_w << s.pad_hi_w
                                           << " isa " << cpu_backend::isa_name(level) << " variant " << variant);
         backend::ConvGeometry g = g0;
-        bool deferred = false;
-        g.weight_stamp = ++stamp, g.output_deferred = &deferred;
+        TestCache cache;
+        g.weight_cache = &cache;
         std::vector<float> y(ny, -7.f);
         std::vector<double> want;
         switch (variant) {
           case 0:  // no bias
-            ASSERT_TRUE(cpu_backend::onednn_conv_forward(DType::f32, x.data(), w.data(), nullptr, y.data(), g, false));
+            ASSERT_TRUE(cpu_backend::conv_forward(DType::f32, x.data(), w.data(), nullptr, y.data(), g, false));
             want = conv3x3_ref(g, x, w, nullptr, nullptr, false, nullptr, false);
             break;
           case 1:  // bias
-            ASSERT_TRUE(cpu_backend::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), g, false));
+            ASSERT_TRUE(cpu_backend::conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), g, false));
             want = conv3x3_ref(g, x, w, nullptr, b.data(), false, nullptr, false);
             break;
           case 2:  // bias, relu
-            ASSERT_TRUE(cpu_backend::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), g, true));
+            ASSERT_TRUE(cpu_backend::conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), g, true));
             want = conv3x3_ref(g, x, w, nullptr, b.data(), true, nullptr, false);
             break;
           case 3:  // folded BatchNorm, relu
-            ASSERT_TRUE(cpu_backend::onednn_conv_forward_affine(DType::f32, x.data(), w.data(), scale.data(), b.data(), nullptr,
-                                                        y.data(), g, true, false));
+            ASSERT_TRUE(cpu_backend::conv_forward_affine(DType::f32, x.data(), w.data(), scale.data(), b.data(), nullptr,
+                                                         y.data(), g, true, false));
             want = conv3x3_ref(g, x, w, scale.data(), b.data(), true, nullptr, false);
             break;
           default:  // folded BatchNorm, residual, relu after (a ResNet block's second conv)
-            ASSERT_TRUE(cpu_backend::onednn_conv_forward_affine(DType::f32, x.data(), w.data(), scale.data(), b.data(),
-                                                        residual.data(), y.data(), g, false, true));
+            ASSERT_TRUE(cpu_backend::conv_forward_affine(DType::f32, x.data(), w.data(), scale.data(), b.data(),
+                                                         residual.data(), y.data(), g, false, true));
             want = conv3x3_ref(g, x, w, scale.data(), b.data(), false, residual.data(), true);
             break;
         }
-        EXPECT_FALSE(deferred) << "Winograd writes y plain";
+        EXPECT_EQ(cache.inserts, 1) << "the transformed weights are kept";
         EXPECT_LT(max_abs_diff(y, want), 2e-5);
       }
     }
 }
 
-TEST(CpuConv, WinogradChoiceIsTimedOnceAndKeepsItsBits) {
-  if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN";
-  WinogradGuard winograd_guard;
+// The seam's choice for a conv forward is the rule, made without timing anything: every call gives
+// the same bits; Winograd only at inference (with a weight cache); the few-pixel kernel where it fits.
+TEST(CpuConv, ForwardChoiceIsTheRuleAndKeepsItsBits) {
   const WinogradCase s{4, 32, 32, 14, 14, 1, 1, 1, 1};
   backend::ConvGeometry g = winograd_geometry(s);
   const size_t ny = size_t(s.n * s.o * g.out[0] * g.out[1]);
   std::vector<float> x = random_floats(size_t(s.n * s.c * s.h * s.w), -1, 1, 91);
   std::vector<float> w = random_floats(size_t(s.o * s.c * 9), -1, 1, 92), b = random_floats(size_t(s.o), -1, 1, 93);
   const std::vector<double> want = conv3x3_ref(g, x, w, nullptr, b.data(), true, nullptr, false);
-  auto call = [&](int mode, uint64_t stamp) {
-    cpu_backend::force_conv_winograd(mode);
-    backend::ConvGeometry gs = g;
-    bool deferred = false;
-    gs.weight_stamp = stamp, gs.output_deferred = &deferred;
-    std::vector<float> y(ny, -7.f);
-    EXPECT_TRUE(cpu_backend::onednn_conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), gs, true));
-    if (deferred) cpu_backend::onednn_materialise(y.data());
-    cpu_backend::onednn_forget(y.data());
-    return y;
-  };
-  const std::vector<float> first = call(-1, 77), winograd = call(1, 77), onednn = call(0, 77);
+  TestCache cache;
+  backend::ConvGeometry inference = g;
+  inference.weight_cache = &cache;
+  const cpu_backend::Kernel chosen = cpu_backend::conv_forward_kernel(inference, false);
+  if (!FLUX_TEST_HAVE_ONEDNN) {
+    EXPECT_EQ(chosen, cpu_backend::Kernel::winograd) << "the only candidate";
+  }
+  if (cpu_backend::detected_isa() == Isa::avx2) {
+    EXPECT_EQ(chosen, cpu_backend::Kernel::winograd);
+  }
+  if (FLUX_TEST_HAVE_ONEDNN) {
+    EXPECT_NE(cpu_backend::conv_forward_kernel(g, false), cpu_backend::Kernel::winograd) << "training: no Winograd";
+  }
+  std::vector<float> first(ny, -7.f);
+  ASSERT_TRUE(cpu_backend::conv_forward(DType::f32, x.data(), w.data(), b.data(), first.data(), inference, true));
   EXPECT_LT(max_abs_diff(first, want), 2e-5);
-  EXPECT_LT(max_abs_diff(winograd, want), 2e-5);
-  EXPECT_LT(max_abs_diff(onednn, want), 2e-5);
-  EXPECT_NE(winograd, onednn) << "two different kernels (else this test cannot tell which ran)";
-  EXPECT_TRUE(first == winograd || first == onednn) << "the first call's y comes from the kernel it chose";
-  for (int rep = 0; rep < 3; ++rep) EXPECT_EQ(call(-1, 77), first) << "later calls run the same kernel";
-}
-
-}  // namespace
-
-namespace {
-
-// The store behind the Dense panels and the Winograd transforms: an array is made once per (buffer,
-// stamp, shape), remade when any changes, bounded in count (least recently used refilled), dropped by forget.
-TEST(CpuKeptFloats, MakesOncePerStampAndShapeAndForgets) {
-  cpu_backend::KeptFloats kept(2, size_t(1) << 20);
-  int made = 0;
-  auto fill_with = [&](float v) {
-    return [&made, v](float* to) {
-      ++made;
-      to[0] = v;
-    };
-  };
-  const int a = 0, b = 0, c = 0;  // three "weight buffers" (only their addresses count)
-  EXPECT_EQ(kept.get(&a, 1, 4, 4, 16, fill_with(1.f))[0], 1.f);
-  EXPECT_EQ(kept.get(&a, 1, 4, 4, 16, fill_with(9.f))[0], 1.f) << "kept: not made again";
-  EXPECT_EQ(made, 1);
-  EXPECT_EQ(kept.get(&a, 2, 4, 4, 16, fill_with(2.f))[0], 2.f) << "a new stamp";
-  EXPECT_EQ(kept.get(&a, 2, 4, 8, 32, fill_with(3.f))[0], 3.f) << "a new shape";
-  EXPECT_EQ(made, 3);
-  kept.get(&b, 1, 4, 4, 16, fill_with(4.f));
-  kept.get(&a, 2, 4, 8, 32, fill_with(9.f));      // a used last: b is the least recently used
-  kept.get(&c, 1, 4, 4, 16, fill_with(5.f));      // two sets at most: c takes b's place
-  EXPECT_EQ(made, 5);
-  EXPECT_EQ(kept.get(&a, 2, 4, 8, 32, fill_with(9.f))[0], 3.f) << "a survived";
-  EXPECT_EQ(kept.get(&b, 1, 4, 4, 16, fill_with(6.f))[0], 6.f) << "b was refilled";
-  EXPECT_EQ(made, 6);
-  kept.forget(&b);
-  EXPECT_EQ(kept.get(&b, 1, 4, 4, 16, fill_with(7.f))[0], 7.f) << "forgotten: made again";
-  EXPECT_EQ(made, 7);
-  const float* fresh = kept.get(&c, 9, 1, 1, 8, [&](float*) { ++made; });
-  for (int i = 0; i < 8; ++i) EXPECT_EQ(fresh[i], 0.f) << "filled over zeros";
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<float> y(ny, -7.f);
+    ASSERT_TRUE(cpu_backend::conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), inference, true));
+    EXPECT_EQ(y, first) << "later calls run the same kernel";
+  }
+  // ResNet-18's last stage at batch 1: 512 -> 512 on 4x4, 16 output pixels.
+  backend::ConvGeometry last;
+  last.batch = 1, last.in_channels = last.out_channels = 512;
+  last.in[0] = last.in[1] = last.out[0] = last.out[1] = 4, last.kernel[0] = last.kernel[1] = 3;
+  last.pad_lo[0] = last.pad_lo[1] = last.pad_hi[0] = last.pad_hi[1] = 1;
+  EXPECT_EQ(cpu_backend::conv_forward_kernel(last, false), cpu_backend::Kernel::few_pixel);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <optional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -22,6 +23,7 @@
 #include "flux/backend.hpp"
 #include "flux/denormals.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/kernel_choice.hpp"
 #include "src/backends/cpu/float_mode.hpp"
 #include "src/backends/cpu/isa.hpp"
 
@@ -45,8 +47,8 @@ struct PolicyGuard {
   ~PolicyGuard() {
     flush_denormals(f32, f64);
     cpu_backend::force_isa(isa);
-    cpu_backend::force_linear_kernel(cpu_backend::LinearKernel::automatic);
-    cpu_backend::force_conv_winograd(-1);
+    cpu_backend::force_kernel(cpu_backend::Site::linear, std::nullopt);
+    cpu_backend::force_kernel(cpu_backend::Site::conv_forward, std::nullopt);
   }
 };
 
@@ -234,10 +236,9 @@ TEST(Denormals, GemmAndPanelsReadSubnormalsAsZero) {
         ASSERT_NEAR(v, want, 1e-4 * want);
       }
     }
-    static uint64_t stamp = 7700;
-    cpu_backend::force_linear_kernel(cpu_backend::LinearKernel::panels);
+    cpu_backend::force_kernel(cpu_backend::Site::linear, cpu_backend::Kernel::panels);
     std::fill(y.begin(), y.end(), -1.f);
-    ASSERT_TRUE(cpu_be().linear_forward(0, DType::f32, buf(x), buf(w), ++stamp, Buffer{}, buf(y), n, in, out, false));
+    ASSERT_TRUE(cpu_be().linear_forward(0, DType::f32, buf(x), buf(w), nullptr, Buffer{}, buf(y), n, in, out, false));
     for (float v : y) {
       if (flush) {
         ASSERT_EQ(v, 0.f);
@@ -251,18 +252,19 @@ TEST(Denormals, GemmAndPanelsReadSubnormalsAsZero) {
 // Winograd F(2x2, 3x3) (winograd.cpp, forced): x subnormal, w = 1; an interior output sums 9 C
 // inputs, a normal number in IEEE arithmetic, 0 when inputs read as zero.
 TEST(Denormals, WinogradReadsSubnormalsAsZero) {
-  if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN (the Winograd path sits in its conv dispatch)";
   both_modes([](bool flush) {
     backend::ConvGeometry g;
     g.batch = 1, g.in_channels = 16, g.out_channels = 16;
     g.in[0] = g.in[1] = 6, g.kernel[0] = g.kernel[1] = 3, g.out[0] = g.out[1] = 4;
-    static uint64_t stamp = 8800;
-    g.weight_stamp = ++stamp;
-    bool deferred = false;
-    g.output_deferred = &deferred;
     ASSERT_TRUE(cpu_backend::winograd_fits(g));
-    cpu_backend::force_conv_winograd(1);
+    cpu_backend::force_kernel(cpu_backend::Site::conv_forward, cpu_backend::Kernel::winograd);
     std::vector<float> x(16 * 36, kSub), w(16 * 16 * 9, 1.f), y(16 * 16, -1.f);
+    // Winograd runs at inference: with a weight cache (here one that keeps nothing).
+    struct NoCache final : backend::PreparedCache {
+      std::shared_ptr<const backend::Prepared> find(const backend::PreparedKey&) override { return nullptr; }
+      void insert(const backend::PreparedKey&, std::shared_ptr<const backend::Prepared>) override {}
+    } cache;
+    g.weight_cache = &cache;
     ASSERT_TRUE(cpu_be().conv_forward(0, DType::f32, buf(x), buf(w), Buffer{}, buf(y), g));
     const double want = 9 * 16 * double(kSub);
     for (float v : y) {

@@ -1,11 +1,11 @@
-// Kept weights: the CPU backend keeps a forward's weights in its kernel's layout (reordered conv
-// weights, prepacked Dense weights) under the content stamp of their storage (Storage::stamp), and
-// reuses them while the stamp is unchanged; likewise a conv's output in the blocked layout, read by
-// the next conv in place of the plain tensor (the last tests here). These tests change the weights between forwards by every
+// Prepared weights: the CPU backend keeps a forward's weights in its kernel's layout (reordered conv
+// weights, prepacked Dense weights, Winograd transforms) in the weight tensor's cache, which the core
+// empties on every write to the tensor. These tests change the weights between forwards by every
 // in-place writer a user has (copy_, sub_, optimiser updates, loading a state, BatchNorm's running
 // statistics in training mode, a BatchNorm's eps) and by freeing a layer and making another of the
-// same shape; after each, the forward must equal a float64 reference of the new weights. On devices
-// that keep nothing (OpenCL) the same sequence runs and must agree too.
+// same shape; after each, the forward must equal a float64 reference of the new weights. Chains of
+// convs and pools check that writes to activations are seen too. On devices that keep nothing
+// (OpenCL) the same sequence runs and must agree too.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

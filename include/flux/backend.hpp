@@ -1,8 +1,10 @@
 // The plugin contract between libflux and a backend (CPU built in; OpenCL, CUDA, AMDGPU as plugins).
 // Internal: users never include this. Bump kBackendAbiVersion whenever anything here changes.
 #pragma once
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "flux/dtype.hpp"
@@ -10,7 +12,7 @@
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 10;
+inline constexpr int kBackendAbiVersion = 11;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
@@ -64,6 +66,28 @@ struct AdamStep {
   double bias1, bias2;                         // 1 - beta1^t, 1 - beta2^t
 };
 
+/// Data a backend derives from a weight tensor's content (e.g. the weights reordered into its kernel's
+/// layout): immutable once made, shared by every thread that runs the layer.
+struct Prepared {
+  virtual ~Prepared() = default;
+};
+/// The backend's name for one Prepared of a weight tensor (what it is for: kernel, shape, offset...);
+/// key[0] >= 0 (negative first entries are the core's own).
+using PreparedKey = std::array<int64_t, 40>;
+/// The cache the core keeps with each weight tensor's storage for the backends. The core empties it
+/// on every write to the storage (the library's in-place ops, optimiser steps, loading, and any call of
+/// the public Tensor::buffer()), so an entry found is always of the current content; what to keep and
+/// under which key is the backend's own business. Thread-safe; lookups do not wait for each other.
+class PreparedCache {
+ public:
+  virtual std::shared_ptr<const Prepared> find(const PreparedKey& key) = 0;
+  /// Keeps `p` under `key` (a few entries per tensor: the oldest goes first).
+  virtual void insert(const PreparedKey& key, std::shared_ptr<const Prepared> p) = 0;
+
+ protected:
+  ~PreparedCache() = default;
+};
+
 /// Geometry of an N-d convolution or pooling window over (N, C, spatial...) activations, N = 1..3
 /// spatial axes (row-major: for 2-D, axis 0 is H and axis 1 is W). Unused trailing axes are 1/0.
 /// conv: x (batch, in_channels, in...), w (out_channels, in_channels / groups, kernel...),
@@ -74,19 +98,8 @@ struct ConvGeometry {
   int64_t batch = 0, in_channels = 0, out_channels = 0, groups = 1;
   int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, kernel[3] = {1, 1, 1};
   int64_t stride[3] = {1, 1, 1}, pad_lo[3] = {0, 0, 0}, pad_hi[3] = {0, 0, 0}, dilation[3] = {1, 1, 1};
-  /// Forward convs: the weights' content stamp (Storage::stamp; 0 = unknown). A backend may keep the
-  /// weights reordered into its kernel's layout and reuse them while the stamp is the same.
-  uint64_t weight_stamp = 0;
-  /// Forward convs: the content stamps of x, of the freshly allocated y and of the fused residual
-  /// (0 = unknown). A backend may keep y in its kernel's activation layout beside the plain y it
-  /// writes, and read that copy instead of reordering x (or the residual) while the stamp is the same.
-  uint64_t input_stamp = 0, output_stamp = 0, residual_stamp = 0;
-  /// Forward convs and pools at inference, null otherwise: a backend that kept y in its activation
-  /// layout (output_stamp) may leave the plain y unwritten and set *output_deferred; the core then calls
-  /// materialise(y) before anything else reads or writes y's storage (x and the residual of a forward
-  /// conv, and x of a forward pool, may arrive so deferred: the backend materialises what it cannot
-  /// read from its copy). Pools get input_stamp and output_stamp with it.
-  bool* output_deferred = nullptr;
+  /// Forward convs at inference: the weights' prepared-data cache (null: none; see PreparedCache).
+  PreparedCache* weight_cache = nullptr;
 };
 
 /// Pooling kinds. mean divides by the full window size, padding included (NNlib's meanpool and
@@ -112,9 +125,6 @@ class Backend {
 
   virtual Buffer allocate(int device, size_t bytes) = 0;
   virtual void deallocate(int device, Buffer buffer, size_t bytes) = 0;
-  /// Writes the plain content of a buffer whose writing a forward conv deferred
-  /// (ConvGeometry::output_deferred); nothing for any other buffer.
-  virtual void materialise(int device, Buffer buffer) { (void)device, (void)buffer; }
   virtual void release_cache(int device) = 0;
   virtual void copy_from_host(int device, Buffer dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(int device, void* dst, Buffer src, size_t bytes) = 0;  // blocking
@@ -265,12 +275,12 @@ class Backend {
   // Library fast paths (oneDNN, cuDNN). Each returns false when the backend has none for this case;
   // the core then runs the portable path built from the primitives above (im2col + matmul).
   /// Inference only (never recorded for gradients): y (n, out) = x (n, in) w^T + bias, w (out, in)
-  /// row-major, bias (out,) (bias.handle == nullptr: none), then relu when asked. w_stamp: w's content
-  /// stamp (Storage::stamp, never 0); the backend may keep w packed for its GEMM kernel and reuse it
-  /// while the stamp is the same. false: the core runs its GEMM path.
-  virtual bool linear_forward(int device, DType t, Buffer x, Buffer w, uint64_t w_stamp, Buffer bias, Buffer y,
+  /// row-major, bias (out,) (bias.handle == nullptr: none), then relu when asked. w_cache: w's
+  /// prepared-data cache (never null), where the backend may keep w packed for its GEMM kernel. false:
+  /// the core runs its GEMM path.
+  virtual bool linear_forward(int device, DType t, Buffer x, Buffer w, PreparedCache* w_cache, Buffer bias, Buffer y,
                               int64_t n, int64_t in, int64_t out, bool relu) {
-    (void)device, (void)t, (void)x, (void)w, (void)w_stamp, (void)bias, (void)y, (void)n, (void)in, (void)out,
+    (void)device, (void)t, (void)x, (void)w, (void)w_cache, (void)bias, (void)y, (void)n, (void)in, (void)out,
         (void)relu;
     return false;
   }

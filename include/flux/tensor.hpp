@@ -41,19 +41,19 @@ class Shape {
 std::string to_string(const Shape& s);
 std::ostream& operator<<(std::ostream& os, const Shape& s);
 
+namespace detail {
+class StorageCache;
+}
+
 /// Device memory shared by tensors (views along the first axis share it).
 struct Storage {
   backend::Backend* backend = nullptr;
   Device device;
   backend::Buffer buffer;
   size_t bytes = 0;
-  /// Names the content: a process-wide number never used before, given at allocation and again by
-  /// every in-place write (copy_, sub_, optimiser steps, state loading). Caches derived
-  /// from the content (the CPU backend's prepacked weights) are valid while it is unchanged.
-  std::atomic<uint64_t> stamp{0};
-  /// The backend has not written the plain content yet (ConvGeometry::output_deferred):
-  /// Tensor::buffer() has it materialised first.
-  std::atomic<bool> deferred{false};
+  /// What the library derives from the content (weights in a kernel's layout), created on first
+  /// use and emptied by every write; internal (src/storage_cache.hpp).
+  std::atomic<detail::StorageCache*> derived{nullptr};
   Storage(backend::Backend* b, Device d, size_t nbytes);
   ~Storage();
   Storage(const Storage&) = delete;
@@ -113,8 +113,10 @@ class Tensor {
 
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
-  /// The storage buffer with this tensor's offset applied. Writing through it in place bypasses
-  /// Storage::stamp: the library's in-place writers (copy_, sub_, optimisers, load) renew the stamp.
+  /// The storage buffer with this tensor's offset applied, for reading and writing in place: each
+  /// call counts as a write, so whatever the library derived from the content (prepared weights) is
+  /// dropped and remade on next use. Call it again after writing if you keep the pointer across
+  /// library calls.
   backend::Buffer buffer() const;
   backend::Backend& backend() const;
 

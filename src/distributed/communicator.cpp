@@ -27,6 +27,7 @@
 
 #include "flux/backend.hpp"
 #include "flux/ops.hpp"
+#include "src/internal.hpp"
 
 namespace flux::distributed {
 namespace detail {
@@ -350,14 +351,14 @@ std::vector<uint8_t> to_host(const Tensor& x, DType& staged) {
     staged = DType::f32;
   }
   std::vector<uint8_t> host(y.nbytes());
-  if (!host.empty()) y.backend().copy_to_host(y.device().index(), host.data(), y.buffer(), host.size());
+  if (!host.empty()) y.backend().copy_to_host(y.device().index(), host.data(), flux::detail::buffer_of(y), host.size());
   return host;
 }
 
 /// A tensor of `shape` on `like`'s device from host values of dtype `staged`, cast to like's dtype.
 Tensor from_host(const std::vector<uint8_t>& host, Shape shape, DType staged, const Tensor& like) {
   Tensor out = Tensor::empty(shape, staged, like.device());
-  if (!host.empty()) out.backend().copy_from_host(out.device().index(), out.buffer(), host.data(), host.size());
+  if (!host.empty()) out.backend().copy_from_host(out.device().index(), flux::detail::buffer_of(out), host.data(), host.size());
   return staged == like.dtype() ? out : out.cast(like.dtype());
 }
 }  // namespace
@@ -391,7 +392,7 @@ Tensor allreduce(const Communicator& comm, const Tensor& x, ReduceOp op) {
   detail::check_same_on_all_ranks(s, detail::describe(x), api, "the tensors' shapes or dtypes");
   if (void* dc = detail::device_comm(s, x, api)) {  // NCCL: on the device, no host copies
     Tensor out = x.contiguous_copy();
-    x.backend().collective_allreduce_sum(dc, x.device().index(), x.dtype(), out.buffer(), x.numel());
+    x.backend().collective_allreduce_sum(dc, x.device().index(), x.dtype(), flux::detail::buffer_of(out), x.numel());
     detail::device_wait(s, x, dc, api);
     return op == ReduceOp::mean ? mul(out, full({}, 1.0 / s.size, x.dtype(), x.device())) : out;
   }
@@ -417,13 +418,13 @@ Tensor broadcast(const Communicator& comm, const Tensor& x, int root) {
   detail::check_same_on_all_ranks(s, detail::describe(x), api, "the tensors' shapes or dtypes");
   if (void* dc = detail::device_comm(s, x, api)) {
     Tensor out = comm.rank() == root ? x.contiguous_copy() : Tensor::empty(x.shape(), x.dtype(), x.device());
-    x.backend().collective_broadcast(dc, x.device().index(), out.buffer(), out.nbytes(), root);
+    x.backend().collective_broadcast(dc, x.device().index(), flux::detail::buffer_of(out), out.nbytes(), root);
     detail::device_wait(s, x, dc, api);
     return out;
   }
   std::vector<uint8_t> host(x.nbytes());
   if (comm.rank() == root && !host.empty())
-    x.backend().copy_to_host(x.device().index(), host.data(), x.buffer(), host.size());
+    x.backend().copy_to_host(x.device().index(), host.data(), flux::detail::buffer_of(x), host.size());
   detail::broadcast_bytes(s, host.data(), host.size(), root, api);
   return detail::from_host(host, x.shape(), x.dtype(), x);
 }
@@ -439,12 +440,12 @@ Tensor allgather(const Communicator& comm, const Tensor& x) {
   detail::check_same_on_all_ranks(s, detail::describe(x), api, "the tensors' shapes or dtypes");
   if (void* dc = detail::device_comm(s, x, api)) {
     Tensor out = Tensor::empty(Shape(dims), x.dtype(), x.device());
-    x.backend().collective_allgather(dc, x.device().index(), x.buffer(), out.buffer(), x.nbytes());
+    x.backend().collective_allgather(dc, x.device().index(), flux::detail::buffer_of(x), flux::detail::buffer_of(out), x.nbytes());
     detail::device_wait(s, x, dc, api);
     return out;
   }
   std::vector<uint8_t> mine(x.nbytes()), all(x.nbytes() * size_t(s.size));
-  if (!mine.empty()) x.backend().copy_to_host(x.device().index(), mine.data(), x.buffer(), mine.size());
+  if (!mine.empty()) x.backend().copy_to_host(x.device().index(), mine.data(), flux::detail::buffer_of(x), mine.size());
   detail::allgather_bytes(s, mine.data(), all.data(), mine.size(), api);
   return detail::from_host(all, Shape(dims), x.dtype(), x);
 }

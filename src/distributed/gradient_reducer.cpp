@@ -25,6 +25,7 @@
 
 #include "flux/backend.hpp"
 #include "flux/ops.hpp"
+#include "src/internal.hpp"
 #include "src/distributed/transport.hpp"
 
 namespace flux::distributed {
@@ -79,7 +80,7 @@ struct GradientReducer::State {
   static DType staged_dtype(DType t) { return t == DType::f16 || t == DType::bf16 ? DType::f32 : t; }
 
   static void* host_ptr(const Tensor& t) {
-    backend::Buffer b = t.buffer();
+    backend::Buffer b = flux::detail::buffer_of(t);
     return static_cast<uint8_t*>(b.handle) + b.offset;
   }
 
@@ -109,7 +110,7 @@ struct GradientReducer::State {
         pieces.push_back((g.dtype() == b.staged ? g : g.cast(b.staged)).reshape({-1}));
       }
       b.flat = pieces.size() == 1 ? pieces[0].contiguous_copy() : concat(pieces, 0);
-      b.flat.backend().collective_allreduce_sum(b.device_comm, b.flat.device().index(), b.staged, b.flat.buffer(),
+      b.flat.backend().collective_allreduce_sum(b.device_comm, b.flat.device().index(), b.staged, flux::detail::buffer_of(b.flat),
                                                 b.count);
       return;
     }
@@ -124,7 +125,7 @@ struct GradientReducer::State {
         start_pieces(b, static_cast<const uint8_t*>(host_ptr(g)), b.offsets[k], g.numel());
       } else if (g.numel()) {
         g.backend().copy_to_host(g.device().index(), static_cast<uint8_t*>(host_ptr(b.packed)) + size_t(b.offsets[k]) * es,
-                                 g.buffer(), g.nbytes());
+                                 flux::detail::buffer_of(g), g.nbytes());
       }
     }
     if (b.packed_count) start_pieces(b, static_cast<const uint8_t*>(host_ptr(b.packed)), 0, b.packed_count);
@@ -298,7 +299,7 @@ std::unordered_map<const TensorImpl*, Tensor> GradientReducer::finish() {
       Tensor mean = b.result.slice(b.offsets[k], b.offsets[k] + leaf.numel()).reshape(leaf.shape());
       if (!leaf.device().is_cpu()) {  // back to the parameter's device
         Tensor g = Tensor::empty(leaf.shape(), b.staged, leaf.device());
-        if (g.numel()) g.backend().copy_from_host(g.device().index(), g.buffer(), State::host_ptr(mean), g.nbytes());
+        if (g.numel()) g.backend().copy_from_host(g.device().index(), flux::detail::buffer_of(g), State::host_ptr(mean), g.nbytes());
         mean = g;
       }
       out.emplace(leaf.impl(), mean.dtype() == leaf.dtype() ? mean : mean.cast(leaf.dtype()));

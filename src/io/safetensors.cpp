@@ -110,14 +110,14 @@ class DeviceSync {
 void copy_entry_into(const Reader& reader, const safetensors::Entry& e, Tensor& dst, DeviceSync& sync) {
   size_t nbytes = size_t(e.end - e.begin);
   if (e.dtype == dst.dtype()) {
-    if (nbytes) dst.backend().copy_from_host(dst.device().index(), dst.buffer(), reader.bytes(e), nbytes);
+    if (nbytes) dst.backend().copy_from_host(dst.device().index(), flux::detail::buffer_of(dst), reader.bytes(e), nbytes);
     detail::mark_written(dst);
     sync.touch(dst.device());
     return;
   }
   // Different dtype: land the file's values on the host, then cast and move them as copy_ does.
   Tensor host = Tensor::empty(Shape(e.shape), e.dtype);
-  if (nbytes) host.backend().copy_from_host(0, host.buffer(), reader.bytes(e), nbytes);
+  if (nbytes) host.backend().copy_from_host(0, flux::detail::buffer_of(host), reader.bytes(e), nbytes);
   copy_(dst, host);
 }
 
@@ -338,7 +338,7 @@ void save_named(const std::string& api, const std::string& path, const Targets& 
     const Tensor& t = *by_name.at(e.name);
     size_t total = t.nbytes();
     staging.resize(std::min(total, kStagingBytes));
-    backend::Buffer src = t.buffer();
+    backend::Buffer src = flux::detail::buffer_of(t);
     for (size_t done = 0; done < total;) {
       size_t n = std::min(total - done, kStagingBytes);
       t.backend().copy_to_host(t.device().index(), staging.data(), backend::Buffer{src.handle, src.offset + done}, n);

@@ -15,6 +15,7 @@
 #include "src/nn/match_eltype.hpp"
 #include "src/nn/window_options.hpp"
 #include "src/internal.hpp"
+#include "src/storage_cache.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/trace.hpp"
 
@@ -155,34 +156,35 @@ Tensor Conv::operator()(const Tensor& x0) const {
 namespace {
 /// The BatchNorm folded for the fused conv: scale = weight / sqrt(running_var + eps), shift = bias -
 /// running_mean scale + conv bias scale (the batchnorm op's folding, src/ops/normalisation.cpp).
-/// Kept for the last 256 foldings by the content stamps (and offsets) of the five tensors and eps: the
-/// six small ops (~2.5 us) ran on every call, 20 times per ResNet-18 inference, and at batch 1 on 2
-/// threads that serial time left the second thread idle. An in-place write by the library renews a
-/// stamp (a new folding); writes through Tensor::buffer() are not seen, as for the kept weights.
+/// Kept in running_var's derived-data cache (src/storage_cache.hpp) under the content versions of the
+/// other four tensors and eps: the six small ops ran on every call, 20 times per ResNet-18 inference.
+/// Any write to one of the five (library or Tensor::buffer()) makes a new folding.
+struct Folded final : backend::Prepared {
+  Tensor scale, shift;
+};
 std::pair<Tensor, Tensor> folded_batchnorm(const Conv& conv, const BatchNorm& bn) {
-  const Tensor* parts[] = {&static_cast<const Tensor&>(bn.running_var), &bn.weight,
-                           &static_cast<const Tensor&>(bn.running_mean), &bn.bias, &conv.bias};
-  std::array<uint64_t, 11> key{};
+  const Tensor& var = static_cast<const Tensor&>(bn.running_var);
+  const Tensor* parts[] = {&var, &bn.weight, &static_cast<const Tensor&>(bn.running_mean), &bn.bias, &conv.bias};
+  backend::PreparedKey key{};
+  key[0] = -1;  // the core's own entry: backends key theirs from 0 up
   for (size_t i = 0; i < 5; ++i) {
-    key[2 * i] = detail::content_stamp(*parts[i]);
-    key[2 * i + 1] = parts[i]->defined() ? uint64_t(parts[i]->impl()->offset) : 0;
+    key[1 + 2 * i] = int64_t(detail::content_version(*parts[i]));
+    key[2 + 2 * i] = parts[i]->defined() ? int64_t(parts[i]->impl()->offset) : -1;
   }
-  std::memcpy(&key[10], &bn.eps, sizeof(double));
-  static std::mutex mutex;
-  static auto* kept = new std::map<std::array<uint64_t, 11>, std::pair<Tensor, Tensor>>();  // never destroyed
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = kept->find(key);
-    if (it != kept->end()) return it->second;
+  std::memcpy(&key[11], &bn.eps, sizeof(double));
+  detail::StorageCache& cache = detail::storage_cache(var);
+  if (auto kept = cache.find(key)) {
+    const auto& f = static_cast<const Folded&>(*kept);
+    return {f.scale, f.shift};
   }
   Tensor scale = 1.0 / sqrt(bn.running_var + bn.eps);
   if (bn.weight.defined()) scale = scale * bn.weight;
   Tensor shift = -(bn.running_mean * scale);
   if (bn.bias.defined()) shift = shift + bn.bias;
   if (conv.bias.defined()) shift = shift + conv.bias * scale;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (kept->size() >= 256) kept->clear();
-  kept->emplace(key, std::make_pair(scale, shift));
+  auto f = std::make_shared<Folded>();
+  f->scale = scale, f->shift = shift;
+  cache.insert(key, f);
   return {scale, shift};
 }
 }  // namespace

@@ -39,7 +39,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Tensor out = Tensor::empty(out_shape, weight.dtype(), weight.device());
   // The table viewed as [outer = 1, len = vocab, inner = dim]: out[j, :] = weight[idx[j], :].
   if (out.numel())
-    weight.backend().gather(weight.device().index(), weight.dtype(), weight.buffer(), idx.buffer(), out.buffer(), 1, vocab,
+    weight.backend().gather(weight.device().index(), weight.dtype(), flux::detail::buffer_of(weight), flux::detail::buffer_of(idx), flux::detail::buffer_of(out), 1, vocab,
                             dim, nidx);
   if (trace::active()) trace::emit("embedding", {weight, indices}, out);
   if (is_floating(weight.dtype())) {
@@ -48,7 +48,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
       // Sparse-aware: only the rows that were read receive gradient; repeated ids accumulate.
       Tensor dw = zeros(table, g.dtype(), g.device());
       if (g.numel())
-        g.backend().scatter_add(g.device().index(), g.dtype(), g.buffer(), idx.buffer(), dw.buffer(), 1, vocab, dim, nidx);
+        g.backend().scatter_add(g.device().index(), g.dtype(), flux::detail::buffer_of(g), flux::detail::buffer_of(idx), flux::detail::buffer_of(dw), 1, vocab, dim, nidx);
       return Grads{dw};
     });
   }

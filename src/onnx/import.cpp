@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <mutex>
+#include <shared_mutex>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -57,7 +58,7 @@ struct Graph {
   // Folded BatchNorm (scale, shift) of fused Convs at inference, by the content stamps and offsets of
   // the statistics, BatchNorm parameters and conv bias (as the Conv + BatchNorm layers keep theirs):
   // five small ops per Conv per call otherwise, a fifth of ResNet-18's time at batch 1.
-  mutable std::mutex fold_mutex;
+  mutable std::shared_mutex fold_mutex;  // lookups share it
   mutable std::map<std::array<uint64_t, 11>, std::pair<Tensor, Tensor>> folds;
 };
 
@@ -97,7 +98,7 @@ std::string where(const ::onnx::NodeProto& n) { return "node '" + n.name() + "' 
 // ---- tensors ----
 Tensor host_tensor(Shape shape, DType t, const void* data, size_t bytes) {
   Tensor out = Tensor::empty(shape, t);
-  if (bytes) out.backend().copy_from_host(0, out.buffer(), data, bytes);
+  if (bytes) out.backend().copy_from_host(0, flux::detail::buffer_of(out), data, bytes);
   return out;
 }
 
@@ -256,12 +257,12 @@ std::pair<Tensor, Tensor> folded(const Graph& g, const Tensor& s, const Tensor& 
   const Tensor* parts[] = {&s, &sh, &mean, &var, &b};
   std::array<uint64_t, 11> key{};
   for (size_t i = 0; i < 5; ++i) {
-    key[2 * i] = parts[i]->defined() ? flux::detail::content_stamp(*parts[i]) : 0;
+    key[2 * i] = parts[i]->defined() ? flux::detail::content_version(*parts[i]) : 0;
     key[2 * i + 1] = parts[i]->defined() ? uint64_t(parts[i]->impl()->offset) : 0;
   }
   std::memcpy(&key[10], &eps, sizeof(double));
   {
-    std::lock_guard<std::mutex> lock(g.fold_mutex);
+    std::shared_lock<std::shared_mutex> lock(g.fold_mutex);
     auto it = g.folds.find(key);
     if (it != g.folds.end() && it->second.first.device() == d) return it->second;
   }
@@ -273,7 +274,7 @@ std::pair<Tensor, Tensor> folded(const Graph& g, const Tensor& s, const Tensor& 
     scale = ones(Shape{channels}, t, d);
     shift = b.defined() ? b : zeros(Shape{channels}, t, d);
   }
-  std::lock_guard<std::mutex> lock(g.fold_mutex);
+  std::unique_lock<std::shared_mutex> lock(g.fold_mutex);
   if (g.folds.size() >= 1024) g.folds.clear();
   g.folds[key] = {scale, shift};
   return {scale, shift};

@@ -49,7 +49,7 @@ DType flux_dtype(int32_t t, const std::string& context) {
 std::string host_bytes(const Tensor& x0) {
   Tensor x = to(x0, Device());
   std::string out(x.nbytes(), '\0');
-  if (!out.empty()) x.backend().copy_to_host(0, out.data(), x.buffer(), out.size());
+  if (!out.empty()) x.backend().copy_to_host(0, out.data(), flux::detail::buffer_of(x), out.size());
   return out;
 }
 

@@ -18,6 +18,7 @@
 #include "flux/ops.hpp"
 #include "src/ops/conv_geometry.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/storage_cache.hpp"
 #include "src/trace.hpp"
 
 namespace flux {
@@ -63,7 +64,7 @@ int64_t product(const int64_t* v, int n) {
 
 /// t's buffer advanced by `elements` elements.
 backend::Buffer at(const Tensor& t, int64_t elements) {
-  backend::Buffer b = t.buffer();
+  backend::Buffer b = flux::detail::buffer_of(t);
   b.offset += size_t(elements) * dtype_size(t.dtype());
   return b;
 }
@@ -100,7 +101,7 @@ void grouped_gemm(const Tensor& A, const Tensor& B, const Tensor& C, int64_t N, 
     if (G == 1) gm.batch = N;  // every sample against the one weight matrix
     int64_t loops = G == 1 ? 1 : N;
     for (int64_t i = 0; i < loops; ++i)
-      be.matmul(dev, t, A.buffer(), at(B, i * G * b_item), at(C, i * G * c_item), gm);
+      be.matmul(dev, t, flux::detail::buffer_of(A), at(B, i * G * b_item), at(C, i * G * c_item), gm);
   } else {
     gm.batch = N;
     gm.stride_a = 0;
@@ -117,7 +118,7 @@ void fill_with_bias(Tensor& y, const Tensor& bias) {
   plan.shape[0] = n, plan.shape[1] = o, plan.shape[2] = p;
   plan.src_stride[0] = 0, plan.src_stride[1] = 1, plan.src_stride[2] = 0;
   plan.dst_stride[0] = o * p, plan.dst_stride[1] = p, plan.dst_stride[2] = 1;
-  y.backend().strided_copy(y.device().index(), y.dtype(), bias.buffer(), y.buffer(), plan);
+  y.backend().strided_copy(y.device().index(), y.dtype(), flux::detail::buffer_of(bias), flux::detail::buffer_of(y), plan);
 }
 
 /// y += bias[o] along the channel axis of y (N, O, spatial...).
@@ -125,7 +126,7 @@ void add_bias(Tensor& y, const Tensor& bias) {
   Shape b{1, bias.shape()[0]};
   for (int i = 2; i < y.ndim(); ++i) b.push_back(1);
   backend::Broadcast plan = make_plan(y.shape(), {&y.shape(), &b});
-  y.backend().binary(y.device().index(), backend::BinaryOp::add, y.dtype(), y.buffer(), bias.buffer(), y.buffer(), plan);
+  y.backend().binary(y.device().index(), backend::BinaryOp::add, y.dtype(), flux::detail::buffer_of(y), flux::detail::buffer_of(bias), flux::detail::buffer_of(y), plan);
 }
 
 /// (O,) sums of dy (N, O, spatial...) over the batch and spatial axes.
@@ -135,19 +136,19 @@ Tensor channel_sum(const Tensor& dy) {
   backend::Backend& be = dy.backend();
   int dev = dy.device().index();
   if (n * p == 0) {
-    be.fill(dev, dy.dtype(), out.buffer(), o, 0.0);
+    be.fill(dev, dy.dtype(), flux::detail::buffer_of(out), o, 0.0);
     return out;
   }
   Tensor rows = Tensor::empty(Shape{n, o}, dy.dtype(), dy.device());
-  be.reduce(dev, backend::ReduceOp::sum, dy.dtype(), dy.buffer(), rows.buffer(), n * o, p, 1);
-  be.reduce(dev, backend::ReduceOp::sum, dy.dtype(), rows.buffer(), out.buffer(), 1, n, o);
+  be.reduce(dev, backend::ReduceOp::sum, dy.dtype(), flux::detail::buffer_of(dy), flux::detail::buffer_of(rows), n * o, p, 1);
+  be.reduce(dev, backend::ReduceOp::sum, dy.dtype(), flux::detail::buffer_of(rows), flux::detail::buffer_of(out), 1, n, o);
   return out;
 }
 
 Tensor im2col_raw(const Tensor& x, const ConvGeometry& g) {
   int64_t cgk = g.in_channels / g.groups * product(g.kernel, g.spatial), p = product(g.out, g.spatial);
   Tensor col = Tensor::empty(Shape{g.batch, g.groups, cgk, p}, x.dtype(), x.device());
-  x.backend().im2col(x.device().index(), x.dtype(), x.buffer(), col.buffer(), g);
+  x.backend().im2col(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(col), g);
   return col;
 }
 
@@ -158,38 +159,28 @@ Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, co
   Tensor y = Tensor::empty(output_shape(geometry), x.dtype(), x.device());
   if (y.numel() == 0) return y;
   ConvGeometry g = geometry;
-  bool deferred = false;
-  if (!autodiff::recording()) {  // inference: the backend may keep y for the next conv (not in training)
-    g.input_stamp = content_stamp(x);
-    g.output_stamp = content_stamp(y);
-    g.output_deferred = &deferred;
-  }
+  // Inference: the backend may keep w prepared in its kernel's layout (never while recording: a
+  // training step writes w every step, so a prepared copy would be made and dropped each time).
+  if (!autodiff::recording()) g.weight_cache = &detail::storage_cache(w);
   backend::Backend& be = x.backend();
   int dev = x.device().index();
-  backend::Buffer b = bias.defined() ? bias.buffer() : backend::Buffer{};
+  backend::Buffer b = bias.defined() ? flux::detail::buffer_of(bias) : backend::Buffer{};
   auto finish = [&] {
     if (relu) {
-      be.unary(dev, backend::UnaryOp::relu, y.dtype(), y.buffer(), y.buffer(), y.numel(), 0);
-      mark_written(y);  // in place: a copy the backend kept of the conv's y (output_stamp) is stale
+      be.unary(dev, backend::UnaryOp::relu, y.dtype(), flux::detail::buffer_of(y), flux::detail::buffer_of(y), y.numel(), 0);
     }
     return y;
   };
   if (x.numel() == 0 || w.numel() == 0) {  // no input channels: the bias alone
     if (bias.defined()) fill_with_bias(y, bias);
-    else be.fill(dev, y.dtype(), y.buffer(), y.numel(), 0.0);
+    else be.fill(dev, y.dtype(), flux::detail::buffer_of(y), y.numel(), 0.0);
     return finish();
   }
   if (library_kernels()) {
-    // x as it is (perhaps a deferred conv output: the backend reads its kept copy or materialises it).
-    const backend::Buffer xb = g.output_deferred ? deferrable_buffer(x) : x.buffer();
-    if (relu && be.conv_forward_relu(dev, x.dtype(), xb, w.buffer(), b, y.buffer(), g)) {
-      if (deferred) mark_deferred(y);
+    const backend::Buffer xb = flux::detail::buffer_of(x);
+    if (relu && be.conv_forward_relu(dev, x.dtype(), xb, flux::detail::buffer_of(w), b, flux::detail::buffer_of(y), g))
       return y;
-    }
-    if (be.conv_forward(dev, x.dtype(), xb, w.buffer(), b, y.buffer(), g)) {
-      if (deferred) mark_deferred(y);
-      return finish();
-    }
+    if (be.conv_forward(dev, x.dtype(), xb, flux::detail::buffer_of(w), b, flux::detail::buffer_of(y), g)) return finish();
   }
   Tensor col = im2col_raw(x, g);
   if (bias.defined()) fill_with_bias(y, bias);  // the GEMM accumulates onto it (beta = 1)
@@ -207,10 +198,10 @@ Tensor conv_data_raw(const Tensor& dy, const Tensor& w, const ConvGeometry& g, c
   int dev = dy.device().index();
   if (dy.numel() == 0 || w.numel() == 0) {
     if (bias.defined()) fill_with_bias(dx, bias);
-    else be.fill(dev, dx.dtype(), dx.buffer(), dx.numel(), 0.0);
+    else be.fill(dev, dx.dtype(), flux::detail::buffer_of(dx), dx.numel(), 0.0);
     return dx;
   }
-  if (library_kernels() && be.conv_backward_data(dev, dy.dtype(), dy.buffer(), w.buffer(), dx.buffer(), g)) {
+  if (library_kernels() && be.conv_backward_data(dev, dy.dtype(), flux::detail::buffer_of(dy), flux::detail::buffer_of(w), flux::detail::buffer_of(dx), g)) {
     if (bias.defined()) add_bias(dx, bias);
     return dx;
   }
@@ -218,8 +209,8 @@ Tensor conv_data_raw(const Tensor& dy, const Tensor& w, const ConvGeometry& g, c
   Tensor dcol = Tensor::empty(Shape{g.batch, g.groups, cgk, p}, dy.dtype(), dy.device());
   grouped_gemm(w, dy, dcol, g.batch, g.groups, cgk, p, g.out_channels / g.groups, true, 0.0);
   if (bias.defined()) fill_with_bias(dx, bias);
-  else be.fill(dev, dx.dtype(), dx.buffer(), dx.numel(), 0.0);
-  be.col2im(dev, dx.dtype(), dcol.buffer(), dx.buffer(), g);
+  else be.fill(dev, dx.dtype(), flux::detail::buffer_of(dx), dx.numel(), 0.0);
+  be.col2im(dev, dx.dtype(), flux::detail::buffer_of(dcol), flux::detail::buffer_of(dx), g);
   return dx;
 }
 
@@ -235,11 +226,11 @@ std::pair<Tensor, Tensor> conv_weight_raw(const Tensor& x, const Tensor& dy, con
   if (want_bias) db = Tensor::empty(Shape{g.out_channels}, t, x.device());
   if (dw.numel() == 0) return {dw, want_bias ? channel_sum(dy) : db};
   if (x.numel() == 0 || dy.numel() == 0) {
-    be.fill(dev, t, dw.buffer(), dw.numel(), 0.0);
+    be.fill(dev, t, flux::detail::buffer_of(dw), dw.numel(), 0.0);
     return {dw, want_bias ? channel_sum(dy) : db};
   }
-  if (library_kernels() && be.conv_backward_weight(dev, t, x.buffer(), dy.buffer(), dw.buffer(),
-                                                   want_bias ? db.buffer() : backend::Buffer{}, g))
+  if (library_kernels() && be.conv_backward_weight(dev, t, flux::detail::buffer_of(x), flux::detail::buffer_of(dy), flux::detail::buffer_of(dw),
+                                                   want_bias ? flux::detail::buffer_of(db) : backend::Buffer{}, g))
     return {dw, db};
   Tensor col = im2col_raw(x, g);
   int64_t n = g.batch, groups = g.groups, og = g.out_channels / groups, cgk = col.shape()[2], p = col.shape()[3];
@@ -252,17 +243,17 @@ std::pair<Tensor, Tensor> conv_weight_raw(const Tensor& x, const Tensor& dy, con
   int64_t partial_bytes = n * dw.numel() * int64_t(dtype_size(t));
   if (n == 1) {
     gm.batch = groups;
-    be.matmul(dev, t, dy.buffer(), col.buffer(), dw.buffer(), gm);
+    be.matmul(dev, t, flux::detail::buffer_of(dy), flux::detail::buffer_of(col), flux::detail::buffer_of(dw), gm);
   } else if (partial_bytes <= (int64_t(64) << 20)) {
     Tensor partial = Tensor::empty(Shape{n, dw.numel()}, t, x.device());
     gm.batch = n * groups;
-    be.matmul(dev, t, dy.buffer(), col.buffer(), partial.buffer(), gm);
-    be.reduce(dev, backend::ReduceOp::sum, t, partial.buffer(), dw.buffer(), 1, n, dw.numel());
+    be.matmul(dev, t, flux::detail::buffer_of(dy), flux::detail::buffer_of(col), flux::detail::buffer_of(partial), gm);
+    be.reduce(dev, backend::ReduceOp::sum, t, flux::detail::buffer_of(partial), flux::detail::buffer_of(dw), 1, n, dw.numel());
   } else {
     gm.batch = groups;
     for (int64_t i = 0; i < n; ++i) {
       gm.beta = i ? 1.0 : 0.0;
-      be.matmul(dev, t, at(dy, i * groups * og * p), at(col, i * groups * cgk * p), dw.buffer(), gm);
+      be.matmul(dev, t, at(dy, i * groups * og * p), at(col, i * groups * cgk * p), flux::detail::buffer_of(dw), gm);
     }
   }
   if (want_bias) db = channel_sum(dy);
@@ -352,7 +343,6 @@ ConvGeometry conv_geometry(const Tensor& x, const Tensor& w, const Tensor& bias,
 
 Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p, bool relu) {
   ConvGeometry g = conv_geometry(x, w, bias, p);
-  g.weight_stamp = content_stamp(w);
   Tensor y = conv_forward_raw(x, w, bias, g, relu);
   if (trace::active()) trace::emit("conv", {x, w, bias}, y, conv_attrs(g, relu));
   bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
@@ -386,7 +376,7 @@ Tensor detail::conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale
   // Never on a tape: the fused kernel has no backward (callers run the recorded composition there).
   if (autodiff::recording() || trace::active() || !library_kernels()) return Tensor();
   ConvGeometry g = conv_geometry(x, w, Tensor(), p);
-  g.weight_stamp = content_stamp(w);
+  g.weight_cache = &detail::storage_cache(w);
   const DType t = x.dtype();
   for (const Tensor* v : {&scale, &shift})
     if (!v->defined() || v->dtype() != t || v->device() != x.device() || v->shape() != Shape{g.out_channels})
@@ -396,17 +386,10 @@ Tensor detail::conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale
     return Tensor();
   Tensor y = Tensor::empty(out, t, x.device());
   if (y.numel() == 0 || x.numel() == 0 || w.numel() == 0) return Tensor();
-  g.input_stamp = content_stamp(x);
-  g.output_stamp = content_stamp(y);
-  g.residual_stamp = residual.defined() ? content_stamp(residual) : 0;
-  bool deferred = false;
-  g.output_deferred = &deferred;
-  // x and the residual as they are (perhaps deferred conv outputs: see conv_forward_raw).
-  backend::Buffer r = residual.defined() ? deferrable_buffer(residual) : backend::Buffer{};
-  if (!x.backend().conv_forward_affine(x.device().index(), t, deferrable_buffer(x), w.buffer(), scale.buffer(),
-                                       shift.buffer(), r, y.buffer(), g, relu, relu_after))
+  backend::Buffer r = residual.defined() ? flux::detail::buffer_of(residual) : backend::Buffer{};
+  if (!x.backend().conv_forward_affine(x.device().index(), t, flux::detail::buffer_of(x), flux::detail::buffer_of(w), flux::detail::buffer_of(scale),
+                                       flux::detail::buffer_of(shift), r, flux::detail::buffer_of(y), g, relu, relu_after))
     return Tensor();
-  if (deferred) mark_deferred(y);
   return y;
 }
 

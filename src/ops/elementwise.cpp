@@ -77,7 +77,7 @@ bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
 Tensor raw_cast(const Tensor& x, DType t) {
   if (x.dtype() == t) return x;
   Tensor out = Tensor::empty(x.shape(), t, x.device());
-  if (x.numel()) x.backend().cast(x.device().index(), x.dtype(), x.buffer(), t, out.buffer(), x.numel());
+  if (x.numel()) x.backend().cast(x.device().index(), x.dtype(), flux::detail::buffer_of(x), t, flux::detail::buffer_of(out), x.numel());
   if (trace::active()) trace::emit("cast", {x}, out, {{"to", {int64_t(t)}, {}}});
   return out;
 }
@@ -146,16 +146,16 @@ Tensor to(const Tensor& x, const Device& d) {
     backend::Backend& src = x.backend();
     backend::Backend& dst = out.backend();
     bool done = false;
-    if (&src == &dst) done = src.copy_peer(d.index(), out.buffer(), from.index(), x.buffer(), bytes);
+    if (&src == &dst) done = src.copy_peer(d.index(), flux::detail::buffer_of(out), from.index(), flux::detail::buffer_of(x), bytes);
     if (!done) {
       if (from.is_cpu()) {
-        dst.copy_from_host(d.index(), out.buffer(), static_cast<char*>(x.buffer().handle) + x.buffer().offset, bytes);
+        dst.copy_from_host(d.index(), flux::detail::buffer_of(out), static_cast<char*>(flux::detail::buffer_of(x).handle) + flux::detail::buffer_of(x).offset, bytes);
       } else if (d.is_cpu()) {
-        src.copy_to_host(from.index(), static_cast<char*>(out.buffer().handle) + out.buffer().offset, x.buffer(), bytes);
+        src.copy_to_host(from.index(), static_cast<char*>(flux::detail::buffer_of(out).handle) + flux::detail::buffer_of(out).offset, flux::detail::buffer_of(x), bytes);
       } else {
         std::vector<unsigned char> staging(bytes);
-        src.copy_to_host(from.index(), staging.data(), x.buffer(), bytes);
-        dst.copy_from_host(d.index(), out.buffer(), staging.data(), bytes);
+        src.copy_to_host(from.index(), staging.data(), flux::detail::buffer_of(x), bytes);
+        dst.copy_from_host(d.index(), flux::detail::buffer_of(out), staging.data(), bytes);
         dst.synchronize(d.index());
       }
     }
@@ -176,7 +176,7 @@ Tensor binary_raw(const char* api, BinaryOp op, const Tensor& a, const Tensor& b
   Tensor out = Tensor::empty(out_shape, cmp ? DType::boolean : t, a.device());
   if (out.numel() == 0) return out;
   backend::Broadcast plan = make_plan(out_shape, {&a.shape(), &b.shape()});
-  a.backend().binary(a.device().index(), op, t, a.buffer(), b.buffer(), out.buffer(), plan);
+  a.backend().binary(a.device().index(), op, t, flux::detail::buffer_of(a), flux::detail::buffer_of(b), flux::detail::buffer_of(out), plan);
   return out;
 }
 
@@ -322,7 +322,7 @@ Tensor where(const Tensor& cond, const Tensor& a0, const Tensor& b0) {
   Tensor out = Tensor::empty(s, compute, a.device());
   if (out.numel()) {
     backend::Broadcast plan = make_plan(s, {&cond.shape(), &a.shape(), &b.shape()});
-    a.backend().where(a.device().index(), compute, cond.buffer(), a.buffer(), b.buffer(), out.buffer(), plan);
+    a.backend().where(a.device().index(), compute, flux::detail::buffer_of(cond), flux::detail::buffer_of(a), flux::detail::buffer_of(b), flux::detail::buffer_of(out), plan);
   }
   if (trace::active()) trace::emit("where", {cond, a, b}, out);
   if (is_floating(compute)) {
@@ -339,7 +339,7 @@ Tensor where(const Tensor& cond, const Tensor& a0, const Tensor& b0) {
 namespace {
 Tensor unary_raw(UnaryOp op, const Tensor& x, double alpha = 0) {
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (x.numel()) x.backend().unary(x.device().index(), op, x.dtype(), x.buffer(), out.buffer(), x.numel(), alpha);
+  if (x.numel()) x.backend().unary(x.device().index(), op, x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(out), x.numel(), alpha);
   return out;
 }
 
@@ -434,7 +434,7 @@ Tensor fused_unary_grad(UnaryOp op, const Tensor& x, const Tensor& g) {
     return Tensor();
   Tensor dx = Tensor::empty(x.shape(), t, x.device());
   if (x.numel() == 0) return dx;
-  if (!x.backend().unary_backward(x.device().index(), op, t, x.buffer(), g.buffer(), dx.buffer(), x.numel()))
+  if (!x.backend().unary_backward(x.device().index(), op, t, flux::detail::buffer_of(x), flux::detail::buffer_of(g), flux::detail::buffer_of(dx), x.numel()))
     return Tensor();
   return dx;
 }
@@ -475,7 +475,7 @@ void copy_(Tensor& dst, const Tensor& src) {
     check_integer_cast("copy_", s, dst.dtype());
     s = raw_cast(s, dst.dtype());
   }
-  if (dst.nbytes()) dst.backend().copy(dst.device().index(), dst.buffer(), s.buffer(), dst.nbytes());
+  if (dst.nbytes()) dst.backend().copy(dst.device().index(), flux::detail::buffer_of(dst), flux::detail::buffer_of(s), dst.nbytes());
   mark_written(dst);
 }
 
@@ -494,7 +494,7 @@ void sub_(Tensor& dst, const Tensor& src) {
   }
   backend::Broadcast plan = make_plan(dst.shape(), {&dst.shape(), &src.shape()});
   if (dst.numel())
-    dst.backend().binary(dst.device().index(), BinaryOp::sub, dst.dtype(), dst.buffer(), src.buffer(), dst.buffer(), plan);
+    dst.backend().binary(dst.device().index(), BinaryOp::sub, dst.dtype(), flux::detail::buffer_of(dst), flux::detail::buffer_of(src), flux::detail::buffer_of(dst), plan);
   mark_written(dst);
 }
 

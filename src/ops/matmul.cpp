@@ -5,6 +5,7 @@
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/storage_cache.hpp"
 #include "src/trace.hpp"
 
 namespace flux {
@@ -41,7 +42,7 @@ Tensor matmul_core(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     g.stride_a = m * k;
     g.stride_b = k * nn;
     g.stride_c = m * nn;
-    a.backend().matmul(a.device().index(), a.dtype(), a.buffer(), b.buffer(), c.buffer(), g);
+    a.backend().matmul(a.device().index(), a.dtype(), flux::detail::buffer_of(a), flux::detail::buffer_of(b), flux::detail::buffer_of(c), g);
   }
   if (trace::active()) trace::emit("matmul", {a, b}, c, {{"trans", {int64_t(ta), int64_t(tb)}, {}}});
   if (is_floating(a.dtype())) {
@@ -80,8 +81,8 @@ Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool re
   Tensor y = Tensor::empty(Shape{n, out}, t, x.device());
   bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(b);
   if (!need_x && !need_w && !need_b && library_kernels() &&
-      x.backend().linear_forward(x.device().index(), t, x.buffer(), w.buffer(), content_stamp(w), b.buffer(),
-                                 y.buffer(), n, in, out, relu)) {
+      x.backend().linear_forward(x.device().index(), t, flux::detail::buffer_of(x), flux::detail::buffer_of(w), &detail::storage_cache(w), flux::detail::buffer_of(b),
+                                 flux::detail::buffer_of(y), n, in, out, relu)) {
     if (trace::active()) trace::emit("linear", {x, w, b}, y, {{"relu", {int64_t(relu)}, {}}});
     return y;
   }
@@ -91,13 +92,13 @@ Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool re
   rows.shape[0] = n, rows.shape[1] = out;
   rows.src_stride[0] = 0, rows.src_stride[1] = 1;
   rows.dst_stride[0] = out, rows.dst_stride[1] = 1;
-  x.backend().strided_copy(x.device().index(), t, b.buffer(), y.buffer(), rows);
+  x.backend().strided_copy(x.device().index(), t, flux::detail::buffer_of(b), flux::detail::buffer_of(y), rows);
   backend::Gemm g;
   g.m = n, g.n = out, g.k = in;
   g.trans_b = true;
   g.stride_a = n * in, g.stride_b = out * in, g.stride_c = n * out;
   g.beta = 1.0;
-  x.backend().matmul(x.device().index(), t, x.buffer(), w.buffer(), y.buffer(), g);
+  x.backend().matmul(x.device().index(), t, flux::detail::buffer_of(x), flux::detail::buffer_of(w), flux::detail::buffer_of(y), g);
   if (trace::active()) trace::emit("linear", {x, w, b}, y, {{"relu", {0}, {}}});
   autodiff::record(y, {&x, &w, &b}, [x, w, need_x, need_w, need_b](const Tensor& gy) {
     Tensor dx, dw, db;

@@ -45,15 +45,15 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   // The fused backend kernels take one dtype throughout; other mixes take the portable path.
   const bool fusable = detail::library_kernels() && (t == DType::f32 || t == DType::f64) &&
                        (!weight.defined() || weight.dtype() == t) && (!bias.defined() || bias.dtype() == t);
-  auto buffer_or_none = [](const Tensor& p) { return p.defined() ? p.buffer() : backend::Buffer{}; };
+  auto buffer_or_none = [](const Tensor& p) { return p.defined() ? flux::detail::buffer_of(p) : backend::Buffer{}; };
   Tensor y, mean, var, xc, inv, a;  // mean, var (C,); xc, inv, a are the portable path's saved values
   bool fused = false;
   if (fusable) {
     y = Tensor::empty(x.shape(), t, x.device());
     mean = Tensor::empty(Shape{c}, t, x.device());
     var = Tensor::empty(Shape{c}, t, x.device());
-    fused = be.batchnorm_forward(dev, t, x.buffer(), buffer_or_none(weight), buffer_or_none(bias), y.buffer(),
-                                 mean.buffer(), var.buffer(), n, c, s, eps);
+    fused = be.batchnorm_forward(dev, t, flux::detail::buffer_of(x), buffer_or_none(weight), buffer_or_none(bias), flux::detail::buffer_of(y),
+                                 flux::detail::buffer_of(mean), flux::detail::buffer_of(var), n, c, s, eps);
   }
   if (!fused) {
     autodiff::NoGrad no_grad;  // recorded once, below
@@ -81,8 +81,8 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
       Tensor dweight = has_weight ? Tensor::empty(Shape{c}, t, g.device()) : Tensor();
       Tensor dbias = has_bias ? Tensor::empty(Shape{c}, t, g.device()) : Tensor();
       backend::Backend& b = g.backend();
-      if (b.batchnorm_backward(g.device().index(), t, x_saved.buffer(), g.buffer(), buffer_or_none(w_saved), mean.buffer(),
-                               var.buffer(), dx.buffer(), buffer_or_none(dweight), buffer_or_none(dbias), n, c, s, eps))
+      if (b.batchnorm_backward(g.device().index(), t, flux::detail::buffer_of(x_saved), flux::detail::buffer_of(g), buffer_or_none(w_saved), flux::detail::buffer_of(mean),
+                               flux::detail::buffer_of(var), flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), n, c, s, eps))
         return Grads{dx, dweight, dbias};
     }
     // Portable: the same formulas from public ops.
@@ -110,7 +110,7 @@ Tensor channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift,
   bool fused = false;
   if (detail::library_kernels() && (t == DType::f32 || t == DType::f64) && scale.dtype() == t && shift.dtype() == t) {
     y = Tensor::empty(x.shape(), t, x.device());
-    fused = x.backend().channel_affine(x.device().index(), t, x.buffer(), scale.buffer(), shift.buffer(), y.buffer(), n,
+    fused = x.backend().channel_affine(x.device().index(), t, flux::detail::buffer_of(x), flux::detail::buffer_of(scale), flux::detail::buffer_of(shift), flux::detail::buffer_of(y), n,
                                        c, s);
   }
   if (!fused) {
@@ -174,22 +174,22 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
   const int64_t r = x2.shape()[0], d = x2.shape()[1];
   const DType t = x2.dtype();
   const bool has_weight = weight.defined(), has_bias = bias.defined();
-  auto buffer_or_none = [](const Tensor& p) { return p.defined() ? p.buffer() : backend::Buffer{}; };
+  auto buffer_or_none = [](const Tensor& p) { return p.defined() ? flux::detail::buffer_of(p) : backend::Buffer{}; };
   const bool fusable = detail::library_kernels() && (t == DType::f32 || t == DType::f64) &&
                        (!has_weight || weight.dtype() == t) && (!has_bias || bias.dtype() == t);
   if (fusable) {
     Tensor y = Tensor::empty(x2.shape(), t, x2.device());
     Tensor mean = Tensor::empty(Shape{r}, t, x2.device()), rstd = Tensor::empty(Shape{r}, t, x2.device());
-    if (x2.backend().rownorm_forward(x2.device().index(), t, x2.buffer(), buffer_or_none(weight), buffer_or_none(bias),
-                                     y.buffer(), mean.buffer(), rstd.buffer(), r, d, eps)) {
+    if (x2.backend().rownorm_forward(x2.device().index(), t, flux::detail::buffer_of(x2), buffer_or_none(weight), buffer_or_none(bias),
+                                     flux::detail::buffer_of(y), flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd), r, d, eps)) {
       if (trace::active()) trace::emit("rownorm", {x2, weight, bias}, y, {{"eps", {}, {eps}}});
       autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
         Tensor g = dy.dtype() == t ? dy : dy.cast(t);
         Tensor dx = Tensor::empty(x2.shape(), t, g.device());
         Tensor dweight = has_weight ? Tensor::empty(Shape{d}, t, g.device()) : Tensor();
         Tensor dbias = has_bias ? Tensor::empty(Shape{d}, t, g.device()) : Tensor();
-        if (g.backend().rownorm_backward(g.device().index(), t, x2.buffer(), g.buffer(), buffer_or_none(weight),
-                                         mean.buffer(), rstd.buffer(), dx.buffer(), buffer_or_none(dweight),
+        if (g.backend().rownorm_backward(g.device().index(), t, flux::detail::buffer_of(x2), flux::detail::buffer_of(g), buffer_or_none(weight),
+                                         flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd), flux::detail::buffer_of(dx), buffer_or_none(dweight),
                                          buffer_or_none(dbias), r, d))
           return Grads{dx, dweight, dbias};
         // A backend with a forward but no backward: the portable formulas from the saved statistics.

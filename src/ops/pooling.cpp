@@ -59,19 +59,7 @@ void window_fits(const char* api, ConvGeometry& g) {
 Tensor pool_raw(PoolOp op, const Tensor& x, const ConvGeometry& g) {
   Tensor y = Tensor::empty(output_shape(g), x.dtype(), x.device());
   if (y.numel()) {
-    // Inference: x as it is (perhaps a conv output the backend left unwritten: it reads its kept copy
-    // or writes x first) and the stamps with which it may keep y likewise (ConvGeometry::output_deferred).
-    ConvGeometry at = g;
-    bool deferred = false;
-    const bool inference = !autodiff::recording();
-    if (inference) {
-      at.input_stamp = content_stamp(x);
-      at.output_stamp = content_stamp(y);
-      at.output_deferred = &deferred;
-    }
-    x.backend().pool_forward(x.device().index(), op, x.dtype(), inference ? deferrable_buffer(x) : x.buffer(),
-                             y.buffer(), at);
-    if (deferred) mark_deferred(y);
+    x.backend().pool_forward(x.device().index(), op, x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(y), g);
   }
   if (trace::active()) {
     std::vector<int64_t> kernel, stride, pads;
@@ -83,7 +71,7 @@ Tensor pool_raw(PoolOp op, const Tensor& x, const ConvGeometry& g) {
     Tensor dy = dy0.dtype() == x.dtype() ? dy0 : raw_cast(dy0, x.dtype());
     Tensor dx = zeros(x.shape(), x.dtype(), x.device());
     if (dy.numel())
-      x.backend().pool_backward(x.device().index(), op, x.dtype(), x.buffer(), y.buffer(), dy.buffer(), dx.buffer(), g);
+      x.backend().pool_backward(x.device().index(), op, x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(y), flux::detail::buffer_of(dy), flux::detail::buffer_of(dx), g);
     return Grads{dx};
   });
   return y;

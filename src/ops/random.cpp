@@ -20,7 +20,7 @@ Tensor uniform_raw(const Shape& shape, DType t, const Device& d) {
   Tensor out = Tensor::empty(shape, t, d);
   uint64_t n = uint64_t(out.numel());
   uint64_t offset = g_counter.fetch_add(n);
-  if (n) out.backend().random_uniform(d.index(), t, out.buffer(), int64_t(n), g_seed.load(), offset);
+  if (n) out.backend().random_uniform(d.index(), t, flux::detail::buffer_of(out), int64_t(n), g_seed.load(), offset);
   return out;
 }
 DType generator_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }

@@ -16,6 +16,7 @@
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/storage_cache.hpp"
 #include "src/trace.hpp"
 
 namespace flux {
@@ -36,7 +37,7 @@ const char* cell_api(RecurrentCell cell) {
 int64_t gate_count(RecurrentCell cell) {
   return cell == RecurrentCell::lstm ? 4 : cell == RecurrentCell::gru ? 3 : 1;
 }
-backend::Buffer buffer_or_none(const Tensor& t) { return t.defined() ? t.buffer() : backend::Buffer{}; }
+backend::Buffer buffer_or_none(const Tensor& t) { return t.defined() ? flux::detail::buffer_of(t) : backend::Buffer{}; }
 
 /// c (m, n) = a (m, k) · op(b) + beta c, one backend GEMM on contiguous operands.
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, int64_t m, int64_t n, int64_t k, bool trans_b, double beta) {
@@ -45,7 +46,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, int64_t m, int64_t n, int
   g.trans_b = trans_b;
   g.stride_a = m * k, g.stride_b = n * k, g.stride_c = m * n;
   g.beta = beta;
-  a.backend().matmul(a.device().index(), a.dtype(), a.buffer(), b.buffer(), c.buffer(), g);
+  a.backend().matmul(a.device().index(), a.dtype(), flux::detail::buffer_of(a), flux::detail::buffer_of(b), flux::detail::buffer_of(c), g);
 }
 
 /// Columns [j * H, (j + 1) * H) of a (N, k H) tensor.
@@ -174,9 +175,9 @@ Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, cons
   if (lstm) assign(c_hist[0], c0);
   Tensor hg = Tensor::empty(Shape{n, g}, t, dev);
   // W_hh does not change during the recurrence: the backend may pack it for its GEMM kernel at the
-  // first step and read the packed copy at the other T - 1 (Backend::linear_forward, keyed by W_hh's
-  // content stamp), where a plain GEMM packs it at every step.
-  const uint64_t w_hh_stamp = detail::content_stamp(w_hh);
+  // first step and read the packed copy at the other T - 1 (Backend::linear_forward, kept in W_hh's
+  // prepared-data cache), where a plain GEMM packs it at every step.
+  backend::PreparedCache* w_hh_cache = &detail::storage_cache(w_hh);
   const bool kept_w_hh = detail::library_kernels();
   {
     autodiff::NoGrad no_grad;  // the whole recurrence is recorded once, below
@@ -186,11 +187,11 @@ Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, cons
       Tensor c_prev = lstm ? c_hist[s] : Tensor(), c = lstm ? c_hist[s + 1] : Tensor();
       Tensor sv = saved.defined() ? saved[s] : Tensor();
       Tensor x_s = xg[s];
-      if (!kept_w_hh || !be.linear_forward(dev.index(), t, h_prev.buffer(), w_hh.buffer(), w_hh_stamp,
-                                           backend::Buffer{}, hg.buffer(), n, hidden, g, false))
+      if (!kept_w_hh || !be.linear_forward(dev.index(), t, flux::detail::buffer_of(h_prev), flux::detail::buffer_of(w_hh), w_hh_cache,
+                                           backend::Buffer{}, flux::detail::buffer_of(hg), n, hidden, g, false))
         gemm(h_prev, w_hh, hg, n, g, hidden, true, 0.0);
-      bool fused = fusable && be.recurrent_forward(dev.index(), cell, t, x_s.buffer(), hg.buffer(), buffer_or_none(b_hh),
-                                                   h_prev.buffer(), buffer_or_none(c_prev), h.buffer(), buffer_or_none(c),
+      bool fused = fusable && be.recurrent_forward(dev.index(), cell, t, flux::detail::buffer_of(x_s), flux::detail::buffer_of(hg), buffer_or_none(b_hh),
+                                                   flux::detail::buffer_of(h_prev), buffer_or_none(c_prev), flux::detail::buffer_of(h), buffer_or_none(c),
                                                    buffer_or_none(sv), n, hidden);
       if (!fused) portable_forward(cell, x_s, hg, b_hh, h_prev, c_prev, h, c, sv, hidden);
     }
@@ -212,9 +213,9 @@ Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, cons
       Tensor c_prev = lstm ? c_hist[s] : Tensor(), c = lstm ? c_hist[s + 1] : Tensor();
       Tensor h_prev = hist[s], h = hist[s + 1];
       Tensor dx_s = dxg[s], dh_s = gru ? dhg[s] : Tensor();
-      bool fused = fusable && bep->recurrent_backward(dev.index(), cell, t, dy.buffer(), dh_next.buffer(),
+      bool fused = fusable && bep->recurrent_backward(dev.index(), cell, t, flux::detail::buffer_of(dy), flux::detail::buffer_of(dh_next),
                                                     buffer_or_none(dc), buffer_or_none(sv), buffer_or_none(c_prev),
-                                                    buffer_or_none(c), h_prev.buffer(), h.buffer(), dx_s.buffer(),
+                                                    buffer_or_none(c), flux::detail::buffer_of(h_prev), flux::detail::buffer_of(h), flux::detail::buffer_of(dx_s),
                                                     buffer_or_none(dh_s), n, hidden);
       if (!fused) portable_backward(cell, dy, dh_next, dc, sv, c_prev, c, h_prev, h, dx_s, dh_s, hidden);
       Tensor dh_rec = gru ? dh_s : dx_s;

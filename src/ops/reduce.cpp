@@ -40,7 +40,7 @@ Split split(const Shape& s, int axis) {
 Tensor reduce_raw(ReduceOp op, const Tensor& x, int axis, bool keepdims, DType out_t) {
   Split p = split(x.shape(), axis);
   Tensor out = Tensor::empty(keepdims ? p.kept : p.dropped, out_t, x.device());
-  if (out.numel()) x.backend().reduce(x.device().index(), op, x.dtype(), x.buffer(), out.buffer(), p.outer, p.len, p.inner);
+  if (out.numel()) x.backend().reduce(x.device().index(), op, x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(out), p.outer, p.len, p.inner);
   if (trace::active())
     trace::emit("reduce", {x}, out, {{"op", {int64_t(op)}, {}}, {"axis", {axis}, {}}, {"keepdims", {int64_t(keepdims)}, {}}});
   return out;
@@ -149,7 +149,7 @@ Tensor softmax_raw(const char* api, const Tensor& x0, int axis, bool log, Tensor
   Tensor x = is_half(x0.dtype()) ? x0.cast(DType::f32) : x0;
   Split p = split(x.shape(), a);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (y.numel()) x.backend().softmax(x.device().index(), x.dtype(), x.buffer(), y.buffer(), p.outer, p.len, p.inner, log);
+  if (y.numel()) x.backend().softmax(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(y), p.outer, p.len, p.inner, log);
   if (trace::active()) trace::emit(log ? "logsoftmax" : "softmax", {x}, y, {{"axis", {a}, {}}});
   x_out = x;
   return y;
@@ -165,7 +165,7 @@ Tensor fused_softmax_grad(const Tensor& y, const Tensor& g, int axis, bool log) 
   Split p = split(y.shape(), axis);
   Tensor dx = Tensor::empty(y.shape(), t, y.device());
   if (y.numel() == 0) return dx;
-  if (!y.backend().softmax_backward(y.device().index(), t, y.buffer(), g.buffer(), dx.buffer(), p.outer, p.len, p.inner,
+  if (!y.backend().softmax_backward(y.device().index(), t, flux::detail::buffer_of(y), flux::detail::buffer_of(g), flux::detail::buffer_of(dx), p.outer, p.len, p.inner,
                                     log))
     return Tensor();
   return dx;

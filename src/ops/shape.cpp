@@ -41,7 +41,7 @@ Tensor window_copy(const Tensor& src, const Shape& out_shape, int axis, int64_t 
     p.src_stride[i] = embed ? small_strides[i] : big_strides[i];
     p.dst_stride[i] = embed ? big_strides[i] : small_strides[i];
   }
-  backend::Buffer s = src.buffer(), d = out.buffer();
+  backend::Buffer s = flux::detail::buffer_of(src), d = flux::detail::buffer_of(out);
   size_t shift = size_t(start * big_strides[axis]) * dtype_size(src.dtype());
   if (embed) d.offset += shift; else s.offset += shift;
   src.backend().strided_copy(src.device().index(), src.dtype(), s, d, p);
@@ -64,7 +64,7 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
       p.shape[i] = shape[i];
       p.src_stride[i] = plan.stride[0][i];
     }
-    x.backend().strided_copy(x.device().index(), x.dtype(), x.buffer(), out.buffer(), p);
+    x.backend().strided_copy(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(out), p);
   }
   if (trace::active()) trace::emit("broadcast_to", {x}, out, {{"shape", shape.vec(), {}}});
   Shape from = x.shape();
@@ -115,7 +115,7 @@ Tensor permute(const Tensor& x, const std::vector<int>& axes) {
       p.shape[i] = out_shape[i];
       p.src_stride[i] = in_strides[norm[i]];
     }
-    x.backend().strided_copy(x.device().index(), x.dtype(), x.buffer(), out.buffer(), p);
+    x.backend().strided_copy(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(out), p);
   }
   if (trace::active()) trace::emit("permute", {x}, out, {{"perm", std::vector<int64_t>(norm.begin(), norm.end()), {}}});
   std::vector<int> inverse(n);
@@ -190,9 +190,9 @@ Tensor concat(const std::vector<Tensor>& xs, int axis) {
         p.shape[i] = x.shape()[i];
         p.dst_stride[i] = big[i];
       }
-      backend::Buffer d = out.buffer();
+      backend::Buffer d = flux::detail::buffer_of(out);
       d.offset += size_t(offset * big[a]) * dtype_size(t);
-      x.backend().strided_copy(x.device().index(), t, x.buffer(), d, p);
+      x.backend().strided_copy(x.device().index(), t, flux::detail::buffer_of(x), d, p);
     }
     offset += x.shape()[a];
   }
@@ -255,13 +255,13 @@ Tensor index_select(const Tensor& x, int axis, const Tensor& indices) {
   Shape out_shape = x.shape();
   out_shape[a] = nidx;
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
-  if (out.numel()) x.backend().gather(x.device().index(), x.dtype(), x.buffer(), idx.buffer(), out.buffer(), outer, len, inner, nidx);
+  if (out.numel()) x.backend().gather(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(idx), flux::detail::buffer_of(out), outer, len, inner, nidx);
   if (trace::active()) trace::emit("index_select", {x, indices}, out, {{"axis", {a}, {}}});
   Shape full_shape = x.shape();
   if (is_floating(x.dtype()))
     autodiff::record(out, {&x}, [idx, full_shape, outer, len, inner, nidx](const Tensor& g) {
       Tensor r = zeros(full_shape, g.dtype(), g.device());
-      if (g.numel()) g.backend().scatter_add(g.device().index(), g.dtype(), g.buffer(), idx.buffer(), r.buffer(), outer, len, inner, nidx);
+      if (g.numel()) g.backend().scatter_add(g.device().index(), g.dtype(), flux::detail::buffer_of(g), flux::detail::buffer_of(idx), flux::detail::buffer_of(r), outer, len, inner, nidx);
       return Grads{r};
     });
   return out;

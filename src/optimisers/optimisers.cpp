@@ -58,8 +58,8 @@ void adam_fused(LeafState& s, Tensor& x, const Tensor& dx, double eta, double b1
   ++s.t;
   backend::AdamStep st{eta, b1, b2, eps, wd, 1 - std::pow(b1, double(s.t)), 1 - std::pow(b2, double(s.t))};
   Tensor g = dx.dtype() == x.dtype() ? dx : dx.cast(x.dtype());
-  x.backend().adam_step(x.device().index(), x.dtype(), x.buffer(), g.buffer(), s.buffers[0].buffer(),
-                        s.buffers[1].buffer(), x.numel(), st);
+  x.backend().adam_step(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(g), flux::detail::buffer_of(s.buffers[0]),
+                        flux::detail::buffer_of(s.buffers[1]), x.numel(), st);
   flux::detail::mark_written(x);
   flux::detail::mark_written(s.buffers[0]);
   flux::detail::mark_written(s.buffers[1]);

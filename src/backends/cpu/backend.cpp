@@ -103,7 +103,6 @@ class CpuBackend final : public backend::Backend {
   }
   backend::Buffer allocate(int, size_t bytes) override { return {bytes ? pool_.allocate(bytes) : nullptr, 0}; }
   void deallocate(int, backend::Buffer b, size_t bytes) override {
-    if (b.handle) cpu_backend::onednn_forget(ptr(b));  // before the memory can hold another tensor
     if (b.handle) pool_.deallocate(b.handle, bytes);
   }
   void release_cache(int) override { pool_.release(); }
@@ -234,24 +233,21 @@ class CpuBackend final : public backend::Backend {
     FloatModeScope mode(t);
     cpu_backend::col2im(t, ptr(col), ptr(dx), g);
   }
-  void materialise(int, backend::Buffer b) override {
-    if (b.handle) cpu_backend::onednn_materialise(ptr(b));
-  }
   bool conv_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
     FloatModeScope mode(t);
-    return cpu_backend::onednn_conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g);
+    return cpu_backend::conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g);
   }
   bool conv_forward_relu(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
                          const backend::ConvGeometry& g) override {
     FloatModeScope mode(t);
-    return cpu_backend::onednn_conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g, true);
+    return cpu_backend::conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g, true);
   }
-  bool linear_forward(int, DType t, backend::Buffer x, backend::Buffer w, uint64_t w_stamp, backend::Buffer bias,
-                      backend::Buffer y, int64_t n, int64_t in, int64_t out, bool relu) override {
+  bool linear_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::PreparedCache* w_cache,
+                      backend::Buffer bias, backend::Buffer y, int64_t n, int64_t in, int64_t out, bool relu) override {
     FloatModeScope mode(t);
-    return cpu_backend::linear_forward(t, ptr(x), ptr(w), w_stamp, bias.handle ? ptr(bias) : nullptr, ptr(y), n, in, out,
-                               relu);
+    return cpu_backend::linear_forward(t, ptr(x), ptr(w), w_cache, bias.handle ? ptr(bias) : nullptr, ptr(y), n, in,
+                                       out, relu);
   }
 #if FLUX_HAVE_ONEDNN
   bool has_conv_forward_affine() override { return true; }
@@ -260,24 +256,22 @@ class CpuBackend final : public backend::Backend {
                            backend::Buffer shift, backend::Buffer residual, backend::Buffer y,
                            const backend::ConvGeometry& g, bool relu, bool relu_after) override {
     FloatModeScope mode(t);
-    return cpu_backend::onednn_conv_forward_affine(t, ptr(x), ptr(w), ptr(scale), ptr(shift),
+    return cpu_backend::conv_forward_affine(t, ptr(x), ptr(w), ptr(scale), ptr(shift),
                                            residual.handle ? ptr(residual) : nullptr, ptr(y), g, relu, relu_after);
   }
   bool conv_backward_data(int, DType t, backend::Buffer dy, backend::Buffer w, backend::Buffer dx,
                           const backend::ConvGeometry& g) override {
     FloatModeScope mode(t);
-    return cpu_backend::onednn_conv_backward_data(t, ptr(dy), ptr(w), ptr(dx), g);
+    return cpu_backend::conv_backward_data(t, ptr(dy), ptr(w), ptr(dx), g);
   }
   bool conv_backward_weight(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer dw,
                             backend::Buffer dbias, const backend::ConvGeometry& g) override {
     FloatModeScope mode(t);
-    return cpu_backend::onednn_conv_backward_weight(t, ptr(x), ptr(dy), ptr(dw), dbias.handle ? ptr(dbias) : nullptr, g);
+    return cpu_backend::conv_backward_weight(t, ptr(x), ptr(dy), ptr(dw), dbias.handle ? ptr(dbias) : nullptr, g);
   }
   void pool_forward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
     FloatModeScope mode(t);
-    if (cpu_backend::onednn_pool_forward(op, t, ptr(x), ptr(y), g)) return;  // on a kept blocked copy of x
-    cpu_backend::onednn_materialise(ptr(x));  // x may be a conv output left unwritten (ConvGeometry::output_deferred)
     cpu_backend::pool_forward(op, t, ptr(x), ptr(y), g);
   }
   void pool_backward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y, backend::Buffer dy,

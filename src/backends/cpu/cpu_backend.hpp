@@ -4,8 +4,10 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <vector>
 
 #include "flux/backend.hpp"
+#include "src/backends/cpu/kernel_choice.hpp"
 
 namespace flux::cpu_backend {
 
@@ -26,25 +28,12 @@ void binary(backend::BinaryOp op, DType t, const void* a, const void* b, void* o
 void where(DType t, const void* cond, const void* a, const void* b, void* out, const backend::Broadcast& plan);
 void reduce(backend::ReduceOp op, DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner);
 void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm& g);
-/// Inference y (n, out) = relu?(x (n, in) w^T + bias) with w kept packed under w_stamp (Backend::
-/// linear_forward, matmul.cpp); false where the GEMM path runs instead.
-bool linear_forward(DType t, const void* x, const void* w, uint64_t w_stamp, const void* bias, void* y, int64_t n,
-                    int64_t in, int64_t out, bool relu);
-/// Tests: whether linear_forward's kernels for this shape (at the present thread count) read kept
-/// copies of w (true) or w as it is (false, after their first call timed both); nullopt where no call
-/// has made them or oneDNN declined the shape.
-std::optional<bool> linear_reads_kept_copy(int64_t n, int64_t in, int64_t out, bool bias, bool relu);
-/// linear_forward's kernels: oneDNN's matmul or flux's own on packed panels (matmul.cpp), measured per
-/// call shape on its first call (automatic) or forced.
-enum class LinearKernel : int { automatic = -1, onednn = 0, panels = 1 };
-/// Tests and benchmarks: every later linear_forward runs `k` (onednn: false where oneDNN cannot); returns the old.
-LinearKernel force_linear_kernel(LinearKernel k);
-/// Tests: the kernel linear_forward settled on for this shape (present thread count); nullopt before its first call.
-std::optional<LinearKernel> linear_kernel_of(int64_t n, int64_t in, int64_t out, bool bias, bool relu);
-/// The library that runs a float32 GEMM piece (matmul.cpp): measured per shape (automatic) or forced.
-enum class GemmEngine : int { automatic = -1, openblas = 0, onednn = 1 };
-/// Tests and benchmarks: every later f32 GEMM piece uses `e` (automatic: measured); returns the old.
-GemmEngine force_gemm_engine(GemmEngine e);
+/// Inference y (n, out) = relu?(x (n, in) w^T + bias) with w prepared for the kernel the seam chooses
+/// and kept in `cache` (Backend::linear_forward, matmul.cpp); false where the GEMM path runs instead.
+bool linear_forward(DType t, const void* x, const void* w, backend::PreparedCache* cache, const void* bias, void* y,
+                    int64_t n, int64_t in, int64_t out, bool relu);
+/// Tests: the kernel linear_forward runs for this call shape at the present thread count.
+Kernel linear_kernel(int64_t n, int64_t in, int64_t out, bool bias, bool relu);
 /// linear_forward's panel kernel for other kernels (matmul.cpp): w (out, in) packed into
 /// panel_floats(in, out) floats of 16-output panels; y (n, out) = x (n, in) w^T on the calling thread.
 size_t panel_floats(int64_t in, int64_t out);
@@ -68,26 +57,40 @@ bool batchnorm_backward(DType t, const void* x, const void* dy, const void* weig
                         void* dx, void* dweight, void* dbias, int64_t n, int64_t c, int64_t s, double eps);
 bool channel_affine(DType t, const void* x, const void* scale, const void* shift, void* y, int64_t n, int64_t c,
                     int64_t s);
-// conv.cpp: the portable path's primitives and the oneDNN fast path (false: not available here).
+// Convolution. conv_reference.cpp: the portable path's primitives.
 void im2col(DType t, const void* x, void* col, const backend::ConvGeometry& g);
 void col2im(DType t, const void* col, void* dx, const backend::ConvGeometry& g);
-bool onednn_conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend::ConvGeometry& g,
-                         bool relu = false);
-/// Max pooling at inference on the kept channel-blocked copy of x (a conv's output), its output kept
-/// blocked and deferred likewise (ConvGeometry::output_deferred); false where x has no such copy (or
-/// another op / dtype): the caller materialises x and runs pool_forward.
-bool onednn_pool_forward(backend::PoolOp op, DType t, const void* x, void* y, const backend::ConvGeometry& g);
-/// Writes the plain tensor at `plain` if a forward conv deferred it (Backend::materialise).
-void onednn_materialise(const void* plain);
-/// The tensor at `plain` was freed: its deferred content, if any, is dropped (Backend::deallocate).
-void onednn_forget(const void* plain);
-/// Inference: y = relu?(relu?(conv(x, w) * scale + shift) + residual) (Backend::conv_forward_affine).
-bool onednn_conv_forward_affine(DType t, void* x, void* w, void* scale, void* shift, void* residual, void* y,
-                                const backend::ConvGeometry& g, bool relu, bool relu_after);
+// conv.cpp: the library kernels, chosen per geometry (false: none takes the case; the core's portable
+// path runs). y = relu?(conv(x, w) + bias); null bias: none.
+bool conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend::ConvGeometry& g, bool relu = false);
+/// Inference: y = relu_after?(relu?(conv(x, w) * scale + shift) + residual) (Backend::conv_forward_affine).
+bool conv_forward_affine(DType t, void* x, void* w, void* scale, void* shift, void* residual, void* y,
+                         const backend::ConvGeometry& g, bool relu, bool relu_after);
+bool conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g);
+bool conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, const backend::ConvGeometry& g);
+/// Tests: the kernel a forward of g runs (affine: conv_forward_affine's); Kernel(-1) where none takes it.
+Kernel conv_forward_kernel(const backend::ConvGeometry& g, bool affine);
+
+/// What a conv call computes, and the buffers it passes the kernels in this order: forward(_relu) x w
+/// [bias] y; forward_affine x w scale shift y (+ the residual apart); backward_data dy w dx;
+/// backward_weight x dy dw [dbias].
+enum class ConvKind : int64_t { forward, forward_relu, forward_affine, backward_data, backward_weight };
+/// forward_affine's post-ops after conv * scale + shift.
+struct ConvPostOps {
+  bool relu = false, residual = false, relu_after = false;
+};
+/// oneDNN's convolution (conv_onednn.cpp); false where oneDNN declines the case or is not built in.
+bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const std::vector<void*>& buffers,
+                 const ConvPostOps& ep = {}, void* residual = nullptr);
+/// flux's few-pixel forward (conv_own.cpp): dense, C / G * prod(kernel) >= 64, at most 32 output pixels
+/// over the batch; forward kinds only.
+bool few_pixel_fits(const backend::ConvGeometry& g);
+void few_pixel_forward(ConvKind kind, bool bias, const backend::ConvGeometry& g, const std::vector<void*>& buffers,
+                       const ConvPostOps& ep, const void* residual);
 /// Winograd F(2x2, 3x3) forwards (winograd.cpp): 2-D, 3x3, stride 1, no dilation or groups, channels
-/// multiples of 8 (16 and up), a known weight stamp (the transformed weights are kept under it).
-/// y (N, O, OH, OW) = relu_after?(relu?(conv(x, w) * scale + shift) + residual); null scale: 1, null
-/// shift or residual: none. conv.cpp picks it per geometry against oneDNN.
+/// multiples of 8 (16 and up). y (N, O, OH, OW) = relu_after?(relu?(conv(x, w) * scale + shift) +
+/// residual); null scale: 1, null shift or residual: none. The transformed weights are kept in
+/// g.weight_cache (null: made for the call).
 struct WinogradEpilogue {
   const float* scale = nullptr;
   const float* shift = nullptr;
@@ -98,20 +101,10 @@ struct WinogradEpilogue {
 bool winograd_fits(const backend::ConvGeometry& g);
 void winograd_forward(const float* x, const float* w, const backend::ConvGeometry& g, const WinogradEpilogue& ep,
                       float* y);
-/// Drops the transformed copy of w kept by winograd_forward, if any (conv.cpp: oneDNN won the timing).
-void winograd_forget_weights(const float* w);
-/// Tests and benchmarks: -1 (default) inference forwards that winograd_fits time Winograd against oneDNN
-/// on their first call and keep the faster; 0 never Winograd; 1 always where it fits. Returns the old.
-int force_conv_winograd(int mode);
-bool onednn_conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g);
-bool onednn_conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, const backend::ConvGeometry& g);
 /// Pooling over (N, C, spatial...) (pooling.cpp): y from x; dx (pre-filled) += the adjoint of dy.
 void pool_forward(backend::PoolOp op, DType t, const void* x, void* y, const backend::ConvGeometry& g);
 void pool_backward(backend::PoolOp op, DType t, const void* x, const void* y, const void* dy, void* dx,
                    const backend::ConvGeometry& g);
-/// Max pooling of float32 x (N, C / block, in..., block) into y (N, C / block, out..., block), block 16
-/// or 8 (the channel-blocked layout of conv.cpp's kept activations); same windows and NaN rule.
-void blocked_max_pool(int block, const float* x, float* y, const backend::ConvGeometry& g);
 
 /// Fused row normalisation (normalisation.cpp), formulas in backend.hpp; f32/f64, false otherwise.
 bool rownorm_forward(DType t, const void* x, const void* weight, const void* bias, void* y, void* mean, void* rstd,

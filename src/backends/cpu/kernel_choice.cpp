@@ -30,7 +30,11 @@ std::map<Query, Candidates>& recorded() {
   return *r;
 }
 std::mutex g_timer_mutex;
-Timer g_timers[kSites];
+// Function-local: sites register theirs from other files' static initialisers, which may run first.
+Timer* timers() {
+  static Timer t[kSites];
+  return t;
+}
 
 Kernel first_of(Candidates c) {
   for (int k = 0; k < kKernels; ++k)
@@ -125,11 +129,11 @@ std::vector<std::pair<Query, Candidates>> recorded_queries() {
 
 void register_timer(Site site, Timer timer) {
   std::lock_guard<std::mutex> lock(g_timer_mutex);
-  g_timers[int(site)] = std::move(timer);
+  timers()[int(site)] = std::move(timer);
 }
 Timer timer_of(Site site) {
   std::lock_guard<std::mutex> lock(g_timer_mutex);
-  return g_timers[int(site)];
+  return timers()[int(site)];
 }
 
 }  // namespace flux::cpu_backend

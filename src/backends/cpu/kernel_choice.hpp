@@ -63,7 +63,8 @@ std::optional<Kernel> force_kernel(Site site, std::optional<Kernel> k);
 void record_queries(bool on);
 std::vector<std::pair<Query, Candidates>> recorded_queries();
 /// Each site registers how to time one query with one kernel on synthetic operands (seconds, best of
-/// `reps`); the tuner calls it. Null for a site that registered none.
+/// `reps`; +infinity where that kernel cannot run the query); the tuner calls it. Null for a site
+/// that registered none.
 using Timer = std::function<double(const Query&, Kernel, int reps)>;
 void register_timer(Site site, Timer timer);
 Timer timer_of(Site site);

@@ -253,49 +253,6 @@ void backward_typed(const Axes& a, int64_t planes, const T* x, const T* y, const
   });
 }
 
-// ---- max over channel-blocked planes: x (N, C / B, in..., B), the layout oneDNN's convs keep ----
-
-/// One plane of B channels: y (out..., B) = max over each clipped window of x (in..., B), NaN winning
-/// as in take_max. W floats a vector: GCC 12 lowers the compare-and-select of 16-float vectors
-/// (AVX-512) and of 8-float ones without AVX to scalar branches, so W is 8 with AVX2 / AVX-512 and 4
-/// below (the first version, plain float loops, compiled to `ucomiss` branches and took 8% of a ResNet-18
-/// batch-1 profile, ~0.9 ms an inference; this one does not show in the top symbols of that profile).
-template <int B, int W>
-FLUX_CPU_INLINE void blocked_max_body(const float* __restrict x, float* __restrict y, const Axes& a) {
-  typedef float V __attribute__((vector_size(W * 4), aligned(4)));  // not `using`: GCC drops the attribute
-  typedef int32_t I __attribute__((vector_size(W * 4), aligned(4)));
-  constexpr int N = B / W;
-  for (int64_t od = 0; od < a.out[0]; ++od)
-    for (int64_t oh = 0; oh < a.out[1]; ++oh)
-      for (int64_t ow = 0; ow < a.out[2]; ++ow, y += B) {
-        int64_t d0, d1, h0, h1, w0, w1;
-        clip(a, 0, od, d0, d1), clip(a, 1, oh, h0, h1), clip(a, 2, ow, w0, w1);
-        V m[N];
-        for (int j = 0; j < N; ++j) m[j] = V{} - std::numeric_limits<float>::infinity();
-        for (int64_t d = d0; d < d1; ++d)
-          for (int64_t h = h0; h < h1; ++h)
-            for (int64_t w = w0; w < w1; ++w) {
-              const float* v = x + ((d * a.in[1] + h) * a.in[2] + w) * B;
-              for (int j = 0; j < N; ++j) {
-                const V e = *reinterpret_cast<const V*>(v + j * W);
-                const I take = (e > m[j]) | (e != e);  // larger, or NaN
-                m[j] = reinterpret_cast<V>((reinterpret_cast<I>(e) & take) | (reinterpret_cast<I>(m[j]) & ~take));
-              }
-            }
-        for (int j = 0; j < N; ++j) *reinterpret_cast<V*>(y + j * W) = m[j];
-      }
-}
-template <int B> FLUX_CPU_TARGET_AVX512 void blocked_max_avx512(const float* x, float* y, Axes a) { blocked_max_body<B, 8>(x, y, a); }
-template <int B> FLUX_CPU_TARGET_AVX2 void blocked_max_avx2(const float* x, float* y, Axes a) { blocked_max_body<B, 8>(x, y, a); }
-template <int B> void blocked_max_baseline(const float* x, float* y, Axes a) { blocked_max_body<B, 4>(x, y, a); }
-template <int B> void blocked_max(const float* x, float* y, const Axes& a) {
-  switch (active_isa()) {
-    case Isa::avx512: return blocked_max_avx512<B>(x, y, a);
-    case Isa::avx2: return blocked_max_avx2<B>(x, y, a);
-    default: return blocked_max_baseline<B>(x, y, a);
-  }
-}
-
 template <class T>
 void forward_dispatch(PoolOp op, const Axes& a, int64_t planes, const void* x, void* y) {
   if (op == PoolOp::max) forward_typed<T, PoolOp::max>(a, planes, static_cast<const T*>(x), static_cast<T*>(y));
@@ -319,19 +276,6 @@ void pool_forward(PoolOp op, DType t, const void* x, void* y, const ConvGeometry
   if (t == DType::f32) forward_dispatch<float>(op, a, planes, x, y);
   else if (t == DType::f64) forward_dispatch<double>(op, a, planes, x, y);
   else detail::fail("[pool] CPU kernel supports Float32 and Float64; got ", dtype_name(t));
-}
-
-void blocked_max_pool(int block, const float* x, float* y, const ConvGeometry& g) {
-  const Axes a = axes_of(g);
-  const int64_t planes = g.batch * ((g.in_channels + block - 1) / block);
-  parallel_for(planes, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const float* xp = x + p * block * a.in_plane;
-      float* yp = y + p * block * a.out_plane;
-      if (block == 16) blocked_max<16>(xp, yp, a);
-      else blocked_max<8>(xp, yp, a);
-    }
-  });
 }
 
 void pool_backward(PoolOp op, DType t, const void* x, const void* y, const void* dy, void* dx, const ConvGeometry& g) {

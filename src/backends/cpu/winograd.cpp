@@ -1,10 +1,10 @@
-// Winograd F(2x2, 3x3) forward convolution for inference (conv.cpp chooses it per geometry against
-// oneDNN by timing the first call). Each 2x2 block of output pixels (a tile) comes from a 4x4 block of
+// Winograd F(2x2, 3x3) forward convolution for inference (chosen per geometry by the kernel-choice
+// seam, kernel_choice.hpp). Each 2x2 block of output pixels (a tile) comes from a 4x4 block of
 // input pixels: with d that input block of one channel and g a 3x3 kernel, the tile is
 // A^T [(G g G^T) .* (B^T d B)] A, so a 3x3 conv becomes 16 independent products, one per position
 // xi of the 4x4 transformed tile: M[xi] (tiles, O) = V[xi] (tiles, C) U[xi]^T, 16 x C x O
 // multiply-adds a tile instead of 36 x C x O (2.25x fewer). Those products run on matmul.cpp's panel
-// kernel (U[xi] packed into 16-output panels, kept per weight content stamp as the Dense weights are).
+// kernel (U[xi] packed into 16-output panels, kept prepared with the weights as the Dense weights are).
 //   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]   G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1]
 //   A^T = [1 1 1 0; 0 1 -1 -1]
 // The input transform reads a zero-padded channels-last copy of one image (8 channels a vector), the
@@ -14,21 +14,19 @@
 // than threads (batch 1) each step of a chunk is split over the pool instead (input channels, the 16
 // positions, output channels). Both layout changes (NCHW -> channels-last in, back out) go 8 x 8
 // through registers (transpose8): written as scalar copies they were ~40% of the transforms' time.
-// ResNet-18 at 112x112, batch 32, on this AVX-512 EPYC under the AVX2 settings, 1 thread: 303 ms with
-// oneDNN's direct convs, 208 ms with these (layer1 67 -> 41 ms; bench/README.md has the table).
 // oneDNN 2.6 on AVX2 runs these convs as direct convolutions (its Winograd kernel needs AVX-512), and
 // ONNX Runtime's MLAS as NCHWc direct convolutions (we found no Winograd kernel in it). The
 // transforms' rounding is a few float ulps (F(2x2, 3x3) has coefficients 1 and 1/2 only): tests
 // compare with a float64 conv at 2e-5.
 #include <algorithm>
 #include <array>
-#include <mutex>
+#include <memory>
 #include <vector>
 
 #include "src/backends/cpu/broadcast_rows.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
-#include "src/backends/cpu/kept_floats.hpp"
+#include "src/backends/cpu/prepared.hpp"
 
 namespace flux::cpu_backend {
 
@@ -70,20 +68,13 @@ void transform_weights(const float* w, int64_t C, int64_t O, float* to) {
   for (int xi = 0; xi < 16; ++xi) panel_pack(u.data() + xi * O * C, C, O, to + xi * per);
 }
 
-/// Transformed weights kept per weight buffer while its content stamp holds (kept_floats.hpp; up to
-/// 32 sets and 512 MB: ResNet-18's thirteen 3x3 stride-1 convs take 67 MB, 16/9 of their 38 MB).
-struct Transforms {
-  std::mutex mutex;
-  KeptFloats kept{32, size_t(512) << 20};
-};
-Transforms& transforms() {
-  static Transforms* t = new Transforms();  // never destroyed, as the backend
-  return *t;
-}
-const float* kept_transforms(const float* w, uint64_t stamp, int64_t C, int64_t O) {
-  Transforms& t = transforms();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  return t.kept.get(w, stamp, C, O, 16 * panel_floats(C, O), [&](float* to) { transform_weights(w, C, O, to); });
+/// The transformed weights, kept in the weight tensor's cache (prepared.hpp) while its content holds.
+std::shared_ptr<const PreparedFloats> transforms(const float* w, backend::PreparedCache* cache, int64_t C, int64_t O) {
+  return prepared<PreparedFloats>(cache, prepared_key(PreparedKind::winograd, reinterpret_cast<intptr_t>(w), C, O), [&] {
+    auto f = std::make_shared<PreparedFloats>(16 * panel_floats(C, O));
+    transform_weights(w, C, O, f->data);
+    return f;
+  });
 }
 
 struct Scratch {
@@ -262,7 +253,7 @@ void products(const Plan& p, const float* u, int64_t n0, int64_t n1, int64_t xi0
 }  // namespace
 
 bool winograd_fits(const backend::ConvGeometry& g) {
-  if (g.spatial != 2 || g.groups != 1 || g.weight_stamp == 0) return false;
+  if (g.spatial != 2 || g.groups != 1) return false;
   for (int i = 0; i < 2; ++i)
     if (g.kernel[i] != 3 || g.stride[i] != 1 || g.dilation[i] != 1 || g.pad_lo[i] > 2 || g.pad_hi[i] > 2) return false;
   if (g.in_channels % kLanes != 0 || g.out_channels % kLanes != 0 || g.in_channels < 16 || g.out_channels < 16 ||
@@ -273,16 +264,11 @@ bool winograd_fits(const backend::ConvGeometry& g) {
   return 16.0 * tiles * double(std::max(g.in_channels, g.out_channels)) * sizeof(float) <= kMaxChunkBytes;
 }
 
-void winograd_forget_weights(const float* w) {
-  Transforms& t = transforms();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  t.kept.forget(w);
-}
-
 void winograd_forward(const float* x, const float* w, const backend::ConvGeometry& g, const WinogradEpilogue& ep,
                       float* y) {
   const Plan p(g);
-  const float* u = kept_transforms(w, g.weight_stamp, p.C, p.O);
+  const std::shared_ptr<const PreparedFloats> kept = transforms(w, g.weight_cache, p.C, p.O);
+  const float* u = kept->data;
   const int64_t threads = num_threads();
   const int64_t per_chunk =
       std::clamp<int64_t>((kTilesPerChunk + p.tiles - 1) / p.tiles, 1, (p.N + threads - 1) / threads);

@@ -1,0 +1,542 @@
+// Convolution through oneDNN (float32): forward with fused bias / relu / BatchNorm affine + residual,
+// data gradient, weight + bias gradient.
+//   x (N, C, in...), w (O, C / G, k...) = (G, O / G, C / G, k...), y (N, O, out...), all plain
+//   row-major (oneDNN's ncw/nchw/ncdhw and (g)oi(h)(w)); up to 3 spatial axes, unused ones 1.
+// Primitives are created once per geometry and then only read (read_mostly.hpp): any number of
+// threads run one at once, each binding its own buffers and scratch memory (onednn.hpp). Layout:
+// with plain memory descriptors oneDNN 2.6 picks its gemm kernel; with format_tag::any its blocked
+// direct kernels, whose operands are reordered into and out of its layout on every call (the weights
+// of an inference forward once, kept prepared in the weight tensor's cache: prepared.hpp). "auto"
+// asks for `any` when C / G * prod(kernel) >= 64, and for a dense conv on 1-3 channels keeps the
+// source plain and lets oneDNN choose dst/weights (LibTorch's choice); FLUX_ONEDNN_LAYOUT=plain|any|
+// plain-src forces one. Each call splits its batch (or, for one image, its output channels) over our
+// pool, one oneDNN call per thread on a one-thread OpenMP team (onednn.hpp says why).
+#include "src/backends/cpu/cpu_backend.hpp"
+
+#if FLUX_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "src/backends/cpu/onednn.hpp"
+#include "src/backends/cpu/onednn_relu.hpp"
+#include "src/backends/cpu/prepared.hpp"
+#include "src/backends/cpu/read_mostly.hpp"
+
+namespace flux::cpu_backend {
+
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+
+bool is_forward(ConvKind k) { return k == ConvKind::forward || k == ConvKind::forward_relu || k == ConvKind::forward_affine; }
+
+using Key = std::array<int64_t, 32>;
+
+Key make_key(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvPostOps& ep) {
+  Key k{};
+  k[k.size() - 1] = int64_t(ep.relu) | int64_t(ep.residual) << 1 | int64_t(ep.relu_after) << 2;
+  size_t i = 0;
+  k[i++] = int64_t(kind), k[i++] = bias, k[i++] = g.spatial, k[i++] = g.batch, k[i++] = g.in_channels;
+  k[i++] = g.out_channels, k[i++] = g.groups;
+  for (int a = 0; a < g.spatial; ++a) {
+    k[i++] = g.in[a], k[i++] = g.out[a], k[i++] = g.kernel[a], k[i++] = g.stride[a];
+    k[i++] = g.pad_lo[a], k[i++] = g.pad_hi[a], k[i++] = g.dilation[a];
+  }
+  return k;
+}
+
+constexpr int kNoArgument = -1;
+
+/// One primitive argument: its plain (user) layout and the layout the primitive chose, with the
+/// reorder between them when they differ (plain -> chosen for an input, back for an output).
+struct Operand {
+  int arg = 0;  // kNoArgument: read by a reorder, not by the primitive
+  bool input = true;
+  int scales = -1;  // >= 0: the reorder multiplies output channel o by operand[scales][o] (runtime output scales)
+  memory::desc plain, inner;
+  dnnl::reorder reorder;
+  bool reordered = false;
+};
+
+/// How a fused forward adds its residual: not at all, or by oneDNN's sum post-op (the residual is
+/// first written into the destination, reordered to its layout).
+enum class Residual { none, sum };
+
+struct Entry {
+  dnnl::primitive primitive;
+  memory::desc scratchpad;
+  std::vector<Operand> operands;
+  Residual residual = Residual::none;
+  Operand residual_operand;  // plain (N, O, out...) residual -> the destination's layout
+};
+
+struct Config {
+  int layout = 0;  // FLUX_ONEDNN_LAYOUT: 0 auto, 1 plain, 2 any, 3 plain-src (dst/weights any)
+  bool pool_threading = true;  // false (FLUX_ONEDNN_THREADING=omp): one call on an OpenMP team
+  Config() {
+    const char* v = std::getenv("FLUX_ONEDNN_LAYOUT");
+    layout = !v                              ? 0
+             : std::strcmp(v, "plain") == 0     ? 1
+             : std::strcmp(v, "any") == 0       ? 2
+             : std::strcmp(v, "plain-src") == 0 ? 3
+                                                : 0;
+    const char* t = std::getenv("FLUX_ONEDNN_THREADING");
+    pool_threading = !(t && std::strcmp(t, "omp") == 0);
+  }
+};
+const Config& config() {
+  static const Config c;
+  return c;
+}
+
+ReadMostly<Key, Entry>& entries() {
+  static auto* e = new ReadMostly<Key, Entry>(512);  // never destroyed, as the backend
+  return *e;
+}
+
+memory::dims activation_dims(const backend::ConvGeometry& g, int64_t channels, const int64_t* sizes) {
+  memory::dims d{g.batch, channels};
+  for (int i = 0; i < g.spatial; ++i) d.push_back(sizes[i]);
+  return d;
+}
+
+Tag activation_tag(int spatial) { return spatial == 1 ? Tag::ncw : spatial == 2 ? Tag::nchw : Tag::ncdhw; }
+
+memory::desc weight_desc(const backend::ConvGeometry& g, bool any) {
+  memory::dims d;
+  if (g.groups > 1) d = {g.groups, g.out_channels / g.groups, g.in_channels / g.groups};
+  else d = {g.out_channels, g.in_channels};
+  for (int i = 0; i < g.spatial; ++i) d.push_back(g.kernel[i]);
+  Tag tag = any ? Tag::any
+            : g.groups > 1 ? (g.spatial == 1 ? Tag::goiw : g.spatial == 2 ? Tag::goihw : Tag::goidhw)
+                           : (g.spatial == 1 ? Tag::oiw : g.spatial == 2 ? Tag::oihw : Tag::oidhw);
+  return memory::desc(d, memory::data_type::f32, tag);
+}
+
+struct Descs {
+  memory::desc src, weights, dst, bias;
+  memory::dims strides, dilates, pad_l, pad_r;
+};
+
+/// any: oneDNN chooses the layouts of dst and weights, and of src too unless plain_src.
+Descs make_descs(const backend::ConvGeometry& g, bool any, bool bias, bool plain_src = false) {
+  Descs d;
+  Tag act = any ? Tag::any : activation_tag(g.spatial);
+  d.src = memory::desc(activation_dims(g, g.in_channels, g.in), memory::data_type::f32,
+                       plain_src ? activation_tag(g.spatial) : act);
+  d.dst = memory::desc(activation_dims(g, g.out_channels, g.out), memory::data_type::f32, act);
+  d.weights = weight_desc(g, any);
+  if (bias) d.bias = memory::desc({g.out_channels}, memory::data_type::f32, Tag::x);
+  for (int i = 0; i < g.spatial; ++i) {
+    d.strides.push_back(g.stride[i]);
+    d.dilates.push_back(g.dilation[i] - 1);  // oneDNN counts the gaps
+    d.pad_l.push_back(g.pad_lo[i]);
+    d.pad_r.push_back(g.pad_hi[i]);
+  }
+  return d;
+}
+
+/// relu: oneDNN eltwise post-ops that keep NaN (onednn_relu.hpp), applied to conv + bias before y is written.
+dnnl::convolution_forward::primitive_desc forward_pd(const Descs& d, bool bias, bool relu = false) {
+  using F = dnnl::convolution_forward;
+  auto desc = bias ? F::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src, d.weights,
+                             d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
+                   : F::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src, d.weights,
+                             d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
+  dnnl::primitive_attr attr = onednn::user_scratchpad();
+  if (relu) {
+    dnnl::post_ops ops;
+    append_relu_keeping_nan(ops);
+    attr.set_post_ops(ops);
+  }
+  return F::primitive_desc(desc, attr, onednn::engine());
+}
+
+Operand make_operand(int arg, bool input, const memory::desc& plain, const memory::desc& chosen) {
+  Operand op;
+  op.arg = arg;
+  op.input = input;
+  op.plain = plain;
+  op.inner = chosen;
+  if (chosen != plain) {
+    const dnnl::engine& e = onednn::engine();
+    op.reordered = true;
+    op.reorder = input ? dnnl::reorder(dnnl::reorder::primitive_desc(e, plain, e, chosen))
+                       : dnnl::reorder(dnnl::reorder::primitive_desc(e, chosen, e, plain));
+  }
+  return op;
+}
+
+/// The fused inference forward. The BatchNorm's per-channel scale multiplies the weights in their
+/// reorder into the kernel's blocked layout (the reorder's runtime output scales: no extra pass), its
+/// shift is the conv's bias, then relu, the residual (sum post-op) and relu again as asked: the kernels
+/// and layouts of the unfused forward (LibTorch's conv + bias + sum + relu pattern), which measured
+/// faster than binary mul/add post-ops on the output. Null when the layouts are plain (oneDNN's gemm
+/// kernel) or oneDNN offers a reference kernel only: the core then runs the unfused composition.
+std::unique_ptr<Entry> create_affine(const Descs& plain, const Descs& asked, const backend::ConvGeometry& g,
+                                     const ConvPostOps& ep) {
+  using F = dnnl::convolution_forward;
+  if (asked.dst == plain.dst) return nullptr;
+  const dnnl::engine& engine = onednn::engine();
+  F::primitive_desc unfused = forward_pd(asked, false);  // the unfused forward's layouts
+  memory::desc channels({g.out_channels}, memory::data_type::f32, Tag::x);
+  dnnl::post_ops ops;
+  if (ep.relu) append_relu_keeping_nan(ops);
+  if (ep.residual) ops.append_sum(1.0f);
+  if (ep.relu_after) append_relu_keeping_nan(ops);
+  dnnl::primitive_attr attr = onednn::user_scratchpad();
+  attr.set_post_ops(ops);
+  F::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, unfused.src_desc(),
+               unfused.weights_desc(), channels, unfused.dst_desc(), asked.strides, asked.dilates, asked.pad_l,
+               asked.pad_r);
+  F::primitive_desc pd(desc, attr, engine);
+  if (std::strncmp(pd.impl_info_str(), "ref", 3) == 0) return nullptr;
+  auto e = std::make_unique<Entry>();
+  e->primitive = F(pd);
+  e->scratchpad = pd.scratchpad_desc();
+  e->operands.push_back(make_operand(DNNL_ARG_SRC, true, plain.src, pd.src_desc()));
+  // Weights (O, C/G, k...) or (G, O/G, C/G, k...): the output channel is axis 0, or axes 0 and 1.
+  Operand weights;
+  weights.arg = DNNL_ARG_WEIGHTS;
+  weights.plain = plain.weights;
+  weights.inner = pd.weights_desc();
+  weights.reordered = true;
+  weights.scales = 2;
+  dnnl::primitive_attr scaled;
+  scaled.set_output_scales(g.groups > 1 ? 3 : 1, {DNNL_RUNTIME_F32_VAL});
+  weights.reorder = dnnl::reorder(dnnl::reorder::primitive_desc(engine, plain.weights, engine, pd.weights_desc(), scaled));
+  e->operands.push_back(std::move(weights));
+  Operand scale;
+  scale.arg = kNoArgument;
+  scale.plain = scale.inner = channels;
+  e->operands.push_back(std::move(scale));
+  e->operands.push_back(make_operand(DNNL_ARG_BIAS, true, channels, pd.bias_desc()));
+  e->operands.push_back(make_operand(DNNL_ARG_DST, false, plain.dst, pd.dst_desc()));
+  if (ep.residual) {
+    // Written into the destination (its blocked scratch memory) before the conv adds onto it.
+    const Operand& dst = e->operands.back();
+    e->residual = Residual::sum;
+    e->residual_operand = make_operand(DNNL_ARG_DST, true, plain.dst, dst.inner);
+  }
+  return e;
+}
+
+std::unique_ptr<Entry> create(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvPostOps& ep) {
+  const Config& c = config();
+  auto e = std::make_unique<Entry>();
+  Descs plain = make_descs(g, false, bias);
+  // oneDNN's blocked kernels (jit:avx2/avx512 on nChw8c/16c) beat its plain-layout gemm kernel when
+  // the work per pixel (C / G * prod(kernel)) repays reordering the activations; below that (a
+  // first layer on 1 channel, depthwise) the reorders cost more than they save.
+  int64_t per_pixel = g.in_channels / g.groups;
+  for (int i = 0; i < g.spatial; ++i) per_pixel *= g.kernel[i];
+  // A few-channel dense conv (a first layer: 1-3 channels) keeps its source plain and lets oneDNN
+  // choose blocked dst/weights, as LibTorch does: its direct kernels read a plain source with few
+  // channels, and the source is not padded to 8/16 channels by a reorder.
+  bool few = g.groups == 1 && g.in_channels < 4;
+  bool any = c.layout == 2 || c.layout == 3 || (c.layout == 0 && (per_pixel >= 64 || few));
+  bool plain_src = c.layout == 3 || (c.layout == 0 && per_pixel < 64 && few);
+  Descs asked = make_descs(g, any, bias, plain_src);
+  if (kind == ConvKind::forward_affine) return create_affine(plain, asked, g, ep);
+  if (kind == ConvKind::forward || kind == ConvKind::forward_relu) {
+    auto pd = forward_pd(asked, bias, kind == ConvKind::forward_relu);
+    e->primitive = dnnl::convolution_forward(pd);
+    e->scratchpad = pd.scratchpad_desc();
+    e->operands.push_back(make_operand(DNNL_ARG_SRC, true, plain.src, pd.src_desc()));
+    e->operands.push_back(make_operand(DNNL_ARG_WEIGHTS, true, plain.weights, pd.weights_desc()));
+    if (bias) e->operands.push_back(make_operand(DNNL_ARG_BIAS, true, plain.bias, pd.bias_desc()));
+    e->operands.push_back(make_operand(DNNL_ARG_DST, false, plain.dst, pd.dst_desc()));
+  } else if (kind == ConvKind::backward_data) {
+    using B = dnnl::convolution_backward_data;
+    auto hint = forward_pd(asked, false);
+    B::desc desc(dnnl::algorithm::convolution_direct, asked.src, asked.weights, asked.dst, asked.strides,
+                 asked.dilates, asked.pad_l, asked.pad_r);
+    B::primitive_desc pd(desc, onednn::user_scratchpad(), onednn::engine(), hint);
+    e->primitive = B(pd);
+    e->scratchpad = pd.scratchpad_desc();
+    e->operands.push_back(make_operand(DNNL_ARG_DIFF_DST, true, plain.dst, pd.diff_dst_desc()));
+    e->operands.push_back(make_operand(DNNL_ARG_WEIGHTS, true, plain.weights, pd.weights_desc()));
+    e->operands.push_back(make_operand(DNNL_ARG_DIFF_SRC, false, plain.src, pd.diff_src_desc()));
+  } else {
+    using B = dnnl::convolution_backward_weights;
+    auto hint = forward_pd(asked, bias);
+    auto desc = bias ? B::desc(dnnl::algorithm::convolution_direct, asked.src, asked.weights, asked.bias, asked.dst,
+                               asked.strides, asked.dilates, asked.pad_l, asked.pad_r)
+                     : B::desc(dnnl::algorithm::convolution_direct, asked.src, asked.weights, asked.dst,
+                               asked.strides, asked.dilates, asked.pad_l, asked.pad_r);
+    B::primitive_desc pd(desc, onednn::user_scratchpad(), onednn::engine(), hint);
+    e->primitive = B(pd);
+    e->scratchpad = pd.scratchpad_desc();
+    e->operands.push_back(make_operand(DNNL_ARG_SRC, true, plain.src, pd.src_desc()));
+    e->operands.push_back(make_operand(DNNL_ARG_DIFF_DST, true, plain.dst, pd.diff_dst_desc()));
+    e->operands.push_back(make_operand(DNNL_ARG_DIFF_WEIGHTS, false, plain.weights, pd.diff_weights_desc()));
+    if (bias) e->operands.push_back(make_operand(DNNL_ARG_DIFF_BIAS, false, plain.bias, pd.diff_bias_desc()));
+  }
+  return e;
+}
+
+/// The entry for (kind, bias, g), created on first use; null when oneDNN refuses the case (remembered,
+/// so the portable path runs without asking again).
+const Entry* lookup(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvPostOps& ep) {
+  return entries().get(make_key(kind, bias, g, ep), [&]() -> std::unique_ptr<const Entry> {
+    try {
+      return create(kind, bias, g, ep);
+    } catch (const dnnl::error&) {
+      return nullptr;
+    }
+  });
+}
+
+/// The calling thread's scratch block for an operand reordered into the primitive's layout.
+onednn::Scratch scratch_of(int arg) {
+  switch (arg) {
+    case DNNL_ARG_SRC: case DNNL_ARG_DIFF_SRC: return onednn::Scratch::src;
+    case DNNL_ARG_WEIGHTS: case DNNL_ARG_DIFF_WEIGHTS: return onednn::Scratch::weights;
+    case DNNL_ARG_BIAS: case DNNL_ARG_DIFF_BIAS: return onednn::Scratch::bias;
+    default: return onednn::Scratch::dst;
+  }
+}
+
+/// The forward weights of every chunk in its kernel's layout (scaled by the fused BatchNorm's scale
+/// for an affine forward: `scales` holds the values it was made with).
+struct ConvWeights final : backend::Prepared {
+  std::vector<memory> chunks;
+  std::vector<float> scales;
+};
+
+/// op's reorder from `from` into `to`, multiplying in the runtime output scales where it has them.
+void reorder_input(const Entry& e, const Operand& op, memory from, memory to,
+                   const std::vector<void*>& buffers) {
+  if (op.scales >= 0)
+    op.reorder.execute(onednn::stream(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to},
+                                          {DNNL_ARG_ATTR_OUTPUT_SCALES,
+                                           memory(e.operands[size_t(op.scales)].plain, onednn::engine(), buffers[size_t(op.scales)])}});
+  else
+    op.reorder.execute(onednn::stream(), from, to);
+}
+
+/// Runs entry `e` on this thread over `buffers` (in the order of its operands); `weights`: the
+/// weights already in the kernel's layout (null memory: reorder them now); residual: a fused
+/// forward's residual (plain, the destination's shape), or null.
+void execute(const Entry& e, const std::vector<void*>& buffers, void* residual, const memory& weights) {
+  const dnnl::engine& engine = onednn::engine();
+  dnnl::stream& stream = onednn::stream();
+  onednn::set_team(config().pool_threading ? 1 : num_threads());
+  std::unordered_map<int, memory> args;
+  std::vector<std::pair<memory, memory>> outputs;  // (inner, user) reordered after the primitive
+  memory dst;
+  for (size_t i = 0; i < e.operands.size(); ++i) {
+    const Operand& op = e.operands[i];
+    memory user(op.plain, engine, buffers[i]);
+    if (!op.reordered) {
+      if (op.arg != kNoArgument) args[op.arg] = user;
+      if (op.arg == DNNL_ARG_DST) dst = user;
+      continue;
+    }
+    if (op.arg == DNNL_ARG_WEIGHTS && weights) {
+      args[op.arg] = weights;
+      continue;
+    }
+    memory inner(op.inner, engine, onednn::thread_scratch(scratch_of(op.arg), op.inner.get_size()));
+    if (op.input) reorder_input(e, op, user, inner, buffers);
+    else outputs.emplace_back(inner, user);
+    if (op.arg == DNNL_ARG_DST) dst = inner;
+    args[op.arg] = inner;
+  }
+  if (e.residual == Residual::sum) {
+    const Operand& r = e.residual_operand;
+    memory from(r.plain, engine, residual);
+    if (r.reordered) r.reorder.execute(stream, from, dst);
+    else std::memcpy(dst.get_data_handle(), residual, r.plain.get_size());  // plain: dst starts as it
+  }
+  if (const size_t bytes = e.scratchpad.get_size())
+    args[DNNL_ARG_SCRATCHPAD] = memory(e.scratchpad, engine, onednn::thread_scratch(onednn::Scratch::scratchpad, bytes));
+  e.primitive.execute(stream, args);
+  for (size_t i = 0, o = 0; i < e.operands.size(); ++i) {
+    const Operand& op = e.operands[i];
+    if (op.reordered && !op.input && !(op.arg == DNNL_ARG_WEIGHTS && weights)) {
+      op.reorder.execute(stream, outputs[o].first, outputs[o].second);
+      ++o;
+    }
+  }
+  stream.wait();
+}
+
+const Operand* operand(const Entry& e, int arg) {
+  for (const Operand& op : e.operands)
+    if (op.arg == arg) return &op;
+  return nullptr;
+}
+
+/// The forward weights of `entries` (one per chunk, chunk c from output channel o0[c]) in their
+/// kernels' layouts, from the weight tensor's cache or made now (null: a layout that needs no reorder).
+std::shared_ptr<const ConvWeights> forward_weights(const std::vector<const Entry*>& chunk_entries,
+                                                   const std::vector<int64_t>& o0, const std::vector<void*>& w_of,
+                                                   const std::vector<void*>& buffers, const backend::ConvGeometry& g,
+                                                   const Key& key) {
+  const Operand* w = operand(*chunk_entries[0], DNNL_ARG_WEIGHTS);
+  if (!w || !w->reordered) return nullptr;
+  const bool scaled = w->scales >= 0;
+  std::vector<float> scales;
+  if (scaled) {
+    const float* s = static_cast<const float*>(buffers[size_t(w->scales)]);
+    scales.assign(s, s + g.out_channels);
+  }
+  backend::PreparedKey pk{};
+  pk[0] = int64_t(PreparedKind::onednn_conv);
+  pk[1] = reinterpret_cast<intptr_t>(buffers[1]);
+  pk[2] = int64_t(chunk_entries.size());
+  std::copy(key.begin(), key.end(), pk.begin() + 3);
+  auto make = [&] {
+    auto cw = std::make_shared<ConvWeights>();
+    cw->scales = scales;
+    onednn::set_team(1);
+    for (size_t c = 0; c < chunk_entries.size(); ++c) {
+      const Entry& e = *chunk_entries[c];
+      const Operand& op = *operand(e, DNNL_ARG_WEIGHTS);
+      memory to(op.inner, onednn::engine());
+      std::vector<void*> chunk_buffers = buffers;
+      chunk_buffers[1] = w_of[c];
+      if (scaled) chunk_buffers[size_t(op.scales)] = static_cast<float*>(buffers[size_t(op.scales)]) + o0[c];
+      reorder_input(e, op, memory(op.plain, onednn::engine(), w_of[c]), to, chunk_buffers);
+      cw->chunks.push_back(std::move(to));
+    }
+    onednn::stream().wait();
+    return cw;
+  };
+  backend::PreparedCache* cache = g.weight_cache;
+  if (cache)
+    if (auto kept = std::static_pointer_cast<const ConvWeights>(cache->find(pk)); kept && kept->scales == scales)
+      return kept;
+  std::shared_ptr<const ConvWeights> made = make();
+  if (cache) cache->insert(pk, made);
+  return made;
+}
+
+}  // namespace
+
+bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const std::vector<void*>& buffers,
+                 const ConvPostOps& ep, void* residual) {
+  const Config& cfg = config();
+  int64_t in_size = g.in_channels, out_size = g.out_channels;
+  for (int i = 0; i < g.spatial; ++i) in_size *= g.in[i], out_size *= g.out[i];
+  int64_t flops = 2 * g.batch * out_size * (g.in_channels / g.groups);
+  for (int i = 0; i < g.spatial; ++i) flops *= g.kernel[i];
+  int64_t weight_size = (g.in_channels / g.groups) * g.out_channels;
+  for (int i = 0; i < g.spatial; ++i) weight_size *= g.kernel[i];
+  const size_t partial_size = size_t(weight_size + (bias ? g.out_channels : 0));
+  auto shift = [](void* p, int64_t elements) { return p ? static_cast<void*>(static_cast<float*>(p) + elements) : p; };
+  // Before creating primitives too: oneDNN fixes some kernels' thread count when it creates them.
+  onednn::set_team(cfg.pool_threading ? 1 : num_threads());
+
+  // The chunks: one image (inference at batch 1) has no batch to split, so a forward splits its output
+  // channels instead, in multiples of 16 (oneDNN's block); each chunk reads the whole input. Otherwise
+  // samples. A chunk per 2^20 FLOPs (2^21 for samples).
+  struct Chunk {
+    const Entry* entry;
+    std::vector<void*> args;
+    void* residual;
+    int64_t o0;
+  };
+  std::vector<Chunk> chunks;
+  int64_t oc_chunks = 1;
+  if (is_forward(kind) && cfg.pool_threading && g.batch == 1 && g.groups == 1)
+    oc_chunks = std::min<int64_t>({num_threads(), g.out_channels / 16, std::max<int64_t>(1, flops >> 20)});
+  if (oc_chunks > 1) {
+    const int64_t blocks = g.out_channels / 16, per_oc_w = weight_size / g.out_channels,
+                  per_oc_y = out_size / g.out_channels;
+    for (int64_t c = 0; c < oc_chunks; ++c) {
+      const int64_t o0 = blocks * c / oc_chunks * 16;
+      const int64_t o1 = c + 1 == oc_chunks ? g.out_channels : blocks * (c + 1) / oc_chunks * 16;
+      backend::ConvGeometry part = g;
+      part.out_channels = o1 - o0;
+      const Entry* e = lookup(kind, bias, part, ep);
+      if (!e) return false;
+      std::vector<void*> a = buffers;
+      a[1] = shift(a[1], o0 * per_oc_w);
+      if (bias) a[2] = shift(a[2], o0);
+      if (kind == ConvKind::forward_affine) a[2] = shift(a[2], o0), a[3] = shift(a[3], o0);
+      a.back() = shift(a.back(), o0 * per_oc_y);
+      chunks.push_back({e, std::move(a), shift(residual, o0 * per_oc_y), o0});
+    }
+  } else {
+    const int64_t n = cfg.pool_threading ? std::min<int64_t>({num_threads(), g.batch, std::max<int64_t>(1, flops >> 21)}) : 1;
+    for (int64_t c = 0; c < n; ++c) {
+      const int64_t b0 = g.batch * c / n, b1 = g.batch * (c + 1) / n;
+      backend::ConvGeometry part = g;
+      part.batch = b1 - b0;
+      const Entry* e = lookup(kind, bias, part, ep);
+      if (!e) return false;
+      std::vector<void*> a = buffers;
+      if (is_forward(kind)) {
+        a[0] = shift(a[0], b0 * in_size), a.back() = shift(a.back(), b0 * out_size);
+      } else if (kind == ConvKind::backward_data) {
+        a[0] = shift(a[0], b0 * out_size), a[2] = shift(a[2], b0 * in_size);
+      } else {
+        a[0] = shift(a[0], b0 * in_size), a[1] = shift(a[1], b0 * out_size);
+      }
+      chunks.push_back({e, std::move(a), shift(residual, b0 * out_size), 0});
+    }
+  }
+  // Inference forwards read their weights prepared (kept with the weight tensor).
+  std::shared_ptr<const ConvWeights> weights;
+  if (is_forward(kind) && g.weight_cache) {
+    std::vector<const Entry*> es;
+    std::vector<int64_t> o0;
+    std::vector<void*> w_of;
+    for (const Chunk& c : chunks) es.push_back(c.entry), o0.push_back(c.o0), w_of.push_back(c.args[1]);
+    if (oc_chunks == 1) es.resize(1), o0.resize(1), w_of.resize(1);  // sample chunks share one set
+    weights = forward_weights(es, o0, w_of, buffers, g, make_key(kind, bias, g, ep));
+  }
+  auto weights_of = [&](size_t c) {
+    if (!weights) return memory();
+    const memory& m = weights->chunks[oc_chunks > 1 ? c : 0];
+    // Sample chunks of unequal sizes have entries of their own, whose layouts may differ.
+    return operand(*chunks[c].entry, DNNL_ARG_WEIGHTS)->inner == m.get_desc() ? m : memory();
+  };
+  // Weight gradients of later sample chunks go to scratch rows, summed into the first in order.
+  std::vector<std::vector<float>> partials(chunks.size() > 1 && kind == ConvKind::backward_weight ? chunks.size() - 1 : 0);
+  for (size_t c = 1; c <= partials.size(); ++c) {
+    std::vector<float>& row = partials[c - 1];
+    row.resize(partial_size);
+    chunks[c].args[2] = row.data();
+    if (bias) chunks[c].args[3] = row.data() + weight_size;
+  }
+  if (chunks.size() == 1) {
+    execute(*chunks[0].entry, chunks[0].args, chunks[0].residual, weights_of(0));
+  } else {
+    parallel_for(int64_t(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c)
+        execute(*chunks[size_t(c)].entry, chunks[size_t(c)].args, chunks[size_t(c)].residual, weights_of(size_t(c)));
+    });
+  }
+  if (kind == ConvKind::backward_weight) {
+    float* dw = static_cast<float*>(buffers[2]);
+    float* db = bias ? static_cast<float*>(buffers[3]) : nullptr;
+    for (const std::vector<float>& row : partials) {
+      for (int64_t i = 0; i < weight_size; ++i) dw[i] += row[size_t(i)];
+      for (int64_t i = 0; db && i < g.out_channels; ++i) db[i] += row[size_t(weight_size + i)];
+    }
+  }
+  return true;
+}
+
+}  // namespace flux::cpu_backend
+
+#else  // built without oneDNN (FLUX_ONEDNN=OFF or libdnnl-dev missing)
+
+namespace flux::cpu_backend {
+bool onednn_conv(ConvKind, bool, const backend::ConvGeometry&, const std::vector<void*>&, const ConvPostOps&, void*) {
+  return false;
+}
+}  // namespace flux::cpu_backend
+
+#endif  // FLUX_HAVE_ONEDNN
