@@ -256,6 +256,7 @@ bool usable_gpu(backend::Backend* b, int& index) {
 namespace detail {
 void log_warning_once(const std::string& message) { warn_once(message); }
 void log_info(const std::string& message) { info(message); }
+std::string preferences_file() { return preferences_path().string(); }
 }  // namespace detail
 
 namespace detail {
