@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <limits>
 #include <map>
@@ -113,6 +114,11 @@ TuneEntry tune_one(const Query& q, cpu_backend::Candidates candidates, const Tun
   chosen = pick;
   return e;
 }
+std::ostream& print_saved(std::ostream& os, const TuneReport& r) {
+  if (r.path.empty()) return os << "Nothing saved.\n";
+  return os << "Saved " << r.table_entries << " shape(s) to " << r.path << (r.note.empty() ? "" : "; " + r.note)
+            << "\n";
+}
 }  // namespace
 
 std::string kernel_table_path() { return cpu_backend::tuned_table_path(); }
@@ -126,6 +132,14 @@ TuneReport tune_kernels(const std::function<void()>& workload, const TuneOptions
     detail::fail("[tune_kernels] the CPU kernels are capped at ", cpu_backend::isa_name(cpu_backend::active_isa()),
                  " below this CPU's ", cpu_backend::isa_name(cpu_backend::detected_isa()),
                  "; a table is timed and used at the full ISA");
+  const std::string path = options.path.empty() ? cpu_backend::tuned_table_path() : options.path;
+  if (options.save) {  // before the workload and the timings, not after
+    std::error_code ec;
+    const std::filesystem::path folder = std::filesystem::absolute(path, ec).parent_path();
+    if (!std::filesystem::is_directory(folder, ec))
+      detail::fail("[tune_kernels] cannot write the kernel table ", path, ": its folder ", folder.string(),
+                   " does not exist");
+  }
   // One tuning at a time: recording is process-wide.
   static std::mutex tuning;
   std::lock_guard<std::mutex> lock(tuning);
@@ -144,7 +158,6 @@ TuneReport tune_kernels(const std::function<void()>& workload, const TuneOptions
   }
   if (!options.save) return report;
 
-  const std::string path = options.path.empty() ? cpu_backend::tuned_table_path() : options.path;
   std::string why;
   if (std::optional<cpu_backend::TunedEntries> earlier = cpu_backend::read_tuned_table(path, why))
     for (const auto& [q, k] : *earlier) table.emplace(q, k);  // this run's entries win
@@ -160,6 +173,7 @@ TuneReport tune_kernels(const std::function<void()>& workload, const TuneOptions
 std::ostream& operator<<(std::ostream& os, const TuneReport& r) {
   os << "Kernel choices on " << r.cpu << "\n";
   if (r.entries.empty()) os << "  (the workload made no CPU kernel choice)\n";
+  if (r.entries.empty()) return print_saved(os, r);
   size_t shape_width = 5;
   for (const TuneEntry& e : r.entries) shape_width = std::max(shape_width, e.shape.size());
   os << "  " << std::left << std::setw(13) << "site" << std::setw(8) << "threads" << std::setw(int(shape_width) + 2)
@@ -179,11 +193,7 @@ std::ostream& operator<<(std::ostream& os, const TuneReport& r) {
     os << "\n";
   }
   os << std::right;
-  if (!r.path.empty())
-    os << "Saved " << r.table_entries << " shape(s) to " << r.path << (r.note.empty() ? "" : "; " + r.note) << "\n";
-  else
-    os << "Nothing saved.\n";
-  return os;
+  return print_saved(os, r);
 }
 
 }  // namespace flux

@@ -17,7 +17,7 @@ namespace flux {
 struct TuneOptions {
   int reps = 5;          // timings per kernel and shape; the best one counts
   double margin = 0.05;  // another kernel replaces the rules' choice only when this much faster (5%)
-  std::string path;      // the table to write; empty: kernel_table_path()
+  std::string path{};    // the table to write; empty: kernel_table_path()
   bool save = true;      // false: measure and report, write nothing
 };
 
