@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "flux/flux.hpp"
 #include "src/backends/cpu/isa.hpp"
@@ -161,6 +164,9 @@ TEST_F(TunedTable, SavedTableIsReadBackAndOverridesTheRules) {
   EXPECT_EQ(choose(linear_query(7, 2), kLinear), ruled) << "threads are part of the key";
   EXPECT_EQ(choose(linear_query(8), kLinear), rule(linear_query(8), kLinear)) << "a shape not in the table: the rules";
   EXPECT_EQ(choose(q, bit(ruled)), ruled) << "a tuned kernel that is not a candidate is not taken";
+  std::ostringstream info;
+  versioninfo(info);  // flux-info says which table is in use
+  EXPECT_NE(info.str().find("CPU kernel table: 2 tuned shape(s) [" + path_ + "]"), std::string::npos) << info.str();
   // A forced kernel comes first.
   force_kernel(Site::linear, ruled);
   EXPECT_EQ(choose(q, kLinear), ruled);
@@ -186,6 +192,10 @@ TEST_F(TunedTable, TableForAnotherMachineIsIgnoredWithOneWarning) {
   };
   write(with_key("Some Other CPU @ 1.00GHz | AVX2+FMA | flux " FLUX_VERSION_STRING));
   expect_ignored("another CPU", "made on \"Some Other CPU @ 1.00GHz");
+  std::ostringstream info;
+  versioninfo(info);
+  EXPECT_NE(info.str().find("CPU kernel table: ignored (it was made on \"Some Other CPU"), std::string::npos)
+      << info.str();
   const std::string older = key.substr(0, key.rfind("flux ")) + "flux 0.0.1";
   write(with_key(older));
   expect_ignored("another flux version", "flux 0.0.1");
@@ -232,6 +242,10 @@ TEST_F(TunedTable, MissingTableIsSilentAndLivesBesideThePreferences) {
   Kernel got{};
   EXPECT_EQ(choose_capturing(got), "");
   EXPECT_EQ(got, rule(linear_query(7), kLinear));
+  std::ostringstream info;
+  versioninfo(info);
+  EXPECT_NE(info.str().find("CPU kernel table: none (the built-in rules choose) [" + path_ + "]"), std::string::npos)
+      << info.str();
   ScopedEnv no_table("FLUX_KERNEL_TABLE", std::nullopt);
   {
     ScopedEnv prefs("FLUX_PREFERENCES", dir_.string());
@@ -269,6 +283,26 @@ TEST_F(TunedTable, FailedSaveLeavesTheOldTableWhole) {
   } catch (const flux::Error& e) {
     EXPECT_NE(std::string(e.what()).find("cannot write the kernel table " + blocked), std::string::npos) << e.what();
   }
+}
+
+TEST_F(TunedTable, ChoicesFromManyThreadsWhileTheTableIsReloaded) {
+  // Lookups are lock-free after the first read; a reload swaps the table while other threads read it
+  // (the ThreadSanitizer build runs this). The file does not change, so every choice is the tuned one.
+  valid_table();
+  const Kernel tuned = other_than(rule(linear_query(7), kLinear));
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 4; ++t)
+    callers.emplace_back([&] {
+      while (!stop.load())
+        if (choose(linear_query(7), kLinear) != tuned) wrong.fetch_add(1);
+    });
+  for (int i = 0; i < 200; ++i) reload_tuned_table();
+  stop.store(true);
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(choose(linear_query(7), kLinear), tuned);
 }
 
 // ---- the tuner, with fake timers registered for the sites ----
