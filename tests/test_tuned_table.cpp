@@ -291,14 +291,21 @@ TEST_F(TunedTable, ChoicesFromManyThreadsWhileTheTableIsReloaded) {
   valid_table();
   const Kernel tuned = other_than(rule(linear_query(7), kLinear));
   std::atomic<bool> stop{false};
-  std::atomic<int> wrong{0};
+  std::atomic<int> wrong{0}, started{0};
   std::vector<std::thread> callers;
   for (int t = 0; t < 4; ++t)
     callers.emplace_back([&] {
-      while (!stop.load())
+      bool first = true;
+      while (!stop.load()) {
         if (choose(linear_query(7), kLinear) != tuned) wrong.fetch_add(1);
+        if (first) started.fetch_add(1), first = false;
+      }
     });
-  for (int i = 0; i < 200; ++i) reload_tuned_table();
+  while (started.load() < 4) std::this_thread::yield();  // every caller is choosing
+  for (int i = 0; i < 200; ++i) {
+    reload_tuned_table();
+    std::this_thread::yield();
+  }
   stop.store(true);
   for (std::thread& t : callers) t.join();
   EXPECT_EQ(wrong.load(), 0);
