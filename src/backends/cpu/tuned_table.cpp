@@ -106,7 +106,10 @@ std::optional<TunedEntries> parse_table(const std::string& text, std::string& wh
       if (!parse_int(f[2 + d], q.dims[d])) return bad("dim " + std::to_string(d) + " \"" + f[2 + d] + "\" is not an integer");
     entries.emplace_back(q, *kernel);
   }
-  if (!magic) return bad("the file is empty");
+  if (!magic) {
+    why = "the file is empty";
+    return std::nullopt;
+  }
   if (!keyed) return bad("no \"cpu<TAB><machine>\" line");
   std::stable_sort(entries.begin(), entries.end(), query_less);
   for (size_t i = 1; i < entries.size(); ++i)
@@ -115,6 +118,18 @@ std::optional<TunedEntries> parse_table(const std::string& text, std::string& wh
       return std::nullopt;
     }
   return entries;
+}
+
+// The text of sorted, distinct entries.
+std::string table_text(const TunedEntries& entries) {
+  std::ostringstream text;
+  text << kMagic << "\ncpu\t" << cpu_key() << "\n# site\tthreads\tdims (18, as kernel_choice.hpp lists them per site)\tkernel\n";
+  for (const auto& [q, k] : entries) {
+    text << site_name(q.site) << '\t' << q.threads;
+    for (int64_t d : q.dims) text << '\t' << d;
+    text << '\t' << kernel_name(k) << '\n';
+  }
+  return text.str();
 }
 
 // Reads the table at `path`: nullopt with an empty `why` when there is no file, with `why` set when
@@ -216,14 +231,7 @@ void save_tuned_table(const std::string& path, const TunedEntries& entries) {
     if (sorted[i].first == sorted[i - 1].first)
       detail::fail("[tune_kernels] cannot write the kernel table ", path, ": a ", site_name(sorted[i].first.site),
                    " query is given twice");
-  std::ostringstream text;
-  text << kMagic << "\ncpu\t" << cpu_key() << "\n# site\tthreads\tdims (18, as kernel_choice.hpp lists them per site)\tkernel\n";
-  for (const auto& [q, k] : sorted) {
-    text << site_name(q.site) << '\t' << q.threads;
-    for (int64_t d : q.dims) text << '\t' << d;
-    text << '\t' << kernel_name(k) << '\n';
-  }
-  const std::string body = text.str();
+  const std::string body = table_text(sorted);
 
   // Whole file or nothing: a temporary in the same folder, flushed to disk, renamed over the table.
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
