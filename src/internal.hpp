@@ -38,6 +38,9 @@ void reset_random_stream(uint64_t seed);
 /// process per distinct message ("┌ Warning: ..." / "└ @ flux"), and an info line ("[ Info: ...").
 void log_warning_once(const std::string& message);
 void log_info(const std::string& message);
+/// Where the preferences file (LocalPreferences.toml) is looked for: $FLUX_PREFERENCES (a .toml file
+/// or its folder), else the current folder (src/device/device.cpp).
+std::string preferences_file();
 
 /// Element k of a host array of dtype t, as a double.
 inline double load_as_double(const void* data, DType t, int64_t k) {

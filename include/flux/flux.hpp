@@ -40,5 +40,6 @@
 #include "flux/schedules.hpp"
 #include "flux/tensor.hpp"
 #include "flux/train.hpp"
+#include "flux/tune.hpp"
 #include "flux/values.hpp"
 #include "flux/version.hpp"

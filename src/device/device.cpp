@@ -20,6 +20,7 @@
 #include "flux/error.hpp"
 #include "flux/version.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/tuned_table.hpp"
 #include "src/device/parse_device.hpp"
 #include "src/device/preferences.hpp"
 
@@ -256,6 +257,7 @@ bool usable_gpu(backend::Backend* b, int& index) {
 namespace detail {
 void log_warning_once(const std::string& message) { warn_once(message); }
 void log_info(const std::string& message) { info(message); }
+std::string preferences_file() { return preferences_path().string(); }
 }  // namespace detail
 
 namespace detail {
@@ -463,6 +465,13 @@ void versioninfo(std::ostream& os) {
   const std::string& pref = preferred_backend();
   os << "\nPreferred GPU backend: " << (pref.empty() ? "none set (GPU_BACKEND() = CUDA)" : pref) << " ["
      << preferences_path().string() << "]\n";
+  const std::string table = cpu_backend::tuned_table_path();
+  std::string why;
+  const std::optional<cpu_backend::TunedEntries> tuned = cpu_backend::read_tuned_table(table, why);
+  os << "CPU kernel table: "
+     << (tuned ? std::to_string(tuned->size()) + " tuned shape(s)"
+               : why.empty() ? "none (the built-in rules choose)" : "ignored (" + why + ")")
+     << " [" << table << "]\n";
 }
 void versioninfo() { versioninfo(std::cout); }
 

@@ -17,6 +17,8 @@ c++ $(pkg-config --cflags flux) "$source_dir/tests/consumer/main.cpp" -o "$build
 env -u LD_LIBRARY_PATH "$build_dir/consumer-build/consumer-pc"
 test -x "$prefix/bin/flux-info"
 env -u LD_LIBRARY_PATH "$prefix/bin/flux-info" >/dev/null
+test -x "$prefix/bin/flux-tune"
+env -u LD_LIBRARY_PATH "$prefix/bin/flux-tune" --help >/dev/null
 # The README's "Use it from your project" quotes tests/consumer/CMakeLists.txt: keep them equal.
 awk '/^## Use it from your project/{on=1} on && /^```cmake/{grab=1; next} grab && /^```/{exit} grab' \
   "$source_dir/README.md" | diff - "$source_dir/tests/consumer/CMakeLists.txt" \

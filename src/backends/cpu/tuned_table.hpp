@@ -11,6 +11,9 @@
 
 namespace flux::cpu_backend {
 
+/// A table's entries: a query and the kernel that runs it.
+using TunedEntries = std::vector<std::pair<Query, Kernel>>;
+
 /// The tuned kernel for q, if the table has it (lock-free after the first call).
 std::optional<Kernel> tuned_choice(const Query& q);
 /// What keys a table to this machine: the CPU model name, the detected ISA and flux's version.
@@ -19,8 +22,11 @@ std::string cpu_key();
 /// preferences file (see tuned_table.cpp).
 std::string tuned_table_path();
 /// Writes `entries` for this machine to `path` (whole file or nothing: a temporary renamed over it).
-void save_tuned_table(const std::string& path, const std::vector<std::pair<Query, Kernel>>& entries);
-/// Tests: drops the loaded table so that the next choice reads the file again.
+void save_tuned_table(const std::string& path, const TunedEntries& entries);
+/// The entries of the table at `path` when it is valid for this machine (the tuner adds to them);
+/// nullopt with `why` empty when there is no file, with `why` saying what is wrong otherwise.
+std::optional<TunedEntries> read_tuned_table(const std::string& path, std::string& why);
+/// Drops the loaded table so that the next choice reads the file again (the tuner, tests).
 void reload_tuned_table();
 
 }  // namespace flux::cpu_backend
