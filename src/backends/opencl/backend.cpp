@@ -192,10 +192,19 @@ void note_kernel_compile(DeviceState& dev) {
 
 DeviceState::KernelEntry& kernel(DeviceState& dev, const char* family, const char* source, const std::string& options,
                                  const char* name) {
-  std::lock_guard<std::recursive_mutex> lock(dev.mutex);
   std::string key = std::string(family) + "|" + options + "|" + name;
-  auto it = dev.kernels.find(key);
-  if (it != dev.kernels.end()) return it->second;
+  {
+    std::shared_lock<std::shared_mutex> lock(dev.kernels_mutex);
+    auto it = dev.kernels.find(key);
+    if (it != dev.kernels.end()) return *it->second;
+  }
+  // First use of this kernel: build its program unless built, one build at a time.
+  std::lock_guard<std::mutex> build(dev.build_mutex);
+  {
+    std::shared_lock<std::shared_mutex> lock(dev.kernels_mutex);
+    auto it = dev.kernels.find(key);
+    if (it != dev.kernels.end()) return *it->second;  // another thread made it meanwhile
+  }
   std::string pkey = std::string(family) + "|" + options;
   cl_program& program = dev.programs[pkey];
   if (!program) {
@@ -226,19 +235,44 @@ DeviceState::KernelEntry& kernel(DeviceState& dev, const char* family, const cha
     program = p;
     std::atexit(finish_queues_at_exit);
   }
+  auto e = std::make_unique<DeviceState::KernelEntry>();
+  e->program = program;
+  e->name = name;
   cl_int err = CL_SUCCESS;
-  DeviceState::KernelEntry e;
-  e.kernel = clCreateKernel(program, name, &err);
+  cl_kernel k = clCreateKernel(program, name, &err);
   check(err, "clCreateKernel", std::string(" for kernel ") + name + " of program " + family);
   size_t wg = 1;
-  check(clGetKernelWorkGroupInfo(e.kernel, dev.id, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, nullptr),
-        "clGetKernelWorkGroupInfo");
-  e.local = std::max<size_t>(1, std::min<size_t>(wg, 256));
+  err = clGetKernelWorkGroupInfo(k, dev.id, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, nullptr);
+  if (err != CL_SUCCESS) clReleaseKernel(k);
+  check(err, "clGetKernelWorkGroupInfo");
+  e->idle.push_back(k);  // the first kernel object, ready for the first launch
+  e->local = std::max<size_t>(1, std::min<size_t>(wg, 256));
   // Reduction kernels need a power of two.
   size_t p2 = 1;
-  while (p2 * 2 <= e.local) p2 *= 2;
-  e.local = p2;
-  return dev.kernels[key] = e;
+  while (p2 * 2 <= e->local) p2 *= 2;
+  e->local = p2;
+  std::unique_lock<std::shared_mutex> lock(dev.kernels_mutex);
+  return *(dev.kernels[key] = std::move(e));
+}
+
+KernelLease::KernelLease(DeviceState::KernelEntry& entry) : entry_(entry) {
+  {
+    std::lock_guard<std::mutex> lock(entry.idle_mutex);
+    if (!entry.idle.empty()) {
+      kernel_ = entry.idle.back();
+      entry.idle.pop_back();
+      return;
+    }
+  }
+  // Every kernel object of this kernel is in another thread's launch: one more for this thread.
+  cl_int err = CL_SUCCESS;
+  kernel_ = clCreateKernel(entry.program, entry.name.c_str(), &err);
+  check(err, "clCreateKernel", " for another thread's use of kernel " + entry.name);
+}
+
+KernelLease::~KernelLease() {
+  std::lock_guard<std::mutex> lock(entry_.idle_mutex);
+  entry_.idle.push_back(kernel_);
 }
 
 Layout collapse(int ndim, const int64_t* shape, const int64_t* const* strides, int operands) {
@@ -407,7 +441,6 @@ class OpenCLBackend final : public backend::Backend {
     // The caller's memory may be gone once we return: stage it, free the copy when the write completes.
     auto* staging = new unsigned char[bytes];
     std::memcpy(staging, src, bytes);
-    std::lock_guard<std::recursive_mutex> lock(s.mutex);
     cl_event done = nullptr;
     cl_int err = clEnqueueWriteBuffer(s.queue, mem(dst), CL_FALSE, dst.offset, bytes, staging, 0, nullptr, &done);
     if (err != CL_SUCCESS) {
@@ -425,18 +458,12 @@ class OpenCLBackend final : public backend::Backend {
   void copy_to_host(int d, void* dst, backend::Buffer src, size_t bytes) override {
     if (!bytes) return;
     DeviceState& s = device(d);
-    cl_command_queue q;
-    {
-      std::lock_guard<std::recursive_mutex> lock(s.mutex);
-      q = s.queue;
-    }
-    check(clEnqueueReadBuffer(q, mem(src), CL_TRUE, src.offset, bytes, dst, 0, nullptr, nullptr),
+    check(clEnqueueReadBuffer(s.queue, mem(src), CL_TRUE, src.offset, bytes, dst, 0, nullptr, nullptr),
           "clEnqueueReadBuffer", " (" + std::to_string(bytes) + " bytes from " + s.name + ")");
   }
   void copy(int d, backend::Buffer dst, backend::Buffer src, size_t bytes) override {
     if (!bytes) return;
     DeviceState& s = device(d);
-    std::lock_guard<std::recursive_mutex> lock(s.mutex);
     bool overlap = dst.handle == src.handle && dst.offset < src.offset + bytes && src.offset < dst.offset + bytes;
     if (!overlap) {
       check(clEnqueueCopyBuffer(s.queue, mem(src), mem(dst), src.offset, dst.offset, bytes, 0, nullptr, nullptr),
@@ -460,8 +487,9 @@ class OpenCLBackend final : public backend::Backend {
     if (to.context != from.context) return false;  // different platforms: the core stages through host
     if (!bytes) return true;
     // Order both queues: the copy runs on the destination queue after everything queued on the source
-    // queue so far, and later source-queue work (which may reuse src) waits for the copy.
-    std::scoped_lock lock(to.mutex, from.mutex);
+    // queue so far, and later source-queue work (which may reuse src) waits for the copy. Another
+    // thread's commands enqueued meanwhile need no ordering with it: they cannot use src or dst,
+    // which the caller holds until this returns.
     cl_event src_ready = nullptr, copied = nullptr;
     check(clEnqueueMarkerWithWaitList(from.queue, 0, nullptr, &src_ready), "clEnqueueMarkerWithWaitList");
     cl_int err = clEnqueueCopyBuffer(to.queue, mem(src), mem(dst), src.offset, dst.offset, bytes, 1, &src_ready, &copied);

@@ -85,7 +85,6 @@ void cast(int d, DType from, backend::Buffer src, DType to, backend::Buffer dst,
   if (n <= 0) return;
   DeviceState& dev = device(d);
   if (from == to || (dtype_size(from) == 1 && dtype_size(to) == 1 && to != DType::boolean)) {
-    std::lock_guard<std::recursive_mutex> lock(dev.mutex);
     check(clEnqueueCopyBuffer(dev.queue, mem(src), mem(dst), src.offset, dst.offset, size_t(n) * dtype_size(from), 0,
                               nullptr, nullptr),
           "clEnqueueCopyBuffer");

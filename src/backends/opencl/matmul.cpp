@@ -37,7 +37,6 @@ template <class T> void clblast_gemm(DeviceState& dev, backend::Buffer a, backen
     ::flux::detail::fail("[matmul] OpenCL buffer offsets must be multiples of the element size");
   Transpose ta = g.trans_a ? Transpose::kYes : Transpose::kNo, tb = g.trans_b ? Transpose::kYes : Transpose::kNo;
   size_t lda = size_t(g.trans_a ? g.m : g.k), ldb = size_t(g.trans_b ? g.k : g.n), ldc = size_t(g.n);
-  std::lock_guard<std::recursive_mutex> lock(dev.mutex);
   cl_command_queue q = dev.queue;
   auto status_check = [&](clblast::StatusCode s, const char* api) {
     if (s != clblast::StatusCode::kSuccess)
@@ -46,12 +45,23 @@ template <class T> void clblast_gemm(DeviceState& dev, backend::Buffer a, backen
   };
   // Batches loop over Gemm: CLBlast's batched kernels are separate programs, each another cold
   // compile (~13 s on PoCL), while a Gemm call costs only microseconds of launch overhead.
-  for (int64_t p = 0; p < g.batch; ++p)
-    status_check(clblast::Gemm<T>(clblast::Layout::kRowMajor, ta, tb, size_t(g.m), size_t(g.n), size_t(g.k),
-                                  T(g.alpha), mem(a), a.offset / es + size_t(p * g.stride_a), lda, mem(b),
-                                  b.offset / es + size_t(p * g.stride_b), ldb, T(g.beta), mem(c),
-                                  c.offset / es + size_t(p * g.stride_c), ldc, &q, nullptr),
-                 "Gemm");
+  auto run = [&] {
+    for (int64_t p = 0; p < g.batch; ++p)
+      status_check(clblast::Gemm<T>(clblast::Layout::kRowMajor, ta, tb, size_t(g.m), size_t(g.n), size_t(g.k),
+                                    T(g.alpha), mem(a), a.offset / es + size_t(p * g.stride_a), lda, mem(b),
+                                    b.offset / es + size_t(p * g.stride_b), ldb, T(g.beta), mem(c),
+                                    c.offset / es + size_t(p * g.stride_c), ldc, &q, nullptr),
+                   "Gemm");
+  };
+  // CLBlast builds and caches its GEMM program and tuning entries on a dtype's first call; before
+  // 1.6.1, built as C++14 or later, it throws ("Cache::Store: object already in cache") when two
+  // threads do that at once. So the first call runs alone; once it succeeded, calls run in parallel
+  // (CLBlast's caches are locked inside, and each call makes its own kernel objects).
+  std::atomic<bool>& ready = dev.gemm_ready[sizeof(T) == 8 ? 1 : 0];
+  if (ready.load(std::memory_order_acquire)) return run();
+  std::lock_guard<std::mutex> lock(dev.gemm_first_mutex);
+  run();
+  ready.store(true, std::memory_order_release);
 }
 
 }  // namespace

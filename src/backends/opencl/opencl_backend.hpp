@@ -10,8 +10,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -31,6 +34,13 @@ inline void check(cl_int err, const char* api, const std::string& context = {}) 
 
 /// One selected device: its context (shared by every selected device of the platform), its
 /// in-order queue, and the programs built for it.
+///
+/// Threads: any number of user threads launch on a device at once. The queue is one in-order queue
+/// (OpenCL's enqueue calls are thread-safe), so each thread's commands stay in its program order and
+/// a buffer freed by one thread and reused by another is written only after the earlier commands.
+/// What OpenCL does not make thread-safe is setting a cl_kernel's arguments (clSetKernelArg): each
+/// launch borrows a kernel object no other thread is using (KernelEntry::idle) and gives it back
+/// once enqueued (the arguments are captured at enqueue). No lock is held across a launch.
 struct DeviceState {
   cl_platform_id platform = nullptr;
   cl_device_id id = nullptr;
@@ -39,13 +49,24 @@ struct DeviceState {
   std::string name, platform_name, version;
   bool is_cpu = false, fp64 = false;
   size_t global_mem = 0, max_alloc = 0;
-  std::recursive_mutex mutex;  // guards the queue's kernel arguments and the caches below
+  /// One kernel of a built program, with its idle kernel objects: as many exist as threads ever
+  /// launched it at the same time (made by clCreateKernel when none is idle).
   struct KernelEntry {
-    cl_kernel kernel = nullptr;
+    cl_program program = nullptr;
+    std::string name;
     size_t local = 1;
+    std::mutex idle_mutex;  // guards idle only; never held across an OpenCL call
+    std::vector<cl_kernel> idle;
   };
+  std::shared_mutex kernels_mutex;  // kernels: shared for lookups, exclusive to insert
+  std::map<std::string, std::unique_ptr<KernelEntry>> kernels;
+  std::mutex build_mutex;  // programs, and one build at a time; a lookup of a built kernel never waits
   std::map<std::string, cl_program> programs;
-  std::map<std::string, KernelEntry> kernels;
+  /// CLBlast before 1.6.1 may throw when two threads cache the same program at once (matmul.cpp):
+  /// the first GEMM of each dtype (0 Float32, 1 Float64) runs under gemm_first_mutex, later ones
+  /// without a lock.
+  std::mutex gemm_first_mutex;
+  std::atomic<bool> gemm_ready[2] = {false, false};
 };
 
 /// The state of selected device d (0-based); throws when out of range.
@@ -87,13 +108,25 @@ inline void set(cl_kernel k, cl_uint i, const Scalar& s) {
 }
 }  // namespace detail_args
 
+/// A kernel object of `entry` for this thread alone: an idle one, or a new one; back to idle when
+/// the lease ends.
+class KernelLease {
+ public:
+  explicit KernelLease(DeviceState::KernelEntry& entry);
+  ~KernelLease();
+  KernelLease(const KernelLease&) = delete;
+  KernelLease& operator=(const KernelLease&) = delete;
+  cl_kernel get() const { return kernel_; }
+
+ private:
+  DeviceState::KernelEntry& entry_;
+  cl_kernel kernel_ = nullptr;
+};
+
 /// Enqueues `entry` over `work` work-items (kernels loop grid-stride, so the launch is capped);
 /// `groups_only` launches exactly `work` work-groups of the kernel's local size instead.
 template <class... Args>
 void launch(DeviceState& dev, DeviceState::KernelEntry& entry, int64_t work, bool groups_only, const Args&... args) {
-  std::lock_guard<std::recursive_mutex> lock(dev.mutex);
-  cl_uint i = 0;
-  (detail_args::set(entry.kernel, i++, args), ...);
   size_t local = entry.local;
   size_t global;
   if (groups_only) {
@@ -103,7 +136,10 @@ void launch(DeviceState& dev, DeviceState::KernelEntry& entry, int64_t work, boo
     global = (size_t(capped) + local - 1) / local * local;
   }
   if (global == 0) return;
-  check(clEnqueueNDRangeKernel(dev.queue, entry.kernel, 1, nullptr, &global, &local, 0, nullptr, nullptr),
+  KernelLease kernel(entry);
+  cl_uint i = 0;
+  (detail_args::set(kernel.get(), i++, args), ...);
+  check(clEnqueueNDRangeKernel(dev.queue, kernel.get(), 1, nullptr, &global, &local, 0, nullptr, nullptr),
         "clEnqueueNDRangeKernel");
 }
 
