@@ -43,7 +43,7 @@ std::ostream& operator<<(std::ostream& os, const Shape& s);
 
 namespace detail {
 class StorageCache;
-}
+}  // namespace detail
 
 /// Device memory shared by tensors (views along the first axis share it).
 struct Storage {
