@@ -1,6 +1,8 @@
 // One benchmark case with flux-cpp; prints "key value" lines for bench/run_bench.py.
 // Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | mnist_converged | wide | overhead | infer | sgemm | lenet |
-//                                         fmnist | resnet | onnx_resnet | lstm | lstm_converged | transformer | blas
+//                                         fmnist | resnet | onnx_resnet | lstm | lstm_converged | transformer | serve | blas
+// serve: one testmode model called from 1 and from 2 threads at once (throughput, and whether the outputs
+// are bitwise those of one caller); --seconds=S sets each of its measurements (default 1 s).
 // The *_converged cases time the same steps after kConvergeSteps steps of training (bench_common.hpp),
 // when small gradients have driven Adam's moments towards the subnormal range.
 // DEVICE: cpu (default) or opencl. --gemm=auto|openblas|onednn (after DEVICE) forces the CPU GEMM engine;
@@ -14,12 +16,16 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <flux/flux.hpp>
@@ -438,11 +444,112 @@ void transformer_case() {
   std::printf("transformer_steps_per_s %.6g\n", r);
 }
 
+
+// ---- serve: one model loaded once, in testmode, answering requests from several threads (issue 37).
+// Each model (bench_common.hpp's serve shapes) is timed with 1 caller thread and with 2 caller threads
+// calling the same model at once, alternating rounds; the pool size is FLUX_NUM_THREADS as for every
+// case. Printed per model M: serve_M_1c_per_s and serve_M_2c_per_s (total calls per second of all
+// callers), serve_M_scaling (2 callers / 1 caller), serve_M_1c_ms (ms per call, 1 caller) and
+// serve_M_bitwise (1 when every output of every caller equals, bit for bit, that caller's input's output
+// from one caller computed before the timing). The same cases with LibTorch are in torch_bench.cpp. ----
+
+// Total calls per second of `callers` threads calling call(i) (i: the caller) for `seconds` at once,
+// each output compared with ref[i]; *bitwise becomes false on the first difference.
+double serve_rate(const std::function<Tensor(int)>& call, const std::vector<std::vector<float>>& ref, int callers,
+                  double seconds, std::atomic<bool>* bitwise) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<int64_t> calls(size_t(callers), 0);
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(callers));
+  Timer t;
+  for (int c = 0; c < callers; ++c) {
+    threads.emplace_back([&, c] {
+      try {
+        ready.fetch_add(1);
+        while (!go.load()) std::this_thread::yield();
+        Timer own;
+        do {
+          std::vector<float> y = call(c).to_vector<float>();
+          if (y.size() != ref[size_t(c)].size() ||
+              std::memcmp(y.data(), ref[size_t(c)].data(), y.size() * sizeof(float)) != 0)
+            bitwise->store(false);
+          ++calls[size_t(c)];
+        } while (own.seconds() < seconds);
+      } catch (...) {
+        errors[size_t(c)] = std::current_exception();
+      }
+    });
+  }
+  while (ready.load() < callers) std::this_thread::yield();
+  t = Timer();
+  go.store(true);
+  for (std::thread& th : threads) th.join();
+  const double elapsed = t.seconds();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  int64_t total = 0;
+  for (int64_t n : calls) total += n;
+  return double(total) / elapsed;
+}
+
+// call(i) answers caller i's request (each caller its own input). Best of `rounds` rounds of 1 then 2
+// callers, each `seconds` long.
+void serve_model(const char* name, const std::function<Tensor(int)>& call, double seconds, int rounds) {
+  std::vector<std::vector<float>> ref;
+  for (int c = 0; c < 2; ++c) {
+    call(c);  // first call: primitives, prepared weights and kernel choices
+    ref.push_back(call(c).to_vector<float>());
+  }
+  std::atomic<bool> bitwise{true};
+  double one = 0, two = 0;
+  for (int r = 0; r < rounds; ++r) {
+    one = std::max(one, serve_rate(call, ref, 1, seconds, &bitwise));
+    two = std::max(two, serve_rate(call, ref, 2, seconds, &bitwise));
+  }
+  std::printf("serve_%s_1c_per_s %.6g\nserve_%s_2c_per_s %.6g\nserve_%s_scaling %.4g\nserve_%s_1c_ms %.6g\n"
+              "serve_%s_bitwise %d\n",
+              name, one, name, two, name, two / one, name, 1e3 / one, name, int(bitwise.load()));
+  std::fflush(stdout);
+}
+
+void serve_case() {
+  using namespace bench;
+  auto run = [&](const auto& model, std::vector<Tensor> inputs) {
+    return [&model, inputs](int c) { return model(inputs[size_t(c)]); };
+  };
+  std::printf("resnet_hw %lld\n", (long long)bench::kResnetSize);
+  const double s = g_train_seconds > 0 ? g_train_seconds : 1.0;  // --seconds=S: each measurement S seconds
+  {
+    auto mlp = Chain(Dense(784, 512, relu), Dense(512, 512, relu), Dense(512, 10)) | g_dev;
+    testmode(mlp);
+    serve_model("mlp32", run(mlp, {to(rand({kServeMlpBatch, 784}), g_dev), to(rand({kServeMlpBatch, 784}), g_dev)}), s, 2);
+  }
+#if defined(FLUX_BENCH_RESNET)
+  {
+    auto net = models::ResNet18() | g_dev;
+    testmode(net);
+    for (int64_t batch : {int64_t(1), int64_t(32)}) {
+      if (g_only_batch && batch != g_only_batch) continue;
+      const int64_t hw = kResnetSize;
+      serve_model(batch == 1 ? "resnet1" : "resnet32",
+                  run(net, {to(rand({batch, 3, hw, hw}), g_dev), to(rand({batch, 3, hw, hw}), g_dev)}),
+                  batch == 1 ? s : 3 * s, 2);  // ~0.3 s a call at batch 32
+    }
+  }
+#endif
+  {
+    auto lstm = BenchCharLSTM{LSTM(kServeLstmIn, kServeLstmHidden), Dense(kServeLstmHidden, kServeLstmIn)} | g_dev;
+    testmode(lstm);
+    const Shape x{kServeLstmBatch, kServeLstmSteps, kServeLstmIn};
+    serve_model("lstm4", run(lstm, {to(rand(x), g_dev), to(rand(x), g_dev)}), s, 2);
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: flux_bench seed|mnist|mnist_converged|wide|overhead|infer|sgemm|lenet|fmnist|resnet|lstm|lstm_converged|transformer|blas [cpu|opencl]\n");
+    std::fprintf(stderr, "usage: flux_bench seed|mnist|mnist_converged|wide|overhead|infer|sgemm|lenet|fmnist|resnet|onnx_resnet|lstm|lstm_converged|transformer|serve|blas [cpu|opencl]\n");
     return 2;
   }
   std::string which = argv[1], device = argc > 2 ? argv[2] : "cpu";
@@ -532,6 +639,7 @@ int main(int argc, char** argv) {
   else if (which == "lstm") lstm_case();
   else if (which == "lstm_converged") lstm_case(g_converge_steps ? g_converge_steps : int(bench::kLstmConvergeSteps));
   else if (which == "transformer") transformer_case();
+  else if (which == "serve") serve_case();
   else {
     std::fprintf(stderr, "flux_bench: unknown case %s\n", which.c_str());
     return 2;
