@@ -8,6 +8,9 @@
 // DEVICE: cpu (default) or opencl. --gemm=auto|openblas|onednn (after DEVICE) forces the CPU GEMM engine;
 // --seconds=S times every training case for S seconds (e.g. the 30 s system-time check). Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS;
 // --batch=N runs the inference cases at batch N only; --stages makes resnet print each stage's time too.
+// --checksum: resnet and infer also print KEY_checksum, an FNV-1a checksum of the bits of their first
+// output and of one after the timing; the training cases (mnist, ...) train_checksum, of the warm-up
+// steps' losses and the parameters after them (bench/determinism.sh compares two processes').
 // --linear=auto|onednn|panels forces the kernel of Dense inference (linear_forward: oneDNN or flux's panels);
 // --winograd=auto|off|on the Winograd F(2x2, 3x3) path of 3x3 convs at inference (off: oneDNN; on: where it fits).
 // FLUX_LIBRARY_KERNELS=0 forces the portable im2col + GEMM convolution path instead of oneDNN.
@@ -19,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -81,6 +85,22 @@ double g_train_seconds = 0;  // --seconds=S: every training case runs S seconds 
 int64_t g_only_batch = 0;    // --batch=N: the inference cases (infer, resnet) run batch N alone (profiling)
 int g_converge_steps = 0;   // --converge-steps=N: the *_converged cases train N steps first (0: bench_common.hpp's)
 bool g_stages = false;       // --stages: resnet also prints each stage's time (torchvision's ResNet-18 only)
+bool g_checksum = false;     // --checksum: resnet, infer and the training cases print FNV-1a checksums of their outputs
+
+// FNV-1a (64-bit) over the bits of floats: equal checksums mean bitwise-equal values (bench/determinism.sh
+// compares two processes' checksums).
+struct Checksum {
+  uint64_t h = 14695981039346656037ull;
+  void add(const std::vector<float>& v) {
+    for (float f : v) {
+      uint32_t bits;
+      std::memcpy(&bits, &f, sizeof bits);
+      for (int i = 0; i < 4; ++i) h = (h ^ ((bits >> (8 * i)) & 0xffu)) * 1099511628211ull;
+    }
+  }
+  void add(const Tensor& t) { add(t.to_vector<float>()); }
+  void print(const std::string& key) const { std::printf("%s_checksum %016llx\n", key.c_str(), (unsigned long long)h); }
+};
 
 // One-hot targets (batch, classes) with class i % classes.
 Tensor onehot_targets(int64_t batch, int64_t classes) {
@@ -97,7 +117,14 @@ double train_steps_per_s(Model& model, const Tensor& x, const Tensor& y, Loss lo
     optimisers::update(opt, model, grads);
     return l.template item<float>();
   };
-  for (int i = 0; i < warmup; ++i) step();
+  if (g_checksum) {  // the warm-up steps' losses and the parameters after them
+    Checksum c;
+    for (int i = 0; i < warmup; ++i) c.add(std::vector<float>{step()});
+    for (const Tensor& p : params(model)) c.add(p);
+    c.print("train");
+  } else {
+    for (int i = 0; i < warmup; ++i) step();
+  }
   // Also the process's CPU time per step (all threads, user and system): on shared, loaded cores
   // it moves far less than the rate, and the system share shows page faults and wake-ups.
   rusage r0{}, r1{};
@@ -165,8 +192,14 @@ void infer_case() {
       g_dev.synchronize();
       return 0.f;
     };
+    Checksum c;  // --checksum: the first output and one after the timing
+    if (g_checksum) c.add(model(x));
     for (int i = 0; i < 20; ++i) run();
     std::printf("infer%lld_us %.6g\n", (long long)batch, 1e6 / bench::rate(run, 0.7));
+    if (g_checksum) {
+      c.add(model(x));
+      c.print("infer" + std::to_string(batch));
+    }
   }
 }
 
@@ -325,11 +358,18 @@ void resnet_case() {
     // The first inference also makes the primitives, keeps the weights and times the kernel choices
     // (conv.cpp's Winograd against oneDNN): printed apart, as what a one-shot user waits.
     const auto t0 = std::chrono::steady_clock::now();
-    run();
+    Tensor first = model(x);
+    g_dev.synchronize();
     std::printf("resnet%lld_first_ms %.6g\n", (long long)batch,
                 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     for (int i = 0; i < (batch == 1 ? 5 : 2); ++i) run();
     std::printf("resnet%lld_ms %.6g\n", (long long)batch, 1e3 / bench::rate(run, batch == 1 ? 1.5 : 2.5));
+    if (g_checksum) {  // the first output and one after the timing
+      Checksum c;
+      c.add(first);
+      c.add(model(x));
+      c.print("resnet" + std::to_string(batch));
+    }
 #ifndef FLUX_BENCH_LOCAL_RESNET
     if (g_stages) resnet_stages(model, x, batch);
 #endif
@@ -566,6 +606,11 @@ int main(int argc, char** argv) {
     }
     if (a.rfind("--converge-steps=", 0) == 0) {
       g_converge_steps = std::atoi(a.c_str() + 17);
+      if (i == 2) device = "cpu";
+      continue;
+    }
+    if (a == "--checksum") {
+      g_checksum = true;
       if (i == 2) device = "cpu";
       continue;
     }
