@@ -502,7 +502,6 @@ double serve_rate(const std::function<Tensor(int)>& call, const std::vector<std:
   std::vector<int64_t> calls(size_t(callers), 0);
   std::vector<std::thread> threads;
   std::vector<std::exception_ptr> errors(static_cast<size_t>(callers));
-  Timer t;
   for (int c = 0; c < callers; ++c) {
     threads.emplace_back([&, c] {
       try {
@@ -522,7 +521,7 @@ double serve_rate(const std::function<Tensor(int)>& call, const std::vector<std:
     });
   }
   while (ready.load() < callers) std::this_thread::yield();
-  t = Timer();
+  Timer t;
   go.store(true);
   for (std::thread& th : threads) th.join();
   const double elapsed = t.seconds();
