@@ -73,6 +73,13 @@ constexpr int64_t kTransformerParameters =
     2 * (4 * kModelDim + 4 * kModelDim * kModelDim + 4 * kModelDim + 8 * kModelDim * kModelDim + 5 * kModelDim) +
     2 * kModelDim + kModelDim * kVocab + kVocab;
 
+// The serve case (issue 37): one model in testmode called from 1 and from 2 threads at once: the MNIST
+// MLP at batch kServeMlpBatch, ResNet-18 (kResnetSize, batch 1 and 32), and an LSTM(kServeLstmIn =>
+// kServeLstmHidden) + Dense(kServeLstmHidden => kServeLstmIn) on (kServeLstmBatch, kServeLstmSteps,
+// kServeLstmIn) inputs.
+constexpr int64_t kServeMlpBatch = 32, kServeLstmIn = 64, kServeLstmHidden = 128, kServeLstmBatch = 4,
+                  kServeLstmSteps = 32;
+
 // Symbol ids of the benchmark batch, (kSeqBatch, kSeqLen) row-major, and the next-symbol targets: a
 // fixed sequence that visits every symbol (7 and 62 are coprime).
 inline std::vector<int64_t> seq_ids(int64_t shift = 0) {

@@ -1,11 +1,16 @@
 // One benchmark case with flux-cpp; prints "key value" lines for bench/run_bench.py.
 // Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | mnist_converged | wide | overhead | infer | sgemm | lenet |
-//                                         fmnist | resnet | onnx_resnet | lstm | lstm_converged | transformer | blas
+//                                         fmnist | resnet | onnx_resnet | lstm | lstm_converged | transformer | serve | blas
+// serve: one testmode model called from 1 and from 2 threads at once (throughput, and whether the outputs
+// are bitwise those of one caller); --seconds=S sets each of its measurements (default 1 s).
 // The *_converged cases time the same steps after kConvergeSteps steps of training (bench_common.hpp),
 // when small gradients have driven Adam's moments towards the subnormal range.
 // DEVICE: cpu (default) or opencl. --gemm=auto|openblas|onednn (after DEVICE) forces the CPU GEMM engine;
 // --seconds=S times every training case for S seconds (e.g. the 30 s system-time check). Threads come from FLUX_NUM_THREADS / OPENBLAS_NUM_THREADS;
 // --batch=N runs the inference cases at batch N only; --stages makes resnet print each stage's time too.
+// --checksum: resnet and infer also print KEY_checksum, an FNV-1a checksum of the bits of their first
+// output and of one after the timing; the training cases (mnist, ...) train_checksum, of the warm-up
+// steps' losses and the parameters after them (bench/determinism.sh compares two processes').
 // --linear=auto|onednn|panels forces the kernel of Dense inference (linear_forward: oneDNN or flux's panels);
 // --winograd=auto|off|on the Winograd F(2x2, 3x3) path of 3x3 convs at inference (off: oneDNN; on: where it fits).
 // FLUX_LIBRARY_KERNELS=0 forces the portable im2col + GEMM convolution path instead of oneDNN.
@@ -14,12 +19,17 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <cstdio>
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <flux/flux.hpp>
@@ -73,6 +83,22 @@ double g_train_seconds = 0;  // --seconds=S: every training case runs S seconds 
 int64_t g_only_batch = 0;    // --batch=N: the inference cases (infer, resnet) run batch N alone (profiling)
 int g_converge_steps = 0;   // --converge-steps=N: the *_converged cases train N steps first (0: bench_common.hpp's)
 bool g_stages = false;       // --stages: resnet also prints each stage's time (torchvision's ResNet-18 only)
+bool g_checksum = false;     // --checksum: resnet, infer and the training cases print FNV-1a checksums of their outputs
+
+// FNV-1a (64-bit) over the bits of floats: equal checksums mean bitwise-equal values (bench/determinism.sh
+// compares two processes' checksums).
+struct Checksum {
+  uint64_t h = 14695981039346656037ull;
+  void add(const std::vector<float>& v) {
+    for (float f : v) {
+      uint32_t bits;
+      std::memcpy(&bits, &f, sizeof bits);
+      for (int i = 0; i < 4; ++i) h = (h ^ ((bits >> (8 * i)) & 0xffu)) * 1099511628211ull;
+    }
+  }
+  void add(const Tensor& t) { add(t.to_vector<float>()); }
+  void print(const std::string& key) const { std::printf("%s_checksum %016llx\n", key.c_str(), (unsigned long long)h); }
+};
 
 // One-hot targets (batch, classes) with class i % classes.
 Tensor onehot_targets(int64_t batch, int64_t classes) {
@@ -89,7 +115,14 @@ double train_steps_per_s(Model& model, const Tensor& x, const Tensor& y, Loss lo
     optimisers::update(opt, model, grads);
     return l.template item<float>();
   };
-  for (int i = 0; i < warmup; ++i) step();
+  if (g_checksum) {  // the warm-up steps' losses and the parameters after them
+    Checksum c;
+    for (int i = 0; i < warmup; ++i) c.add(std::vector<float>{step()});
+    for (const Tensor& p : params(model)) c.add(p);
+    c.print("train");
+  } else {
+    for (int i = 0; i < warmup; ++i) step();
+  }
   // Also the process's CPU time per step (all threads, user and system): on shared, loaded cores
   // it moves far less than the rate, and the system share shows page faults and wake-ups.
   rusage r0{}, r1{};
@@ -157,8 +190,14 @@ void infer_case() {
       g_dev.synchronize();
       return 0.f;
     };
+    Checksum c;  // --checksum: the first output and one after the timing
+    if (g_checksum) c.add(model(x));
     for (int i = 0; i < 20; ++i) run();
     std::printf("infer%lld_us %.6g\n", (long long)batch, 1e6 / bench::rate(run, 0.7));
+    if (g_checksum) {
+      c.add(model(x));
+      c.print("infer" + std::to_string(batch));
+    }
   }
 }
 
@@ -317,11 +356,18 @@ void resnet_case() {
     // The first inference also makes the primitives, keeps the weights and times the kernel choices
     // (conv.cpp's Winograd against oneDNN): printed apart, as what a one-shot user waits.
     const auto t0 = std::chrono::steady_clock::now();
-    run();
+    Tensor first = model(x);
+    g_dev.synchronize();
     std::printf("resnet%lld_first_ms %.6g\n", (long long)batch,
                 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     for (int i = 0; i < (batch == 1 ? 5 : 2); ++i) run();
     std::printf("resnet%lld_ms %.6g\n", (long long)batch, 1e3 / bench::rate(run, batch == 1 ? 1.5 : 2.5));
+    if (g_checksum) {  // the first output and one after the timing
+      Checksum c;
+      c.add(first);
+      c.add(model(x));
+      c.print("resnet" + std::to_string(batch));
+    }
 #ifndef FLUX_BENCH_LOCAL_RESNET
     if (g_stages) resnet_stages(model, x, batch);
 #endif
@@ -436,11 +482,111 @@ void transformer_case() {
   std::printf("transformer_steps_per_s %.6g\n", r);
 }
 
+
+// ---- serve: one model loaded once, in testmode, answering requests from several threads (issue 37).
+// Each model (bench_common.hpp's serve shapes) is timed with 1 caller thread and with 2 caller threads
+// calling the same model at once, alternating rounds; the pool size is FLUX_NUM_THREADS as for every
+// case. Printed per model M: serve_M_1c_per_s and serve_M_2c_per_s (total calls per second of all
+// callers), serve_M_scaling (2 callers / 1 caller), serve_M_1c_ms (ms per call, 1 caller) and
+// serve_M_bitwise (1 when every output of every caller equals, bit for bit, that caller's input's output
+// from one caller computed before the timing). The same cases with LibTorch are in torch_bench.cpp. ----
+
+// Total calls per second of `callers` threads calling call(i) (i: the caller) for `seconds` at once,
+// each output compared with ref[i]; *bitwise becomes false on the first difference.
+double serve_rate(const std::function<Tensor(int)>& call, const std::vector<std::vector<float>>& ref, int callers,
+                  double seconds, std::atomic<bool>* bitwise) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<int64_t> calls(size_t(callers), 0);
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(callers));
+  for (int c = 0; c < callers; ++c) {
+    threads.emplace_back([&, c] {
+      try {
+        ready.fetch_add(1);
+        while (!go.load()) std::this_thread::yield();
+        Timer own;
+        do {
+          std::vector<float> y = call(c).to_vector<float>();
+          if (y.size() != ref[size_t(c)].size() ||
+              std::memcmp(y.data(), ref[size_t(c)].data(), y.size() * sizeof(float)) != 0)
+            bitwise->store(false);
+          ++calls[size_t(c)];
+        } while (own.seconds() < seconds);
+      } catch (...) {
+        errors[size_t(c)] = std::current_exception();
+      }
+    });
+  }
+  while (ready.load() < callers) std::this_thread::yield();
+  Timer t;
+  go.store(true);
+  for (std::thread& th : threads) th.join();
+  const double elapsed = t.seconds();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  int64_t total = 0;
+  for (int64_t n : calls) total += n;
+  return double(total) / elapsed;
+}
+
+// call(i) answers caller i's request (each caller its own input). Best of `rounds` rounds of 1 then 2
+// callers, each `seconds` long.
+void serve_model(const char* name, const std::function<Tensor(int)>& call, double seconds, int rounds) {
+  std::vector<std::vector<float>> ref;
+  for (int c = 0; c < 2; ++c) {
+    call(c);  // first call: primitives, prepared weights and kernel choices
+    ref.push_back(call(c).to_vector<float>());
+  }
+  std::atomic<bool> bitwise{true};
+  double one = 0, two = 0;
+  for (int r = 0; r < rounds; ++r) {
+    one = std::max(one, serve_rate(call, ref, 1, seconds, &bitwise));
+    two = std::max(two, serve_rate(call, ref, 2, seconds, &bitwise));
+  }
+  std::printf("serve_%s_1c_per_s %.6g\nserve_%s_2c_per_s %.6g\nserve_%s_scaling %.4g\nserve_%s_1c_ms %.6g\n"
+              "serve_%s_bitwise %d\n",
+              name, one, name, two, name, two / one, name, 1e3 / one, name, int(bitwise.load()));
+  std::fflush(stdout);
+}
+
+void serve_case() {
+  using namespace bench;
+  auto run = [&](const auto& model, std::vector<Tensor> inputs) {
+    return [&model, inputs](int c) { return model(inputs[size_t(c)]); };
+  };
+  std::printf("resnet_hw %lld\n", (long long)bench::kResnetSize);
+  const double s = g_train_seconds > 0 ? g_train_seconds : 1.0;  // --seconds=S: each measurement S seconds
+  {
+    auto mlp = Chain(Dense(784, 512, relu), Dense(512, 512, relu), Dense(512, 10)) | g_dev;
+    testmode(mlp);
+    serve_model("mlp32", run(mlp, {to(rand({kServeMlpBatch, 784}), g_dev), to(rand({kServeMlpBatch, 784}), g_dev)}), s, 2);
+  }
+#if defined(FLUX_BENCH_RESNET)
+  {
+    auto net = models::ResNet18() | g_dev;
+    testmode(net);
+    for (int64_t batch : {int64_t(1), int64_t(32)}) {
+      if (g_only_batch && batch != g_only_batch) continue;
+      const int64_t hw = kResnetSize;
+      serve_model(batch == 1 ? "resnet1" : "resnet32",
+                  run(net, {to(rand({batch, 3, hw, hw}), g_dev), to(rand({batch, 3, hw, hw}), g_dev)}),
+                  batch == 1 ? s : 3 * s, 2);  // ~0.3 s a call at batch 32
+    }
+  }
+#endif
+  {
+    auto lstm = BenchCharLSTM{LSTM(kServeLstmIn, kServeLstmHidden), Dense(kServeLstmHidden, kServeLstmIn)} | g_dev;
+    testmode(lstm);
+    const Shape x{kServeLstmBatch, kServeLstmSteps, kServeLstmIn};
+    serve_model("lstm4", run(lstm, {to(rand(x), g_dev), to(rand(x), g_dev)}), s, 2);
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: flux_bench seed|mnist|mnist_converged|wide|overhead|infer|sgemm|lenet|fmnist|resnet|lstm|lstm_converged|transformer|blas [cpu|opencl]\n");
+    std::fprintf(stderr, "usage: flux_bench seed|mnist|mnist_converged|wide|overhead|infer|sgemm|lenet|fmnist|resnet|onnx_resnet|lstm|lstm_converged|transformer|serve|blas [cpu|opencl]\n");
     return 2;
   }
   std::string which = argv[1], device = argc > 2 ? argv[2] : "cpu";
@@ -457,6 +603,11 @@ int main(int argc, char** argv) {
     }
     if (a.rfind("--converge-steps=", 0) == 0) {
       g_converge_steps = std::atoi(a.c_str() + 17);
+      if (i == 2) device = "cpu";
+      continue;
+    }
+    if (a == "--checksum") {
+      g_checksum = true;
       if (i == 2) device = "cpu";
       continue;
     }
@@ -532,6 +683,7 @@ int main(int argc, char** argv) {
   else if (which == "lstm") lstm_case();
   else if (which == "lstm_converged") lstm_case(g_converge_steps ? g_converge_steps : int(bench::kLstmConvergeSteps));
   else if (which == "transformer") transformer_case();
+  else if (which == "serve") serve_case();
   else {
     std::fprintf(stderr, "flux_bench: unknown case %s\n", which.c_str());
     return 2;

@@ -20,6 +20,10 @@ Processes per case and thread count, in rotating order within each repetition:
        API and OMP_NUM_THREADS = MKL_NUM_THREADS = threads; at 2+ threads each also runs with its
        threads told not to spin (OMP_WAIT_POLICY=PASSIVE; for ONNX Runtime
        session.intra_op.allow_spinning=0) and its better figure counts, as for LibTorch 1.13.
+serve (row 13): flux_bench serve and torch_bench serve, one model called from 1 and from 2 threads at once;
+  "threads" is the pool size (FLUX_NUM_THREADS; at::set_num_threads in every LibTorch caller thread); the
+  2 callers / 1 caller row is each program's own ratio, measured in one process; below the table, whether
+  every 2-caller output was bitwise that of one caller.
 Each figure is the best of the repetitions (highest rate, lowest time); "best peer" is the best figure
 of all peer columns in that row, and the ratio compares flux with it. Only ratios from one run mean
 anything. --quick: one repetition of the MLP cases (seed, mnist, wide, infer) against one peer (LibTorch
@@ -35,7 +39,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = ["seed", "mnist", "mnist_converged", "wide", "overhead", "infer", "lenet", "fmnist", "resnet", "lstm",
-         "lstm_converged", "transformer"]
+         "lstm_converged", "transformer", "serve"]
 MLP_CASES = ["seed", "mnist", "wide", "infer"]
 CNN_CASES = ["lenet", "fmnist", "resnet"]
 SEQ_CASES = ["lstm", "lstm_converged", "transformer"]
@@ -43,8 +47,14 @@ SEQ_CASES = ["lstm", "lstm_converged", "transformer"]
 # the from-initialisation case each is compared with.
 CONVERGED_OF = {"mnist_converged": "mnist", "lstm_converged": "lstm"}
 # LibTorch 1.13 "best" takes the better of OMP_WAIT_POLICY=PASSIVE and the default for these cases.
-BOTH_WAIT_CASES = CNN_CASES + SEQ_CASES
+BOTH_WAIT_CASES = CNN_CASES + SEQ_CASES + ["serve"]
 ORT_CASES = ["infer", "resnet"]  # the inference rows
+# serve (issue 37): one model called from 1 and 2 threads at once; the C++ programs only (torch_bench.cpp
+# for LibTorch 1.13 and 2.x; not PyTorch eager or ONNX Runtime). The "threads" column is the pool size:
+# FLUX_NUM_THREADS for flux, at::set_num_threads in every caller thread for LibTorch.
+SERVE_MODELS = {"mlp32": "MNIST MLP 784-512-512-10, batch 32", "resnet1": "ResNet-18 {hw}, batch 1",
+                "resnet32": "ResNet-18 {hw}, batch 32", "lstm4": "LSTM(64 => 128) + Dense, batch 4, T 32"}
+SERVE_PEERS = ("lt113", "lt2")
 # metric -> (label, unit, higher_is_better)
 METRICS = {
     "seed_steps_per_s": ("1. seed MLP 10-64-1 training", "steps/s", True),
@@ -65,12 +75,20 @@ METRICS = {
     "lstm_converged_steps_per_s": ("11c. char LSTM training, after 300 steps", "steps/s", True),
     "transformer_steps_per_s": ("12. tiny transformer (2 blocks, D 64, T 64, 4 heads), batch 32 training", "steps/s", True),
 }
+for _k, _name in SERVE_MODELS.items():
+    METRICS[f"serve_{_k}_1c_per_s"] = (f"13. serve {_name}, 1 caller", "calls/s", True)
+    METRICS[f"serve_{_k}_2c_per_s"] = (f"13. serve {_name}, 2 callers", "calls/s, total", True)
+    METRICS[f"serve_{_k}_scaling"] = (f"13. serve {_name}, 2 callers / 1 caller", "× total throughput", True)
+# The serve scaling targets (issue 37), on flux's own figure: >= 1.8x with a pool of 1 thread, never
+# below one caller with a larger pool.
+SERVE_SCALING_TARGET = {1: 1.8}
 CASE_OF = {"seed_steps_per_s": "seed", "mnist_steps_per_s": "mnist", "wide_steps_per_s": "wide",
            "wide_gflops": "wide", "add16_us": "overhead", "dense16_us": "overhead", "infer1_us": "infer",
            "infer128_us": "infer", "peak_rss_mb": "wide", "lenet_steps_per_s": "lenet", "fmnist_steps_per_s": "fmnist",
            "resnet1_ms": "resnet", "resnet32_ms": "resnet", "lstm_steps_per_s": "lstm",
            "transformer_steps_per_s": "transformer", "mnist_converged_steps_per_s": "mnist_converged",
            "lstm_converged_steps_per_s": "lstm_converged"}
+CASE_OF.update({m: "serve" for m in METRICS if m.startswith("serve_")})
 # The peer columns: key -> heading ({v} is filled with the peer's version).
 PEER_COLUMNS = {"lt113_user": "LibTorch {v} (user env)", "lt113": "LibTorch {v} (best)", "lt2": "LibTorch {v} C++",
                 "py2": "PyTorch {v} eager", "ort": "ONNX Runtime {v}"}
@@ -248,6 +266,10 @@ def run_text(cmd, env):
 
 def merge(store, key, res):
     for m, v in res.items():
+        if m.endswith("_bitwise"):  # serve: 1 when every 2-caller output equals the 1-caller one; 0 wins
+            old = store.setdefault(key, {}).get(m)
+            store[key][m] = v if old is None else min(old, v)
+            continue
         if m not in METRICS and m not in ("sgemm_gflops", "resnet_hw"):
             continue
         higher = METRICS[m][2] if m in METRICS else True
@@ -419,7 +441,8 @@ def main():
                         if active:
                             jobs.append(("lt113_active", cmd, active))
                 for p in ("lt2", "py2", "ort"):
-                    if p not in peers.present or (p == "ort" and case not in ORT_CASES):
+                    if p not in peers.present or (p == "ort" and case not in ORT_CASES) or \
+                            (case == "serve" and p not in SERVE_PEERS):
                         continue
                     cmd = peers.command(p, case, t)
                     settings = [t > 1] if args.quick else ([False, True] if t > 1 else [False])
@@ -501,7 +524,8 @@ def main():
     hw_text = f"{int(hw)}x{int(hw)}" if hw else ""
 
     def cell(c, t, m):
-        if c == "ort" and CASE_OF[m] not in ORT_CASES:
+        if (c == "ort" and CASE_OF[m] not in ORT_CASES) or \
+                (CASE_OF[m] == "serve" and PEER_OF_COLUMN[c] not in SERVE_PEERS):
             return "n/a"
         return fmt(get(c, t, m))
 
@@ -517,6 +541,8 @@ def main():
                 if m == "peak_rss_mb":
                     ratio_text = f"{f / b:.2f}× RSS ({short[bc]})"
                     target, met = "≤ 0.7×", "yes" if f / b <= 0.7 else "**no**"
+                elif m.endswith("_scaling"):
+                    ratio_text = "—"  # a ratio of ratios says little: the columns are there to compare
                 else:
                     ratio_text = f"{speedup(m, f, b):.2f}× ({short[bc]})"
             if m in TARGETS and f:
@@ -532,6 +558,9 @@ def main():
                 target, met = "≤ 0.3 µs", "yes" if f <= 0.3 else "**no**"
             if m == "dense16_us" and f is not None:
                 target, met = "≤ 5 µs", "yes" if f <= 5 else "**no**"
+            if m.endswith("_scaling") and f is not None:
+                need = SERVE_SCALING_TARGET.get(t, 1.0)
+                target, met = f"≥ {need:.1f}×", "yes" if f >= need else "**no**"
             lines.append(f"| {label} ({unit}) | {t} | {fmt(f)} | " + " | ".join(cell(c, t, m) for c in columns) +
                          f" | {ratio_text} | {target} | {met} |")
         blank = " | ".join("—" for _ in columns)
@@ -589,10 +618,26 @@ def main():
                 o, c = get("opencl", t, m), get("flux", t, m)
                 rs = "—" if not o or not c else f"{speedup(m, o, c):.2f}× of CPU"
                 lines.append(f"| 7. OpenCL (PoCL): {label} ({unit}) | {t} | {fmt(o)} | {blank} | {rs} | info | |")
-    elif args.opencl_cases:
+    elif set(args.opencl_cases.split(",")) & set(cases):
         lines.append("| 7. OpenCL backend on PoCL | — | skipped: libflux-opencl.so not built | " +
                      " | ".join("" for _ in columns) + " | | info | |")
     print("\n".join(lines))
+    if "serve" in cases:
+        # serve: were the 2-caller outputs bitwise those of 1 caller (every call compared)?
+        flags = []
+        for col in ["flux"] + [c for c in columns if PEER_OF_COLUMN[c] in SERVE_PEERS]:
+            for t in threads:
+                keys = variants.get((col, t), [col])
+                got = {}
+                for k in keys:
+                    for m, v in results.get((k, t), {}).items():
+                        if m.endswith("_bitwise"):
+                            name = m[len("serve_"):-len("_bitwise")]
+                            got[name] = min(got.get(name, 1), v)
+                if got:
+                    flags.append(f"{'flux' if col == 'flux' else short[col]} @{t}: " +
+                                 ", ".join(f"{n} {'equal' if v == 1 else '**DIFFERENT**'}" for n, v in got.items()))
+        print("\nServe, 2 callers' outputs bitwise equal to 1 caller's: " + ("; ".join(flags) or "not measured"))
 
     # Which wait setting won for each peer with two (2+ threads).
     notes = []

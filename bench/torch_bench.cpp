@@ -1,6 +1,7 @@
 // The same cases as flux_bench.cpp, written as a LibTorch C++ user would write them.
 // Usage: torch_bench CASE THREADS   CASE: seed | mnist | mnist_converged | wide | overhead | infer | lenet | fmnist |
-//                                    resnet | lstm | lstm_converged | transformer | versions
+//                                    resnet | lstm | lstm_converged | transformer | serve | versions
+// serve [THREADS [SECONDS]]: flux_bench.cpp's serve case (SECONDS per measurement, default 1).
 // The *_converged cases time the same steps after bench_common.hpp's k*ConvergeSteps steps of training.
 // Builds against Debian's LibTorch 1.13 (bench/CMakeLists.txt inside the project) and against the
 // LibTorch 2.x of PyPI's torch wheel (bench/CMakeLists.txt configured on its own; scripts/bench).
@@ -8,11 +9,16 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <limits>
-#include <vector>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "bench_common.hpp"
 
@@ -281,11 +287,114 @@ void transformer_case() {
   std::printf("transformer_steps_per_s %.6g\n", r);
 }
 
+
+// ---- serve (flux_bench.cpp's serve case): one model in eval mode called from 1 and from 2 threads at
+// once. Every caller thread sets at::set_num_threads(THREADS) itself (LibTorch's OpenMP thread count is
+// the calling thread's) and its own InferenceMode; the outputs are compared bit for bit with each
+// caller's output from one caller. ----
+
+int g_threads = 1;  // THREADS: torch::set_num_threads in main and in every caller thread
+
+double serve_rate(const std::function<torch::Tensor(int)>& call, const std::vector<torch::Tensor>& ref, int callers,
+                  double seconds, std::atomic<bool>* bitwise) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<int64_t> calls(size_t(callers), 0);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < callers; ++c) {
+    threads.emplace_back([&, c] {
+      at::set_num_threads(g_threads);
+      torch::InferenceMode guard;
+      ready.fetch_add(1);
+      while (!go.load()) std::this_thread::yield();
+      bench::Timer own;
+      do {
+        torch::Tensor y = call(c).contiguous();
+        const torch::Tensor& r = ref[size_t(c)];
+        if (y.numel() != r.numel() || std::memcmp(y.data_ptr<float>(), r.data_ptr<float>(), size_t(y.numel()) * sizeof(float)) != 0)
+          bitwise->store(false);
+        ++calls[size_t(c)];
+      } while (own.seconds() < seconds);
+    });
+  }
+  while (ready.load() < callers) std::this_thread::yield();
+  bench::Timer t;
+  go.store(true);
+  for (std::thread& th : threads) th.join();
+  const double elapsed = t.seconds();
+  int64_t total = 0;
+  for (int64_t n : calls) total += n;
+  return double(total) / elapsed;
+}
+
+void serve_model(const char* name, const std::function<torch::Tensor(int)>& call, double seconds, int rounds) {
+  std::vector<torch::Tensor> ref;
+  {
+    torch::InferenceMode guard;
+    for (int c = 0; c < 2; ++c) {
+      call(c);
+      ref.push_back(call(c).contiguous());
+    }
+  }
+  std::atomic<bool> bitwise{true};
+  double one = 0, two = 0;
+  for (int r = 0; r < rounds; ++r) {
+    one = std::max(one, serve_rate(call, ref, 1, seconds, &bitwise));
+    two = std::max(two, serve_rate(call, ref, 2, seconds, &bitwise));
+  }
+  std::printf("serve_%s_1c_per_s %.6g\nserve_%s_2c_per_s %.6g\nserve_%s_scaling %.4g\nserve_%s_1c_ms %.6g\n"
+              "serve_%s_bitwise %d\n",
+              name, one, name, two, name, two / one, name, 1e3 / one, name, int(bitwise.load()));
+  std::fflush(stdout);
+}
+
+// LSTM(in => hidden, batch_first) -> (N T, H) -> Linear(H => in).
+struct ServeLSTMImpl : nn::Module {
+  nn::LSTM lstm{nullptr};
+  nn::Linear head{nullptr};
+  ServeLSTMImpl() {
+    lstm = register_module("lstm", nn::LSTM(nn::LSTMOptions(bench::kServeLstmIn, bench::kServeLstmHidden).batch_first(true)));
+    head = register_module("head", nn::Linear(bench::kServeLstmHidden, bench::kServeLstmIn));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = std::get<0>(lstm->forward(x));
+    return head(h.reshape({-1, bench::kServeLstmHidden}));
+  }
+};
+TORCH_MODULE(ServeLSTM);
+
+void serve_case(double seconds) {
+  using namespace bench;
+  std::printf("resnet_hw %lld\n", (long long)bench::kResnetSize);
+  {
+    nn::Sequential mlp(nn::Linear(784, 512), nn::ReLU(), nn::Linear(512, 512), nn::ReLU(), nn::Linear(512, 10));
+    mlp->eval();
+    std::vector<torch::Tensor> x = {torch::rand({kServeMlpBatch, 784}), torch::rand({kServeMlpBatch, 784})};
+    serve_model("mlp32", [&](int c) { return mlp->forward(x[size_t(c)]); }, seconds, 2);
+  }
+  {
+    nn::Sequential net = resnet18();
+    net->eval();
+    for (int64_t batch : {int64_t(1), int64_t(32)}) {
+      std::vector<torch::Tensor> x = {torch::rand({batch, 3, kResnetSize, kResnetSize}),
+                                      torch::rand({batch, 3, kResnetSize, kResnetSize})};
+      serve_model(batch == 1 ? "resnet1" : "resnet32", [&](int c) { return net->forward(x[size_t(c)]); },
+                  batch == 1 ? seconds : 3 * seconds, 2);
+    }
+  }
+  {
+    ServeLSTM lstm;
+    lstm->eval();
+    std::vector<torch::Tensor> x = {torch::rand({kServeLstmBatch, kServeLstmSteps, kServeLstmIn}),
+                                    torch::rand({kServeLstmBatch, kServeLstmSteps, kServeLstmIn})};
+    serve_model("lstm4", [&](int c) { return lstm->forward(x[size_t(c)]); }, seconds, 2);
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: torch_bench seed|mnist|mnist_converged|wide|overhead|infer|lenet|fmnist|resnet|lstm|lstm_converged|transformer [threads]\n");
+    std::fprintf(stderr, "usage: torch_bench seed|mnist|mnist_converged|wide|overhead|infer|lenet|fmnist|resnet|lstm|lstm_converged|transformer|serve [threads]\n");
     return 2;
   }
   std::string which = argv[1];
@@ -308,7 +417,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  if (argc > 2) torch::set_num_threads(std::atoi(argv[2]));
+  if (argc > 2) torch::set_num_threads(g_threads = std::atoi(argv[2]));
   torch::manual_seed(1);
   std::printf("torch_threads %d\ntorch_mkldnn %d\n", torch::get_num_threads(), int(at::globalContext().hasMKLDNN()));
   if (which == "seed") seed_case();
@@ -323,6 +432,7 @@ int main(int argc, char** argv) {
   else if (which == "lstm") lstm_case();
   else if (which == "lstm_converged") lstm_case(int(bench::kLstmConvergeSteps));
   else if (which == "transformer") transformer_case();
+  else if (which == "serve") serve_case(argc > 3 ? std::atof(argv[3]) : 1.0);
   else {
     std::fprintf(stderr, "torch_bench: unknown case %s\n", which.c_str());
     return 2;

@@ -127,9 +127,9 @@ std::shared_ptr<CommunicatorState> make_world(const InitOptions& o) {
     // Open MPI's non-blocking allreduce (coll/libnbc, which MPI_Iallreduce uses) takes a binomial tree
     // for fewer than 4 ranks: rank 0 receives everything, adds it alone while the others wait, and
     // sends the whole sum back, so the critical path moves the message twice and adds it once. The
-    // ring moves and adds 1/p of it per round on every rank at once (100 MB between 2 ranks on this
-    // 2-core machine: 212 -> 123 ms, the best of 10). Only when the user has not chosen (an
-    // OMPI_MCA_ variable, or mpirun --mca, which sets one, wins); other MPIs ignore the variable.
+    // ring moves and adds 1/p of it per round on every rank at once, which is faster for 2 and 3
+    // ranks. Only when the user has not chosen (an OMPI_MCA_ variable, or mpirun --mca, which sets
+    // one, wins); other MPIs ignore the variable.
     setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
     // MPI_Init waits for every rank of the job; a rank that never starts would block it forever.
     std::mutex m;

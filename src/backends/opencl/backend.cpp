@@ -148,8 +148,8 @@ void finish_queues_at_exit();  // below: registered after each program build
 
 // ---- the first-run compile note (issue 18) ----
 // PoCL compiles every program from source on its first use and keeps the binaries in its cache
-// folder; a cold cache makes the first run slow (~1.2 s per flux program, ~13 s for CLBlast's first
-// GEMM; PLATFORM.md). One info line says so, once per process, when it is about to happen.
+// folder; a cold cache makes the first run slow (seconds per program, more for CLBlast's first GEMM;
+// PLATFORM.md). One info line says so, once per process, when it is about to happen.
 
 namespace {
 std::atomic<bool> compile_noted{false};

@@ -44,7 +44,7 @@ template <class T> void clblast_gemm(DeviceState& dev, backend::Buffer a, backen
                            ") for m=", g.m, " n=", g.n, " k=", g.k, " batch=", g.batch, " on ", dev.name);
   };
   // Batches loop over Gemm: CLBlast's batched kernels are separate programs, each another cold
-  // compile (~13 s on PoCL), while a Gemm call costs only microseconds of launch overhead.
+  // compile on PoCL (seconds), while a Gemm call costs only a launch.
   auto run = [&] {
     for (int64_t p = 0; p < g.batch; ++p)
       status_check(clblast::Gemm<T>(clblast::Layout::kRowMajor, ta, tb, size_t(g.m), size_t(g.n), size_t(g.k),

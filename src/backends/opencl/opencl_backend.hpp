@@ -80,7 +80,7 @@ const char* bits_type(size_t element_size);
 std::string type_options(DeviceState& dev, DType t, const char* api);
 
 /// Called before a program build (and CLBlast's first GEMM): on PoCL with an empty kernel cache, prints
-/// one "[ Info: ..." line saying the first run compiles the kernels (~11 s), once per process.
+/// one "[ Info: ..." line saying the first run compiles the kernels, once per process.
 void note_kernel_compile(DeviceState& dev);
 
 /// The kernel `name` of program `family` built from `source` with `options` for this device.
