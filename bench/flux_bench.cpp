@@ -294,7 +294,7 @@ struct BenchResNet18 {
   Tensor operator()(const Tensor& x) const {
     Tensor y = pool(bn1(conv1(x)));
     for (const BasicBlock& b : layers) y = b(y);
-    return fc(flatten_(global_meanpool(y)));
+    return fc(flatten(global_meanpool(y)));
   }
 };
 FLUX_LAYER(BenchResNet18, conv1, bn1, layers, fc)

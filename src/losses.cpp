@@ -108,7 +108,7 @@ Tensor crossentropy(const Tensor& yhat, const Tensor& y, LossOptions o, std::opt
 Tensor logitcrossentropy(const Tensor& logits, const Tensor& y, LossOptions o) {
   check_pair("logitcrossentropy", logits, y, true);
   Tensor t = target_like(logits, y);
-  return per_observation(-(t * logsoftmax_(logits, -1)), o.agg);
+  return per_observation(-(t * detail::logsoftmax_op(logits, -1)), o.agg);
 }
 
 Tensor binarycrossentropy(const Tensor& yhat, const Tensor& y, LossOptions o, std::optional<double> eps) {

@@ -24,8 +24,8 @@ TEST(ErrorHints, IntegerLabelsToAOneHotLossSuggestOnehot) {
       "onehot(y, 10), of shape (4, 10)";
   EXPECT_FLUX_ERROR(logitcrossentropy(logits, labels),
                     "[logitcrossentropy] prediction shape (4, 10) and target shape (4,) differ" + hint);
-  EXPECT_FLUX_ERROR(crossentropy(softmax_(logits), labels), "[crossentropy] prediction shape (4, 10) and target shape (4,) differ" + hint);
-  EXPECT_FLUX_ERROR(kldivergence(softmax_(logits), labels), "pass onehot(y, 10)");
+  EXPECT_FLUX_ERROR(crossentropy(softmax(logits), labels), "[crossentropy] prediction shape (4, 10) and target shape (4,) differ" + hint);
+  EXPECT_FLUX_ERROR(kldivergence(softmax(logits), labels), "pass onehot(y, 10)");
   // (N, 1) labels and labels stored as floats get the reshape / cast too.
   EXPECT_FLUX_ERROR(logitcrossentropy(logits, labels.reshape({4, 1})),
                     "(Int64 of shape (4, 1)), and this loss takes one-hot targets: pass onehot(y, 10) on y.reshape({-1})");

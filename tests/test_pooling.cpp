@@ -391,7 +391,7 @@ TEST_P(Pooling, FiniteDifferenceGradientsInFloat64) {
       {"adaptive_meanpool_3d", {1, 1, 3, 5, 4}, [](const Tensor& x) { return adaptive_meanpool(x, {2, 3, 3}); }},
       {"global_maxpool", {2, 2, 3, 4}, [](const Tensor& x) { return global_maxpool(x); }},
       {"global_meanpool", {2, 2, 3, 4}, [](const Tensor& x) { return global_meanpool(x); }},
-      {"flatten_then_square", {2, 3, 2, 2}, [](const Tensor& x) { return square(flatten_(x)); }},
+      {"flatten_then_square", {2, 3, 2, 2}, [](const Tensor& x) { return square(flatten(x)); }},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -403,16 +403,16 @@ TEST_P(Pooling, FlattenKeepsTheFirstAxis) {
   Device d = GetParam();
   std::vector<double> v = uniform(2 * 3 * 4 * 5, 3);
   Tensor x = to(Tensor(v, Shape{2, 3, 4, 5}), d);
-  Tensor y = flatten_(x);
+  Tensor y = flatten(x);
   EXPECT_EQ(y.shape(), Shape({2, 60}));
   EXPECT_EQ(y.device(), d);
   EXPECT_EQ(y.to_vector<double>(), v);
-  EXPECT_EQ(flatten_(to(ones({5}), d)).shape(), Shape({5, 1}));
-  EXPECT_EQ(flatten_(to(ones({4, 3}), d)).shape(), Shape({4, 3}));
-  EXPECT_EQ(flatten_(to(ones({0, 3, 2}), d)).shape(), Shape({0, 6}));
-  EXPECT_EQ(flatten_(to(ones({3, 0, 2}), d)).shape(), Shape({3, 0}));
+  EXPECT_EQ(flatten(to(ones({5}), d)).shape(), Shape({5, 1}));
+  EXPECT_EQ(flatten(to(ones({4, 3}), d)).shape(), Shape({4, 3}));
+  EXPECT_EQ(flatten(to(ones({0, 3, 2}), d)).shape(), Shape({0, 6}));
+  EXPECT_EQ(flatten(to(ones({3, 0, 2}), d)).shape(), Shape({3, 0}));
   Tensor w = to(Tensor(uniform(120, 4), Shape{2, 60}), d);
-  Tensor g = gradient([&](const Tensor& t) { return sum(flatten_(t) * w); }, x);
+  Tensor g = gradient([&](const Tensor& t) { return sum(flatten(t) * w); }, x);
   EXPECT_EQ(g.shape(), x.shape());
   EXPECT_EQ(g.to_vector<double>(), w.to_vector<double>());
 }
@@ -464,9 +464,9 @@ TEST(PoolingErrors, ExactMessages) {
   EXPECT_FLUX_ERROR(global_meanpool(Tensor(std::vector<uint8_t>(4, 1), Shape{1, 1, 2, 2})),
                     "[global_meanpool] supports Float32 and Float64 inputs; got UInt8");
 
-  EXPECT_FLUX_ERROR(flatten_(Tensor::scalar(1.0)),
+  EXPECT_FLUX_ERROR(flatten(Tensor::scalar(1.0)),
                     "[flatten] needs at least 1 dimension (observations on the first); got a 0-dimensional tensor");
-  EXPECT_FLUX_ERROR(flatten_(Tensor()), "[flatten] got an undefined");
+  EXPECT_FLUX_ERROR(flatten(Tensor()), "[flatten] got an undefined");
 }
 
 }  // namespace

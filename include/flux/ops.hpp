@@ -62,7 +62,9 @@ Tensor cos(const Tensor& x);
 Tensor log1p(const Tensor& x);
 /// The error function, 2/sqrt(pi) times the integral of exp(-t^2) from 0 to x (ONNX Erf).
 Tensor erf(const Tensor& x);
-Tensor tanh_(const Tensor& x);  // also available as the activation value `flux::tanh`
+namespace detail {
+Tensor tanh_op(const Tensor& x);  // the op behind the activation `flux::tanh` (call that)
+}  // namespace detail
 Tensor clamp(const Tensor& x, double lo, double hi);
 
 // ---- linear algebra ----
@@ -84,8 +86,11 @@ Tensor argmax(const Tensor& x, int axis, bool keepdims = false);  // Int64
 Tensor argmin(const Tensor& x, int axis, bool keepdims = false);  // Int64
 
 // ---- softmax family (numerically stable) ----
-Tensor softmax_(const Tensor& x, int axis = -1);     // also the layer value `flux::softmax`
-Tensor logsoftmax_(const Tensor& x, int axis = -1);  // also the layer value `flux::logsoftmax`
+namespace detail {
+// The ops behind the layer values `flux::softmax(x, axis)` and `flux::logsoftmax(x, axis)` (call those).
+Tensor softmax_op(const Tensor& x, int axis = -1);
+Tensor logsoftmax_op(const Tensor& x, int axis = -1);
+}  // namespace detail
 Tensor logsumexp(const Tensor& x, int axis, bool keepdims = false);
 
 // ---- shape and indexing ----
@@ -169,7 +174,9 @@ Tensor adaptive_meanpool(const Tensor& x, const Dims& out);
 Tensor global_maxpool(const Tensor& x);
 Tensor global_meanpool(const Tensor& x);
 /// (N, d1, d2, ...) -> (N, d1 * d2 * ...): Flux's flatten (observations stay on the first axis).
-Tensor flatten_(const Tensor& x);  // also the layer value `flux::flatten`
+namespace detail {
+Tensor flatten_op(const Tensor& x);  // the op behind the layer value `flux::flatten` (call that)
+}  // namespace detail
 
 // ---- normalisation (src/ops/normalisation.cpp) ----
 /// Batch normalisation with the batch's statistics over axis 1 of x (N, C, ...):

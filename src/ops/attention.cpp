@@ -70,7 +70,7 @@ Tensor attention_scores(const char* api, const Tensor& q, const Tensor& k, const
     }
     scores = scores + bias;
   }
-  Tensor p = softmax_(scores, -1);
+  Tensor p = detail::softmax_op(scores, -1);
   if (dropout_p > 0) p = dropout(p, dropout_p);
   return p;
 }

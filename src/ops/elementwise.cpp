@@ -393,7 +393,7 @@ Tensor erf(const Tensor& x) {
 Tensor log1p(const Tensor& x) {
   return unary("log1p", UnaryOp::log1p, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / (x + 1.0); });
 }
-Tensor tanh_(const Tensor& x) {
+Tensor detail::tanh_op(const Tensor& x) {
   return unary("tanh", UnaryOp::tanh, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * (1.0 - y * y); });
 }
 Tensor clamp(const Tensor& x, double lo, double hi) {

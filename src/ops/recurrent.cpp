@@ -62,10 +62,10 @@ void portable_forward(RecurrentCell cell, const Tensor& xg, const Tensor& hg, co
     case RecurrentCell::lstm: {
       Tensor pre = xg + hgb;
       Tensor i = detail::sigmoid_op(block(pre, 0, hidden)), f = detail::sigmoid_op(block(pre, 1, hidden));
-      Tensor g = tanh_(block(pre, 2, hidden)), o = detail::sigmoid_op(block(pre, 3, hidden));
+      Tensor g = detail::tanh_op(block(pre, 2, hidden)), o = detail::sigmoid_op(block(pre, 3, hidden));
       Tensor c_new = f * c_prev + i * g;
       assign(c, c_new);
-      assign(h, o * tanh_(c_new));
+      assign(h, o * detail::tanh_op(c_new));
       assign(saved, concat({i, f, g, o}, 1));
       break;
     }
@@ -73,12 +73,12 @@ void portable_forward(RecurrentCell cell, const Tensor& xg, const Tensor& hg, co
       Tensor r = detail::sigmoid_op(block(xg, 0, hidden) + block(hgb, 0, hidden));
       Tensor z = detail::sigmoid_op(block(xg, 1, hidden) + block(hgb, 1, hidden));
       Tensor hn = block(hgb, 2, hidden);
-      Tensor nn = tanh_(block(xg, 2, hidden) + r * hn);
+      Tensor nn = detail::tanh_op(block(xg, 2, hidden) + r * hn);
       assign(h, (1.0 - z) * nn + z * h_prev);
       assign(saved, concat({r, z, nn, hn}, 1));
       break;
     }
-    case RecurrentCell::rnn_tanh: assign(h, tanh_(xg + hgb)); break;
+    case RecurrentCell::rnn_tanh: assign(h, detail::tanh_op(xg + hgb)); break;
     case RecurrentCell::rnn_relu: assign(h, detail::relu_op(xg + hgb)); break;
   }
 }
@@ -91,7 +91,7 @@ void portable_backward(RecurrentCell cell, const Tensor& dy, Tensor dh_next, Ten
     case RecurrentCell::lstm: {
       Tensor i = block(saved, 0, hidden), f = block(saved, 1, hidden), g = block(saved, 2, hidden),
              o = block(saved, 3, hidden);
-      Tensor tc = tanh_(c);
+      Tensor tc = detail::tanh_op(c);
       Tensor d_c = dc + dh * o * (1.0 - tc * tc);
       Tensor di = d_c * g, dg = d_c * i, df = d_c * c_prev, d_o = dh * tc;
       assign(dxg, concat({di * i * (1.0 - i), df * f * (1.0 - f), dg * (1.0 - g * g), d_o * o * (1.0 - o)}, 1));

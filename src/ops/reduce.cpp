@@ -172,7 +172,7 @@ Tensor fused_softmax_grad(const Tensor& y, const Tensor& g, int axis, bool log) 
 }
 }  // namespace
 
-Tensor softmax_(const Tensor& x0, int axis) {
+Tensor detail::softmax_op(const Tensor& x0, int axis) {
   Tensor x;
   Tensor y = softmax_raw("softmax", x0, axis, false, x);
   int a = normalize_axis("softmax", axis, x.ndim());
@@ -183,7 +183,7 @@ Tensor softmax_(const Tensor& x0, int axis) {
   return is_half(x0.dtype()) ? y.cast(x0.dtype()) : y;
 }
 
-Tensor logsoftmax_(const Tensor& x0, int axis) {
+Tensor detail::logsoftmax_op(const Tensor& x0, int axis) {
   Tensor x;
   Tensor y = softmax_raw("logsoftmax", x0, axis, true, x);
   int a = normalize_axis("logsoftmax", axis, x.ndim());

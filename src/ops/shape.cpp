@@ -285,7 +285,7 @@ Tensor onehot(const Tensor& labels, int64_t nclasses, DType t) {
   return raw_cast(eq(l, classes), t).reshape(out);
 }
 
-Tensor flatten_(const Tensor& x) {
+Tensor detail::flatten_op(const Tensor& x) {
   check_defined("flatten", x);
   if (x.ndim() == 0) fail("[flatten] needs at least 1 dimension (observations on the first); got a 0-dimensional tensor");
   int64_t rest = 1;

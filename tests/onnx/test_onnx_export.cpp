@@ -54,7 +54,7 @@ std::multiset<std::string> op_types(const ::onnx::ModelProto& m) {
 /// A user layer: a residual MLP block written by hand from ops.
 struct Residual {
   Tensor weight, bias;
-  Tensor operator()(const Tensor& x) const { return x + tanh_(matmul(x, weight, false, true) + bias); }
+  Tensor operator()(const Tensor& x) const { return x + flux::tanh(matmul(x, weight, false, true) + bias); }
 };
 FLUX_LAYER(Residual, weight, bias)
 

@@ -130,7 +130,7 @@ const std::map<std::string, OpFn>& op_table() {
     t["where"] = [](const Inputs& in, const json&, DType) { return one(where(in[0], in[1], in[2])); };
     unary("neg", neg); unary("exp", exp); unary("log", log); unary("sqrt", sqrt); unary("abs", abs);
     unary("sign", sign); unary("square", square); unary("sin", sin); unary("cos", cos); unary("log1p", log1p);
-    unary("tanh", tanh_);
+    unary("tanh", flux::tanh);
     t["clamp"] = [](const Inputs& in, const json& a, DType) {
       return one(clamp(in[0], a.at("lo").get<double>(), a.at("hi").get<double>()));
     };

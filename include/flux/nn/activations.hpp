@@ -35,14 +35,14 @@ Tensor swish_op(const Tensor& x);
 FLUX_ACTIVATION_(Identity, identity, "identity", x)
 FLUX_ACTIVATION_(Relu, relu, "relu", detail::relu_op(x))
 FLUX_ACTIVATION_(Sigmoid, sigmoid, "sigmoid", detail::sigmoid_op(x))
-FLUX_ACTIVATION_(Tanh, tanh_act, "tanh", tanh_(x))
+FLUX_ACTIVATION_(Tanh, tanh_act, "tanh", detail::tanh_op(x))
 FLUX_ACTIVATION_(Gelu, gelu, "gelu", detail::gelu_op(x))
 FLUX_ACTIVATION_(Softplus, softplus, "softplus", detail::softplus_op(x))
 FLUX_ACTIVATION_(Swish, swish, "swish", detail::swish_op(x))
 #undef FLUX_ACTIVATION_
 
 /// tanh(x) elementwise (a function so that `using namespace flux` does not clash with ::tanh).
-inline Tensor tanh(const Tensor& x) { return tanh_(x); }
+inline Tensor tanh(const Tensor& x) { return detail::tanh_op(x); }
 
 /// A plain function Tensor(const Tensor&) held as a Chain element. An overloaded name has no type of
 /// its own to deduce, so Chain(Dense(2, 3), tanh, Dense(3, 1)) with <cmath> and `using namespace flux`
@@ -96,12 +96,12 @@ template <class A> std::string activation_name(const A& a) {
 /// softmax / logsoftmax along an axis (default: the last, where classes live).
 struct Softmax {
   static constexpr const char* name = "softmax";
-  Tensor operator()(const Tensor& x, int axis = -1) const { return softmax_(x, axis); }
+  Tensor operator()(const Tensor& x, int axis = -1) const { return detail::softmax_op(x, axis); }
 };
 inline constexpr Softmax softmax{};
 struct LogSoftmax {
   static constexpr const char* name = "logsoftmax";
-  Tensor operator()(const Tensor& x, int axis = -1) const { return logsoftmax_(x, axis); }
+  Tensor operator()(const Tensor& x, int axis = -1) const { return detail::logsoftmax_op(x, axis); }
 };
 inline constexpr LogSoftmax logsoftmax{};
 inline std::ostream& operator<<(std::ostream& os, const Softmax&) { return os << "softmax"; }

@@ -79,10 +79,10 @@ struct AdaptiveMeanPool {
 };
 FLUX_LAYER(AdaptiveMeanPool)  // no tensors: walkable, nothing to train
 
-/// flatten: (N, d1, d2, ...) -> (N, d1 * d2 * ...), a layer value as relu is (calls flatten_).
+/// flatten: (N, d1, d2, ...) -> (N, d1 * d2 * ...), a layer value as relu is (its op: detail::flatten_op).
 struct Flatten {
   static constexpr const char* name = "flatten";
-  Tensor operator()(const Tensor& x) const { return flatten_(x); }
+  Tensor operator()(const Tensor& x) const { return detail::flatten_op(x); }
 };
 inline constexpr Flatten flatten{};
 
