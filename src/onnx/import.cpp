@@ -417,7 +417,7 @@ std::vector<Tensor> run_node(const ::onnx::NodeProto& n, const std::vector<Tenso
   if (op == "Identity" || op == "Dropout") return {need(0)};
   if (op == "Relu") return {relu(need(0))};
   if (op == "Sigmoid") return {sigmoid(need(0))};
-  if (op == "Tanh") return {detail::tanh_op(need(0))};
+  if (op == "Tanh") return {flux::detail::tanh_op(need(0))};
   if (op == "Exp") return {exp(need(0))};
   if (op == "Log") return {log(need(0))};
   if (op == "Erf") return {erf(need(0))};
@@ -601,7 +601,7 @@ std::vector<Tensor> run_node(const ::onnx::NodeProto& n, const std::vector<Tenso
   if (op == "Softmax" || op == "LogSoftmax") {
     const Tensor& x = need(0);
     const int a = norm_axis(attr_i(n, "axis", -1), x.ndim(), n);
-    return {op == "Softmax" ? detail::softmax_op(x, a) : detail::logsoftmax_op(x, a)};
+    return {op == "Softmax" ? flux::detail::softmax_op(x, a) : flux::detail::logsoftmax_op(x, a)};
   }
   if (op == "LayerNormalization") {
     const Device d = device_of(in);
