@@ -655,6 +655,14 @@ TEST(CpuKernelChoice, ForcedNamedAndRecorded) {
   for (int k = 0; k < cpu_backend::kKernels; ++k)
     EXPECT_EQ(cpu_backend::kernel_from_name(cpu_backend::kernel_name(Kernel(k))), Kernel(k));
   EXPECT_FALSE(cpu_backend::kernel_from_name("fastest").has_value());
+  // Every site registered its tuner's timer (static initialisers in other files run in any order).
+  for (cpu_backend::Site s : {cpu_backend::Site::gemm, cpu_backend::Site::linear, cpu_backend::Site::conv_forward})
+    EXPECT_TRUE(cpu_backend::timer_of(s) != nullptr) << cpu_backend::site_name(s);
+  // A timer answers +infinity for a kernel that cannot run the query (Winograd on a 1x1 conv).
+  cpu_backend::Query conv1x1;
+  conv1x1.site = cpu_backend::Site::conv_forward;
+  conv1x1.dims = {2, 1, 16, 16, 1, 8, 8, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0};
+  EXPECT_GT(cpu_backend::timer_of(cpu_backend::Site::conv_forward)(conv1x1, Kernel::winograd, 1), 1e300);
   cpu_backend::record_queries(true);
   cpu_backend::choose(q, panels_only);
   cpu_backend::choose(q, panels_only);

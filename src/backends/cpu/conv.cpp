@@ -81,6 +81,7 @@ bool forward(ConvKind kind, bool bias, const backend::ConvGeometry& g, const std
   if (g.spatial < 1 || g.spatial > 3 || !fits_32_bits(g)) return false;
   const Candidates candidates = forward_candidates(g);
   if (!candidates) return false;
+  if (int(forced) >= 0 && !(candidates & bit(forced))) return false;  // the tuner asked for a kernel that cannot
   const Kernel use = int(forced) >= 0 ? forced : choose(conv_query(g, kind == ConvKind::forward_affine), candidates);
   return run_forward(use, kind, bias, g, buffers, ep, residual);
 }

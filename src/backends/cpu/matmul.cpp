@@ -547,8 +547,10 @@ Query linear_query(int64_t n, int64_t in, int64_t out, bool bias, bool relu) {
   return q;
 }
 
+/// The Dense inference by `use` (oneDNN: where it declines a piece, the panels run instead); false
+/// only when `strict` and oneDNN declined.
 bool run_linear(const float* x, const float* w, backend::PreparedCache* cache, const float* bias, float* y, int64_t n,
-                int64_t in, int64_t out, bool relu, Kernel use) {
+                int64_t in, int64_t out, bool relu, Kernel use, bool strict = false) {
   const Pieces cut(out, 2.0 * double(n) * double(in) * double(out), kSplitFlops);  // output columns
   const int64_t parts = cut.parts;
 #if FLUX_HAVE_ONEDNN
@@ -593,9 +595,10 @@ bool run_linear(const float* x, const float* w, backend::PreparedCache* cache, c
       });
       return true;
     }
+    if (strict) return false;
   }
 #else
-  (void)use;
+  if (strict && use == Kernel::onednn) return false;
 #endif
   // flux's panels (or oneDNN declined the shape).
   const auto key = prepared_key(PreparedKind::panels, reinterpret_cast<intptr_t>(w), in, out);
@@ -621,7 +624,8 @@ double time_linear(const Query& q, Kernel kernel, int reps) {
     std::shared_ptr<const backend::Prepared> find(const backend::PreparedKey&) override { return kept; }
     void insert(const backend::PreparedKey&, std::shared_ptr<const backend::Prepared> p) override { kept = std::move(p); }
   } cache;
-  run_linear(x.data(), w.data(), &cache, bias ? b.data() : nullptr, y.data(), n, in, out, relu, kernel);
+  if (!run_linear(x.data(), w.data(), &cache, bias ? b.data() : nullptr, y.data(), n, in, out, relu, kernel, true))
+    return std::numeric_limits<double>::infinity();
   double best = 1e30;
   for (int r = 0; r < std::max(1, reps); ++r) {
     timespec t0{}, t1{};
