@@ -53,9 +53,6 @@ thread_local bool t_inside = false;
 // How long an idle thread polls before sleeping: longer than the framework's gap between two ops of
 // a step (a few microseconds), short enough that an idle process stops using the cores at once.
 constexpr std::chrono::microseconds kSpin{100};
-// How long the pool stays out of use after two callers met at it (each then runs inline): long enough
-// to span many ops of both, short enough that a caller left alone gets the pool back at once.
-constexpr std::chrono::milliseconds kContended{2};
 
 using Clock = std::chrono::steady_clock;
 
@@ -116,18 +113,10 @@ class Pool {
   }
   int size() const { return threads_; }
 
-  /// False when another thread's region holds the pool, or did within kContended (the caller then
-  /// runs its loop itself). Two callers then each compute on their own thread instead of one caller's
-  /// pool threads competing with the other caller for the cores (and spinning while descheduled).
+  /// False when another thread's region holds the pool (the caller then runs its loop itself).
   bool run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-    const int64_t now = Clock::now().time_since_epoch().count();
-    if (now < contended_until_.load(std::memory_order_relaxed)) return false;
     std::unique_lock<std::mutex> serial(run_mutex_, std::try_to_lock);
-    if (!serial.owns_lock()) {
-      contended_until_.store(now + std::chrono::duration_cast<Clock::duration>(kContended).count(),
-                             std::memory_order_relaxed);
-      return false;
-    }
+    if (!serial.owns_lock()) return false;
     fn_ = &fn;
     n_ = n;
     float_control_ = float_control();  // workers run the region in the caller's mode (flush-to-zero)
@@ -208,7 +197,6 @@ class Pool {
   std::atomic<int> sleepers_{0};
   WaitWord epoch_, done_;  // region number (workers sleep on it); pieces finished (the caller does)
   std::atomic<bool> caller_waiting_{false}, stop_{false};
-  std::atomic<int64_t> contended_until_{0};  // steady_clock ticks: until then, callers run inline
 };
 
 // FLUX_NUM_THREADS: a whole number from 1 to kMaxThreadsPerCore per core (at least 64); anything else
