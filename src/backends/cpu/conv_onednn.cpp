@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -71,6 +72,11 @@ struct Operand {
 enum class Residual { none, sum };
 
 struct Entry {
+  uint64_t id = next_id();  // names the entry for the per-thread memory objects (bound_of)
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> n{1};
+    return n.fetch_add(1, std::memory_order_relaxed);
+  }
   dnnl::primitive primitive;
   memory::desc scratchpad;
   std::vector<Operand> operands;
@@ -323,19 +329,42 @@ void reorder_input(const Entry& e, const Operand& op, memory from, memory to,
     op.reorder.execute(onednn::stream(), from, to);
 }
 
+/// The calling thread's memory objects for one entry, made on its first call there and rebound to
+/// each call's buffers (set_data_handle), which costs less than making them anew every call.
+struct Bound {
+  std::vector<memory> user, inner;  // per operand; inner: null where not reordered
+  memory residual, scratchpad;
+};
+Bound& bound_of(const Entry& e) {
+  thread_local std::unordered_map<uint64_t, Bound> bound;  // by Entry::id (never reused)
+  if (bound.size() > 1024) bound.clear();
+  auto [it, made] = bound.try_emplace(e.id);
+  Bound& b = it->second;
+  if (made) {
+    const dnnl::engine& engine = onednn::engine();
+    for (const Operand& op : e.operands) {
+      b.user.push_back(memory(op.plain, engine, DNNL_MEMORY_NONE));
+      b.inner.push_back(op.reordered ? memory(op.inner, engine, DNNL_MEMORY_NONE) : memory());
+    }
+    if (e.residual == Residual::sum) b.residual = memory(e.residual_operand.plain, engine, DNNL_MEMORY_NONE);
+    if (e.scratchpad.get_size()) b.scratchpad = memory(e.scratchpad, engine, DNNL_MEMORY_NONE);
+  }
+  return b;
+}
+
 /// Runs entry `e` on this thread over `buffers` (in the order of its operands); `weights`: the
 /// weights already in the kernel's layout (null memory: reorder them now); residual: a fused
 /// forward's residual (plain, the destination's shape), or null.
 void execute(const Entry& e, const std::vector<void*>& buffers, void* residual, const memory& weights) {
-  const dnnl::engine& engine = onednn::engine();
   dnnl::stream& stream = onednn::stream();
   onednn::set_team(config().pool_threading ? 1 : num_threads());
+  Bound& b = bound_of(e);
   std::unordered_map<int, memory> args;
-  std::vector<std::pair<memory, memory>> outputs;  // (inner, user) reordered after the primitive
   memory dst;
   for (size_t i = 0; i < e.operands.size(); ++i) {
     const Operand& op = e.operands[i];
-    memory user(op.plain, engine, buffers[i]);
+    memory& user = b.user[i];
+    user.set_data_handle(buffers[i]);
     if (!op.reordered) {
       if (op.arg != kNoArgument) args[op.arg] = user;
       if (op.arg == DNNL_ARG_DST) dst = user;
@@ -345,27 +374,26 @@ void execute(const Entry& e, const std::vector<void*>& buffers, void* residual, 
       args[op.arg] = weights;
       continue;
     }
-    memory inner(op.inner, engine, onednn::thread_scratch(scratch_of(op.arg), op.inner.get_size()));
+    memory& inner = b.inner[i];
+    inner.set_data_handle(onednn::thread_scratch(scratch_of(op.arg), op.inner.get_size()));
     if (op.input) reorder_input(e, op, user, inner, buffers);
-    else outputs.emplace_back(inner, user);
     if (op.arg == DNNL_ARG_DST) dst = inner;
     args[op.arg] = inner;
   }
   if (e.residual == Residual::sum) {
     const Operand& r = e.residual_operand;
-    memory from(r.plain, engine, residual);
-    if (r.reordered) r.reorder.execute(stream, from, dst);
+    b.residual.set_data_handle(residual);
+    if (r.reordered) r.reorder.execute(stream, b.residual, dst);
     else std::memcpy(dst.get_data_handle(), residual, r.plain.get_size());  // plain: dst starts as it
   }
-  if (const size_t bytes = e.scratchpad.get_size())
-    args[DNNL_ARG_SCRATCHPAD] = memory(e.scratchpad, engine, onednn::thread_scratch(onednn::Scratch::scratchpad, bytes));
+  if (const size_t bytes = e.scratchpad.get_size()) {
+    b.scratchpad.set_data_handle(onednn::thread_scratch(onednn::Scratch::scratchpad, bytes));
+    args[DNNL_ARG_SCRATCHPAD] = b.scratchpad;
+  }
   e.primitive.execute(stream, args);
-  for (size_t i = 0, o = 0; i < e.operands.size(); ++i) {
+  for (size_t i = 0; i < e.operands.size(); ++i) {
     const Operand& op = e.operands[i];
-    if (op.reordered && !op.input && !(op.arg == DNNL_ARG_WEIGHTS && weights)) {
-      op.reorder.execute(stream, outputs[o].first, outputs[o].second);
-      ++o;
-    }
+    if (op.reordered && !op.input) op.reorder.execute(stream, b.inner[i], b.user[i]);
   }
   stream.wait();
 }
