@@ -63,15 +63,15 @@ Kernel linear_rule(const Query&, Candidates c) {
 }
 
 // A conv forward: below AVX-512 (oneDNN 2.6 runs 3x3 convs there as direct convolutions), Winograd
-// where it fits and the output has at least 128 pixels over the batch: measured alone it beat oneDNN
-// on every ResNet-18 3x3 stride-1 conv (1.4-2.4x), but in the network at batch 1 the deep stages
-// (7x7, 4x4: few pixels, large weights) read their 16/9 larger transformed weights from memory and
-// ran slower than oneDNN and the few-pixel kernel. Then the few-pixel kernel wherever it fits (at most
-// 32 output pixels over the batch: weight-bound, see conv_own.cpp); oneDNN otherwise. With AVX-512,
-// where oneDNN's direct kernels are stronger and this session could not measure, no Winograd.
+// where it fits and the output has at least 48 pixels over the batch (ResNet-18 at batch 1: its
+// 28x28, 14x14 and 7x7 stages): measured alone it beat oneDNN on every ResNet-18 3x3 stride-1 conv
+// (1.4-2.4x), but the 4x4 stage at batch 1 (16 pixels, the largest weights, read from memory in the
+// network) runs faster on the few-pixel kernel. Then the few-pixel kernel wherever it fits (at most 32
+// output pixels over the batch: weight-bound, see conv_own.cpp); oneDNN otherwise. With AVX-512, where
+// oneDNN's direct kernels are stronger and this session could not measure, no Winograd.
 Kernel conv_rule(const Query& q, Candidates c) {
   const int64_t pixels = q.dims[1] * q.dims[5] * q.dims[6] * q.dims[7];  // batch x in (= out for 3x3 s1 "same")
-  if (has(c, Kernel::winograd) && active_isa() != Isa::avx512 && pixels >= 128) return Kernel::winograd;
+  if (has(c, Kernel::winograd) && active_isa() != Isa::avx512 && pixels >= 48) return Kernel::winograd;
   if (has(c, Kernel::few_pixel)) return Kernel::few_pixel;
   if (has(c, Kernel::onednn)) return Kernel::onednn;
   return first_of(c);
