@@ -3,14 +3,13 @@
 // (conv_onednn.cpp), flux's few-pixel kernel (conv_own.cpp) and, at inference, Winograd F(2x2, 3x3)
 // (winograd.cpp); gradients run on oneDNN. false: none takes the case, and the core runs its portable
 // im2col + GEMM path (conv_reference.cpp).
-#include <time.h>
-
 #include <algorithm>
 #include <limits>
 #include <vector>
 
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/kernel_choice.hpp"
+#include "src/backends/cpu/prepared.hpp"
 
 namespace flux::cpu_backend {
 
@@ -101,29 +100,11 @@ double time_conv(const Query& q, Kernel kernel, int reps) {
   int64_t in = g.batch * g.in_channels, out = g.batch * g.out_channels, w = g.out_channels * g.in_channels / g.groups;
   for (int i = 0; i < g.spatial; ++i) in *= g.in[i], out *= g.out[i], w *= g.kernel[i];
   std::vector<float> x(size_t(in), 0.5f), wt(size_t(w), 0.01f), b(size_t(g.out_channels), 0.1f), y(size_t(out), 0.f);
-  struct Cache final : backend::PreparedCache {
-    std::vector<std::pair<backend::PreparedKey, std::shared_ptr<const backend::Prepared>>> kept;
-    std::shared_ptr<const backend::Prepared> find(const backend::PreparedKey& k) override {
-      for (auto& [key, p] : kept)
-        if (key == k) return p;
-      return nullptr;
-    }
-    void insert(const backend::PreparedKey& k, std::shared_ptr<const backend::Prepared> p) override {
-      kept.emplace_back(k, std::move(p));
-    }
-  } cache;
+  LocalPreparedCache cache;
   g.weight_cache = &cache;
   const std::vector<void*> buffers{x.data(), wt.data(), b.data(), y.data()};
   if (!forward(ConvKind::forward, true, g, buffers, {}, nullptr, kernel)) return std::numeric_limits<double>::infinity();
-  double best = 1e30;
-  for (int r = 0; r < std::max(1, reps); ++r) {
-    timespec t0{}, t1{};
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    forward(ConvKind::forward, true, g, buffers, {}, nullptr, kernel);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    best = std::min(best, double(t1.tv_sec - t0.tv_sec) + 1e-9 * double(t1.tv_nsec - t0.tv_nsec));
-  }
-  return best;
+  return best_wall_seconds(reps, [&] { forward(ConvKind::forward, true, g, buffers, {}, nullptr, kernel); });
 }
 [[maybe_unused]] const bool conv_timer_registered = (register_timer(Site::conv_forward, time_conv), true);
 

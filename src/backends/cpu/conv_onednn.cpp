@@ -413,11 +413,9 @@ std::shared_ptr<const ConvWeights> forward_weights(const std::vector<const Entry
   const Operand* w = operand(*chunk_entries[0], DNNL_ARG_WEIGHTS);
   if (!w || !w->reordered) return nullptr;
   const bool scaled = w->scales >= 0;
-  std::vector<float> scales;
-  if (scaled) {
-    const float* s = static_cast<const float*>(buffers[size_t(w->scales)]);
-    scales.assign(s, s + g.out_channels);
-  }
+  // The fused BatchNorm's scale the weights are multiplied by (none: an empty range).
+  const float* scales = scaled ? static_cast<const float*>(buffers[size_t(w->scales)]) : nullptr;
+  const int64_t n_scales = scaled ? g.out_channels : 0;
   backend::PreparedKey pk{};
   pk[0] = int64_t(PreparedKind::onednn_conv);
   pk[1] = reinterpret_cast<intptr_t>(buffers[1]);
@@ -425,7 +423,7 @@ std::shared_ptr<const ConvWeights> forward_weights(const std::vector<const Entry
   std::copy(key.begin(), key.end(), pk.begin() + 3);
   auto make = [&] {
     auto cw = std::make_shared<ConvWeights>();
-    cw->scales = scales;
+    cw->scales.assign(scales, scales + n_scales);
     onednn::set_team(1);
     for (size_t c = 0; c < chunk_entries.size(); ++c) {
       const Entry& e = *chunk_entries[c];
@@ -442,7 +440,8 @@ std::shared_ptr<const ConvWeights> forward_weights(const std::vector<const Entry
   };
   backend::PreparedCache* cache = g.weight_cache;
   if (cache)
-    if (auto kept = std::static_pointer_cast<const ConvWeights>(cache->find(pk)); kept && kept->scales == scales)
+    if (auto kept = std::static_pointer_cast<const ConvWeights>(cache->find(pk));
+        kept && std::equal(kept->scales.begin(), kept->scales.end(), scales, scales + n_scales))
       return kept;
   std::shared_ptr<const ConvWeights> made = make();
   if (cache) cache->insert(pk, made);

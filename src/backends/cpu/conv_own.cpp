@@ -94,7 +94,7 @@ void few_pixel_gemm(const float* w, int64_t k, int64_t rows, const float* col, i
 }
 
 /// out[t ldc + p] = image[idx[t P + p]] for taps t < taps, pixels p < P: scalar loads (GCC does not
-/// vectorise it; ~30 us for ResNet-18's 4608 x 16, 1 thread).
+/// vectorise it; small beside the kernel after it).
 void gather_taps(const float* __restrict image, const int32_t* __restrict idx, int64_t taps, int64_t P,
                  float* __restrict out, int64_t ldc) {
   for (int64_t t = 0; t < taps; ++t, out += ldc, idx += P)
@@ -104,9 +104,8 @@ void gather_taps(const float* __restrict image, const int32_t* __restrict idx, i
 /// The columns of x (N, C, in...) for (g): col row (c, k...) holds, at n P + p, the input under
 /// kernel tap k of output pixel p of sample n (0 in the padding); columns N P .. ldc are 0. Each image
 /// (copied first into a zero-bordered buffer when the conv pads) is read through one table of
-/// offsets, tap by pixel, shared by every channel: for ResNet-18's 512 x 4x4 input (4608 rows of 16)
-/// ~100 us with a bounds check per element, ~50 with loops per output row, ~30 here, 1 thread, AVX-512
-/// (the kernel after it: ~720 us).
+/// offsets, tap by pixel, shared by every channel (faster than a bounds check per element or loops
+/// per output row; figures in bench/results/2026-12-05-cpu-backend-comment-measurements.md).
 void few_pixel_columns(const float* x, float* col, int64_t ldc, const backend::ConvGeometry& g) {
   // Axes padded with unit axes in front.
   int64_t in[3], out[3], kernel[3], stride[3], dilation[3], lo[3], size[3];

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -46,7 +48,7 @@ bool has(Candidates c, Kernel k) { return (c & bit(k)) != 0; }
 // ---- the rules, one function per site ----
 
 // A GEMM piece: OpenBLAS, except thin products (a side of at most 16: the Dense layers' narrow
-// outputs and small batches), where oneDNN's matmul ran 1.3-2x faster on AVX2 and AVX-512.
+// outputs and small batches), where oneDNN's matmul ran faster on AVX2 and AVX-512.
 Kernel gemm_rule(const Query& q, Candidates c) {
   const int64_t m = q.dims[0], n = q.dims[1], k = q.dims[2];
   if (has(c, Kernel::onednn) && std::min({m, n, k}) <= 16) return Kernel::onednn;
@@ -64,9 +66,9 @@ Kernel linear_rule(const Query&, Candidates c) {
 
 // A conv forward: below AVX-512 (oneDNN 2.6 runs 3x3 convs there as direct convolutions), Winograd
 // where it fits and the output has at least 48 pixels over the batch (ResNet-18 at batch 1: its
-// 28x28, 14x14 and 7x7 stages): measured alone it beat oneDNN on every ResNet-18 3x3 stride-1 conv
-// (1.4-2.4x), but the 4x4 stage at batch 1 (16 pixels, the largest weights, read from memory in the
-// network) runs faster on the few-pixel kernel. Then the few-pixel kernel wherever it fits (at most 32
+// 28x28, 14x14 and 7x7 stages): measured alone it beat oneDNN on every ResNet-18 3x3 stride-1 conv,
+// but the 4x4 stage at batch 1 (16 pixels, the largest weights, read from memory in the network)
+// runs faster on the few-pixel kernel. Then the few-pixel kernel wherever it fits (at most 32
 // output pixels over the batch: weight-bound, see conv_own.cpp); oneDNN otherwise. With AVX-512, where
 // oneDNN's direct kernels are stronger and this session could not measure, no Winograd.
 Kernel conv_rule(const Query& q, Candidates c) {
@@ -134,6 +136,16 @@ void register_timer(Site site, Timer timer) {
   std::lock_guard<std::mutex> lock(g_timer_mutex);
   timers()[int(site)] = std::move(timer);
 }
+double best_wall_seconds(int reps, const std::function<void()>& run) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < std::max(1, reps); ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
 Timer timer_of(Site site) {
   std::lock_guard<std::mutex> lock(g_timer_mutex);
   return timers()[int(site)];

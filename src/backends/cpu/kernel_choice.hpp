@@ -67,6 +67,8 @@ std::vector<std::pair<Query, Candidates>> recorded_queries();
 /// that registered none.
 using Timer = std::function<double(const Query&, Kernel, int reps)>;
 void register_timer(Site site, Timer timer);
+/// For timers: the best wall time of `reps` (at least 1) calls of run().
+double best_wall_seconds(int reps, const std::function<void()>& run);
 Timer timer_of(Site site);
 
 }  // namespace flux::cpu_backend

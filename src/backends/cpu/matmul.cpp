@@ -619,22 +619,11 @@ double time_linear(const Query& q, Kernel kernel, int reps) {
   const int64_t n = q.dims[0], in = q.dims[1], out = q.dims[2];
   const bool bias = q.dims[3] != 0, relu = q.dims[4] != 0;
   std::vector<float> x(size_t(n * in), 0.5f), w(size_t(out * in), 0.25f), b(size_t(out), 0.1f), y(size_t(n * out), 0.f);
-  struct Cache final : backend::PreparedCache {
-    std::shared_ptr<const backend::Prepared> kept;
-    std::shared_ptr<const backend::Prepared> find(const backend::PreparedKey&) override { return kept; }
-    void insert(const backend::PreparedKey&, std::shared_ptr<const backend::Prepared> p) override { kept = std::move(p); }
-  } cache;
+  LocalPreparedCache cache;
   if (!run_linear(x.data(), w.data(), &cache, bias ? b.data() : nullptr, y.data(), n, in, out, relu, kernel, true))
     return std::numeric_limits<double>::infinity();
-  double best = 1e30;
-  for (int r = 0; r < std::max(1, reps); ++r) {
-    timespec t0{}, t1{};
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    run_linear(x.data(), w.data(), &cache, bias ? b.data() : nullptr, y.data(), n, in, out, relu, kernel);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    best = std::min(best, double(t1.tv_sec - t0.tv_sec) + 1e-9 * double(t1.tv_nsec - t0.tv_nsec));
-  }
-  return best;
+  return best_wall_seconds(
+      reps, [&] { run_linear(x.data(), w.data(), &cache, bias ? b.data() : nullptr, y.data(), n, in, out, relu, kernel); });
 }
 [[maybe_unused]] const bool linear_timer_registered = (register_timer(Site::linear, time_linear), true);
 }  // namespace

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "flux/backend.hpp"
@@ -31,6 +32,23 @@ struct PreparedFloats final : backend::Prepared {
   PreparedFloats(const PreparedFloats&) = delete;
   PreparedFloats& operator=(const PreparedFloats&) = delete;
   float* data;
+};
+
+/// A cache of the caller's own, for preparing weights outside a tensor (the tuner's timers): keeps
+/// every entry until it goes out of scope.
+class LocalPreparedCache final : public backend::PreparedCache {
+ public:
+  std::shared_ptr<const backend::Prepared> find(const backend::PreparedKey& key) override {
+    for (auto& [k, p] : kept_)
+      if (k == key) return p;
+    return nullptr;
+  }
+  void insert(const backend::PreparedKey& key, std::shared_ptr<const backend::Prepared> p) override {
+    kept_.emplace_back(key, std::move(p));
+  }
+
+ private:
+  std::vector<std::pair<backend::PreparedKey, std::shared_ptr<const backend::Prepared>>> kept_;
 };
 
 /// The entry of `cache` under `key` as a T, made by make() (returning std::shared_ptr<T>) and kept
