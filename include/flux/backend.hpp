@@ -12,7 +12,7 @@
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 11;
+inline constexpr int kBackendAbiVersion = 12;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
@@ -109,8 +109,18 @@ enum class PoolOp : uint8_t { max, mean };
 /// Recurrent cells with a fused per-step kernel (PyTorch's gate order and formulas).
 enum class RecurrentCell : uint8_t { lstm, gru, rnn_tanh, rnn_relu };
 
+/// Whether a device computes a low-precision dtype (f16/bf16) in hardware units, and which.
+struct LowPrecisionSupport {
+  bool units = false;   // tensor cores, AVX512-BF16/AMX-BF16/AVX512-FP16, cl_khr_fp16
+  std::string detail;   // the units found, or what is missing (autocast's warning, versioninfo)
+};
+
 /// Every backend implements this. Arithmetic kernels must support f32, f64, i32, i64, u8 and boolean
-/// where meaningful; f16/bf16 only need fill/cast/copy (ops compute them through f32).
+/// where meaningful; f16/bf16 only need fill/cast/copy (ops compute them through f32). Low precision
+/// in hardware is opt-in per kernel: matmul_low_precision, and the library fast paths below
+/// (linear_forward, conv_forward*, conv_backward_*) may be called with t = f16/bf16 (every array of
+/// that dtype, float32 accumulation inside) and return false where they have no such kernel; the core
+/// then computes through float32 and rounds the result to t.
 /// All calls are asynchronous with respect to the host except copy_to_host and synchronize.
 class Backend {
  public:
@@ -147,6 +157,18 @@ class Backend {
   virtual void reduce(int device, ReduceOp op, DType t, Buffer src, Buffer dst, int64_t outer,
                       int64_t len, int64_t inner) = 0;
   virtual void matmul(int device, DType t, Buffer a, Buffer b, Buffer c, const Gemm& g) = 0;
+  /// matmul for t = f16/bf16 (a, b, c of dtype t) with float32 accumulation (cublasGemmEx with
+  /// CUBLAS_COMPUTE_32F, oneDNN's bf16 matmul); false: the core computes through float32.
+  virtual bool matmul_low_precision(int device, DType t, Buffer a, Buffer b, Buffer c, const Gemm& g) {
+    (void)device, (void)t, (void)a, (void)b, (void)c, (void)g;
+    return false;
+  }
+  /// See LowPrecisionSupport. The CPU backend's answer decides autocast there: without units it warns
+  /// once and computes in float32 (never silently slower than float32).
+  virtual LowPrecisionSupport low_precision_support(int device, DType t) {
+    (void)device, (void)t;
+    return {false, "no low-precision units known to this backend"};
+  }
   /// (log)softmax over the middle axis of [outer, len, inner].
   virtual void softmax(int device, DType t, Buffer src, Buffer dst, int64_t outer, int64_t len,
                        int64_t inner, bool log) = 0;

@@ -14,6 +14,7 @@
 #include "src/backends/caching_pool.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/float_mode.hpp"
+#include "src/backends/cpu/isa.hpp"
 
 #ifndef FLUX_BLAS_NAME
 #define FLUX_BLAS_NAME "unknown BLAS"
@@ -92,7 +93,23 @@ class CpuBackend final : public backend::Backend {
   std::string device_name(int) override { return "CPU (" + std::to_string(num_threads()) + " threads, " FLUX_BLAS_NAME ")"; }
   bool device_is_cpu(int) override { return true; }
   std::string version_info() override {
-    return "  BLAS: " FLUX_BLAS_NAME "; threads: " + std::to_string(num_threads()) + " (FLUX_NUM_THREADS)\n";
+    return "  BLAS: " FLUX_BLAS_NAME "; threads: " + std::to_string(num_threads()) + " (FLUX_NUM_THREADS)\n" +
+           "  ISA: " + isa_name(active_isa()) + "; bf16/f16 units: " + low_precision_units_text(low_precision_units()) +
+           "\n";
+  }
+  // bf16 runs on AVX512-BF16 or AMX-BF16 through oneDNN; oneDNN 2.6 has no f16 compute on the CPU.
+  backend::LowPrecisionSupport low_precision_support(int, DType t) override {
+    const LowPrecisionUnits u = low_precision_units();
+    const std::string found = low_precision_units_text(u);
+    if (t == DType::bf16) {
+      const bool units = u.avx512_bf16 || u.amx_bf16;
+      if (units && FLUX_HAVE_ONEDNN) return {true, found};
+      if (units) return {false, "this build has no oneDNN, whose kernels use the CPU's " + found};
+      return {false, "this CPU has no bf16 units (AVX512-BF16 or AMX-BF16; found: " + found + ")"};
+    }
+    if (t == DType::f16)
+      return {false, "no f16 compute kernels on the CPU (oneDNN 2.6 has none; units found: " + found + ")"};
+    return {false, std::string(dtype_name(t)) + " is not a low-precision dtype"};
   }
   backend::MemoryInfo memory(int) override {
     struct sysinfo si {};

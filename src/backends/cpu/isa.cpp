@@ -2,6 +2,13 @@
 #include "src/backends/cpu/isa.hpp"
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 
 namespace flux::cpu_backend {
 
@@ -39,6 +46,65 @@ Isa force_isa(Isa level) {
   int v = int(level) < int(detected_isa()) ? int(level) : int(detected_isa());
   g_active.store(v, std::memory_order_relaxed);
   return old;
+}
+
+namespace {
+// What CPUID says, before any cap: leaf 7 sub-leaf 0 EDX bits 22 (AMX-BF16), 23 (AVX512-FP16),
+// 24 (AMX-TILE); sub-leaf 1 EAX bits 5 (AVX512-BF16), 21 (AMX-FP16); XCR0 bits 17-18 (tile state).
+LowPrecisionUnits cpuid_units() {
+  LowPrecisionUnits u;
+#if defined(__x86_64__) && defined(__GNUC__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return u;
+  __cpuid_count(7, 0, a, b, c, d);
+  const unsigned edx0 = d;
+  __cpuid_count(7, 1, a, b, c, d);
+  const unsigned eax1 = a;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __cpuid(1, a, b, c, d);
+  if (c & (1u << 27)) __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  const bool tiles = (edx0 >> 24 & 1u) && (xcr0_lo >> 17 & 3u) == 3u;
+  const bool avx512 = detected_isa() == Isa::avx512;
+  u.avx512_bf16 = avx512 && (eax1 >> 5 & 1u);
+  u.avx512_fp16 = avx512 && (edx0 >> 23 & 1u);
+  u.amx_bf16 = tiles && (edx0 >> 22 & 1u);
+  u.amx_fp16 = tiles && (eax1 >> 21 & 1u);
+#endif
+  return u;
+}
+bool any(const LowPrecisionUnits& u) { return u.avx512_bf16 || u.amx_bf16 || u.avx512_fp16 || u.amx_fp16; }
+}  // namespace
+
+LowPrecisionUnits low_precision_units() {
+  static const LowPrecisionUnits found = cpuid_units();
+  LowPrecisionUnits u = found;
+  if (active_isa() != Isa::avx512) u = {};
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (!cap || !*cap) cap = std::getenv("DNNL_MAX_CPU_ISA");
+  if (cap && *cap && std::strcmp(cap, "ALL") != 0 && std::strcmp(cap, "all") != 0) {
+    const std::string isa(cap);
+    const bool amx = isa.find("AMX") != std::string::npos || isa.find("amx") != std::string::npos;
+    const bool bf16 = amx || isa.find("BF16") != std::string::npos || isa.find("bf16") != std::string::npos;
+    if (!amx) u.amx_bf16 = u.amx_fp16 = false;
+    if (!bf16) u.avx512_bf16 = false;
+  }
+  u.capped = any(found) && !any(u);
+  return u;
+}
+
+std::string low_precision_units_text(const LowPrecisionUnits& u) {
+  std::string s;
+  auto add = [&](bool on, const char* name) {
+    if (!on) return;
+    if (!s.empty()) s += ", ";
+    s += name;
+  };
+  add(u.avx512_bf16, "AVX512-BF16");
+  add(u.amx_bf16, "AMX-BF16");
+  add(u.avx512_fp16, "AVX512-FP16");
+  add(u.amx_fp16, "AMX-FP16");
+  if (s.empty()) s = u.capped ? "none (capped: the CPU has some, a cap hides them)" : "none";
+  return s;
 }
 
 const char* isa_name(Isa level) {

@@ -3,6 +3,7 @@
 // and calls the best the CPU supports, checked once at run time (__builtin_cpu_supports), so the
 // shipped library needs no -march flag. The baseline copy is the reference the tests compare with.
 #pragma once
+#include <string>
 
 namespace flux::cpu_backend {
 
@@ -16,6 +17,17 @@ Isa active_isa();
 Isa force_isa(Isa level);
 /// "baseline x86-64", "AVX2+FMA", "AVX-512".
 const char* isa_name(Isa level);
+
+/// The CPU's low-precision units as the kernels may use them now: none below an active AVX-512
+/// level (force_isa), AMX and AVX512-BF16 off where ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) caps
+/// oneDNN below them, AMX only where the OS enables its tile state (XCR0).
+struct LowPrecisionUnits {
+  bool avx512_bf16 = false, amx_bf16 = false, avx512_fp16 = false, amx_fp16 = false;
+  bool capped = false;  // the CPU has some of them, but a cap above hides them
+};
+LowPrecisionUnits low_precision_units();
+/// "AVX512-BF16, AMX-BF16", or "none" (with "(capped)" when a cap hides units the CPU has).
+std::string low_precision_units_text(const LowPrecisionUnits& u);
 
 }  // namespace flux::cpu_backend
 
