@@ -366,6 +366,9 @@ TEST_P(LowPrecisionKernels, SupportAnswerMatchesTheDevice) {
         EXPECT_FALSE(s.units) << s.detail;
         EXPECT_NE(s.detail.find("storage only"), std::string::npos) << s.detail;
       }
+    } else if (dev().backend() == "AMDGPU") {
+      EXPECT_FALSE(s.units) << s.detail;  // no rocBLAS / MIOpen in this build: through Float32
+      EXPECT_NE(s.detail.find("Float32"), std::string::npos) << s.detail;
     } else if (is_cuda(dev())) {
       // device_name: "<GPU> (sm_<major><minor>, N GiB)", the minor one digit (sm_90, sm_120)
       const std::string full = be().device_name(dev().index());
@@ -391,7 +394,9 @@ TEST_P(LowPrecisionKernels, ReferencesAgreeWithFloat32Kernels) {
   EXPECT_EQ(check_gemm_hook(dev(), DType::f32, true), int(gemm_cases().size()));
   const int conv_taken = check_conv_hooks(dev(), DType::f32, false);
   if (dev().backend() == "CPU" && FLUX_TEST_HAVE_ONEDNN) {
-    EXPECT_EQ(conv_taken, 3 * int(conv_cases().size())) << "oneDNN declined a Float32 convolution";
+    // oneDNN takes both backward directions (the forward may go to a chosen kernel of flux's own;
+    // the conv op below checks the forward reference on every device).
+    EXPECT_GE(conv_taken, 2 * int(conv_cases().size())) << "oneDNN declined Float32 convolutions";
   }
   uint64_t seed = 700;
   for (const ConvCase& c : conv_cases()) {
