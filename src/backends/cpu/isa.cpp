@@ -107,6 +107,19 @@ std::string low_precision_units_text(const LowPrecisionUnits& u) {
   return s;
 }
 
+namespace {
+std::atomic<bool> g_bypass_bf16_units{false};
+}  // namespace
+
+bool bf16_kernels_enabled() {
+  if (!FLUX_HAVE_ONEDNN) return false;
+  if (g_bypass_bf16_units.load(std::memory_order_relaxed)) return true;
+  const LowPrecisionUnits u = low_precision_units();
+  return u.avx512_bf16 || u.amx_bf16;
+}
+
+bool bypass_bf16_units_check(bool on) { return g_bypass_bf16_units.exchange(on); }
+
 const char* isa_name(Isa level) {
   switch (level) {
     case Isa::avx512: return "AVX-512";
