@@ -181,7 +181,7 @@ TEST_P(HalfCast, VectorCodeRunsWhereTheCpuHasIt) {
   EXPECT_FALSE(cpu_backend::half_cast_vectorised(t));
   cpu_backend::force_isa(cpu_backend::detected_isa());
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (int(cpu_backend::detected_isa()) >= int(Isa::avx2) && (t == DType::bf16 || __builtin_cpu_supports("f16c"))) {
+  if (int(cpu_backend::detected_isa()) >= int(Isa::avx2) && (t == DType::bf16 || cpu_backend::has_f16c())) {
     EXPECT_TRUE(cpu_backend::half_cast_vectorised(t));
   }
 #endif

@@ -103,13 +103,6 @@ FLUX_TARGET_AVX2_F16C void from_f16_avx2(const uint16_t* s, float* d, int64_t b,
   from_half_reference_range(DType::f16, s, d, i, e);
 }
 
-bool has_f16c() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("f16c") != 0;
-  }();
-  return yes;
-}
 #endif
 
 /// Whether the vector kernels run for `t` now.

@@ -107,6 +107,18 @@ std::string low_precision_units_text(const LowPrecisionUnits& u) {
   return s;
 }
 
+bool has_f16c() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1u);  // CPUID.1:ECX bit 29
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
 namespace {
 std::atomic<bool> g_bypass_bf16_units{false};
 }  // namespace
