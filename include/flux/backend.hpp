@@ -376,6 +376,19 @@ class Backend {
     synchronize(device);
     return true;
   }
+
+  // ---- elementwise on f16/bf16 storage in one pass (float32 arithmetic; bitwise the cast up, the f32
+  // kernel and the cast down); false = the core runs those three passes. src/backends/<name>/unary, binary ----
+  /// dst = op(src) over n elements of dtype t (f16/bf16).
+  virtual bool unary_half(int device, UnaryOp op, DType t, Buffer src, Buffer dst, int64_t n, double alpha) {
+    (void)device, (void)op, (void)t, (void)src, (void)dst, (void)n, (void)alpha;
+    return false;
+  }
+  /// binary for a, b of dtype t (f16/bf16); out of dtype t, Bool for comparisons.
+  virtual bool binary_half(int device, BinaryOp op, DType t, Buffer a, Buffer b, Buffer out, const Broadcast& plan) {
+    (void)device, (void)op, (void)t, (void)a, (void)b, (void)out, (void)plan;
+    return false;
+  }
 };
 
 /// What a plugin's one exported symbol returns.

@@ -191,6 +191,17 @@ Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) 
   // `/` is true division as in Julia and NumPy: integers divide to Float32 (never truncate).
   if ((op == BinaryOp::pow || op == BinaryOp::div) && !is_floating(t)) t = DType::f32;
   DType compute = is_half(t) ? DType::f32 : t;
+  // Half operands that no tape records: one pass on the backend where it has one (the same bits).
+  if (is_half(t) && a0.dtype() == t && b0.dtype() == t && !autodiff::tracked(a0) && !autodiff::tracked(b0) &&
+      !trace::active()) {
+    Shape s = broadcast_shapes(api, a0.shape(), b0.shape());
+    Tensor out = Tensor::empty(s, cmp ? DType::boolean : t, a0.device());
+    if (out.numel() == 0) return out;
+    backend::Broadcast plan = make_plan(s, {&a0.shape(), &b0.shape()});
+    if (a0.backend().binary_half(a0.device().index(), op, t, flux::detail::buffer_of(a0), flux::detail::buffer_of(b0),
+                                 flux::detail::buffer_of(out), plan))
+      return out;
+  }
   Tensor a = a0.dtype() == compute ? a0 : a0.cast(compute);
   Tensor b = b0.dtype() == compute ? b0 : b0.cast(compute);
   Tensor out;
@@ -360,6 +371,13 @@ template <class B> Tensor unary(const char* api, UnaryOp op, const Tensor& x0, d
   if (needs_float(op) && !is_floating(t)) t = DType::f32;
   if (t == DType::boolean) t = DType::i64;
   DType compute = is_half(t) ? DType::f32 : t;
+  // Half storage that no tape records: one pass on the backend where it has one (the same bits).
+  if (is_half(t) && x0.dtype() == t && !autodiff::tracked(x0) && !trace::active()) {
+    Tensor y = Tensor::empty(x0.shape(), t, x0.device());
+    if (x0.numel() == 0 || x0.backend().unary_half(x0.device().index(), op, t, flux::detail::buffer_of(x0),
+                                                   flux::detail::buffer_of(y), x0.numel(), alpha))
+      return y;
+  }
   Tensor x = x0.cast(compute);
   Tensor y = unary_raw(op, x, alpha);
   if (trace::active()) trace::emit(api, {x}, y, {{"alpha", {}, {alpha}}});

@@ -153,6 +153,17 @@ class CpuBackend final : public backend::Backend {
     FloatModeScope mode(t);
     cpu_backend::binary(op, t, ptr(a), ptr(b), ptr(out), p);
   }
+  // Half storage, float32 arithmetic under float32's floating-point mode (half_elementwise.cpp).
+  bool unary_half(int, backend::UnaryOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t n,
+                  double alpha) override {
+    FloatModeScope mode(DType::f32);
+    return cpu_backend::unary_half(op, t, ptr(src), ptr(dst), n, alpha);
+  }
+  bool binary_half(int, backend::BinaryOp op, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer out,
+                   const backend::Broadcast& p) override {
+    FloatModeScope mode(DType::f32);
+    return cpu_backend::binary_half(op, t, ptr(a), ptr(b), ptr(out), p);
+  }
   void where(int, DType t, backend::Buffer c, backend::Buffer a, backend::Buffer b, backend::Buffer out,
              const backend::Broadcast& p) override {
     cpu_backend::where(t, ptr(c), ptr(a), ptr(b), ptr(out), p);
