@@ -12,7 +12,7 @@
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 12;
+inline constexpr int kBackendAbiVersion = 13;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
@@ -375,6 +375,17 @@ class Backend {
     (void)comm, (void)timeout;
     synchronize(device);
     return true;
+  }
+
+  // ---- loss scaling (flux/optimisers/grad_scaler.hpp; src/backends/<name>/optimiser) ----
+  /// out = g * inv_scale over n elements of floating dtype t (f16/bf16/f32 multiply in float32, f64 in
+  /// float64; the product rounded to t); out may be g. found (one Float32 element) is set to 1 when any
+  /// element of out is not finite (inf or NaN) and left as it is otherwise, so one flag collects a
+  /// whole model. false: the core composes the same arithmetic from public ops.
+  virtual bool unscale_and_check(int device, DType t, Buffer g, Buffer out, int64_t n, double inv_scale,
+                                 Buffer found) {
+    (void)device, (void)t, (void)g, (void)out, (void)n, (void)inv_scale, (void)found;
+    return false;
   }
 };
 
