@@ -221,16 +221,35 @@ TEST(Safetensors, OverwriteIsAtomicAndKeepsTheFileMode) {
   EXPECT_EQ(model_bytes(back), model_bytes(second));
 }
 
-TEST(Safetensors, LoadConvertsDtypesLikeLoadStateDict) {
+// Loading across dtypes is never silent: an error naming every such tensor, both dtypes and the
+// option, before anything changes; LoadOptions{.convert_dtypes = true} converts as load_state_dict.
+TEST(Safetensors, LoadAcrossDtypesIsAnErrorUnlessAsked) {
   TempDir dir;
   auto model = make_mlp(2);
   TensorMap f64;
   for (auto& [name, t] : pytorch_state(model)) f64[name] = t.f64();
+  f64["1.bias"] = model.get<1>().bias;  // one tensor of the model's own dtype
   save_state(dir.file("f64.safetensors"), f64);
   auto other = make_mlp(3);
-  load(dir.file("f64.safetensors"), other);
+  const auto before = model_bytes(other);
+  expect_error([&] { load(dir.file("f64.safetensors"), other); },
+               {"[load] " + dir.file("f64.safetensors"), "dtype mismatch: '0.weight' is Float64 in the file but Float32 in the model, "
+                "'0.bias' is Float64 in the file but Float32 in the model, '1.weight' is Float64 in the file but "
+                "Float32 in the model (load(path",
+                "load(path, model, {.convert_dtypes = true}) converts them"});
+  EXPECT_EQ(model_bytes(other), before) << "a refused load changed the model";
+  load(dir.file("f64.safetensors"), other, {.convert_dtypes = true});
   EXPECT_EQ(model_bytes(other), model_bytes(model));  // f32 -> f64 -> f32 is exact
   EXPECT_EQ(other.get<0>().weight.dtype(), DType::f32);
+
+  // A checkpoint has no such option: its message says so.
+  auto opt = optimisers::setup(optimisers::Descent(0.1), model);
+  save_checkpoint(dir.file("ckpt.safetensors"), model, opt);
+  auto low = fmap([](const Tensor& t) { return t.cast(DType::bf16); }, make_mlp(4));
+  auto low_opt = optimisers::setup(optimisers::Descent(0.1), low);
+  expect_error([&] { load_checkpoint(dir.file("ckpt.safetensors"), low, low_opt); },
+               {"[load_checkpoint]", "'model.0.weight' is Float32 in the file but BFloat16 in the model",
+                "a checkpoint loads into a model and optimiser state of the dtypes it was saved from"});
 }
 
 // ---- every device to every device ----
@@ -271,6 +290,34 @@ TEST_P(SafetensorsDevices, EveryDtypeFromAndToThisDevice) {
     EXPECT_EQ(tensor_bytes(back[name]), tensor_bytes(t));
   }
 }
+// bf16 and f16 models save and load bit for bit from and to every device; a Float32 file converted
+// into them rounds exactly as Tensor::cast does (round to nearest even, PyTorch's .to(dtype)).
+TEST_P(SafetensorsDevices, LowPrecisionModelsFromThisDevice) {
+  TempDir dir;
+  Device from = GetParam();
+  save(dir.file("f32.safetensors"), make_mlp(50));
+  for (DType t : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(t));
+    auto cast = [t](const Mlp& m) { return fmap([t](const Tensor& x) { return x.cast(t); }, m); };
+    Mlp model = cast(make_mlp(50)) | from;
+    save(dir.file("low.safetensors"), model);
+    nlohmann::json header = header_json(read_bytes(dir.file("low.safetensors")));
+    EXPECT_EQ(header["0.weight"]["dtype"], t == DType::bf16 ? "BF16" : "F16");
+    for (const Device& onto : test_devices()) {
+      SCOPED_TRACE(to_string(from) + " -> " + to_string(onto));
+      Mlp other = cast(make_mlp(51)) | onto;
+      load(dir.file("low.safetensors"), other);
+      EXPECT_EQ(other.get<0>().weight.dtype(), t);
+      EXPECT_EQ(model_bytes(other), model_bytes(model));
+      Mlp converted = cast(make_mlp(52)) | onto;
+      expect_error([&] { load(dir.file("f32.safetensors"), converted); },
+                   {std::string("'0.weight' is Float32 in the file but ") + dtype_name(t) + " in the model"});
+      load(dir.file("f32.safetensors"), converted, {.convert_dtypes = true});
+      EXPECT_EQ(model_bytes(converted), model_bytes(model));
+    }
+  }
+}
+
 TEST_P(SafetensorsDevices, CheckpointFromThisDeviceRestoresOntoEvery) {
   TempDir dir;
   Device from = GetParam();

@@ -389,6 +389,17 @@ class Backend {
     (void)device, (void)op, (void)t, (void)a, (void)b, (void)out, (void)plan;
     return false;
   }
+
+  // ---- loss scaling (flux/optimisers/grad_scaler.hpp; src/backends/<name>/optimiser) ----
+  /// out = g * inv_scale over n elements of floating dtype t (f16/bf16/f32 multiply in float32, f64 in
+  /// float64; the product rounded to t); out may be g. found (one Float32 element) is set to 1 when any
+  /// element of out is not finite (inf or NaN) and left as it is otherwise, so one flag collects a
+  /// whole model. false: the core composes the same arithmetic from public ops.
+  virtual bool unscale_and_check(int device, DType t, Buffer g, Buffer out, int64_t n, double inv_scale,
+                                 Buffer found) {
+    (void)device, (void)t, (void)g, (void)out, (void)n, (void)inv_scale, (void)found;
+    return false;
+  }
 };
 
 /// What a plugin's one exported symbol returns.

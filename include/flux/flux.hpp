@@ -35,6 +35,7 @@
 #include "flux/nn/recurrent.hpp"
 #include "flux/nn/show.hpp"
 #include "flux/ops.hpp"
+#include "flux/optimisers/grad_scaler.hpp"
 #include "flux/optimisers/optimisers.hpp"
 #include "flux/out_of_memory.hpp"
 #include "flux/precision.hpp"

@@ -242,15 +242,18 @@ class AtomicFile {
 
 constexpr size_t kStagingBytes = size_t(64) << 20;
 
-/// Copies the file's tensors into `targets` after checking that every name and shape matches (nothing
-/// is copied otherwise, so a file that does not match leaves the targets as they were).
-Metadata load_from(const std::string& context, const Reader& reader, const io_detail::Targets& targets) {
+/// Copies the file's tensors into `targets` after checking that every name, shape and (unless
+/// options->convert_dtypes) dtype matches (nothing is copied otherwise, so a file that does not match
+/// leaves the targets as they were). options null: an API without LoadOptions (checkpoints).
+Metadata load_from(const std::string& context, const Reader& reader, const io_detail::Targets& targets,
+                   const LoadOptions* options) {
   std::map<std::string, const safetensors::Entry*> in_file;
   for (const safetensors::Entry& e : reader.layout.entries) in_file.emplace(e.name, &e);
 
   // Check everything before copying anything, so a bad file leaves the model as it was.
-  std::vector<std::string> missing, extra, mismatched;
+  std::vector<std::string> missing, extra, mismatched, retyped;
   std::set<std::string> wanted;
+  const bool convert = options && options->convert_dtypes;
   for (const auto& [name, t] : targets) {
     wanted.insert(name);
     auto it = in_file.find(name);
@@ -261,10 +264,13 @@ Metadata load_from(const std::string& context, const Reader& reader, const io_de
     if (Shape(it->second->shape) != t.shape())
       mismatched.push_back("'" + name + "' is " + to_string(Shape(it->second->shape)) + " in the file but " +
                            to_string(t.shape()) + " in the model");
+    else if (it->second->dtype != t.dtype() && !convert)
+      retyped.push_back("'" + name + "' is " + dtype_name(it->second->dtype) + " in the file but " +
+                        dtype_name(t.dtype()) + " in the model");
   }
   for (const auto& [name, e] : in_file)
     if (!wanted.count(name)) extra.push_back(name);
-  if (!missing.empty() || !extra.empty() || !mismatched.empty()) {
+  if (!missing.empty() || !extra.empty() || !mismatched.empty() || !retyped.empty()) {
     std::ostringstream os;
     os << context << ": the file does not match the model:";
     if (!missing.empty()) os << " missing from the file: " << list_names(missing) << ";";
@@ -272,6 +278,15 @@ Metadata load_from(const std::string& context, const Reader& reader, const io_de
     if (!mismatched.empty()) {
       os << " shape mismatch:";
       for (size_t i = 0; i < mismatched.size() && i < 8; ++i) os << (i ? ", " : " ") << mismatched[i];
+      os << ";";
+    }
+    if (!retyped.empty()) {
+      os << " dtype mismatch:";
+      for (size_t i = 0; i < retyped.size() && i < 8; ++i) os << (i ? ", " : " ") << retyped[i];
+      if (retyped.size() > 8) os << ", ... (" << retyped.size() << " in all)";
+      os << (options ? " (load(path, model, {.convert_dtypes = true}) converts them, or convert the model to the "
+                       "file's dtypes first)"
+                     : " (a checkpoint loads into a model and optimiser state of the dtypes it was saved from)");
       os << ";";
     }
     std::string message = os.str();
@@ -349,9 +364,10 @@ void save_named(const std::string& api, const std::string& path, const Targets& 
   file.commit();
 }
 
-Metadata load_into(const std::string& api, const std::string& path, const Targets& targets) {
+Metadata load_into(const std::string& api, const std::string& path, const Targets& targets,
+                   const LoadOptions& options) {
   const std::string context = context_of(api, path);
-  return load_from(context, Reader(context, path), targets);
+  return load_from(context, Reader(context, path), targets, &options);
 }
 
 namespace {
@@ -381,7 +397,25 @@ void add_optimiser_state(const optimisers::State& s, Targets& out) {
   for (size_t i = 0; i < s.leaves.size(); ++i) add_leaf(s.leaves[i], "optimiser." + std::to_string(i), out);
 }
 
-Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_targets, optimisers::State& s) {
+namespace {
+// PyTorch GradScaler's state_dict keys, as host scalars.
+constexpr const char* kScalerPrefix = "grad_scaler.";
+}  // namespace
+
+void add_grad_scaler_state(const optimisers::GradScaler& scaler, Targets& out) {
+  const optimisers::GradScaler::SavedState s = scaler.saved_state();
+  auto f64 = [](double v) { return Tensor(std::vector<double>{v}, Shape{}); };
+  auto i64 = [](int64_t v) { return Tensor(std::vector<int64_t>{v}, Shape{}); };
+  const std::string p = kScalerPrefix;
+  out.emplace_back(p + "scale", f64(s.scale));
+  out.emplace_back(p + "growth_factor", f64(s.growth_factor));
+  out.emplace_back(p + "backoff_factor", f64(s.backoff_factor));
+  out.emplace_back(p + "growth_tracker", i64(s.growth_tracker));
+  out.emplace_back(p + "growth_interval", i64(s.growth_interval));
+}
+
+Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_targets, optimisers::State& s,
+                                 optimisers::GradScaler* scaler) {
   // One open and one header parse: errors name load_checkpoint, and the metadata checked below belong to
   // the tensors loaded (a save replacing the file in between cannot mix two files).
   const std::string context = context_of("load_checkpoint", path);
@@ -391,12 +425,39 @@ Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_t
     detail::fail(context, ": not a flux checkpoint (no \"flux.format\" in __metadata__); use load() for a model file");
   if (s.rule && meta.count("flux.rule") && rule_kind(meta["flux.rule"]) != rule_kind(s.rule->name()))
     detail::fail(context, ": the checkpoint's optimiser is ", meta["flux.rule"], " but opt_state's is ", s.rule->name());
+  bool file_has_scaler = false;
+  for (const safetensors::Entry& e : reader.layout.entries)
+    if (e.name.rfind(kScalerPrefix, 0) == 0) file_has_scaler = true;
+  if (file_has_scaler && !scaler)
+    detail::fail(context, ": the checkpoint holds a GradScaler's state (grad_scaler.*); pass the scaler: ",
+                 "load_checkpoint(path, model, opt_state, scaler)");
+  if (!file_has_scaler && scaler)
+    detail::fail(context, ": the checkpoint holds no GradScaler state (it was saved without a scaler); load it ",
+                 "with load_checkpoint(path, model, opt_state)");
   Targets all;
   for (const auto& [name, t] : model_targets) all.emplace_back("model." + name, t);
   std::vector<std::pair<int64_t*, Tensor>> steps;
   for (size_t i = 0; i < s.leaves.size(); ++i) leaf_targets(s.leaves[i], "optimiser." + std::to_string(i), all, steps);
-  load_from(context, reader, all);
+  Targets scaler_targets;
+  if (scaler) {
+    add_grad_scaler_state(*scaler, scaler_targets);  // host scalars of the right dtypes, overwritten below
+    all.insert(all.end(), scaler_targets.begin(), scaler_targets.end());
+  }
+  load_from(context, reader, all, nullptr);
   for (auto& [dst, t] : steps) *dst = t.item<int64_t>();
+  if (scaler) {
+    std::map<std::string, Tensor> v(scaler_targets.begin(), scaler_targets.end());
+    const std::string p = kScalerPrefix;
+    optimisers::GradScaler::SavedState st{v.at(p + "scale").item<double>(), v.at(p + "growth_factor").item<double>(),
+                                          v.at(p + "backoff_factor").item<double>(),
+                                          v.at(p + "growth_tracker").item<int64_t>(),
+                                          v.at(p + "growth_interval").item<int64_t>()};
+    try {
+      scaler->load_saved_state(st);
+    } catch (const Error& e) {
+      detail::fail(context, ": ", e.what());
+    }
+  }
   return meta;
 }
 

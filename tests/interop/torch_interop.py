@@ -9,6 +9,7 @@ a multiple of 8, then the raw little-endian data, tensors sorted by alignment th
 usage: torch_interop.py HELPER WORKDIR   (HELPER: the safetensors_interop executable)
 Exits 77 (skipped) when torch is missing, unless CI or FLUX_REQUIRE_INTEROP is set.
 """
+import copy
 import json
 import os
 import struct
@@ -27,6 +28,7 @@ except ImportError as e:
 DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
           torch.int32: "I32", torch.int64: "I64", torch.uint8: "U8", torch.bool: "BOOL"}
 CODES = {v: k for k, v in DTYPES.items()}
+LOW = ((torch.bfloat16, "bf16"), (torch.float16, "f16"))
 
 
 def raw_bytes(t):
@@ -111,6 +113,14 @@ def main():
         "scalar": torch.tensor(3.5), "empty": torch.empty(0, 2),
     }
     save_safetensors(f"{work}/torch_dtypes.safetensors", dtypes, {"origin": "torch"})
+    # The same model as PyTorch's bf16 and f16 state dicts (model.to(dtype): round to nearest even),
+    # with the bf16 model's own outputs (PyTorch 1.13 has no Float16 Linear on the CPU).
+    for dtype, tag in LOW:
+        low = copy.deepcopy(model).to(dtype)
+        save_safetensors(f"{work}/torch_model_{tag}.safetensors", low.state_dict())
+    with torch.no_grad():
+        y_bf16 = copy.deepcopy(model).to(torch.bfloat16)(x.bfloat16())
+    save_safetensors(f"{work}/torch_io_bf16.safetensors", {"x": x.bfloat16(), "y": y_bf16})
 
     run = subprocess.run([helper, work], capture_output=True, text=True)
     print(run.stdout, end="")
@@ -140,6 +150,38 @@ def main():
         assert back[name].dtype == t.dtype and back[name].shape == t.shape, name
         assert raw_bytes(back[name]) == raw_bytes(t), f"{name} changed on the way through flux"
     print(f"dtypes round trip through flux: {', '.join(DTYPES[t.dtype] for t in dtypes.values())} identical")
+
+    # Low precision both ways. PyTorch's bf16/f16 state dicts went through flux's bf16/f16 models (load,
+    # then save) unchanged, bit for bit.
+    for dtype, tag in LOW:
+        mine, _ = load_safetensors(f"{work}/torch_model_{tag}.safetensors")
+        back, _ = load_safetensors(f"{work}/flux_from_torch_{tag}.safetensors")
+        assert sorted(back) == sorted(mine), sorted(back)
+        for name in mine:
+            assert back[name].dtype == dtype, (tag, name, back[name].dtype)
+            assert raw_bytes(back[name]) == raw_bytes(mine[name]), f"{tag} {name} changed on the way through flux"
+    # flux's own model saved as bf16/f16 loads strictly into PyTorch's model of that dtype, and equals
+    # PyTorch's rounding of flux's float32 weights bit for bit.
+    flux32, _ = load_safetensors(f"{work}/flux_model.safetensors")
+    for dtype, tag in LOW:
+        low_state, meta = load_safetensors(f"{work}/flux_model_{tag}.safetensors")
+        assert meta.get("written_by") == "flux-cpp", meta
+        theirs = sequential().to(dtype)
+        theirs.load_state_dict(low_state, strict=True)
+        for name, t in theirs.state_dict().items():
+            assert t.dtype == dtype, (tag, name, t.dtype)
+            assert raw_bytes(t) == raw_bytes(flux32[name].to(dtype)), f"{tag} {name}: flux's rounding differs from PyTorch's"
+    # ... and computes what flux's bf16 model computed (both round each layer's output to bf16).
+    io16, _ = load_safetensors(f"{work}/flux_io_bf16.safetensors")
+    theirs = sequential().to(torch.bfloat16)
+    theirs.load_state_dict(load_safetensors(f"{work}/flux_model_bf16.safetensors")[0], strict=True)
+    with torch.no_grad():
+        err16 = (theirs(io16["x"]).float() - io16["y"].float()).abs().max().item()
+    print(f"flux bf16 -> torch bf16: max |torch - flux| = {err16:.3g}")
+    if not err16 <= 0.05:
+        print("FAIL: PyTorch's bf16 outputs for flux's bf16 model differ by more than 0.05")
+        return 1
+    print("bf16/f16 state dicts identical both ways")
     print(f"interop OK (torch {torch.__version__})")
     return 0
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cctype>
 #include <cstdlib>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -374,6 +375,83 @@ TEST(Mpi, ShardedShuffleCoversTheDataOnce) {
     }
     previous = all;
   }
+}
+
+// ---- loss scaling (flux/optimisers/grad_scaler.hpp): every rank takes the same skip decision ----
+
+namespace {
+struct ScaledPair {
+  Tensor a, b;
+};
+FLUX_LAYER(ScaledPair, a, b)
+}  // namespace
+
+// Only the last rank's gradient holds an inf (each rank unscales its own, unaveraged gradient): with
+// the communicator every rank skips, and all scales stay equal; a rank-local scaler would step on
+// the other ranks (what the flag's allreduce prevents).
+TEST_P(MpiDevices, GradScalerSkipsOnEveryRankWhenOneRankOverflows) {
+  auto comm = world();
+  FLUX_RANK_DEVICE(dev, GetParam());
+  const int p = comm.size(), r = comm.rank();
+  for (DType t : {DType::f32, DType::f16}) {
+    SCOPED_TRACE(dtype_name(t));
+    ScaledPair model{to(Tensor(std::vector<double>{1, -2, 3}, Shape{3}).cast(t), dev),
+                     to(Tensor(std::vector<double>{0.5}, Shape{1}).cast(t), dev)};
+    ScaledPair alone = deepcopy(model);
+    optimisers::State opt = optimisers::setup(optimisers::Descent(0.1), model);
+    optimisers::State alone_opt = optimisers::setup(optimisers::Descent(0.1), alone);
+    optimisers::GradScaler shared({.init_scale = 1024, .comm = comm});
+    optimisers::GradScaler local({.init_scale = 1024});  // this rank alone
+    const double x1 = r == p - 1 ? std::numeric_limits<double>::infinity() : 2.0;
+    Tensor x = to(Tensor(std::vector<double>{1, x1, 3}, Shape{3}).cast(t), dev);
+    auto grads_of = [&](const ScaledPair& m, optimisers::GradScaler& s) {
+      return gradient([&](auto& mm) { return s.scale(add(sum(mul(mm.a, x)).f32(), sum(mm.b).f32())); }, m);
+    };
+    const bool stepped = shared.step(opt, model, grads_of(model, shared));
+    shared.update();
+    EXPECT_FALSE(stepped) << "rank " << r;
+    EXPECT_EQ(shared.get_scale(), 512.0);
+    EXPECT_EQ(model.a.to_vector<double>(), (std::vector<double>{1, -2, 3})) << "rank " << r << " stepped";
+    EXPECT_TRUE(same_on_all_ranks(Tensor(std::vector<double>{stepped ? 1.0 : 0.0, shared.get_scale()}, Shape{2})));
+    // Without the communicator each rank decides alone: only the last rank skips.
+    EXPECT_EQ(local.step(alone_opt, alone, grads_of(alone, local)), r != p - 1);
+    local.update();
+    // A finite iteration: every rank steps, and the tracker counts it everywhere.
+    auto fine = gradient([&](auto& m) { return shared.scale(add(sum(m.a).f32(), sum(m.b).f32())); }, model);
+    EXPECT_TRUE(shared.step(opt, model, fine));
+    shared.update();
+    EXPECT_EQ(shared.growth_tracker(), 1);
+    EXPECT_TRUE(same_on_all_ranks(model.a.f64()));
+  }
+  distributed::barrier(comm);
+}
+
+// The whole pipeline: distributed::withgradient averages the scaled gradients (an inf on one rank
+// makes every rank's average inf), the scaler skips everywhere, and a finite step keeps the replicas
+// equal.
+TEST_P(MpiDevices, GradScalerWithDistributedWithgradient) {
+  auto comm = world();
+  FLUX_RANK_DEVICE(dev, GetParam());
+  const int p = comm.size(), r = comm.rank();
+  seed(5);
+  auto model = distributed::broadcast(comm, Chain(Dense(3, 4, relu), Dense(4, 1)) | dev, 0);
+  optimisers::State opt = optimisers::setup(optimisers::Adam(1e-2), model);
+  optimisers::GradScaler scaler({.init_scale = 256, .growth_interval = 2, .comm = comm});
+  Tensor x = to(mul(ones({2, 3}), Tensor::scalar(double(r + 1))), dev), y = to(zeros({2, 1}), dev);
+  for (int step = 0; step < 4; ++step) {
+    const bool poison = step == 1 && r == p - 1;
+    Tensor weight = Tensor::scalar(poison ? std::numeric_limits<double>::quiet_NaN() : 1.0);
+    auto [loss, grads] = distributed::withgradient(
+        comm, [&](auto& m) { return scaler.scale(mul(mse(m(x), y), to(weight, dev))); }, model);
+    const bool stepped = scaler.step(opt, model, grads);
+    scaler.update();
+    EXPECT_EQ(stepped, step != 1) << "step " << step << " rank " << r;
+    for (const Tensor& w : params(model)) EXPECT_TRUE(same_on_all_ranks(w)) << "step " << step;
+  }
+  // 256, skip -> 128, then two finite steps -> 256.
+  EXPECT_EQ(scaler.get_scale(), 256.0);
+  EXPECT_EQ(scaler.growth_tracker(), 0);
+  distributed::barrier(comm);
 }
 
 int main(int argc, char** argv) {

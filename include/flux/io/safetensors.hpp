@@ -19,6 +19,7 @@
 
 #include "flux/functor.hpp"
 #include "flux/nn/chain.hpp"
+#include "flux/optimisers/grad_scaler.hpp"
 #include "flux/optimisers/optimisers.hpp"
 #include "flux/tensor.hpp"
 
@@ -36,12 +37,20 @@ template <class M> std::vector<std::pair<std::string, Tensor>> pytorch_state(con
 /// `chain_prefixes` are the dotted paths at which a Chain's "layers" field sits.
 std::string pytorch_name(const std::string& flux_name, const std::vector<std::string>& chain_prefixes);
 
+/// How load() treats a file that differs from the model.
+struct LoadOptions {
+  /// A tensor whose dtype in the file differs from the model's (a bf16 state_dict into a Float32
+  /// model, ...) is converted as PyTorch's load_state_dict does (round to nearest even into f16/bf16).
+  /// false (the default): such a tensor is an error naming it and both dtypes; never silent.
+  bool convert_dtypes = false;
+};
+
 /// Writes every tensor of `model` (on any device) to `path`, atomically.
 template <class M> void save(const std::string& path, const M& model, const Metadata& metadata = {});
-/// Copies the tensors in `path` into `model`'s existing tensors on whatever device each lives
-/// (dtypes are converted as PyTorch's load_state_dict does). Errors on missing or extra names and
-/// on shape mismatches, before changing anything.
-template <class M> void load(const std::string& path, M& model);
+/// Copies the tensors in `path` into `model`'s existing tensors on whatever device each lives, bit
+/// for bit. Errors on missing or extra names, on shape mismatches and (unless options.convert_dtypes)
+/// on dtype mismatches, before changing anything.
+template <class M> void load(const std::string& path, M& model, LoadOptions options = {});
 
 /// Writes a name -> tensor map (tensors on any devices), atomically.
 void save_state(const std::string& path, const TensorMap& tensors, const Metadata& metadata = {});
@@ -59,6 +68,15 @@ void save_checkpoint(const std::string& path, const M& model, const optimisers::
 /// Restores `model` and `opt_state` (made by optimisers::setup with the same rule) from a checkpoint;
 /// returns its metadata. Training then resumes with bit-identical steps on the CPU.
 template <class M> Metadata load_checkpoint(const std::string& path, M& model, optimisers::State& opt_state);
+/// With a loss scaler (Float16 training): its state is saved as "grad_scaler.scale", ".growth_tracker",
+/// ".growth_factor", ".backoff_factor", ".growth_interval" (PyTorch GradScaler's state_dict), and
+/// loaded back. A checkpoint saved with a scaler must be loaded with one, and the other way round.
+template <class M>
+void save_checkpoint(const std::string& path, const M& model, const optimisers::State& opt_state,
+                     const optimisers::GradScaler& scaler, const Metadata& metadata = {});
+template <class M>
+Metadata load_checkpoint(const std::string& path, M& model, optimisers::State& opt_state,
+                         optimisers::GradScaler& scaler);
 
 // ---------------------------------------------------------------------------------------------
 namespace io_detail {
@@ -85,10 +103,14 @@ template <class M> void chain_paths(const M& m, const std::string& prefix, std::
 /// One named destination for load: the model's tensor to copy into.
 using Targets = std::vector<std::pair<std::string, Tensor>>;
 /// Copies the file's tensors into `targets` (all names must match exactly); returns the metadata.
-Metadata load_into(const std::string& api, const std::string& path, const Targets& targets);
+Metadata load_into(const std::string& api, const std::string& path, const Targets& targets,
+                   const LoadOptions& options = {});
 void save_named(const std::string& api, const std::string& path, const Targets& tensors, const Metadata& metadata);
 void add_optimiser_state(const optimisers::State& s, Targets& out);
-Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_targets, optimisers::State& s);
+void add_grad_scaler_state(const optimisers::GradScaler& scaler, Targets& out);
+/// scaler: null when the caller has none (the file must then hold no scaler state).
+Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_targets, optimisers::State& s,
+                                 optimisers::GradScaler* scaler = nullptr);
 
 }  // namespace io_detail
 
@@ -104,24 +126,45 @@ template <class M> void save(const std::string& path, const M& model, const Meta
   io_detail::save_named("save", path, pytorch_state(model), metadata);
 }
 
-template <class M> void load(const std::string& path, M& model) {
-  io_detail::load_into("load", path, pytorch_state(model));
+template <class M> void load(const std::string& path, M& model, LoadOptions options) {
+  io_detail::load_into("load", path, pytorch_state(model), options);
 }
+
+namespace io_detail {
+template <class M>
+void save_checkpoint_with(const std::string& path, const M& model, const optimisers::State& opt_state,
+                          const optimisers::GradScaler* scaler, const Metadata& metadata) {
+  Targets all;
+  for (auto& [name, t] : pytorch_state(model)) all.emplace_back("model." + name, t);
+  add_optimiser_state(opt_state, all);
+  if (scaler) add_grad_scaler_state(*scaler, all);
+  Metadata meta = metadata;
+  meta["flux.format"] = "checkpoint/1";
+  if (opt_state.rule) meta["flux.rule"] = opt_state.rule->name();
+  save_named("save_checkpoint", path, all, meta);
+}
+}  // namespace io_detail
 
 template <class M>
 void save_checkpoint(const std::string& path, const M& model, const optimisers::State& opt_state,
                      const Metadata& metadata) {
-  io_detail::Targets all;
-  for (auto& [name, t] : pytorch_state(model)) all.emplace_back("model." + name, t);
-  io_detail::add_optimiser_state(opt_state, all);
-  Metadata meta = metadata;
-  meta["flux.format"] = "checkpoint/1";
-  if (opt_state.rule) meta["flux.rule"] = opt_state.rule->name();
-  io_detail::save_named("save_checkpoint", path, all, meta);
+  io_detail::save_checkpoint_with(path, model, opt_state, nullptr, metadata);
 }
 
 template <class M> Metadata load_checkpoint(const std::string& path, M& model, optimisers::State& opt_state) {
   return io_detail::load_checkpoint_tensors(path, pytorch_state(model), opt_state);
+}
+
+template <class M>
+void save_checkpoint(const std::string& path, const M& model, const optimisers::State& opt_state,
+                     const optimisers::GradScaler& scaler, const Metadata& metadata) {
+  io_detail::save_checkpoint_with(path, model, opt_state, &scaler, metadata);
+}
+
+template <class M>
+Metadata load_checkpoint(const std::string& path, M& model, optimisers::State& opt_state,
+                         optimisers::GradScaler& scaler) {
+  return io_detail::load_checkpoint_tensors(path, pytorch_state(model), opt_state, &scaler);
 }
 
 }  // namespace flux

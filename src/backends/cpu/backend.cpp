@@ -201,6 +201,11 @@ class CpuBackend final : public backend::Backend {
     FloatModeScope mode(t);
     cpu_backend::adam_step(t, ptr(x), ptr(g), ptr(m), ptr(v), n, s);
   }
+  bool unscale_and_check(int, DType t, backend::Buffer g, backend::Buffer out, int64_t n, double inv_scale,
+                         backend::Buffer found) override {
+    FloatModeScope mode(is_floating(t) && t != DType::f64 ? DType::f32 : t);
+    return cpu_backend::unscale_and_check(t, ptr(g), ptr(out), n, inv_scale, static_cast<float*>(ptr(found)));
+  }
   void random_uniform(int, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
     cpu_backend::random_uniform(t, ptr(dst), n, seed, offset);
   }

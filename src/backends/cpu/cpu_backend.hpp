@@ -67,6 +67,9 @@ bool softmax_backward(DType t, const void* y, const void* g, void* dx, int64_t o
 void gather(DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);
 void scatter_add(DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);
 void adam_step(DType t, void* x, const void* g, void* m, void* v, int64_t n, const backend::AdamStep& s);
+/// Loss scaling (optimiser.cpp, Backend::unscale_and_check): out = g * inv_scale; *found = 1 when a
+/// result is not finite. f16/bf16/f32/f64.
+bool unscale_and_check(DType t, const void* g, void* out, int64_t n, double inv_scale, float* found);
 /// n counter-based uniforms in [0, 1) (random.cpp), exactly backend.hpp's formula; f32 or f64.
 void random_uniform(DType t, void* dst, int64_t n, uint64_t seed, uint64_t offset);
 /// Fused batch normalisation over (n, c, s) (normalisation.cpp); null weight/bias/dweight/dbias: none.

@@ -1,10 +1,13 @@
 // Fused optimiser steps (one pass over each parameter), on the CPU.
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
+#include "src/half_bits.hpp"
 
 namespace flux::cpu_backend {
 
@@ -44,6 +47,98 @@ void adam_step(DType t, void* x, const void* g, void* m, void* v, int64_t n, con
       break;
     default: detail::fail("[Adam] needs floating-point parameters, got ", dtype_name(t));
   }
+}
+
+namespace {
+// Loss scaling: out = g * inv over [b, e), true when some result is not finite. The test looks at the
+// stored bits (all exponent bits set: inf or NaN), so it vectorises and sees exactly what was written.
+FLUX_CPU_INLINE bool unscale_f32_body(const float* g, float* out, int64_t b, int64_t e, float inv) {
+  uint32_t bad = 0;
+  for (int64_t i = b; i < e; ++i) {
+    float v = g[i] * inv;
+    out[i] = v;
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    bad |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad != 0;
+}
+FLUX_CPU_INLINE bool unscale_f64_body(const double* g, double* out, int64_t b, int64_t e, double inv) {
+  uint64_t bad = 0;
+  for (int64_t i = b; i < e; ++i) {
+    double v = g[i] * inv;
+    out[i] = v;
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    bad |= uint64_t((bits & 0x7ff0000000000000ull) == 0x7ff0000000000000ull);
+  }
+  return bad != 0;
+}
+// Float16 / BFloat16: through float32, rounded to nearest even as every cast in flux.
+FLUX_CPU_INLINE bool unscale_f16_body(const uint16_t* g, uint16_t* out, int64_t b, int64_t e, float inv) {
+  uint32_t bad = 0;
+  for (int64_t i = b; i < e; ++i) {
+    uint16_t h = half_bits::from_float(half_bits::to_float(g[i]) * inv);
+    out[i] = h;
+    bad |= uint32_t((h & 0x7c00u) == 0x7c00u);
+  }
+  return bad != 0;
+}
+FLUX_CPU_INLINE bool unscale_bf16_body(const uint16_t* g, uint16_t* out, int64_t b, int64_t e, float inv) {
+  uint32_t bad = 0;
+  for (int64_t i = b; i < e; ++i) {
+    uint16_t h = half_bits::bfloat16_from_float(half_bits::bfloat16_to_float(g[i]) * inv);
+    out[i] = h;
+    bad |= uint32_t((h & 0x7f80u) == 0x7f80u);
+  }
+  return bad != 0;
+}
+template <class... A> bool unscale_f32(A... a) { return unscale_f32_body(a...); }
+template <class... A> FLUX_CPU_TARGET_AVX2 bool unscale_f32_avx2(A... a) { return unscale_f32_body(a...); }
+template <class... A> FLUX_CPU_TARGET_AVX512 bool unscale_f32_avx512(A... a) { return unscale_f32_body(a...); }
+
+template <class T, class Range> bool unscale_parallel(const void* g, void* out, int64_t n, Range range) {
+  std::atomic<bool> bad{false};
+  parallel_for(n, 1 << 15, [&](int64_t b, int64_t e) {
+    if (range(static_cast<const T*>(g), static_cast<T*>(out), b, e)) bad.store(true, std::memory_order_relaxed);
+  });
+  return bad.load();
+}
+}  // namespace
+
+bool unscale_and_check(DType t, const void* g, void* out, int64_t n, double inv_scale, float* found) {
+  if (n <= 0) return true;
+  const float inv32 = float(inv_scale);
+  bool bad = false;
+  switch (t) {
+    case DType::f32:
+      bad = unscale_parallel<float>(g, out, n, [&](const float* s, float* d, int64_t b, int64_t e) {
+        switch (active_isa()) {
+          case Isa::avx512: return unscale_f32_avx512(s, d, b, e, inv32);
+          case Isa::avx2: return unscale_f32_avx2(s, d, b, e, inv32);
+          default: return unscale_f32(s, d, b, e, inv32);
+        }
+      });
+      break;
+    case DType::f64:
+      bad = unscale_parallel<double>(g, out, n, [&](const double* s, double* d, int64_t b, int64_t e) {
+        return unscale_f64_body(s, d, b, e, inv_scale);
+      });
+      break;
+    case DType::f16:
+      bad = unscale_parallel<uint16_t>(g, out, n, [&](const uint16_t* s, uint16_t* d, int64_t b, int64_t e) {
+        return unscale_f16_body(s, d, b, e, inv32);
+      });
+      break;
+    case DType::bf16:
+      bad = unscale_parallel<uint16_t>(g, out, n, [&](const uint16_t* s, uint16_t* d, int64_t b, int64_t e) {
+        return unscale_bf16_body(s, d, b, e, inv32);
+      });
+      break;
+    default: detail::fail("[GradScaler] can only unscale floating-point gradients, got ", dtype_name(t));
+  }
+  if (bad) *found = 1.0f;
+  return true;
 }
 
 }  // namespace flux::cpu_backend

@@ -338,6 +338,11 @@ class GpuBackend final : public backend::Backend {
                  int64_t n, const backend::AdamStep& s) override {
     cuda_backend::adam_step(use(device).stream, t, ptr(x), ptr(g), ptr(m), ptr(v), n, s);
   }
+  bool unscale_and_check(int device, DType t, backend::Buffer g, backend::Buffer out, int64_t n, double inv_scale,
+                         backend::Buffer found) override {
+    cuda_backend::unscale_and_check(use(device).stream, t, ptr(g), ptr(out), n, inv_scale, static_cast<float*>(ptr(found)));
+    return true;
+  }
 
   // ---- convolution, pooling, random: conv.cu, pooling.cu, random.cu ----
   void im2col(int device, DType t, backend::Buffer x, backend::Buffer col, const backend::ConvGeometry& g) override {

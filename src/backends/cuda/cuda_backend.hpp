@@ -28,6 +28,8 @@ void softmax(Stream s, DType t, const void* src, void* dst, int64_t outer, int64
 void gather(Stream s, DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);
 void scatter_add(Stream s, DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);
 void adam_step(Stream s, DType t, void* x, const void* g, void* m, void* v, int64_t n, const backend::AdamStep& step);
+/// Loss scaling (optimiser.cu; Backend::unscale_and_check): f16/bf16/f32/f64.
+void unscale_and_check(Stream s, DType t, const void* g, void* out, int64_t n, double inv_scale, float* found);
 
 /// "cuBLAS 13.0.0" or "own tiled GEMM kernel (no rocBLAS)".
 std::string blas_version();

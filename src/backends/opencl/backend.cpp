@@ -558,6 +558,10 @@ class OpenCLBackend final : public backend::Backend {
                  const backend::AdamStep& s) override {
     opencl::adam_step(d, t, x, g, m, v, n, s);
   }
+  bool unscale_and_check(int d, DType t, backend::Buffer g, backend::Buffer out, int64_t n, double inv_scale,
+                         backend::Buffer found) override {
+    return opencl::unscale_and_check(d, t, g, out, n, inv_scale, found);
+  }
   void im2col(int d, DType t, backend::Buffer x, backend::Buffer col, const backend::ConvGeometry& g) override {
     opencl::im2col(d, t, x, col, g);
   }

@@ -175,6 +175,9 @@ void scatter_add(int d, DType t, backend::Buffer src, backend::Buffer idx, backe
                  int64_t len, int64_t inner, int64_t nidx);
 void adam_step(int d, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer m, backend::Buffer v, int64_t n,
                const backend::AdamStep& s);
+/// Loss scaling (optimiser.cpp; Backend::unscale_and_check): f16/bf16/f32/f64.
+bool unscale_and_check(int d, DType t, backend::Buffer g, backend::Buffer out, int64_t n, double inv_scale,
+                       backend::Buffer found);
 
 /// A ConvGeometry as kernel arguments: (D, H, W, unused) with LEADING length-1 axes for 1-D and 2-D.
 struct WindowArgs {
