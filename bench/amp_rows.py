@@ -169,14 +169,15 @@ def run(rb, args, peers, info, flux, threads):
                    " | ".join(rb.fmt(rss(c)) for c in cols) +
                    f" | {'—' if ratio is None else f'{ratio:.2f}× RSS'} | — | — | {target} | {met} |")
     print("\n".join(out))
-    before = ", ".join(f"{COLUMNS[c].format(units='', **names)} {rb.fmt(results.get((c, t), {}).get(RSS[1]))} @{t}"
-                       for c in cols for t in threads if results.get((c, t), {}).get(RSS[1]))
+    before = ", ".join(f"{COLUMNS[c].format(units='', **names)} {rb.fmt(v)}" for c in cols
+                       for v in [next((results[(c, t)][RSS[1]] for t in threads if RSS[1] in results.get((c, t), {})), None)]
+                       if v)
     print(f"\nMixed-precision rows: {line}. Speed-ups are float32 time / bf16 time (above 1: bf16 faster). "
           "One wait setting per thread count (PASSIVE at 2+). " +
           ("" if has_units else "On this CPU flux's autocast warns once and computes float32 (its bf16 column is a "
            "float32 figure); FLUX_AUTOCAST_EMULATE=1 keeps bf16 storage with float32 arithmetic; the peers' bf16 is "
            "emulated in software; LibTorch 1.13's bf16 is not run (its bf16 Linear is ~100x its float32 here). ") +
-          f"RSS before training (MB): {before or '—'}.")
+          f"RSS of the ResNet-18 training processes before training (MB): {before or '—'}.")
     missing = [c for c in ("flux_bf16",) if not any(results.get((c, t)) for t in threads)]
     if missing:
         print("flux bf16 autocast: not measured (flux_bench was built without flux/autocast.hpp).")
