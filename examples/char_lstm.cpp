@@ -22,6 +22,7 @@
 // Exit status: see examples/example_support.hpp (3: the text is missing, 5: the device is not available).
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <iostream>
 #include <random>
 
@@ -42,12 +43,13 @@ struct Options {
   double max_loss = -1, min_drop = -1;
   int64_t sample = 400;
   std::string path = std::string(FLUX_SOURCE_DIR) + "/data/kjv_genesis_exodus.txt.gz";
+  std::optional<DType> autocast;  // --autocast bf16|f16: mixed-precision training (flux/autocast.hpp)
 };
 
 void print_usage(std::FILE* to, const char* argv0) {
   std::fprintf(to,
                "usage: %s [--epochs N] [--device NAME[:i]] [--hidden H] [--seq-len T] [--batchsize N] [--lr X] "
-               "[--seed N] [--train-limit N] [--valid-limit N] [--max-loss L] [--min-drop D] [--sample N] [text file]\n",
+               "[--seed N] [--autocast bf16|f16] [--train-limit N] [--valid-limit N] [--max-loss L] [--min-drop D] [--sample N] [text file]\n",
                argv0);
 }
 
@@ -73,6 +75,11 @@ Options parse_args(int argc, char** argv) {
     } else if (args.is("--lr")) {
       o.lr = args.number();
       if (!(o.lr > 0)) throw UsageError("--lr must be positive");
+    } else if (args.is("--autocast")) {
+      const std::string v = args.value();
+      if (v == "bf16") o.autocast = BFloat16;
+      else if (v == "f16") o.autocast = Float16;
+      else throw UsageError("--autocast expects bf16 or f16; got '" + v + "'");
     } else if (args.is("--seed")) {
       o.seed = uint64_t(args.integer(0, 1LL << 62));
     } else if (args.is("--train-limit")) {
@@ -201,7 +208,8 @@ int run(const Options& opt) {
     for (auto [ids, next] : loader) {
       auto [x, y] = encode(ids, next, V);
       Tensor xd = to(x, dev), yd = to(y, dev);
-      auto [loss, grads] = withgradient([&](const CharModel& m) { return logitcrossentropy(m(xd), yd); }, model);
+      auto [loss, grads] =
+          withgradient([&](const CharModel& m) { return logitcrossentropy(m(xd), yd); }, model, {.autocast = opt.autocast});
       optimisers::update(opt_state, model, grads);
       epoch_loss += loss.item<double>();
       ++batches;

@@ -20,6 +20,7 @@
 // Exit status: see examples/example_support.hpp (3: the data set is missing, 5: the device is not
 // available).
 #include <cstdio>
+#include <optional>
 #include <filesystem>
 #include <iostream>
 
@@ -41,6 +42,7 @@ struct Options {
   double lr = 2e-3;
   int64_t batchsize = 128;
   std::string folder = data::kFashionMnistFolder;
+  std::optional<DType> autocast;  // --autocast bf16|f16: mixed-precision training (flux/autocast.hpp)
 };
 
 void print_usage(std::FILE* to, const char* argv0) {
@@ -71,6 +73,11 @@ Options parse_args(int argc, char** argv) {
       if (o.device.empty()) throw UsageError("--device expects NAME or NAME:i, e.g. CPU or OpenCL:0");
     } else if (args.is("--save")) {
       o.save_path = args.value();
+    } else if (args.is("--autocast")) {
+      const std::string v = args.value();
+      if (v == "bf16") o.autocast = BFloat16;
+      else if (v == "f16") o.autocast = Float16;
+      else throw UsageError("--autocast expects bf16 or f16; got '" + v + "'");
     } else if (args.is("--seed")) {
       o.seed = uint64_t(args.integer(0, 1LL << 62));
     } else if (args.is("--lr")) {
@@ -137,7 +144,7 @@ int run(const Options& opt) {
     double epoch_loss = 0;
     int64_t batches = 0;
     for (auto [x, y] : loader) {
-      auto [loss, grads] = withgradient([&](auto& m) { return logitcrossentropy(m(x), y); }, model);
+      auto [loss, grads] = withgradient([&](auto& m) { return logitcrossentropy(m(x), y); }, model, {.autocast = opt.autocast});
       optimisers::update(opt_state, model, grads);
       epoch_loss += loss.item<float>();
       ++batches;

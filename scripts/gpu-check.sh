@@ -146,6 +146,17 @@ family_row "norm" 'Norm'
 family_row "dropout/random" 'Random|RandomKernels'
 family_row "layers" 'Layers'
 family_row "gradient parity" 'GradientParity'
+family_row "f16/bf16 kernels" 'LowPrecisionKernels'
+
+# f16/bf16 on CUDA:0 (issue 36): cuBLAS GemmEx and cuDNN in Float16/BFloat16 against float64, required
+# on a GPU with the tensor cores; FLUX_DEBUG_BACKENDS shows which cuDNN algorithms (tensor-op or not).
+tl=$(date +%s)
+FLUX_DEBUG_BACKENDS=1 timeout 120 "$BUILD/bin/flux_tests" --gtest_color=no --gtest_filter='CudaLowPrecision.*' \
+  > "$BUILD.lowprec.log" 2>&1
+lowprec_rc=$?
+lowprec_plans=$(grep -cE 'cuDNN .* (Float16|BFloat16): algorithm' "$BUILD.lowprec.log")
+lowprec_tensor=$(grep -cE 'cuDNN .* (Float16|BFloat16): algorithm .*tensor-op' "$BUILD.lowprec.log")
+lowprec_row="$(grep -m1 -E '^\[  PASSED  \]' "$BUILD.lowprec.log" | sed 's/\[  PASSED  \] //')$(grep -m1 -E '^\[  FAILED  \] [0-9]+ test' "$BUILD.lowprec.log" | sed 's/\[  FAILED  \] / failed: /'); cuDNN f16/bf16 plans: $lowprec_plans ($lowprec_tensor tensor-op) (rc $lowprec_rc, $(( $(date +%s) - tl )) s)"
 
 # The same suites on CUDA:0 through the portable im2col + GEMM path (no cuDNN): one gtest run.
 tp=$(date +%s)
@@ -241,13 +252,14 @@ printf '%-28s %s (%s s, rc %s)\n' "ctest (whole suite)" "${summary:-no summary}"
 printf '%-28s %s run, %s not passed\n' "ctest entries on CUDA_*" "$cuda_total" "$cuda_failed"
 for row in "${family_rows[@]}"; do printf '%-28s %s\n' "${row%%|*}" "${row#*|}"; done
 printf '%-28s %s\n' "conv/pool/norm, im2col path" "$portable_row"
+printf '%-28s %s\n' "f16/bf16 GEMM+conv CUDA:0" "$lowprec_row"
 for row in "${dist_rows[@]}"; do printf '%-28s %s\n' "${row%%|*}" "${row#*|}"; done
 for row in "${example_rows[@]}"; do printf '%-28s %s\n' "${row%%|*}" "${row#*|}"; done
 for row in "${bench_rows[@]}"; do printf '%-28s %s\n' "${row%%|*}" "${row#*|}"; done
 printf '%-28s %s s\n' "total" "$(( $(date +%s) - t0 ))"
-echo "logs: $BUILD.{configure,build,info,ctest,portable,nccl,mpi,lenet,fashion-ci,fashion-full}.log"
+echo "logs: $BUILD.{configure,build,info,ctest,portable,lowprec,nccl,mpi,lenet,fashion-ci,fashion-full}.log"
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp "$BUILD".*.log "$OUT"/ 2>/dev/null; fi
 examples_ok=1
 for row in "${example_rows[@]}"; do case "$row" in *"(rc 0,"*|*skipped*) ;; *) examples_ok=0 ;; esac; done
-[ "$ctest_rc" -eq 0 ] && [ "$cuda_total" -gt 0 ] && [ "$portable_rc" -eq 0 ] && [ "$examples_ok" -eq 1 ] &&
+[ "$ctest_rc" -eq 0 ] && [ "$cuda_total" -gt 0 ] && [ "$portable_rc" -eq 0 ] && [ "$lowprec_rc" -eq 0 ] && [ "$examples_ok" -eq 1 ] &&
   [ "$nccl_ok" -eq 1 ] && [ "$mpi_rc" -eq 0 ]

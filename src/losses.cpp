@@ -4,6 +4,7 @@
 #include <string>
 
 #include "flux/nn/activations.hpp"
+#include "src/autocast.hpp"
 #include "src/ops/ops_internal.hpp"
 
 namespace flux {
@@ -89,43 +90,57 @@ double epseltype(DType t) {
   }
 }
 
-Tensor mse(const Tensor& yhat, const Tensor& y, LossOptions o) {
+Tensor mse(const Tensor& yhat0, const Tensor& y0, LossOptions o) {
+  // Autocast: losses in Float32.
+  const Tensor yhat = detail::autocast_f32(yhat0), y = detail::autocast_f32(y0);
   check_pair("mse", yhat, y);
   return aggregate(square(yhat - target_like(yhat, y)), o.agg);
 }
 
-Tensor mae(const Tensor& yhat, const Tensor& y, LossOptions o) {
+Tensor mae(const Tensor& yhat0, const Tensor& y0, LossOptions o) {
+  // Autocast: losses in Float32.
+  const Tensor yhat = detail::autocast_f32(yhat0), y = detail::autocast_f32(y0);
   check_pair("mae", yhat, y);
   return aggregate(abs(yhat - target_like(yhat, y)), o.agg);
 }
 
-Tensor crossentropy(const Tensor& yhat, const Tensor& y, LossOptions o, std::optional<double> eps) {
+Tensor crossentropy(const Tensor& yhat0, const Tensor& y0, LossOptions o, std::optional<double> eps) {
+  // Autocast: losses in Float32.
+  const Tensor yhat = detail::autocast_f32(yhat0), y = detail::autocast_f32(y0);
   check_pair("crossentropy", yhat, y, true);
   Tensor t = target_like(yhat, y);
   return per_observation(-xlogy(t, yhat + eps_or_default(yhat, eps)), o.agg);
 }
 
-Tensor logitcrossentropy(const Tensor& logits, const Tensor& y, LossOptions o) {
+Tensor logitcrossentropy(const Tensor& logits0, const Tensor& y0, LossOptions o) {
+  // Autocast: losses in Float32.
+  const Tensor logits = detail::autocast_f32(logits0), y = detail::autocast_f32(y0);
   check_pair("logitcrossentropy", logits, y, true);
   Tensor t = target_like(logits, y);
   return per_observation(-(t * detail::logsoftmax_op(logits, -1)), o.agg);
 }
 
-Tensor binarycrossentropy(const Tensor& yhat, const Tensor& y, LossOptions o, std::optional<double> eps) {
+Tensor binarycrossentropy(const Tensor& yhat0, const Tensor& y0, LossOptions o, std::optional<double> eps) {
+  // Autocast: losses in Float32.
+  const Tensor yhat = detail::autocast_f32(yhat0), y = detail::autocast_f32(y0);
   check_pair("binarycrossentropy", yhat, y);
   Tensor t = target_like(yhat, y);
   double e = eps_or_default(yhat, eps);
   return aggregate(-xlogy(t, yhat + e) - xlogy(1.0 - t, 1.0 - yhat + e), o.agg);
 }
 
-Tensor logitbinarycrossentropy(const Tensor& logits, const Tensor& y, LossOptions o) {
+Tensor logitbinarycrossentropy(const Tensor& logits0, const Tensor& y0, LossOptions o) {
+  // Autocast: losses in Float32.
+  const Tensor logits = detail::autocast_f32(logits0), y = detail::autocast_f32(y0);
   check_pair("logitbinarycrossentropy", logits, y);
   Tensor t = target_like(logits, y);
   // (1 - y) x - logσ(x), with logσ(x) = -softplus(-x)
   return aggregate((1.0 - t) * logits + softplus(-logits), o.agg);
 }
 
-Tensor huber(const Tensor& yhat, const Tensor& y, LossOptions o, double delta) {
+Tensor huber(const Tensor& yhat0, const Tensor& y0, LossOptions o, double delta) {
+  // Autocast: losses in Float32.
+  const Tensor yhat = detail::autocast_f32(yhat0), y = detail::autocast_f32(y0);
   check_pair("huber", yhat, y);
   if (delta <= 0) detail::fail("[huber] delta must be positive, got ", delta);
   Tensor d = abs(yhat - target_like(yhat, y));
@@ -135,7 +150,9 @@ Tensor huber(const Tensor& yhat, const Tensor& y, LossOptions o, double delta) {
   return aggregate(where(small, quad, lin), o.agg);
 }
 
-Tensor kldivergence(const Tensor& yhat, const Tensor& y, LossOptions o, std::optional<double> eps) {
+Tensor kldivergence(const Tensor& yhat0, const Tensor& y0, LossOptions o, std::optional<double> eps) {
+  // Autocast: losses in Float32.
+  const Tensor yhat = detail::autocast_f32(yhat0), y = detail::autocast_f32(y0);
   check_pair("kldivergence", yhat, y, true);
   Tensor t = target_like(yhat, y);
   Tensor cross = -xlogy(t, yhat + eps_or_default(yhat, eps));

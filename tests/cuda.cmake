@@ -32,6 +32,11 @@ foreach(backend ${flux_gpu_plugins})
 endforeach()
 
 if(TARGET flux_cuda)
+  # f16/bf16 on CUDA:0 (tests/test_low_precision_kernels.cpp): cuBLAS GemmEx and cuDNN against float64
+  # where a GPU is present; without one the host rule runs and the device case skips (FLUX_EXPECT_GPU=CUDA
+  # makes that a failure).
+  add_test(NAME gpu.CUDA.low_precision COMMAND flux_tests --gtest_filter=CudaLowPrecision.*)
+  set_tests_properties(gpu.CUDA.low_precision PROPERTIES FAIL_REGULAR_EXPRESSION "No tests ran" TIMEOUT 120)
   flux_gpu_test(gpu.CUDA.hidden_by_visible_devices "Plugins/GpuPluginTest.HiddenByVisibleDevices/CUDA"
     ENVIRONMENT "CUDA_VISIBLE_DEVICES=-1")
 endif()

@@ -485,7 +485,7 @@ TEST(ConvErrors, Messages) {
   EXPECT_ERROR(conv(x, zeros({6, 3, 3, 3}), Tensor(), {.stride = {1, 2, 3}}),
                "[conv] stride needs 1 or 2 values for 2 spatial axes; got 3");
   EXPECT_ERROR(conv(x.cast(DType::i32), zeros({6, 3, 3, 3})),
-               "[conv] supports Float32 and Float64 inputs; got Int32 (cast with .f32())");
+               "[conv] supports Float32, Float64, Float16 and BFloat16 inputs; got Int32 (cast with .f32())");
   // conv_transpose: w (C_in, C_out / groups, k...)
   EXPECT_ERROR(conv_transpose(x, zeros({4, 2, 3, 3})),
                "[conv_transpose] input has 3 channels, weight expects 4 (weight (4, 2, 3, 3))");

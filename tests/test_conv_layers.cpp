@@ -549,7 +549,7 @@ TEST(ConvLayerErrors, ShapesTheOpsRefuse) {
   EXPECT_ERROR_HAS(MaxPool({3, 3})(zeros({1, 1, 2, 2})), "[maxpool]");
   // dtype mismatch between input and weight (Float64 input is converted with Flux's warning instead:
   // tests/test_error_hints.cpp)
-  EXPECT_ERROR_HAS(Conv({3, 3}, 1, 1)(zeros({1, 1, 4, 4}, DType::i32)), "[conv] supports Float32 and Float64 inputs; got Int32");
+  EXPECT_ERROR_HAS(Conv({3, 3}, 1, 1)(zeros({1, 1, 4, 4}, DType::i32)), "[conv] supports Float32, Float64, Float16 and BFloat16 inputs; got Int32");
   EXPECT_EQ(Conv({3, 3}, 1, 1)(zeros({1, 1, 4, 4}, DType::f64)).dtype(), DType::f32);
 }
 

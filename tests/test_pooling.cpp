@@ -440,9 +440,9 @@ TEST(PoolingErrors, ExactMessages) {
   EXPECT_FLUX_ERROR(maxpool(ones({1, 1, 2, 2, 2, 2}), {1, 1, 1, 1}),
                     "[maxpool] window needs 1 to 3 values (one per spatial axis); got 4");
   EXPECT_FLUX_ERROR(maxpool(Tensor(std::vector<int64_t>(16, 1), Shape{1, 1, 4, 4}), 2),
-                    "[maxpool] supports Float32 and Float64 inputs; got Int64 (cast with .f32())");
+                    "[maxpool] supports Float32, Float64, Float16 and BFloat16 inputs; got Int64 (cast with .f32())");
   EXPECT_FLUX_ERROR(meanpool(Tensor(std::vector<int32_t>(16, 1), Shape{1, 1, 4, 4}), 2),
-                    "[meanpool] supports Float32 and Float64 inputs; got Int32");
+                    "[meanpool] supports Float32, Float64, Float16 and BFloat16 inputs; got Int32");
   EXPECT_FLUX_ERROR(maxpool(ones({1, 1, 4, 4}), {2, 2}, {.pad = 2}),
                     "[maxpool] padding (2, 2, 2, 2) (lo, hi per axis) must be smaller than the window (2, 2) on every "
                     "side: a window of padding alone has no maximum");
@@ -457,12 +457,12 @@ TEST(PoolingErrors, ExactMessages) {
   EXPECT_FLUX_ERROR(adaptive_meanpool(ones({1, 2, 0, 4}), {2, 2}),
                     "[adaptive_meanpool] cannot pool an empty spatial axis: input shape (1, 2, 0, 4)");
   EXPECT_FLUX_ERROR(adaptive_maxpool(Tensor(std::vector<int64_t>(16, 1), Shape{1, 1, 4, 4}), 2),
-                    "[adaptive_maxpool] supports Float32 and Float64 inputs; got Int64");
+                    "[adaptive_maxpool] supports Float32, Float64, Float16 and BFloat16 inputs; got Int64");
   EXPECT_FLUX_ERROR(global_maxpool(ones({3, 4})), "[global_maxpool] expected an (N, C, spatial...) input with 1 to 3 spatial axes");
   EXPECT_FLUX_ERROR(global_meanpool(ones({1, 2, 3, 0})),
                     "[global_meanpool] cannot pool an empty spatial axis: input shape (1, 2, 3, 0)");
   EXPECT_FLUX_ERROR(global_meanpool(Tensor(std::vector<uint8_t>(4, 1), Shape{1, 1, 2, 2})),
-                    "[global_meanpool] supports Float32 and Float64 inputs; got UInt8");
+                    "[global_meanpool] supports Float32, Float64, Float16 and BFloat16 inputs; got UInt8");
 
   EXPECT_FLUX_ERROR(flatten(Tensor::scalar(1.0)),
                     "[flatten] needs at least 1 dimension (observations on the first); got a 0-dimensional tensor");

@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -84,6 +85,8 @@ struct GradientOptions {
   /// report. Without an MPI thread level of SERIALIZED or more (a user who started MPI with FUNNELED)
   /// there is no helper thread either way. Not used by device collectives (NCCL runs on its stream).
   bool progress_thread = true;
+  /// Runs f under autocast to this dtype, as flux::withgradient(f, model, {.autocast = ...}).
+  std::optional<DType> autocast = std::nullopt;
 };
 
 /// What the last distributed::withgradient on this thread did (for tests and measurements).
@@ -150,13 +153,17 @@ template <class M> M broadcast(const Communicator& comm, const M& model, int roo
 /// parameters' shapes differ between ranks (naming the first such tensor).
 template <class F, class M>
 WithGradient<M> withgradient(const Communicator& comm, F&& f, const M& model, GradientOptions options = {}) {
-  if (comm.size() == 1) return flux::withgradient(std::forward<F>(f), model);
+  if (comm.size() == 1) return flux::withgradient(std::forward<F>(f), model, flux::GradientOptions{options.autocast});
   detail::check_same_leaves(comm, detail::describe_leaves(model, true), "distributed::withgradient");
   autodiff::Tape tape;
   M tracked = fmap([&](const Tensor& t) { return tape.leaf(t); }, model);
   detail::GradientReducer reducer(comm, params(tracked), tape, options);
   tape.on_gradient_final([&](int64_t id) { reducer.ready(id); });
-  Tensor value = f(tracked);
+  Tensor value;
+  {
+    AutocastScope scope(options.autocast);  // the forward only: the backward follows its dtypes
+    value = f(tracked);
+  }
   if (!value.defined()) flux::detail::fail("[distributed::withgradient] the function returned an undefined tensor");
   // Backward from 1/ranks instead of 1: every gradient comes out divided by the number of ranks,
   // and the allreduce's sum is the mean (no pass over the gradients to divide them).

@@ -1,5 +1,6 @@
 // flux-cpp: Flux.jl's model of deep learning in C++. Include this one header.
 #pragma once
+#include "flux/autocast.hpp"
 #include "flux/autodiff.hpp"
 #include "flux/data/csv.hpp"
 #include "flux/data/dataloader.hpp"
@@ -36,6 +37,7 @@
 #include "flux/ops.hpp"
 #include "flux/optimisers/optimisers.hpp"
 #include "flux/out_of_memory.hpp"
+#include "flux/precision.hpp"
 #include "flux/sampling.hpp"
 #include "flux/schedules.hpp"
 #include "flux/tensor.hpp"

@@ -2,9 +2,11 @@
 // With one argument the gradient has that argument's type (a Chain of gradient tensors; zeros for
 // parameters that did not influence the result); with several, a std::tuple of them.
 #pragma once
+#include <optional>
 #include <tuple>
 #include <utility>
 
+#include "flux/autocast.hpp"
 #include "flux/autodiff.hpp"
 #include "flux/functor.hpp"
 
@@ -45,6 +47,27 @@ template <class F, class... Args> auto withgradient(F&& f, const Args&... args) 
 /// The gradient of f(args...) (one argument: that argument's type; several: a tuple).
 template <class F, class... Args> auto gradient(F&& f, const Args&... args) {
   return withgradient(std::forward<F>(f), args...).grad;
+}
+
+/// Options of withgradient(f, model, options) / gradient(f, model, options).
+struct GradientOptions {
+  /// Runs f under autocast to this dtype (Float16 or BFloat16; flux/autocast.hpp): the forward's
+  /// matmul/conv/attention/recurrent ops in low precision, gradients in the parameters' own dtype.
+  std::optional<DType> autocast = std::nullopt;
+};
+
+/// The value of f(model) and its gradient, under the options (e.g. {.autocast = BFloat16}).
+template <class F, class M> auto withgradient(F&& f, const M& model, const GradientOptions& options) {
+  // The forward under autocast; the backward's ops follow the dtypes the forward chose.
+  return withgradient(
+      [&f, &options](auto& m) -> Tensor {
+        AutocastScope scope(options.autocast);
+        return f(m);
+      },
+      model);
+}
+template <class F, class M> auto gradient(F&& f, const M& model, const GradientOptions& options) {
+  return withgradient(std::forward<F>(f), model, options).grad;
 }
 
 }  // namespace flux

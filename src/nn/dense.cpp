@@ -5,6 +5,7 @@
 
 #include "flux/move.hpp"
 #include "flux/nn/show.hpp"
+#include "src/autocast.hpp"
 #include "src/nn/match_eltype.hpp"
 #include "src/ops/ops_internal.hpp"
 
@@ -43,6 +44,13 @@ Tensor Dense::operator()(const Tensor& x0) const {
   if (x.device() != weight.device())
     detail::fail("[Dense] input on ", to_string(x.device()), " but the layer's weight on ", to_string(weight.device()),
                  "; move one with to() or | dev");
+  // Autocast: the layer runs in the low dtype on casts of its float32 parameters.
+  if (auto low = detail::autocast_low({&x, &weight})) {
+    Dense cast = *this;
+    cast.weight = detail::autocast_to(weight, *low);
+    cast.bias = detail::autocast_to(bias, *low);
+    return cast(detail::autocast_to(x, *low));
+  }
   // Fused bias (float input) and relu, else below; (..., in) runs as one (rows, in) GEMM.
   const bool relu = activation.is<Relu>();
   if (bias.defined()) {

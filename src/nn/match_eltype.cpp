@@ -12,7 +12,7 @@ Tensor convert_f64_input(const char* api, const std::string& layer, const Tensor
   static std::atomic<bool> warned{false};
   if (!warned.exchange(true))
     log_warning_once(std::string("[") + api + "] Layer with " + dtype_name(weight.dtype()) +
-                     " parameters got Float64 input. The input will be converted, but any earlier layers may be "
+                     " parameters got " + dtype_name(x.dtype()) + " input. The input will be converted, but any earlier layers may be "
                      "very slow.\n│   layer = " + layer + "\n│   summary(x) = " + summary(x) +
                      "\n│   (convert the data once with x.f32(), or build the layer with .dtype = Float64; this warning is shown "
                      "once)");

@@ -75,7 +75,7 @@ template <class Cell> Tensor cell_input(const char* api, const Cell& cell, const
   if (x.device() != cell.weight_ih.device())
     fail("[", api, "] input on ", to_string(x.device()), " but the layer's weights on ",
          to_string(cell.weight_ih.device()), "; move one with to() or | dev");
-  if (x.dtype() != cell.weight_ih.dtype())
+  if (x.dtype() != cell.weight_ih.dtype() && !detail::autocast_active())
     fail("[", api, "] input is ", dtype_name(x.dtype()), " but the layer's weights are ",
          dtype_name(cell.weight_ih.dtype()), "; convert one (x.cast(...), f32(model), f64(model))");
   return x;
@@ -90,7 +90,7 @@ void check_cell_state(const char* api, const char* name, const Tensor& s, int64_
   if (s.device() != weight.device())
     fail("[", api, "] state ", name, " on ", to_string(s.device()), " but the layer's weights on ",
          to_string(weight.device()));
-  if (s.dtype() != weight.dtype())
+  if (s.dtype() != weight.dtype() && !detail::autocast_active())
     fail("[", api, "] state ", name, " is ", dtype_name(s.dtype()), " but the layer's weights are ",
          dtype_name(weight.dtype()));
 }
@@ -126,7 +126,7 @@ template <class Layer> Tensor layer_input(const char* api, const Layer& layer, c
   if (x.device() != w.device())
     fail("[", api, "] input on ", to_string(x.device()), " but the layer's weights on ", to_string(w.device()),
          "; move one with to() or | dev");
-  if (x.dtype() != w.dtype())
+  if (x.dtype() != w.dtype() && !detail::autocast_active())
     fail("[", api, "] input is ", dtype_name(x.dtype()), " but the layer's weights are ", dtype_name(w.dtype()),
          "; convert one (x.cast(...), f32(model), f64(model))");
   return x;
@@ -147,7 +147,7 @@ Tensor layer_state(const char* api, const char* name, const Tensor& s, int64_t l
   if (s.device() != weight.device())
     fail("[", api, "] initial state ", name, " on ", to_string(s.device()), " but the layer's weights on ",
          to_string(weight.device()));
-  if (s.dtype() != weight.dtype())
+  if (s.dtype() != weight.dtype() && !detail::autocast_active())
     fail("[", api, "] initial state ", name, " is ", dtype_name(s.dtype()), " but the layer's weights are ",
          dtype_name(weight.dtype()));
   return flat ? s : s[l];

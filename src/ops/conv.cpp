@@ -16,6 +16,7 @@
 #include "flux/autodiff.hpp"
 #include "flux/nn/conv_fusion.hpp"
 #include "flux/ops.hpp"
+#include "src/autocast.hpp"
 #include "src/ops/conv_geometry.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/storage_cache.hpp"
@@ -131,6 +132,7 @@ void add_bias(Tensor& y, const Tensor& bias) {
 
 /// (O,) sums of dy (N, O, spatial...) over the batch and spatial axes.
 Tensor channel_sum(const Tensor& dy) {
+  if (is_half(dy.dtype())) return raw_cast(channel_sum(raw_cast(dy, DType::f32)), dy.dtype());
   int64_t n = dy.shape()[0], o = dy.shape()[1], p = o && n ? dy.numel() / (n * o) : 0;
   Tensor out = Tensor::empty(Shape{o}, dy.dtype(), dy.device());
   backend::Backend& be = dy.backend();
@@ -145,6 +147,11 @@ Tensor channel_sum(const Tensor& dy) {
   return out;
 }
 
+/// Float32 copies for the half-precision fallbacks below: weights cached at inference (kept with w
+/// until it is written, so their prepared layouts are kept too), everything else cast per call.
+Tensor f32_weight(const Tensor& w) { return autodiff::recording() ? raw_cast(w, DType::f32) : cached_raw_cast(w, DType::f32); }
+Tensor f32_of(const Tensor& t) { return t.defined() ? raw_cast(t, DType::f32) : t; }
+
 Tensor im2col_raw(const Tensor& x, const ConvGeometry& g) {
   int64_t cgk = g.in_channels / g.groups * product(g.kernel, g.spatial), p = product(g.out, g.spatial);
   Tensor col = Tensor::empty(Shape{g.batch, g.groups, cgk, p}, x.dtype(), x.device());
@@ -158,6 +165,19 @@ Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, co
                         bool relu = false) {
   Tensor y = Tensor::empty(output_shape(geometry), x.dtype(), x.device());
   if (y.numel() == 0) return y;
+  if (is_half(x.dtype())) {
+    // The backend's low-precision kernel (float32 accumulation), else through float32.
+    ConvGeometry g = geometry;
+    if (!autodiff::recording()) g.weight_cache = &detail::storage_cache(w);
+    backend::Backend& be = x.backend();
+    const int dev = x.device().index();
+    const backend::Buffer xb = flux::detail::buffer_of(x), wb = flux::detail::buffer_of(w), yb = flux::detail::buffer_of(y);
+    const backend::Buffer b = bias.defined() ? flux::detail::buffer_of(bias) : backend::Buffer{};
+    if (library_kernels() && x.numel() && w.numel() &&
+        (relu ? be.conv_forward_relu(dev, x.dtype(), xb, wb, b, yb, g) : be.conv_forward(dev, x.dtype(), xb, wb, b, yb, g)))
+      return y;
+    return raw_cast(conv_forward_raw(f32_of(x), f32_weight(w), f32_of(bias), geometry, relu), x.dtype());
+  }
   ConvGeometry g = geometry;
   // Inference: the backend may keep w prepared in its kernel's layout (never while recording: a
   // training step writes w every step, so a prepared copy would be made and dropped each time).
@@ -196,6 +216,12 @@ Tensor conv_data_raw(const Tensor& dy, const Tensor& w, const ConvGeometry& g, c
   if (dx.numel() == 0) return dx;
   backend::Backend& be = dy.backend();
   int dev = dy.device().index();
+  if (is_half(dy.dtype())) {
+    if (library_kernels() && !bias.defined() && dy.numel() && w.numel() &&
+        be.conv_backward_data(dev, dy.dtype(), flux::detail::buffer_of(dy), flux::detail::buffer_of(w), flux::detail::buffer_of(dx), g))
+      return dx;
+    return raw_cast(conv_data_raw(f32_of(dy), f32_weight(w), g, f32_of(bias)), dy.dtype());
+  }
   if (dy.numel() == 0 || w.numel() == 0) {
     if (bias.defined()) fill_with_bias(dx, bias);
     else be.fill(dev, dx.dtype(), flux::detail::buffer_of(dx), dx.numel(), 0.0);
@@ -222,6 +248,16 @@ std::pair<Tensor, Tensor> conv_weight_raw(const Tensor& x, const Tensor& dy, con
   DType t = x.dtype();
   Tensor dw, db;
   if (!want_weight) return {dw, want_bias ? channel_sum(dy) : db};
+  if (is_half(t)) {
+    dw = Tensor::empty(weight_shape(g), t, x.device());
+    if (want_bias) db = Tensor::empty(Shape{g.out_channels}, t, x.device());
+    if (library_kernels() && dw.numel() && x.numel() && dy.numel() &&
+        be.conv_backward_weight(dev, t, flux::detail::buffer_of(x), flux::detail::buffer_of(dy), flux::detail::buffer_of(dw),
+                                want_bias ? flux::detail::buffer_of(db) : backend::Buffer{}, g))
+      return {dw, db};
+    auto [dwf, dbf] = conv_weight_raw(f32_of(x), f32_of(dy), g, true, want_bias);
+    return {raw_cast(dwf, t), dbf.defined() ? raw_cast(dbf, t) : dbf};
+  }
   dw = Tensor::empty(weight_shape(g), t, x.device());
   if (want_bias) db = Tensor::empty(Shape{g.out_channels}, t, x.device());
   if (dw.numel() == 0) return {dw, want_bias ? channel_sum(dy) : db};
@@ -342,6 +378,8 @@ ConvGeometry conv_geometry(const Tensor& x, const Tensor& w, const Tensor& bias,
 }
 
 Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p, bool relu) {
+  if (auto low = autocast_low({&x, &w}))
+    return conv_impl(autocast_to(x, *low), autocast_to(w, *low), autocast_to(bias, *low), p, relu);
   ConvGeometry g = conv_geometry(x, w, bias, p);
   Tensor y = conv_forward_raw(x, w, bias, g, relu);
   if (trace::active()) trace::emit("conv", {x, w, bias}, y, conv_attrs(g, relu));
@@ -350,7 +388,9 @@ Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const Con
     Tensor keep_x = need_w ? x : Tensor(), keep_w = need_x ? w : Tensor();
     // relu's derivative from its output: y > 0 exactly where conv(x, w) + bias > 0.
     Tensor keep_y = relu ? y : Tensor();
-    autodiff::record(y, {&x, &w, &bias}, [keep_x, keep_w, keep_y, g, need_x, need_w, need_b](const Tensor& gy_in) {
+    const DType t = y.dtype();
+    autodiff::record(y, {&x, &w, &bias}, [keep_x, keep_w, keep_y, g, need_x, need_w, need_b, t](const Tensor& gy0) {
+      const Tensor gy_in = gy0.dtype() == t ? gy0 : gy0.cast(t);
       Tensor gy = keep_y.defined() ? gy_in * step_raw(keep_y) : gy_in;
       Tensor dx, dw, db;
       if (need_x) dx = conv_data_raw(gy, keep_w, g);
@@ -375,6 +415,9 @@ Tensor detail::conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale
                            const Tensor& residual, const ConvParams& p, bool relu, bool relu_after) {
   // Never on a tape: the fused kernel has no backward (callers run the recorded composition there).
   if (autodiff::recording() || trace::active() || !library_kernels()) return Tensor();
+  if (auto low = autocast_low({&x, &w}))
+    return conv_affine(autocast_to(x, *low), autocast_to(w, *low), autocast_to(scale, *low), autocast_to(shift, *low),
+                       autocast_to(residual, *low), p, relu, relu_after);
   ConvGeometry g = conv_geometry(x, w, Tensor(), p);
   g.weight_cache = &detail::storage_cache(w);
   const DType t = x.dtype();
@@ -394,6 +437,8 @@ Tensor detail::conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale
 }
 
 Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvTransposeParams& p) {
+  if (auto low = autocast_low({&x, &w}))
+    return conv_transpose(autocast_to(x, *low), autocast_to(w, *low), autocast_to(bias, *low), p);
   const char* api = "conv_transpose";
   ConvGeometry g = check_operands(api, x, w, bias, p.groups, true);
   int n = g.spatial;
@@ -449,7 +494,9 @@ Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, cons
   bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
   if (need_x || need_w || need_b) {
     Tensor keep_x = need_w ? x : Tensor(), keep_w = need_x ? w : Tensor();
-    autodiff::record(y, {&x, &w, &bias}, [keep_x, keep_w, g, need_x, need_w, need_b](const Tensor& gy) {
+    const DType t = y.dtype();
+    autodiff::record(y, {&x, &w, &bias}, [keep_x, keep_w, g, need_x, need_w, need_b, t](const Tensor& gy0) {
+      const Tensor gy = gy0.dtype() == t ? gy0 : gy0.cast(t);
       Tensor dx, dw, db;
       if (need_x) dx = conv_forward_raw(gy, keep_w, Tensor(), g);
       if (need_w) dw = conv_weight_raw(gy, keep_x, g, true, false).first;

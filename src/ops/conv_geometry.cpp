@@ -59,8 +59,9 @@ int spatial_axes(const char* api, const Tensor& x, int expected) {
          summary(x), " of shape ", to_string(x.shape()));
   if (n < 1 || n > 3)
     fail("[", api, "] expected an (N, C, spatial...) input with 1 to 3 spatial axes; got shape ", to_string(x.shape()));
-  if (x.dtype() != DType::f32 && x.dtype() != DType::f64)
-    fail("[", api, "] supports Float32 and Float64 inputs; got ", dtype_name(x.dtype()), " (cast with .f32())");
+  if (!is_floating(x.dtype()))
+    fail("[", api, "] supports Float32, Float64, Float16 and BFloat16 inputs; got ", dtype_name(x.dtype()),
+         " (cast with .f32())");
   return n;
 }
 

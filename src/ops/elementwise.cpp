@@ -8,6 +8,7 @@
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
 #include "src/checked_size.hpp"
+#include "src/autocast.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/trace.hpp"
 
@@ -338,6 +339,7 @@ Tensor where(const Tensor& cond, const Tensor& a0, const Tensor& b0) {
 // ---------------- unary ----------------
 namespace {
 Tensor unary_raw(UnaryOp op, const Tensor& x, double alpha = 0) {
+  if (is_half(x.dtype())) return raw_cast(unary_raw(op, raw_cast(x, DType::f32), alpha), x.dtype());
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (x.numel()) x.backend().unary(x.device().index(), op, x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(out), x.numel(), alpha);
   return out;
@@ -368,8 +370,15 @@ template <class B> Tensor unary(const char* api, UnaryOp op, const Tensor& x0, d
 }  // namespace
 
 Tensor neg(const Tensor& x) { return unary("neg", UnaryOp::neg, x, 0, [](auto&, auto&, const Tensor& g) { return -g; }); }
-Tensor exp(const Tensor& x) { return unary("exp", UnaryOp::exp, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y; }); }
-Tensor log(const Tensor& x) { return unary("log", UnaryOp::log, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / x; }); }
+// exp and log are on autocast's Float32 list.
+Tensor exp(const Tensor& x0) {
+  const Tensor x = autocast_f32(x0);
+  return unary("exp", UnaryOp::exp, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y; });
+}
+Tensor log(const Tensor& x0) {
+  const Tensor x = autocast_f32(x0);
+  return unary("log", UnaryOp::log, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / x; });
+}
 Tensor sqrt(const Tensor& x) {
   return unary("sqrt", UnaryOp::sqrt, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g / (y * 2.0); });
 }

@@ -4,6 +4,7 @@
 
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
+#include "src/autocast.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/storage_cache.hpp"
 #include "src/trace.hpp"
@@ -42,13 +43,25 @@ Tensor matmul_core(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     g.stride_a = m * k;
     g.stride_b = k * nn;
     g.stride_c = m * nn;
-    a.backend().matmul(a.device().index(), a.dtype(), flux::detail::buffer_of(a), flux::detail::buffer_of(b), flux::detail::buffer_of(c), g);
+    backend::Backend& be = a.backend();
+    const int dev = a.device().index();
+    if (!is_half(a.dtype())) {
+      be.matmul(dev, a.dtype(), flux::detail::buffer_of(a), flux::detail::buffer_of(b), flux::detail::buffer_of(c), g);
+    } else if (!be.matmul_low_precision(dev, a.dtype(), flux::detail::buffer_of(a), flux::detail::buffer_of(b),
+                                        flux::detail::buffer_of(c), g)) {
+      // No low-precision GEMM here: through float32 (b cached when it is a weight at inference).
+      Tensor af = raw_cast(a, DType::f32), bf = autodiff::recording() ? raw_cast(b, DType::f32) : cached_raw_cast(b, DType::f32);
+      Tensor cf = Tensor::empty(out_shape, DType::f32, a.device());
+      be.matmul(dev, DType::f32, flux::detail::buffer_of(af), flux::detail::buffer_of(bf), flux::detail::buffer_of(cf), g);
+      be.cast(dev, DType::f32, flux::detail::buffer_of(cf), a.dtype(), flux::detail::buffer_of(c), c.numel());
+    }
   }
   if (trace::active()) trace::emit("matmul", {a, b}, c, {{"trans", {int64_t(ta), int64_t(tb)}, {}}});
   if (is_floating(a.dtype())) {
     // Only the gradients of recorded inputs are computed: a Dense layer's input batch needs none.
     bool need_a = autodiff::tracked(a), need_b = autodiff::tracked(b);
-    autodiff::record(c, {&a, &b}, [a, b, ta, tb, need_a, need_b](const Tensor& g) {
+    autodiff::record(c, {&a, &b}, [a, b, ta, tb, need_a, need_b](const Tensor& g0) {
+      const Tensor g = g0.dtype() == a.dtype() ? g0 : g0.cast(a.dtype());
       Tensor da, db;
       if (!ta && !tb) {
         if (need_a) da = matmul(g, b, false, true);
@@ -73,7 +86,7 @@ Tensor matmul_core(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 
 Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
   DType t = x.dtype();
-  if ((t != DType::f32 && t != DType::f64) || w.dtype() != t || b.dtype() != t || x.ndim() != 2 || w.ndim() != 2 ||
+  if ((t != DType::f32 && t != DType::f64 && !is_half(t)) || w.dtype() != t || b.dtype() != t || x.ndim() != 2 || w.ndim() != 2 ||
       b.ndim() != 1 || x.device() != w.device() || b.device() != w.device())
     return Tensor();
   int64_t n = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
@@ -86,6 +99,7 @@ Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool re
     if (trace::active()) trace::emit("linear", {x, w, b}, y, {{"relu", {int64_t(relu)}, {}}});
     return y;
   }
+  if (is_half(t)) return Tensor();  // the caller's matmul path (low-precision GEMM or through float32)
   // y (n, out): every row a copy of b, then y += x W^T.
   backend::StridedCopy rows;
   rows.ndim = 2;
@@ -130,10 +144,10 @@ Tensor matmul(const Tensor& a0, const Tensor& b0, bool ta, bool tb) {
         fail("[matmul] the batch dimensions of shapes ", to_string(sa), " and ", to_string(sb),
              " cannot be broadcast together");
   }
+  if (auto low = autocast_low({&a0, &b0})) return matmul(autocast_to(a0, *low), autocast_to(b0, *low), ta, tb);
   DType t = promote(a0.dtype(), b0.dtype());
   if (t == DType::boolean || t == DType::u8) t = DType::i64;
-  DType compute = is_half(t) ? DType::f32 : t;
-  Tensor a = a0.cast(compute), b = b0.cast(compute);
+  Tensor a = a0.cast(t), b = b0.cast(t);
   // 1-D operands: a vector (k,) is a row (1, k) on the left and a column (k, 1) on the right.
   if (a.ndim() == 1 || b.ndim() == 1) {
     bool va = a.ndim() == 1, vb = b.ndim() == 1;
@@ -146,8 +160,7 @@ Tensor matmul(const Tensor& a0, const Tensor& b0, bool ta, bool tb) {
       if (vb && i == c.ndim() - 1) continue;
       s.push_back(c.shape()[i]);
     }
-    c = c.reshape(s);
-    return is_half(t) ? c.cast(t) : c;
+    return c.reshape(s);
   }
   Tensor c;
   if (a.ndim() > 2 && b.ndim() == 2 && !ta) {
@@ -173,7 +186,7 @@ Tensor matmul(const Tensor& a0, const Tensor& b0, bool ta, bool tb) {
     fb.push_back(b.shape()[b.ndim() - 1]);
     c = matmul_core(broadcast_to(a, fa), broadcast_to(b, fb), ta, tb);
   }
-  return is_half(t) ? c.cast(t) : c;
+  return c;
 }
 
 }  // namespace flux

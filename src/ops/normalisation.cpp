@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "flux/autodiff.hpp"
+#include "src/autocast.hpp"
 #include "flux/ops.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/trace.hpp"
@@ -24,6 +25,10 @@ Tensor channel_sum(const Tensor& t3) { return sum(sum(t3, 2, true), 0, true); }
 Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor* batch_mean,
                  Tensor* batch_var) {
   detail::check_defined("batchnorm", x);
+  // Autocast: statistics and arithmetic in Float32, the output in the input's low dtype.
+  if (detail::autocast_active() && detail::is_half(x.dtype()))
+    return batchnorm(x.cast(DType::f32), weight, bias, eps, batch_mean, batch_var).cast(x.dtype());
+
   if (x.ndim() < 2)
     detail::fail("[batchnorm] expects input (N, C, ...) with at least 2 dimensions; got shape ", to_string(x.shape()));
   if (!is_floating(x.dtype())) detail::fail("[batchnorm] needs a floating-point input; got ", summary(x));
@@ -131,6 +136,9 @@ Tensor channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift,
 Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean, const Tensor& var,
                  double eps) {
   detail::check_defined("batchnorm", x);
+  if (detail::autocast_active() && detail::is_half(x.dtype()))
+    return batchnorm(x.cast(DType::f32), weight, bias, mean, var, eps).cast(x.dtype());
+
   detail::check_defined("batchnorm", mean);
   detail::check_defined("batchnorm", var);
   if (x.ndim() < 2)
@@ -225,6 +233,9 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
 
 Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   detail::check_defined("layernorm", x);
+  if (detail::autocast_active() && detail::is_half(x.dtype()))
+    return layernorm(x.cast(DType::f32), weight, bias, eps).cast(x.dtype());
+
   if (x.ndim() < 1) detail::fail("[layernorm] needs at least 1 dimension (features last); got a 0-dimensional tensor");
   if (!is_floating(x.dtype())) detail::fail("[layernorm] needs a floating-point input; got ", summary(x));
   if (!(eps > 0)) detail::fail("[layernorm] eps must be positive; got ", eps);
@@ -242,6 +253,9 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
 
 Tensor groupnorm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps) {
   detail::check_defined("groupnorm", x);
+  if (detail::autocast_active() && detail::is_half(x.dtype()))
+    return groupnorm(x.cast(DType::f32), groups, weight, bias, eps).cast(x.dtype());
+
   if (x.ndim() < 2)
     detail::fail("[groupnorm] expects input (N, C, ...) with at least 2 dimensions, channels on axis 1; got shape ",
                  to_string(x.shape()));

@@ -57,6 +57,8 @@ void window_fits(const char* api, ConvGeometry& g) {
 // y = pool(x) over g through the backend, with its backward recorded: dx = the adjoint of dy, max
 // sending each window's gradient to its first maximum in window order.
 Tensor pool_raw(PoolOp op, const Tensor& x, const ConvGeometry& g) {
+  // Float16/BFloat16 through float32 (a max is exact; a mean is rounded once).
+  if (is_half(x.dtype())) return pool_raw(op, x.cast(DType::f32), g).cast(x.dtype());
   Tensor y = Tensor::empty(output_shape(g), x.dtype(), x.device());
   if (y.numel()) {
     x.backend().pool_forward(x.device().index(), op, x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(y), g);

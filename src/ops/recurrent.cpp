@@ -13,7 +13,9 @@
 // and db_hh = Σ_t dhg_t as one GEMM and one reduction over all T N rows.
 #include <utility>
 
+#include "flux/autocast.hpp"
 #include "flux/autodiff.hpp"
+#include "src/autocast.hpp"
 #include "flux/ops.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/storage_cache.hpp"
@@ -139,6 +141,9 @@ Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, cons
   const bool lstm = cell == RecurrentCell::lstm, gru = cell == RecurrentCell::gru;
   detail::check_defined(api, xg);
   detail::check_defined(api, w_hh);
+  if (auto low = detail::autocast_low({&xg, &w_hh, &h0}))
+    return recurrence(cell, detail::autocast_to(xg, *low), detail::autocast_to(w_hh, *low),
+                      detail::autocast_to(b_hh, *low), detail::autocast_to(h0, *low), detail::autocast_to(c0, *low));
   if (!is_floating(xg.dtype())) fail("[", api, "] needs floating-point gates; got ", summary(xg));
   if (xg.ndim() != 3)
     fail("[", api, "] expects time-major gates (T, N, G); got shape ", to_string(xg.shape()));
@@ -162,6 +167,13 @@ Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, cons
   }
   check_state(api, "h0", h0, n, hidden, xg);
   if (lstm) check_state(api, "c0", c0, n, hidden, xg);
+  if (detail::is_half(xg.dtype())) {
+    // Float16/BFloat16: the recurrence through float32 (its state is carried step to step), one
+    // rounding of the outputs.
+    auto up = [](const Tensor& v) { return v.defined() ? v.cast(DType::f32) : v; };
+    AutocastScope off(std::nullopt);  // the Float32 recurrence is not autocast again
+    return recurrence(cell, up(xg), up(w_hh), up(b_hh), up(h0), up(c0)).cast(xg.dtype());
+  }
 
   const DType t = xg.dtype();
   const Device dev = xg.device();

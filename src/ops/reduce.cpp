@@ -4,6 +4,7 @@
 
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
+#include "src/autocast.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/trace.hpp"
 
@@ -62,7 +63,8 @@ Tensor sum(const Tensor& x0, int axis, bool keepdims) {
     Shape kept = split(x.shape(), a).kept, full_shape = x.shape();
     autodiff::record(y, {&x}, [kept, full_shape](const Tensor& g) { return Grads{broadcast_to(g.reshape(kept), full_shape)}; });
   }
-  return is_half(x0.dtype()) ? y.cast(x0.dtype()) : y;
+  // Autocast keeps sums (and means) in Float32.
+  return is_half(x0.dtype()) && !autocast_active() ? y.cast(x0.dtype()) : y;
 }
 
 Tensor sum(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
@@ -180,7 +182,7 @@ Tensor detail::softmax_op(const Tensor& x0, int axis) {
     if (Tensor dx = fused_softmax_grad(y, g, a, false); dx.defined()) return Grads{dx};
     return Grads{y * (g - sum(g * y, a, true))};
   });
-  return is_half(x0.dtype()) ? y.cast(x0.dtype()) : y;
+  return is_half(x0.dtype()) && !autocast_active() ? y.cast(x0.dtype()) : y;  // autocast: Float32
 }
 
 Tensor detail::logsoftmax_op(const Tensor& x0, int axis) {
@@ -191,7 +193,7 @@ Tensor detail::logsoftmax_op(const Tensor& x0, int axis) {
     if (Tensor dx = fused_softmax_grad(y, g, a, true); dx.defined()) return Grads{dx};
     return Grads{g - exp(y) * sum(g, a, true)};
   });
-  return is_half(x0.dtype()) ? y.cast(x0.dtype()) : y;
+  return is_half(x0.dtype()) && !autocast_active() ? y.cast(x0.dtype()) : y;
 }
 
 Tensor logsumexp(const Tensor& x, int axis, bool keepdims) {

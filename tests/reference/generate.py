@@ -722,7 +722,7 @@ def error_cases():
           "[conv] input has 3 channels, weight expects 2 (weight (4, 2, 3, 3))",
           args={"stride": [1, 1], "pad": [0, 0, 0, 0], "dilation": [1, 1], "groups": 1})
     error("conv/int_input", "conv", [((1, 2, 5, 5), "i32"), ((4, 2, 3, 3), "i32")],
-          "[conv] supports Float32 and Float64 inputs; got Int32 (cast with .f32())",
+          "[conv] supports Float32, Float64, Float16 and BFloat16 inputs; got Int32 (cast with .f32())",
           args={"stride": [1, 1], "pad": [0, 0, 0, 0], "dilation": [1, 1], "groups": 1})
     error("maxpool/rank", "maxpool", [((3, 4), "f32")],
           "[maxpool] expected a 4-dimensional (N, C, H, W) input for 2 spatial axes; got 3×4 Tensor{Float32, {device}} of shape (3, 4)",

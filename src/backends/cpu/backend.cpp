@@ -166,6 +166,11 @@ class CpuBackend final : public backend::Backend {
     FloatModeScope mode(t);
     cpu_backend::matmul(t, ptr(a), ptr(b), ptr(c), g);
   }
+  bool matmul_low_precision(int, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer c,
+                            const backend::Gemm& g) override {
+    FloatModeScope mode(t);
+    return cpu_backend::matmul_low_precision(t, ptr(a), ptr(b), ptr(c), g);
+  }
   void softmax(int, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer, int64_t len, int64_t inner,
                bool log) override {
     FloatModeScope mode(t);

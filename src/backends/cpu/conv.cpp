@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/kernel_choice.hpp"
 #include "src/backends/cpu/prepared.hpp"
 
@@ -47,8 +48,10 @@ Query conv_query(const backend::ConvGeometry& g, bool affine) {
 
 /// The kernels that take a forward: oneDNN wherever built in, the few-pixel kernel where it fits,
 /// Winograd where it fits at inference (its transformed weights are kept with the weight tensor).
-Candidates forward_candidates(const backend::ConvGeometry& g) {
+/// bf16: oneDNN alone (flux's own kernels are float32).
+Candidates forward_candidates(const backend::ConvGeometry& g, DType dt = DType::f32) {
   Candidates c = FLUX_HAVE_ONEDNN ? bit(Kernel::onednn) : 0;
+  if (dt != DType::f32) return c;
   if (few_pixel_fits(g)) c |= bit(Kernel::few_pixel);
   if (g.weight_cache && winograd_fits(g)) c |= bit(Kernel::winograd);
   return c;
@@ -56,7 +59,7 @@ Candidates forward_candidates(const backend::ConvGeometry& g) {
 
 /// A forward by `use`; false when that kernel declines (oneDNN: no implementation for the case).
 bool run_forward(Kernel use, ConvKind kind, bool bias, const backend::ConvGeometry& g, const std::vector<void*>& buffers,
-                 const ConvPostOps& ep, void* residual) {
+                 const ConvPostOps& ep, void* residual, DType dt) {
   switch (use) {
     case Kernel::few_pixel: few_pixel_forward(kind, bias, g, buffers, ep, residual); return true;
     case Kernel::winograd: {
@@ -71,18 +74,18 @@ bool run_forward(Kernel use, ConvKind kind, bool bias, const backend::ConvGeomet
                        static_cast<float*>(buffers.back()));
       return true;
     }
-    default: return onednn_conv(kind, bias, g, buffers, ep, residual);
+    default: return onednn_conv(kind, bias, g, buffers, ep, residual, dt);
   }
 }
 
 bool forward(ConvKind kind, bool bias, const backend::ConvGeometry& g, const std::vector<void*>& buffers,
-             const ConvPostOps& ep = {}, void* residual = nullptr, Kernel forced = Kernel(-1)) {
+             const ConvPostOps& ep = {}, void* residual = nullptr, Kernel forced = Kernel(-1), DType dt = DType::f32) {
   if (g.spatial < 1 || g.spatial > 3 || !fits_32_bits(g)) return false;
-  const Candidates candidates = forward_candidates(g);
+  const Candidates candidates = forward_candidates(g, dt);
   if (!candidates) return false;
   if (int(forced) >= 0 && !(candidates & bit(forced))) return false;  // the tuner asked for a kernel that cannot
   const Kernel use = int(forced) >= 0 ? forced : choose(conv_query(g, kind == ConvKind::forward_affine), candidates);
-  return run_forward(use, kind, bias, g, buffers, ep, residual);
+  return run_forward(use, kind, bias, g, buffers, ep, residual, dt);
 }
 
 /// The tuner's timer for Site::conv_forward: the forward on operands of its shape (pads: "same" for
@@ -110,19 +113,30 @@ double time_conv(const Query& q, Kernel kernel, int reps) {
 
 }  // namespace
 
+namespace {
+/// Whether the library kernels take dtype t now: float32 always, bf16 where the CPU's units run it.
+bool takes(DType t) { return t == DType::f32 || (t == DType::bf16 && bf16_kernels_enabled()); }
+}  // namespace
+
 bool conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend::ConvGeometry& g, bool relu) {
-  if (t != DType::f32) return false;
+  if (!takes(t)) return false;
   const ConvKind kind = relu ? ConvKind::forward_relu : ConvKind::forward;
-  if (bias) return forward(kind, true, g, {x, w, bias, y});
-  return forward(kind, false, g, {x, w, y});
+  if (bias) return forward(kind, true, g, {x, w, bias, y}, {}, nullptr, Kernel(-1), t);
+  return forward(kind, false, g, {x, w, y}, {}, nullptr, Kernel(-1), t);
 }
 
 bool conv_forward_affine(DType t, void* x, void* w, void* scale, void* shift, void* residual, void* y,
                          const backend::ConvGeometry& g, bool relu, bool relu_after) {
-  if (t != DType::f32) return false;
+  if (!takes(t)) return false;
   ConvPostOps ep;
   ep.relu = relu, ep.residual = residual != nullptr, ep.relu_after = relu_after;
-  return forward(ConvKind::forward_affine, false, g, {x, w, scale, shift, y}, ep, residual);
+  if (t == DType::f32) return forward(ConvKind::forward_affine, false, g, {x, w, scale, shift, y}, ep, residual);
+  // bf16: the kernel takes the per-channel scale and shift in float32.
+  std::vector<float> channels(size_t(2 * g.out_channels));
+  half_storage_to_float(t, static_cast<const uint16_t*>(scale), channels.data(), g.out_channels);
+  half_storage_to_float(t, static_cast<const uint16_t*>(shift), channels.data() + g.out_channels, g.out_channels);
+  return forward(ConvKind::forward_affine, false, g, {x, w, channels.data(), channels.data() + g.out_channels, y}, ep,
+                 residual, Kernel(-1), t);
 }
 
 Kernel conv_forward_kernel(const backend::ConvGeometry& g, bool affine) {
@@ -131,14 +145,14 @@ Kernel conv_forward_kernel(const backend::ConvGeometry& g, bool affine) {
 }
 
 bool conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g) {
-  if (t != DType::f32 || g.spatial < 1 || g.spatial > 3 || !fits_32_bits(g)) return false;
-  return onednn_conv(ConvKind::backward_data, false, g, {dy, w, dx});
+  if (!takes(t) || g.spatial < 1 || g.spatial > 3 || !fits_32_bits(g)) return false;
+  return onednn_conv(ConvKind::backward_data, false, g, {dy, w, dx}, {}, nullptr, t);
 }
 
 bool conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, const backend::ConvGeometry& g) {
-  if (t != DType::f32 || g.spatial < 1 || g.spatial > 3 || !fits_32_bits(g)) return false;
-  if (dbias) return onednn_conv(ConvKind::backward_weight, true, g, {x, dy, dw, dbias});
-  return onednn_conv(ConvKind::backward_weight, false, g, {x, dy, dw});
+  if (!takes(t) || g.spatial < 1 || g.spatial > 3 || !fits_32_bits(g)) return false;
+  if (dbias) return onednn_conv(ConvKind::backward_weight, true, g, {x, dy, dw, dbias}, {}, nullptr, t);
+  return onednn_conv(ConvKind::backward_weight, false, g, {x, dy, dw}, {}, nullptr, t);
 }
 
 }  // namespace flux::cpu_backend

@@ -1,5 +1,8 @@
-// Convolution through oneDNN (float32): forward with fused bias / relu / BatchNorm affine + residual,
-// data gradient, weight + bias gradient.
+// Convolution through oneDNN (float32, and bf16 with float32 accumulation where the CPU has bf16 units):
+// forward with fused bias / relu / BatchNorm affine + residual, data gradient, weight + bias gradient.
+// bf16: activations and weights bf16; the bias enters the kernel as float32 (reordered from the
+// caller's bf16), the fused BatchNorm's scale and shift are float32 (conv.cpp converts them), and the
+// weight and bias gradients are computed in float32 and rounded to bf16 once, after the chunks' sum.
 //   x (N, C, in...), w (O, C / G, k...) = (G, O / G, C / G, k...), y (N, O, out...), all plain
 //   row-major (oneDNN's ncw/nchw/ncdhw and (g)oi(h)(w)); up to 3 spatial axes, unused ones 1.
 // Primitives are created once per geometry and then only read (read_mostly.hpp): any number of
@@ -41,9 +44,10 @@ bool is_forward(ConvKind k) { return k == ConvKind::forward || k == ConvKind::fo
 
 using Key = std::array<int64_t, 32>;
 
-Key make_key(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvPostOps& ep) {
+Key make_key(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvPostOps& ep, DType dt) {
   Key k{};
   k[k.size() - 1] = int64_t(ep.relu) | int64_t(ep.residual) << 1 | int64_t(ep.relu_after) << 2;
+  k[k.size() - 2] = int64_t(dt);
   size_t i = 0;
   k[i++] = int64_t(kind), k[i++] = bias, k[i++] = g.spatial, k[i++] = g.batch, k[i++] = g.in_channels;
   k[i++] = g.out_channels, k[i++] = g.groups;
@@ -116,7 +120,9 @@ memory::dims activation_dims(const backend::ConvGeometry& g, int64_t channels, c
 
 Tag activation_tag(int spatial) { return spatial == 1 ? Tag::ncw : spatial == 2 ? Tag::nchw : Tag::ncdhw; }
 
-memory::desc weight_desc(const backend::ConvGeometry& g, bool any) {
+memory::data_type onednn_type(DType t) { return t == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32; }
+
+memory::desc weight_desc(const backend::ConvGeometry& g, bool any, memory::data_type type) {
   memory::dims d;
   if (g.groups > 1) d = {g.groups, g.out_channels / g.groups, g.in_channels / g.groups};
   else d = {g.out_channels, g.in_channels};
@@ -124,7 +130,7 @@ memory::desc weight_desc(const backend::ConvGeometry& g, bool any) {
   Tag tag = any ? Tag::any
             : g.groups > 1 ? (g.spatial == 1 ? Tag::goiw : g.spatial == 2 ? Tag::goihw : Tag::goidhw)
                            : (g.spatial == 1 ? Tag::oiw : g.spatial == 2 ? Tag::oihw : Tag::oidhw);
-  return memory::desc(d, memory::data_type::f32, tag);
+  return memory::desc(d, type, tag);
 }
 
 struct Descs {
@@ -132,14 +138,15 @@ struct Descs {
   memory::dims strides, dilates, pad_l, pad_r;
 };
 
-/// any: oneDNN chooses the layouts of dst and weights, and of src too unless plain_src.
-Descs make_descs(const backend::ConvGeometry& g, bool any, bool bias, bool plain_src = false) {
+/// any: oneDNN chooses the layouts of dst and weights, and of src too unless plain_src. Activations and
+/// weights of dtype dt, the bias float32.
+Descs make_descs(const backend::ConvGeometry& g, bool any, bool bias, bool plain_src, DType dt) {
   Descs d;
   Tag act = any ? Tag::any : activation_tag(g.spatial);
-  d.src = memory::desc(activation_dims(g, g.in_channels, g.in), memory::data_type::f32,
+  d.src = memory::desc(activation_dims(g, g.in_channels, g.in), onednn_type(dt),
                        plain_src ? activation_tag(g.spatial) : act);
-  d.dst = memory::desc(activation_dims(g, g.out_channels, g.out), memory::data_type::f32, act);
-  d.weights = weight_desc(g, any);
+  d.dst = memory::desc(activation_dims(g, g.out_channels, g.out), onednn_type(dt), act);
+  d.weights = weight_desc(g, any, onednn_type(dt));
   if (bias) d.bias = memory::desc({g.out_channels}, memory::data_type::f32, Tag::x);
   for (int i = 0; i < g.spatial; ++i) {
     d.strides.push_back(g.stride[i]);
@@ -235,10 +242,22 @@ std::unique_ptr<Entry> create_affine(const Descs& plain, const Descs& asked, con
   return e;
 }
 
-std::unique_ptr<Entry> create(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvPostOps& ep) {
+/// Whether pd is oneDNN's reference kernel, which a bf16 call declines (the core's float32 path is faster).
+template <class PrimitiveDesc> bool reference_kernel(const PrimitiveDesc& pd) {
+  return std::strncmp(pd.impl_info_str(), "ref", 3) == 0;
+}
+
+std::unique_ptr<Entry> create(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvPostOps& ep,
+                              DType dt) {
   const Config& c = config();
   auto e = std::make_unique<Entry>();
-  Descs plain = make_descs(g, false, bias);
+  const bool low = dt != DType::f32;
+  // The caller's layouts: plain, of dtype dt; the bias too, except bf16 weight gradients, which the
+  // kernel writes in float32 into rows that onednn_conv sums and rounds.
+  Descs plain = make_descs(g, false, bias, false, dt);
+  const bool float_grads = low && kind == ConvKind::backward_weight;
+  if (float_grads) plain.weights = weight_desc(g, false, memory::data_type::f32);
+  if (bias && low && !float_grads) plain.bias = memory::desc({g.out_channels}, onednn_type(dt), Tag::x);
   // oneDNN's blocked kernels (jit:avx2/avx512 on nChw8c/16c) beat its plain-layout gemm kernel when
   // the work per pixel (C / G * prod(kernel)) repays reordering the activations; below that (a
   // first layer on 1 channel, depthwise) the reorders cost more than they save.
@@ -248,12 +267,14 @@ std::unique_ptr<Entry> create(ConvKind kind, bool bias, const backend::ConvGeome
   // choose blocked dst/weights, as LibTorch does: its direct kernels read a plain source with few
   // channels, and the source is not padded to 8/16 channels by a reorder.
   bool few = g.groups == 1 && g.in_channels < 4;
-  bool any = c.layout == 2 || c.layout == 3 || (c.layout == 0 && (per_pixel >= 64 || few));
+  // bf16: blocked layouts always (oneDNN's bf16 and AMX kernels are written for them).
+  bool any = c.layout == 2 || c.layout == 3 || (c.layout == 0 && (per_pixel >= 64 || few || low));
   bool plain_src = c.layout == 3 || (c.layout == 0 && per_pixel < 64 && few);
-  Descs asked = make_descs(g, any, bias, plain_src);
+  Descs asked = make_descs(g, any, bias, plain_src, dt);
   if (kind == ConvKind::forward_affine) return create_affine(plain, asked, g, ep);
   if (kind == ConvKind::forward || kind == ConvKind::forward_relu) {
     auto pd = forward_pd(asked, bias, kind == ConvKind::forward_relu);
+    if (low && reference_kernel(pd)) return nullptr;
     e->primitive = dnnl::convolution_forward(pd);
     e->scratchpad = pd.scratchpad_desc();
     e->operands.push_back(make_operand(DNNL_ARG_SRC, true, plain.src, pd.src_desc()));
@@ -266,6 +287,7 @@ std::unique_ptr<Entry> create(ConvKind kind, bool bias, const backend::ConvGeome
     B::desc desc(dnnl::algorithm::convolution_direct, asked.src, asked.weights, asked.dst, asked.strides,
                  asked.dilates, asked.pad_l, asked.pad_r);
     B::primitive_desc pd(desc, onednn::user_scratchpad(), onednn::engine(), hint);
+    if (low && reference_kernel(pd)) return nullptr;
     e->primitive = B(pd);
     e->scratchpad = pd.scratchpad_desc();
     e->operands.push_back(make_operand(DNNL_ARG_DIFF_DST, true, plain.dst, pd.diff_dst_desc()));
@@ -274,11 +296,14 @@ std::unique_ptr<Entry> create(ConvKind kind, bool bias, const backend::ConvGeome
   } else {
     using B = dnnl::convolution_backward_weights;
     auto hint = forward_pd(asked, bias);
-    auto desc = bias ? B::desc(dnnl::algorithm::convolution_direct, asked.src, asked.weights, asked.bias, asked.dst,
+    // bf16: the weight gradient accumulates and is written in float32.
+    const memory::desc diff_weights = float_grads ? weight_desc(g, any, memory::data_type::f32) : asked.weights;
+    auto desc = bias ? B::desc(dnnl::algorithm::convolution_direct, asked.src, diff_weights, asked.bias, asked.dst,
                                asked.strides, asked.dilates, asked.pad_l, asked.pad_r)
-                     : B::desc(dnnl::algorithm::convolution_direct, asked.src, asked.weights, asked.dst,
+                     : B::desc(dnnl::algorithm::convolution_direct, asked.src, diff_weights, asked.dst,
                                asked.strides, asked.dilates, asked.pad_l, asked.pad_r);
     B::primitive_desc pd(desc, onednn::user_scratchpad(), onednn::engine(), hint);
+    if (low && reference_kernel(pd)) return nullptr;
     e->primitive = B(pd);
     e->scratchpad = pd.scratchpad_desc();
     e->operands.push_back(make_operand(DNNL_ARG_SRC, true, plain.src, pd.src_desc()));
@@ -291,10 +316,10 @@ std::unique_ptr<Entry> create(ConvKind kind, bool bias, const backend::ConvGeome
 
 /// The entry for (kind, bias, g), created on first use; null when oneDNN refuses the case (remembered,
 /// so the portable path runs without asking again).
-const Entry* lookup(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvPostOps& ep) {
-  return entries().get(make_key(kind, bias, g, ep), [&]() -> std::unique_ptr<const Entry> {
+const Entry* lookup(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvPostOps& ep, DType dt) {
+  return entries().get(make_key(kind, bias, g, ep, dt), [&]() -> std::unique_ptr<const Entry> {
     try {
-      return create(kind, bias, g, ep);
+      return create(kind, bias, g, ep, dt);
     } catch (const dnnl::error&) {
       return nullptr;
     }
@@ -409,7 +434,7 @@ const Operand* operand(const Entry& e, int arg) {
 std::shared_ptr<const ConvWeights> forward_weights(const std::vector<const Entry*>& chunk_entries,
                                                    const std::vector<int64_t>& o0, const std::vector<void*>& w_of,
                                                    const std::vector<void*>& buffers, const backend::ConvGeometry& g,
-                                                   const Key& key) {
+                                                   const Key& key, DType dt) {
   const Operand* w = operand(*chunk_entries[0], DNNL_ARG_WEIGHTS);
   if (!w || !w->reordered) return nullptr;
   const bool scaled = w->scales >= 0;
@@ -417,7 +442,7 @@ std::shared_ptr<const ConvWeights> forward_weights(const std::vector<const Entry
   const float* scales = scaled ? static_cast<const float*>(buffers[size_t(w->scales)]) : nullptr;
   const int64_t n_scales = scaled ? g.out_channels : 0;
   backend::PreparedKey pk{};
-  pk[0] = int64_t(PreparedKind::onednn_conv);
+  pk[0] = int64_t(dt == DType::bf16 ? PreparedKind::onednn_conv_bf16 : PreparedKind::onednn_conv);
   pk[1] = reinterpret_cast<intptr_t>(buffers[1]);
   pk[2] = int64_t(chunk_entries.size());
   std::copy(key.begin(), key.end(), pk.begin() + 3);
@@ -451,8 +476,9 @@ std::shared_ptr<const ConvWeights> forward_weights(const std::vector<const Entry
 }  // namespace
 
 bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const std::vector<void*>& buffers,
-                 const ConvPostOps& ep, void* residual) {
+                 const ConvPostOps& ep, void* residual, DType dt) {
   const Config& cfg = config();
+  const size_t size = dtype_size(dt);
   int64_t in_size = g.in_channels, out_size = g.out_channels;
   for (int i = 0; i < g.spatial; ++i) in_size *= g.in[i], out_size *= g.out[i];
   int64_t flops = 2 * g.batch * out_size * (g.in_channels / g.groups);
@@ -460,7 +486,11 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
   int64_t weight_size = (g.in_channels / g.groups) * g.out_channels;
   for (int i = 0; i < g.spatial; ++i) weight_size *= g.kernel[i];
   const size_t partial_size = size_t(weight_size + (bias ? g.out_channels : 0));
-  auto shift = [](void* p, int64_t elements) { return p ? static_cast<void*>(static_cast<float*>(p) + elements) : p; };
+  // p advanced by `elements` of the activations' dtype (of float32: shift_float, the affine's scale and shift).
+  auto shift = [size](void* p, int64_t elements) {
+    return p ? static_cast<void*>(static_cast<char*>(p) + size_t(elements) * size) : p;
+  };
+  auto shift_float = [](void* p, int64_t elements) { return p ? static_cast<void*>(static_cast<float*>(p) + elements) : p; };
   // Before creating primitives too: oneDNN fixes some kernels' thread count when it creates them.
   onednn::set_team(cfg.pool_threading ? 1 : num_threads());
 
@@ -485,12 +515,12 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
       const int64_t o1 = c + 1 == oc_chunks ? g.out_channels : blocks * (c + 1) / oc_chunks * 16;
       backend::ConvGeometry part = g;
       part.out_channels = o1 - o0;
-      const Entry* e = lookup(kind, bias, part, ep);
+      const Entry* e = lookup(kind, bias, part, ep, dt);
       if (!e) return false;
       std::vector<void*> a = buffers;
       a[1] = shift(a[1], o0 * per_oc_w);
       if (bias) a[2] = shift(a[2], o0);
-      if (kind == ConvKind::forward_affine) a[2] = shift(a[2], o0), a[3] = shift(a[3], o0);
+      if (kind == ConvKind::forward_affine) a[2] = shift_float(a[2], o0), a[3] = shift_float(a[3], o0);
       a.back() = shift(a.back(), o0 * per_oc_y);
       chunks.push_back({e, std::move(a), shift(residual, o0 * per_oc_y), o0});
     }
@@ -500,7 +530,7 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
       const int64_t b0 = g.batch * c / n, b1 = g.batch * (c + 1) / n;
       backend::ConvGeometry part = g;
       part.batch = b1 - b0;
-      const Entry* e = lookup(kind, bias, part, ep);
+      const Entry* e = lookup(kind, bias, part, ep, dt);
       if (!e) return false;
       std::vector<void*> a = buffers;
       if (is_forward(kind)) {
@@ -521,7 +551,7 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
     std::vector<void*> w_of;
     for (const Chunk& c : chunks) es.push_back(c.entry), o0.push_back(c.o0), w_of.push_back(c.args[1]);
     if (oc_chunks == 1) es.resize(1), o0.resize(1), w_of.resize(1);  // sample chunks share one set
-    weights = forward_weights(es, o0, w_of, buffers, g, make_key(kind, bias, g, ep));
+    weights = forward_weights(es, o0, w_of, buffers, g, make_key(kind, bias, g, ep, dt), dt);
   }
   auto weights_of = [&](size_t c) {
     if (!weights) return memory();
@@ -529,10 +559,14 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
     // Sample chunks of unequal sizes have entries of their own, whose layouts may differ.
     return operand(*chunks[c].entry, DNNL_ARG_WEIGHTS)->inner == m.get_desc() ? m : memory();
   };
-  // Weight gradients of later sample chunks go to scratch rows, summed into the first in order.
-  std::vector<std::vector<float>> partials(chunks.size() > 1 && kind == ConvKind::backward_weight ? chunks.size() - 1 : 0);
-  for (size_t c = 1; c <= partials.size(); ++c) {
-    std::vector<float>& row = partials[c - 1];
+  // Weight gradients of later sample chunks go to float32 scratch rows, summed into the first in
+  // order; bf16 gradients: every chunk's, the sum rounded to bf16 at the end.
+  const bool float_grads = kind == ConvKind::backward_weight && dt != DType::f32;
+  const size_t first_row = float_grads ? 0 : 1;
+  std::vector<std::vector<float>> partials(
+      kind == ConvKind::backward_weight && chunks.size() > first_row ? chunks.size() - first_row : 0);
+  for (size_t c = first_row; c < chunks.size() && kind == ConvKind::backward_weight; ++c) {
+    std::vector<float>& row = partials[c - first_row];
     row.resize(partial_size);
     chunks[c].args[2] = row.data();
     if (bias) chunks[c].args[3] = row.data() + weight_size;
@@ -545,7 +579,13 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
         execute(*chunks[size_t(c)].entry, chunks[size_t(c)].args, chunks[size_t(c)].residual, weights_of(size_t(c)));
     });
   }
-  if (kind == ConvKind::backward_weight) {
+  if (float_grads) {
+    std::vector<float>& sum = partials[0];
+    for (size_t c = 1; c < partials.size(); ++c)
+      for (size_t i = 0; i < partial_size; ++i) sum[i] += partials[c][i];
+    float_to_half_storage(dt, sum.data(), static_cast<uint16_t*>(buffers[2]), weight_size);
+    if (bias) float_to_half_storage(dt, sum.data() + weight_size, static_cast<uint16_t*>(buffers[3]), g.out_channels);
+  } else if (kind == ConvKind::backward_weight) {
     float* dw = static_cast<float*>(buffers[2]);
     float* db = bias ? static_cast<float*>(buffers[3]) : nullptr;
     for (const std::vector<float>& row : partials) {
@@ -561,7 +601,8 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
 #else  // built without oneDNN (FLUX_ONEDNN=OFF or libdnnl-dev missing)
 
 namespace flux::cpu_backend {
-bool onednn_conv(ConvKind, bool, const backend::ConvGeometry&, const std::vector<void*>&, const ConvPostOps&, void*) {
+bool onednn_conv(ConvKind, bool, const backend::ConvGeometry&, const std::vector<void*>&, const ConvPostOps&, void*,
+                 DType) {
   return false;
 }
 }  // namespace flux::cpu_backend

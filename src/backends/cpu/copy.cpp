@@ -54,7 +54,17 @@ void cast(DType from, const void* src, DType to, void* dst, int64_t n) {
     });
     return;
   }
-  // Half precision on either side: through double, element by element.
+  // float32 <-> bf16/f16: the vectorised conversions (half_cast.cpp).
+  const bool half_from = from == DType::bf16 || from == DType::f16, half_to = to == DType::bf16 || to == DType::f16;
+  if (from == DType::f32 && half_to) {
+    float_to_half_storage(to, static_cast<const float*>(src), static_cast<uint16_t*>(dst), n);
+    return;
+  }
+  if (half_from && to == DType::f32) {
+    half_storage_to_float(from, static_cast<const uint16_t*>(src), static_cast<float*>(dst), n);
+    return;
+  }
+  // Half precision on either side otherwise: through double, element by element.
   parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) detail::store_from_double(dst, to, i, detail::load_as_double(src, from, i));
   });

@@ -22,14 +22,33 @@ int num_threads();
 
 void fill(DType t, void* dst, int64_t n, double value);
 void cast(DType from, const void* src, DType to, void* dst, int64_t n);
+/// float32 -> bf16/f16 storage and back (half_cast.cpp, cast's kernels for these pairs): round to
+/// nearest even, NaN as src/half_bits.hpp; AVX2 (+F16C for f16) where the active ISA allows, bitwise
+/// equal to the scalar references beside them.
+void float_to_half_storage(DType to, const float* src, uint16_t* dst, int64_t n);
+void half_storage_to_float(DType from, const uint16_t* src, float* dst, int64_t n);
+void float_to_half_storage_reference(DType to, const float* src, uint16_t* dst, int64_t n);
+void half_storage_to_float_reference(DType from, const uint16_t* src, float* dst, int64_t n);
+/// Tests and benchmarks: whether the vector kernels run for bf16/f16 at the active ISA level.
+bool half_cast_vectorised(DType t);
+/// unary / binary on bf16/f16 storage in one pass with float32 arithmetic (half_elementwise.cpp): bitwise
+/// the cast up, the f32 kernel and the cast down. binary: dense operands of the output's shape, or one
+/// of them a single element; comparisons write Bool. false where t is not bf16/f16 or the plan is
+/// another broadcast (the caller then runs the three passes).
+bool unary_half(backend::UnaryOp op, DType t, const void* src, void* dst, int64_t n, double alpha);
+bool binary_half(backend::BinaryOp op, DType t, const void* a, const void* b, void* out, const backend::Broadcast& plan);
 void strided_copy(DType t, const void* src, void* dst, const backend::StridedCopy& plan);
 void unary(backend::UnaryOp op, DType t, const void* src, void* dst, int64_t n, double alpha);
 void binary(backend::BinaryOp op, DType t, const void* a, const void* b, void* out, const backend::Broadcast& plan);
 void where(DType t, const void* cond, const void* a, const void* b, void* out, const backend::Broadcast& plan);
 void reduce(backend::ReduceOp op, DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner);
 void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm& g);
+/// Backend::matmul_low_precision: bf16 a, b, c through oneDNN's bf16 matmul (float32 accumulation)
+/// where bf16_kernels_enabled() (isa.hpp); false where not, or where oneDNN declines (C untouched).
+bool matmul_low_precision(DType t, const void* a, const void* b, void* c, const backend::Gemm& g);
 /// Inference y (n, out) = relu?(x (n, in) w^T + bias) with w prepared for the kernel the seam chooses
 /// and kept in `cache` (Backend::linear_forward, matmul.cpp); false where the GEMM path runs instead.
+/// t = bf16 (every array bf16): oneDNN's bf16 matmul where bf16_kernels_enabled(), else false.
 bool linear_forward(DType t, const void* x, const void* w, backend::PreparedCache* cache, const void* bias, void* y,
                     int64_t n, int64_t in, int64_t out, bool relu);
 /// Tests: the kernel linear_forward runs for this call shape at the present thread count.
@@ -61,7 +80,8 @@ bool channel_affine(DType t, const void* x, const void* scale, const void* shift
 void im2col(DType t, const void* x, void* col, const backend::ConvGeometry& g);
 void col2im(DType t, const void* col, void* dx, const backend::ConvGeometry& g);
 // conv.cpp: the library kernels, chosen per geometry (false: none takes the case; the core's portable
-// path runs). y = relu?(conv(x, w) + bias); null bias: none.
+// path runs). y = relu?(conv(x, w) + bias); null bias: none. t = bf16 (every array bf16): oneDNN's
+// bf16 kernels where bf16_kernels_enabled() (isa.hpp), else false.
 bool conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend::ConvGeometry& g, bool relu = false);
 /// Inference: y = relu_after?(relu?(conv(x, w) * scale + shift) + residual) (Backend::conv_forward_affine).
 bool conv_forward_affine(DType t, void* x, void* w, void* scale, void* shift, void* residual, void* y,
@@ -80,8 +100,10 @@ struct ConvPostOps {
   bool relu = false, residual = false, relu_after = false;
 };
 /// oneDNN's convolution (conv_onednn.cpp); false where oneDNN declines the case or is not built in.
+/// dt f32, or bf16 (activations, weights, bias and gradients bf16; a forward_affine's scale and shift
+/// float32), float32 accumulation.
 bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const std::vector<void*>& buffers,
-                 const ConvPostOps& ep = {}, void* residual = nullptr);
+                 const ConvPostOps& ep = {}, void* residual = nullptr, DType dt = DType::f32);
 /// flux's few-pixel forward (conv_own.cpp): dense, C / G * prod(kernel) >= 64, at most 32 output pixels
 /// over the batch; forward kinds only.
 bool few_pixel_fits(const backend::ConvGeometry& g);

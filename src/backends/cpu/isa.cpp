@@ -107,6 +107,31 @@ std::string low_precision_units_text(const LowPrecisionUnits& u) {
   return s;
 }
 
+bool has_f16c() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1u);  // CPUID.1:ECX bit 29
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+namespace {
+std::atomic<bool> g_bypass_bf16_units{false};
+}  // namespace
+
+bool bf16_kernels_enabled() {
+  if (!FLUX_HAVE_ONEDNN) return false;
+  if (g_bypass_bf16_units.load(std::memory_order_relaxed)) return true;
+  const LowPrecisionUnits u = low_precision_units();
+  return u.avx512_bf16 || u.amx_bf16;
+}
+
+bool bypass_bf16_units_check(bool on) { return g_bypass_bf16_units.exchange(on); }
+
 const char* isa_name(Isa level) {
   switch (level) {
     case Isa::avx512: return "AVX-512";

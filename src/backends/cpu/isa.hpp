@@ -29,6 +29,17 @@ LowPrecisionUnits low_precision_units();
 /// "AVX512-BF16, AMX-BF16", or "none" (with "(capped)" when a cap hides units the CPU has).
 std::string low_precision_units_text(const LowPrecisionUnits& u);
 
+/// Whether the CPU has F16C (vcvtps2ph/vcvtph2ps: the f16 casts of half_cast.cpp), by CPUID.
+bool has_f16c();
+
+/// Whether the bf16 library kernels (oneDNN: matmul_low_precision, linear_forward, conv_*) run: the
+/// CPU's bf16 units (AVX512-BF16 or AMX-BF16, as low_precision_units) and oneDNN built in. Elsewhere
+/// they return false at once and the core computes through float32.
+bool bf16_kernels_enabled();
+/// Tests: ask oneDNN for bf16 kernels whatever the units (on a CPU without them oneDNN must decline
+/// and the kernels return false cleanly). Returns the previous setting.
+bool bypass_bf16_units_check(bool on);
+
 }  // namespace flux::cpu_backend
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)

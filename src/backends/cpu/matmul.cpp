@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -92,7 +93,12 @@ void single_threaded_blas() {
 
 // ---- oneDNN's matmul as a GEMM engine (f32) ----
 #if FLUX_HAVE_ONEDNN
-using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, float, float>;
+// The piece's shape, alpha, beta and data type (f32, or bf16 for matmul_low_precision).
+using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, float, float, int>;
+
+dnnl::memory::data_type onednn_type(DType t) {
+  return t == DType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
 struct Matmul {
   dnnl::matmul primitive;
   dnnl::memory::desc a, b, c, scratch_desc;
@@ -112,14 +118,15 @@ template <class Entry> void set_primitive(Entry& e, const dnnl::matmul::primitiv
   e.primitive = dnnl::matmul(pd);
 }
 
-/// The primitive for one piece shape; null when oneDNN has no implementation.
+/// The primitive for one piece shape of A, B, C of dtype t (f32; bf16 accumulates in f32); null when
+/// oneDNN has no implementation (for bf16 also where it offers only its reference kernel).
 const Matmul* onednn_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, int64_t lda, int64_t ldb,
-                            float beta, int64_t ldc) {
-  return matmuls().get(Key{m, n, k, ta, tb, lda, ldb, ldc, alpha, beta}, [&]() -> std::unique_ptr<const Matmul> {
+                            float beta, int64_t ldc, DType t = DType::f32) {
+  return matmuls().get(Key{m, n, k, ta, tb, lda, ldb, ldc, alpha, beta, int(t)}, [&]() -> std::unique_ptr<const Matmul> {
                   onednn::set_team(1);  // sizes the primitive's team: one pool thread runs it
                   try {
                     using dims = dnnl::memory::dims;
-                    auto f32 = dnnl::memory::data_type::f32;
+                    auto f32 = onednn_type(t);
                     auto e = std::make_unique<Matmul>();
                     e->a = dnnl::memory::desc(dims{m, k}, f32, ta ? dims{1, lda} : dims{lda, 1});
                     e->b = dnnl::memory::desc(dims{k, n}, f32, tb ? dims{1, ldb} : dims{ldb, 1});
@@ -131,8 +138,9 @@ const Matmul* onednn_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, f
                       po.append_sum(beta);
                       attr.set_post_ops(po);
                     }
-                    set_primitive(*e, dnnl::matmul::primitive_desc(dnnl::matmul::desc(e->a, e->b, e->c), attr,
-                                                                   onednn::engine()));
+                    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e->a, e->b, e->c), attr, onednn::engine());
+                    if (t != DType::f32 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return nullptr;
+                    set_primitive(*e, pd);
                     return e;
                   } catch (const dnnl::error&) {
                     return nullptr;
@@ -140,10 +148,10 @@ const Matmul* onednn_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, f
                 });
 }
 
-void onednn_gemm(const Matmul& e, const float* a, const float* b, float* c) {
+void onednn_gemm(const Matmul& e, const void* a, const void* b, void* c) {
   const dnnl::engine& engine = onednn::engine();
   onednn::set_team(1);  // this pool thread's team: itself alone
-  dnnl::memory am(e.a, engine, const_cast<float*>(a)), bm(e.b, engine, const_cast<float*>(b)), cm(e.c, engine, c);
+  dnnl::memory am(e.a, engine, const_cast<void*>(a)), bm(e.b, engine, const_cast<void*>(b)), cm(e.c, engine, c);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
   if (e.scratch)
     args.emplace(DNNL_ARG_SCRATCHPAD,
@@ -345,6 +353,57 @@ template <class T> void gemm_blas(const T* a, const T* b, T* c, const backend::G
                   T(g.beta), c + p * g.stride_c, ldc);
 }
 
+// ---- bf16 GEMM (matmul_low_precision): oneDNN's bf16 matmul, float32 accumulation ----
+// The same cut as the f32 path: whole matrices over the pool when there are at least as many as
+// threads, else each matrix along the longer of m and n in multiples of 16 (Pieces), one
+// single-threaded oneDNN call per piece. Every piece's primitive is found before any runs, so a
+// shape oneDNN declines leaves C untouched for the core's float32 path.
+#if FLUX_HAVE_ONEDNN
+bool gemm_bf16(const uint16_t* a, const uint16_t* b, uint16_t* c, const backend::Gemm& g) {
+  const int64_t lda = g.trans_a ? g.m : g.k, ldb = g.trans_b ? g.k : g.n, ldc = g.n;
+  const float alpha = float(g.alpha), beta = float(g.beta);
+  const double flops = 2.0 * double(g.m) * double(g.n) * double(g.k);
+  struct Piece {
+    const Matmul* e;
+    const uint16_t *a, *b;
+    uint16_t* c;
+  };
+  std::vector<Piece> pieces;
+  auto add = [&](int64_t m, int64_t n, const uint16_t* ap, const uint16_t* bp, uint16_t* cp) {
+    const Matmul* e = onednn_matmul(g.trans_a, g.trans_b, m, n, g.k, alpha, lda, ldb, beta, ldc, DType::bf16);
+    pieces.push_back({e, ap, bp, cp});
+    return e != nullptr;
+  };
+  const bool whole = g.batch >= num_threads() || flops < kSplitFlops;
+  for (int64_t p = 0; p < g.batch; ++p) {
+    const uint16_t* A = a + p * g.stride_a;
+    const uint16_t* B = b + p * g.stride_b;
+    uint16_t* C = c + p * g.stride_c;
+    if (whole) {
+      if (!add(g.m, g.n, A, B, C)) return false;
+      continue;
+    }
+    const bool split_n = g.n >= g.m;
+    const Pieces cut(split_n ? g.n : g.m, flops, kSplitFlops);
+    for (int64_t q = 0; q < cut.parts; ++q) {
+      const int64_t lo = cut.lo(q), hi = cut.hi(q);
+      if (lo >= hi) continue;
+      const bool ok = split_n ? add(g.m, hi - lo, A, g.trans_b ? B + lo * ldb : B + lo, C + lo)
+                              : add(hi - lo, g.n, g.trans_a ? A + lo : A + lo * lda, B, C + lo * ldc);
+      if (!ok) return false;
+    }
+  }
+  if (pieces.size() == 1) {
+    onednn_gemm(*pieces[0].e, pieces[0].a, pieces[0].b, pieces[0].c);
+    return true;
+  }
+  parallel_for(int64_t(pieces.size()), 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) onednn_gemm(*pieces[size_t(p)].e, pieces[size_t(p)].a, pieces[size_t(p)].b, pieces[size_t(p)].c);
+  });
+  return true;
+}
+#endif
+
 // ---- Dense inference on panels of our own (linear_forward's other kernel) ----
 // w (out, in) is packed once per content into panels of 16 outputs, each (in, 16): the 16 weights of
 // one input for 16 outputs side by side. A kernel call holds R rows of y by 16 columns in registers and
@@ -437,7 +496,7 @@ void each_piece(int64_t parts, const std::function<void(int64_t)>& fn) {
 }
 
 #if FLUX_HAVE_ONEDNN
-using LinearKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool>;  // n in cols ldy bias relu
+using LinearKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int>;  // n in cols ldy bias relu dtype
 /// One piece shape's primitive: immutable once made (run by any number of threads at once).
 struct Linear {
   dnnl::matmul primitive;
@@ -453,14 +512,14 @@ ReadMostly<LinearKey, Linear>& linears() {
   return *l;
 }
 
-// The entry for one piece shape, created on first use; null when oneDNN offers only its reference
-// kernel or refuses.
-const Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, bool bias, bool relu) {
-  return linears().get(LinearKey{n, in, cols, ldy, bias, relu}, [&]() -> std::unique_ptr<const Linear> {
+// The entry for one piece shape of dtype t (f32, or bf16: x, w, bias, y all bf16, float32 accumulation),
+// created on first use; null when oneDNN offers only its reference kernel or refuses.
+const Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, bool bias, bool relu, DType t) {
+  return linears().get(LinearKey{n, in, cols, ldy, bias, relu, int(t)}, [&]() -> std::unique_ptr<const Linear> {
     onednn::set_team(1);  // the primitive's team: one pool thread runs each piece
     try {
       using dims = dnnl::memory::dims;
-      const auto f32 = dnnl::memory::data_type::f32;
+      const auto f32 = onednn_type(t);
       const dnnl::engine& engine = onednn::engine();
       auto e = std::make_unique<Linear>();
       e->src = dnnl::memory::desc(dims{n, in}, f32, dims{in, 1});
@@ -515,26 +574,26 @@ struct LinearWeights final : backend::Prepared {
   std::vector<dnnl::memory> pieces;
 };
 
-/// One piece on the calling thread, its weights `wm` (prepared or plain).
-void linear_piece(const Linear& e, const float* x, const dnnl::memory& wm, const float* bias, float* y) {
+/// One piece on the calling thread, its weights `wm` (prepared or plain); elements of `size` bytes.
+void linear_piece(const Linear& e, const void* x, const dnnl::memory& wm, const void* bias, void* y, size_t size) {
   const dnnl::engine& engine = onednn::engine();
   onednn::set_team(1);  // this pool thread's team: itself alone
   const dnnl::memory::dims dims = e.dst.dims();
   const int64_t rows = dims[0], cols = dims[1];
-  float* out = e.own_output ? static_cast<float*>(onednn::thread_scratch(onednn::Scratch::output,
-                                                                          size_t(rows * cols) * sizeof(float)))
-                            : y;
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(e.src, engine, const_cast<float*>(x))},
+  void* out = e.own_output ? onednn::thread_scratch(onednn::Scratch::output, size_t(rows * cols) * size) : y;
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(e.src, engine, const_cast<void*>(x))},
                                              {DNNL_ARG_WEIGHTS, wm},
                                              {DNNL_ARG_DST, dnnl::memory(e.dst, engine, out)}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias, engine, const_cast<float*>(bias)));
+  if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias, engine, const_cast<void*>(bias)));
   if (e.scratch)
     args.emplace(DNNL_ARG_SCRATCHPAD,
                  dnnl::memory(e.scratch_desc, engine, onednn::thread_scratch(onednn::Scratch::scratchpad, e.scratch)));
   e.primitive.execute(onednn::stream(), args);
   onednn::stream().wait();
   if (out != y)
-    for (int64_t r = 0; r < rows; ++r) std::copy(out + r * cols, out + (r + 1) * cols, y + r * e.ldy);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(y) + size_t(r * e.ldy) * size, static_cast<const char*>(out) + size_t(r * cols) * size,
+                  size_t(cols) * size);
 }
 #endif
 
@@ -547,6 +606,56 @@ Query linear_query(int64_t n, int64_t in, int64_t out, bool bias, bool relu) {
   return q;
 }
 
+#if FLUX_HAVE_ONEDNN
+/// The Dense inference on oneDNN's matmul for dtype t (f32 or bf16), output columns cut as `cut`;
+/// false (nothing written) where oneDNN declines a piece. The weights are prepared in the kernels'
+/// layouts and kept in `cache` under their own PreparedKind per dtype.
+bool linear_onednn(DType t, const void* x, const void* w, backend::PreparedCache* cache, const void* bias, void* y,
+                   int64_t n, int64_t in, int64_t out, bool relu, const Pieces& cut) {
+  const int64_t parts = cut.parts;
+  const size_t size = dtype_size(t);
+  auto at = [size](const void* p, int64_t elements) {
+    return p ? static_cast<const char*>(p) + size_t(elements) * size : nullptr;
+  };
+  std::vector<const Linear*> entries(size_t(parts), nullptr);
+  for (int64_t p = 0; p < parts; ++p) {
+    if (cut.lo(p) >= cut.hi(p)) continue;
+    entries[size_t(p)] = linear_entry(n, in, cut.hi(p) - cut.lo(p), out, bias != nullptr, relu, t);
+    if (!entries[size_t(p)]) return false;
+  }
+  // Prepared only where a piece's kernel reads w in its own layout (brgemm); else w in place.
+  bool packs = false;
+  for (const Linear* e : entries) packs = packs || (e && e->packs);
+  std::shared_ptr<const LinearWeights> weights;
+  if (packs) {
+    const PreparedKind kind = t == DType::bf16 ? PreparedKind::onednn_linear_bf16 : PreparedKind::onednn_linear;
+    const auto key = prepared_key(kind, reinterpret_cast<intptr_t>(w), n, in, out, parts, bias != nullptr, relu);
+    weights = prepared<LinearWeights>(cache, key, [&] {
+      auto lw = std::make_shared<LinearWeights>();
+      lw->pieces.resize(size_t(parts));
+      onednn::set_team(1);
+      for (int64_t p = 0; p < parts; ++p) {
+        const Linear* e = entries[size_t(p)];
+        if (!e || !e->packs) continue;
+        dnnl::memory plain(e->plain, onednn::engine(), const_cast<char*>(at(w, cut.lo(p) * in)));
+        lw->pieces[size_t(p)] = dnnl::memory(e->packed, onednn::engine());
+        e->pack.execute(onednn::stream(), plain, lw->pieces[size_t(p)]);
+      }
+      onednn::stream().wait();
+      return lw;
+    });
+  }
+  each_piece(parts, [&](int64_t p) {
+    const Linear* e = entries[size_t(p)];
+    if (!e) return;
+    const dnnl::memory wm = e->packs ? weights->pieces[size_t(p)]
+                                     : dnnl::memory(e->plain, onednn::engine(), const_cast<char*>(at(w, cut.lo(p) * in)));
+    linear_piece(*e, x, wm, at(bias, cut.lo(p)), const_cast<char*>(at(y, cut.lo(p))), size);
+  });
+  return true;
+}
+#endif
+
 /// The Dense inference by `use` (oneDNN: where it declines a piece, the panels run instead); false
 /// only when `strict` and oneDNN declined.
 bool run_linear(const float* x, const float* w, backend::PreparedCache* cache, const float* bias, float* y, int64_t n,
@@ -555,46 +664,7 @@ bool run_linear(const float* x, const float* w, backend::PreparedCache* cache, c
   const int64_t parts = cut.parts;
 #if FLUX_HAVE_ONEDNN
   if (use == Kernel::onednn) {
-    std::vector<const Linear*> entries(size_t(parts), nullptr);
-    bool have = true;
-    for (int64_t p = 0; p < parts && have; ++p) {
-      if (cut.lo(p) >= cut.hi(p)) continue;
-      entries[size_t(p)] = linear_entry(n, in, cut.hi(p) - cut.lo(p), out, bias != nullptr, relu);
-      have = entries[size_t(p)] != nullptr;
-    }
-    if (have) {
-      // Prepared only where a piece's kernel reads w in its own layout (brgemm); else w in place.
-      bool packs = false;
-      for (const Linear* e : entries) packs = packs || (e && e->packs);
-      std::shared_ptr<const LinearWeights> weights;
-      if (packs) {
-        const auto key = prepared_key(PreparedKind::onednn_linear, reinterpret_cast<intptr_t>(w), n, in, out, parts,
-                                      bias != nullptr, relu);
-        weights = prepared<LinearWeights>(cache, key, [&] {
-          auto lw = std::make_shared<LinearWeights>();
-          lw->pieces.resize(size_t(parts));
-          onednn::set_team(1);
-          for (int64_t p = 0; p < parts; ++p) {
-            const Linear* e = entries[size_t(p)];
-            if (!e || !e->packs) continue;
-            dnnl::memory plain(e->plain, onednn::engine(), const_cast<float*>(w + cut.lo(p) * in));
-            lw->pieces[size_t(p)] = dnnl::memory(e->packed, onednn::engine());
-            e->pack.execute(onednn::stream(), plain, lw->pieces[size_t(p)]);
-          }
-          onednn::stream().wait();
-          return lw;
-        });
-      }
-      each_piece(parts, [&](int64_t p) {
-        const Linear* e = entries[size_t(p)];
-        if (!e) return;
-        const float* wp = w + cut.lo(p) * in;
-        const dnnl::memory wm = e->packs ? weights->pieces[size_t(p)]
-                                         : dnnl::memory(e->plain, onednn::engine(), const_cast<float*>(wp));
-        linear_piece(*e, x, wm, bias ? bias + cut.lo(p) : nullptr, y + cut.lo(p));
-      });
-      return true;
-    }
+    if (linear_onednn(DType::f32, x, w, cache, bias, y, n, in, out, relu, cut)) return true;
     if (strict) return false;
   }
 #else
@@ -646,6 +716,24 @@ void panel_product(const float* x, int64_t n, int64_t in, const float* panels, i
 
 bool linear_forward(DType t, const void* x, const void* w, backend::PreparedCache* cache, const void* bias, void* y,
                     int64_t n, int64_t in, int64_t out, bool relu) {
+  if (t == DType::bf16) {
+    // oneDNN's bf16 matmul is the one kernel (the seam's question carries the dtype: a tuned table
+    // may name it; the panels are float32 only).
+    if (!bf16_kernels_enabled() || n < 1 || in == 0 || out == 0) return false;
+#if FLUX_HAVE_ONEDNN
+    Query q = linear_query(n, in, out, bias != nullptr, relu);
+    q.dims[5] = int64_t(DType::bf16) + 1;
+    if (choose(q, bit(Kernel::onednn)) != Kernel::onednn) return false;
+    try {
+      return linear_onednn(t, x, w, cache, bias, y, n, in, out, relu,
+                           Pieces(out, 2.0 * double(n) * double(in) * double(out), kSplitFlops));
+    } catch (const dnnl::error&) {
+      return false;
+    }
+#else
+    return false;
+#endif
+  }
   if (t != DType::f32 || n < kLinearMinRows || in == 0 || out == 0) return false;
   const Candidates candidates = bit(Kernel::panels) | (FLUX_HAVE_ONEDNN ? bit(Kernel::onednn) : 0);
   const Kernel use = choose(linear_query(n, in, out, bias != nullptr, relu), candidates);
@@ -656,6 +744,22 @@ bool linear_forward(DType t, const void* x, const void* w, backend::PreparedCach
 Kernel linear_kernel(int64_t n, int64_t in, int64_t out, bool bias, bool relu) {
   const Candidates candidates = bit(Kernel::panels) | (FLUX_HAVE_ONEDNN ? bit(Kernel::onednn) : 0);
   return choose(linear_query(n, in, out, bias, relu), candidates);
+}
+
+bool matmul_low_precision(DType t, const void* a, const void* b, void* c, const backend::Gemm& g) {
+  if (t != DType::bf16 || !bf16_kernels_enabled() || g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return false;
+  // Outputs that overlap (a zero C stride over several matrices) are left to the core.
+  if (g.batch > 1 && g.stride_c < g.m * g.n) return false;
+#if FLUX_HAVE_ONEDNN
+  try {
+    return gemm_bf16(static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), static_cast<uint16_t*>(c), g);
+  } catch (const dnnl::error&) {
+    return false;
+  }
+#else
+  (void)a, (void)b, (void)c;
+  return false;
+#endif
 }
 
 void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm& g) {

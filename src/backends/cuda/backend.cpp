@@ -11,6 +11,7 @@
 
 #include "flux/out_of_memory.hpp"
 #include "src/backends/cuda/cuda_backend.hpp"
+#include "src/backends/cuda/low_precision.hpp"
 
 #ifndef FLUX_GPU_ARCHS
 #define FLUX_GPU_ARCHS "unknown"
@@ -51,6 +52,8 @@ struct Staging {
 struct DeviceState {
   std::once_flag init;
   cudaStream_t stream = nullptr;
+  std::string gpu;          // the device's name and compute capability (set with the stream)
+  int cc_major = 0, cc_minor = 0;
   // caching allocator: freed blocks by size class. One stream per device, so a block freed by the
   // host may be handed out again at once: all later work is ordered after the work that used it.
   std::mutex pool_mutex;
@@ -379,22 +382,57 @@ class GpuBackend final : public backend::Backend {
   void random_uniform(int device, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
     cuda_backend::random_uniform(use(device).stream, t, ptr(dst), n, seed, offset);
   }
+  // ---- f16 / bf16 in hardware (low_precision.hpp): cuBLAS GemmEx and cuDNN, float32 accumulation.
+  // Where the device has no such units these decline and the core computes through float32. ----
+  backend::LowPrecisionSupport low_precision_support(int device, DType t) override {
+#ifdef FLUX_HIP
+    check_index(device, "low_precision_support");
+    return {false, std::string(dtype_name(t)) + " on " FLUX_GPU_BACKEND_NAME ": no rocBLAS or MIOpen in this build "
+                   "(Debian 12), so it is stored in 16 bits and computed through Float32"};
+#else
+    DeviceState& d = use(device);
+    return tensor_core_support(d.gpu, d.cc_major, d.cc_minor, t);
+#endif
+  }
+  bool matmul_low_precision(int device, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer c,
+                            const backend::Gemm& g) override {
+    if (!low_precision_units(device, t)) return false;
+    return cuda_backend::matmul_low_precision(device, use(device).stream, t, ptr(a), ptr(b), ptr(c), g);
+  }
+
   bool conv_forward(int device, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
+    if (!float_or_units(device, t)) return false;
     return cuda_backend::conv_forward(*this, device, use(device).stream, t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr,
                              ptr(y), g);
   }
   bool conv_backward_data(int device, DType t, backend::Buffer dy, backend::Buffer w, backend::Buffer dx,
                           const backend::ConvGeometry& g) override {
+    if (!float_or_units(device, t)) return false;
     return cuda_backend::conv_backward_data(*this, device, use(device).stream, t, ptr(dy), ptr(w), ptr(dx), g);
   }
   bool conv_backward_weight(int device, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer dw,
                             backend::Buffer dbias, const backend::ConvGeometry& g) override {
+    if (!float_or_units(device, t)) return false;
     return cuda_backend::conv_backward_weight(*this, device, use(device).stream, t, ptr(x), ptr(dy), ptr(dw),
                                      dbias.handle ? ptr(dbias) : nullptr, g);
   }
 
  private:
+  // t is f16/bf16 and the device computes it in tensor cores.
+  bool low_precision_units(int device, DType t) {
+#ifdef FLUX_HIP
+    (void)device, (void)t;
+    return false;
+#else
+    return has_tensor_cores(use(device).cc_major, t);
+#endif
+  }
+  // The library fast paths take f32/f64 always, f16/bf16 only where the device has the units.
+  bool float_or_units(int device, DType t) {
+    return (t != DType::f16 && t != DType::bf16) || low_precision_units(device, t);
+  }
+
   void check_index(int device, const char* api) const {
     if (device < 0 || device >= count_)
       detail::fail("[", api, "] ", FLUX_GPU_BACKEND_NAME, " device ", device, " does not exist (", count_,
@@ -409,7 +447,13 @@ class GpuBackend final : public backend::Backend {
       t_current_device = device;
     }
     DeviceState& d = *devices_[device];
-    std::call_once(d.init, [&] { check(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "cudaStreamCreate"); });
+    std::call_once(d.init, [&] {
+      check(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+      cudaDeviceProp p{};
+      check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+      d.gpu = p.name;
+      d.cc_major = p.major, d.cc_minor = p.minor;
+    });
     return d;
   }
 

@@ -5,9 +5,14 @@
 //     im2col runs one thread per column element; col2im one thread per dx element gathering its
 //     columns in kernel order (no atomics: the same sums on every run, in the CPU loop's order).
 //   cuDNN fast paths (CUDA plugin built with FLUX_CUDNN): the legacy convolution API (NCHW, groups,
-//     dilation, 1-D as 2-D with H = 1, 3-D), f32 and f64. Descriptors and the algorithm are chosen
-//     once per (device, dtype, direction, geometry) and cached; float32 runs FMA kernels only (no
-//     TF32), as cuBLAS does here, so results stay within float32 rounding of the float64 reference.
+//     dilation, 1-D as 2-D with H = 1, 3-D), f32, f64, f16 and bf16. Descriptors and the algorithm
+//     are chosen once per (device, dtype, direction, geometry) and cached; float32 runs FMA kernels
+//     only (no TF32), as cuBLAS does here, so results stay within float32 rounding of the float64
+//     reference. f16 / bf16 (backend.cpp calls these only on GPUs with such tensor cores) keep every
+//     array in 16 bits and compute in float32 (cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16 configurations)
+//     with tensor-op math; their bias and bias gradient are our kernels below (float32 sums, one
+//     block per channel: deterministic), not cudnnAddTensor / cudnnConvolutionBackwardBias, whose
+//     bf16 support is not documented.
 //     Handles are created on first use (cudnnCreate fails without a GPU: the plugin must still load).
 //     Anything cuDNN cannot do (asymmetric padding, 2^31 elements, no algorithm) returns false and
 //     the core takes the portable path. The AMDGPU build has no MIOpen (Debian 12): always false.
@@ -69,6 +74,73 @@ void col2im(Stream s, DType t, const void* col, void* dx, const backend::ConvGeo
 #ifdef FLUX_HAVE_CUDNN
 
 namespace {
+
+// f16 / bf16 elements as their bits, converted through float (gpu_runtime.hpp).
+template <bool BF16> __device__ inline float load16(uint16_t v) {
+  return BF16 ? bfloat16_bits_to_float(v) : half_bits_to_float(v);
+}
+template <bool BF16> __device__ inline uint16_t store16(float v) {
+  return BF16 ? float_to_bfloat16_bits(v) : float_to_half_bits(v);
+}
+
+// y[n, c, p] += bias[c] over (batch * channels) rows of `plane` elements, added in float32.
+template <bool BF16> __global__ void bias_add16(uint16_t* y, const uint16_t* bias, int64_t channels, int64_t plane,
+                                                int64_t total) {
+  for (int64_t i = thread_index(); i < total; i += thread_stride())
+    y[i] = store16<BF16>(load16<BF16>(y[i]) + load16<BF16>(bias[(i / plane) % channels]));
+}
+
+// db[c] = the sum of dy[n, c, p] over n and p: block c sums in float32 and rounds once.
+template <bool BF16> __global__ void __launch_bounds__(kThreads)
+bias_grad16(const uint16_t* dy, uint16_t* db, int64_t batch, int64_t channels, int64_t plane) {
+  __shared__ float part[kThreads];
+  const int64_t c = blockIdx.x;
+  float acc = 0.f;
+  for (int64_t n = 0; n < batch; ++n) {
+    const uint16_t* row = dy + (n * channels + c) * plane;
+    for (int64_t p = threadIdx.x; p < plane; p += kThreads) acc += load16<BF16>(row[p]);
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int width = kThreads / 2; width > 0; width /= 2) {
+    if (int(threadIdx.x) < width) part[threadIdx.x] += part[threadIdx.x + width];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) db[c] = store16<BF16>(part[0]);
+}
+
+int64_t plane_of(const backend::ConvGeometry& g) {
+  int64_t p = 1;
+  for (int i = 0; i < g.spatial; ++i) p *= g.out[i];
+  return p;
+}
+
+void bias_add_low(Stream s, DType t, void* y, const void* bias, const backend::ConvGeometry& g) {
+  const int64_t plane = plane_of(g), total = g.batch * g.out_channels * plane;
+  if (total <= 0) return;
+  auto* yp = static_cast<uint16_t*>(y);
+  auto* bp = static_cast<const uint16_t*>(bias);
+  if (t == DType::bf16)
+    bias_add16<true><<<blocks_for(total), kThreads, 0, s>>>(yp, bp, g.out_channels, plane, total);
+  else
+    bias_add16<false><<<blocks_for(total), kThreads, 0, s>>>(yp, bp, g.out_channels, plane, total);
+  check_launch("conv bias (f16/bf16) kernel");
+}
+
+void bias_grad_low(Stream s, DType t, const void* dy, void* db, const backend::ConvGeometry& g) {
+  if (g.out_channels <= 0) return;
+  if (g.out_channels > INT_MAX) detail::fail("[conv] ", g.out_channels, " output channels exceed the grid");
+  auto* dyp = static_cast<const uint16_t*>(dy);
+  auto* dbp = static_cast<uint16_t*>(db);
+  const unsigned blocks = unsigned(g.out_channels);
+  if (t == DType::bf16)
+    bias_grad16<true><<<blocks, kThreads, 0, s>>>(dyp, dbp, g.batch, g.out_channels, plane_of(g));
+  else
+    bias_grad16<false><<<blocks, kThreads, 0, s>>>(dyp, dbp, g.batch, g.out_channels, plane_of(g));
+  check_launch("conv bias gradient (f16/bf16) kernel");
+}
+
+bool low_precision(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 enum class Kind : int64_t { forward, backward_data, backward_weight };
 
@@ -173,15 +245,15 @@ bool tensor_desc(cudnnTensorDescriptor_t& desc, cudnnDataType_t type, const std:
          cudnnSetTensorNdDescriptor(desc, type, int(dims.size()), dims.data(), strides.data()) == CUDNN_STATUS_SUCCESS;
 }
 
-// Picks the first heuristic result that succeeded, is FMA-only for float32, fits the workspace cap,
-// preferring deterministic algorithms; -1 if none.
-template <class Perf> int choose(const Perf* perf, int n, bool f32, cudnnMathType_t& math) {
+// Picks the first heuristic result that succeeded, is FMA-only where asked (float32: no TF32), fits
+// the workspace cap, preferring deterministic algorithms; -1 if none.
+template <class Perf> int choose(const Perf* perf, int n, bool fma_only, cudnnMathType_t& math) {
   int pick = -1;
   for (int pass = 0; pass < 2 && pick < 0; ++pass)
     for (int i = 0; i < n; ++i) {
       const Perf& p = perf[i];
       if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kMaxWorkspace) continue;
-      if (f32 && p.mathType != CUDNN_FMA_MATH) continue;
+      if (fma_only && p.mathType != CUDNN_FMA_MATH) continue;
       if (pass == 0 && p.determinism != CUDNN_DETERMINISTIC) continue;
       pick = i;
       break;
@@ -190,12 +262,25 @@ template <class Perf> int choose(const Perf* perf, int n, bool f32, cudnnMathTyp
   return pick < 0 ? -1 : int(perf[pick].algo);
 }
 
+// cuDNN's types for t: the arrays' `data`, the convolution's `compute` (float32 for f16 / bf16) and
+// the math it may use (FMA only for float32: no TF32; tensor ops for f16 / bf16); false: no cuDNN path.
+bool dnn_types(DType t, cudnnDataType_t& data, cudnnDataType_t& compute, cudnnMathType_t& math) {
+  switch (t) {
+    case DType::f32: data = compute = CUDNN_DATA_FLOAT, math = CUDNN_FMA_MATH; return true;
+    case DType::f64: data = compute = CUDNN_DATA_DOUBLE, math = CUDNN_DEFAULT_MATH; return true;
+    case DType::f16: data = CUDNN_DATA_HALF, compute = CUDNN_DATA_FLOAT, math = CUDNN_TENSOR_OP_MATH; return true;
+    case DType::bf16: data = CUDNN_DATA_BFLOAT16, compute = CUDNN_DATA_FLOAT, math = CUDNN_TENSOR_OP_MATH; return true;
+    default: return false;
+  }
+}
+
 // Fills `p` for the convolution; false (p released) where cuDNN cannot do it.
 bool build_plan(Plan& p, cudnnHandle_t h, DType t, Kind kind, const backend::ConvGeometry& g) {
-  if (t != DType::f32 && t != DType::f64) return false;
+  cudnnDataType_t type, compute;
+  cudnnMathType_t math;
+  if (!dnn_types(t, type, compute, math)) return false;
   if (g.spatial < 1 || g.spatial > 3 || g.groups < 1 || g.in_channels % g.groups || g.out_channels % g.groups) return false;
-  const bool f32 = t == DType::f32;
-  const cudnnDataType_t type = f32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
+  const bool fma_only = t == DType::f32;
   bool ok = fits_int(g.groups);
   std::vector<int> xd = activation_dims(g, g.in_channels, g.in, ok);
   std::vector<int> yd = activation_dims(g, g.out_channels, g.out, ok);
@@ -222,9 +307,9 @@ bool build_plan(Plan& p, cudnnHandle_t h, DType t, Kind kind, const backend::Con
        cudnnSetFilterNdDescriptor(p.w, type, CUDNN_TENSOR_NCHW, nb, wd.data()) == CUDNN_STATUS_SUCCESS &&
        cudnnCreateConvolutionDescriptor(&p.conv) == CUDNN_STATUS_SUCCESS &&
        cudnnSetConvolutionNdDescriptor(p.conv, nb - 2, pad.data(), stride.data(), dilation.data(),
-                                       CUDNN_CROSS_CORRELATION, type) == CUDNN_STATUS_SUCCESS &&
+                                       CUDNN_CROSS_CORRELATION, compute) == CUDNN_STATUS_SUCCESS &&
        cudnnSetConvolutionGroupCount(p.conv, int(g.groups)) == CUDNN_STATUS_SUCCESS &&
-       cudnnSetConvolutionMathType(p.conv, f32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH) == CUDNN_STATUS_SUCCESS;
+       cudnnSetConvolutionMathType(p.conv, math) == CUDNN_STATUS_SUCCESS;
   // cuDNN pads both sides by pad_lo: usable only when that gives our output size (pad_hi may differ
   // where the extra cells are never read).
   std::vector<int> got(size_t(nb), 0);
@@ -234,25 +319,24 @@ bool build_plan(Plan& p, cudnnHandle_t h, DType t, Kind kind, const backend::Con
     return false;
   }
 
-  cudnnMathType_t math = f32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
   int algo = -1, n = 0;
   cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
   if (kind == Kind::forward) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     st = cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf);
-    if (st == CUDNN_STATUS_SUCCESS) algo = choose(perf, n, f32, math);
+    if (st == CUDNN_STATUS_SUCCESS) algo = choose(perf, n, fma_only, math);
     if (algo < 0) algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
   } else if (kind == Kind::backward_data) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     st = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n,
                                                      perf);
-    if (st == CUDNN_STATUS_SUCCESS) algo = choose(perf, n, f32, math);
+    if (st == CUDNN_STATUS_SUCCESS) algo = choose(perf, n, fma_only, math);
     if (algo < 0) algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
                                                        &n, perf);
-    if (st == CUDNN_STATUS_SUCCESS) algo = choose(perf, n, f32, math);
+    if (st == CUDNN_STATUS_SUCCESS) algo = choose(perf, n, fma_only, math);
     if (algo < 0) algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
   }
   // The workspace size query doubles as the check that the algorithm supports this case.
@@ -276,9 +360,9 @@ bool build_plan(Plan& p, cudnnHandle_t h, DType t, Kind kind, const backend::Con
   p.workspace = bytes;
   p.ok = true;
   if (debug())
-    std::fprintf(stderr, "[flux:backends] CUDA: cuDNN %s %dD %s: algorithm %d, workspace %zu bytes\n",
+    std::fprintf(stderr, "[flux:backends] CUDA: cuDNN %s %dD %s: algorithm %d (%s math), workspace %zu bytes\n",
                  kind == Kind::forward ? "forward" : kind == Kind::backward_data ? "backward data" : "backward filter",
-                 g.spatial, f32 ? "f32" : "f64", algo, bytes);
+                 g.spatial, dtype_name(t), algo, math == CUDNN_TENSOR_OP_MATH ? "tensor-op" : "FMA", bytes);
   return true;
 }
 
@@ -329,7 +413,9 @@ bool conv_forward(backend::Backend& be, int device, Stream s, DType t, const voi
                                    ws.size(), k.zero(), p->y, y),
            *p, "cudnnConvolutionForward"))
     return false;
-  if (bias) {
+  if (bias && low_precision(t)) {
+    bias_add_low(s, t, y, bias, g);
+  } else if (bias) {
     cudnnStatus_t st = cudnnAddTensor(h, k.one(), p->bias, bias, k.one(), p->y, y);
     if (st != CUDNN_STATUS_SUCCESS) detail::fail("[conv] cudnnAddTensor (bias) failed: ", cudnnGetErrorString(st));
   }
@@ -364,7 +450,9 @@ bool conv_backward_weight(backend::Backend& be, int device, Stream s, DType t, c
                                           dw),
            *p, "cudnnConvolutionBackwardFilter"))
     return false;
-  if (dbias) {
+  if (dbias && low_precision(t)) {
+    bias_grad_low(s, t, dy, dbias, g);
+  } else if (dbias) {
     cudnnStatus_t st = cudnnConvolutionBackwardBias(h, k.one(), p->y, dy, k.zero(), p->bias, dbias);
     if (st != CUDNN_STATUS_SUCCESS)
       detail::fail("[conv] cudnnConvolutionBackwardBias failed: ", cudnnGetErrorString(st));
@@ -379,7 +467,7 @@ std::string dnn_version() {
   };
   std::string s = "cuDNN " + text(v);
   if (v != size_t(CUDNN_VERSION)) s += " (built against " + text(CUDNN_VERSION) + ")";
-  return s + " for conv (legacy API, float32 without TF32)";
+  return s + " for conv (legacy API: float32 without TF32; Float16/BFloat16 on tensor cores, float32 compute)";
 }
 
 #else  // no cuDNN: the core's im2col + matmul path everywhere

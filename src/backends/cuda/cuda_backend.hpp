@@ -21,6 +21,9 @@ void where(Stream s, DType t, const void* cond, const void* a, const void* b, vo
 void reduce(Stream s, backend::ReduceOp op, DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner);
 /// `device` selects the per-device BLAS handle (CUDA: cuBLAS; AMDGPU: our tiled kernel, no handle).
 void matmul(int device, Stream s, DType t, const void* a, const void* b, void* c, const backend::Gemm& g);
+/// f16/bf16 GEMM with float32 accumulation (cuBLAS GemmStridedBatchedEx, CUBLAS_COMPUTE_32F: tensor
+/// cores); false for other dtypes and on AMDGPU (no rocBLAS). The caller checked the device's units.
+bool matmul_low_precision(int device, Stream s, DType t, const void* a, const void* b, void* c, const backend::Gemm& g);
 void softmax(Stream s, DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner, bool log);
 void gather(Stream s, DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);
 void scatter_add(Stream s, DType t, const void* src, const int64_t* idx, void* dst, int64_t outer, int64_t len, int64_t inner, int64_t nidx);
@@ -101,6 +104,8 @@ bool recurrent_backward(Stream s, backend::RecurrentCell cell, DType t, const vo
 
 /// cuDNN fast paths (CUDA plugin built with cuDNN); false where there is none for the case: the core
 /// then runs im2col + matmul. Workspace comes from `be`'s caching allocator. bias / dbias may be null.
+/// f32, f64, and f16/bf16 (every array of that dtype, float32 compute on tensor cores; the caller
+/// checked the device's units).
 bool conv_forward(backend::Backend& be, int device, Stream s, DType t, const void* x, const void* w, const void* bias,
                   void* y, const backend::ConvGeometry& g);
 bool conv_backward_data(backend::Backend& be, int device, Stream s, DType t, const void* dy, const void* w, void* dx,

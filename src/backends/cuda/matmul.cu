@@ -1,6 +1,8 @@
 // Batched row-major GEMM on the GPU (reference: src/backends/cpu/matmul.cpp).
-//   CUDA:   cuBLAS strided-batched S/D GEMM (f16/bf16 through GemmStridedBatchedEx, f32 compute);
-//           row-major C = A B is column-major C^T = B^T A^T, so the operands are swapped.
+//   CUDA:   cuBLAS strided-batched S/D GEMM (f16/bf16 through GemmStridedBatchedEx with
+//           CUBLAS_COMPUTE_32F: tensor cores, float32 accumulation, alpha/beta in float32; this is
+//           also matmul_low_precision); row-major C = A B is column-major C^T = B^T A^T, so the
+//           operands are swapped.
 //   AMDGPU: no rocBLAS in Debian 12, so floats use the tiled kernel below, as integers do on both.
 #include <mutex>
 #include <vector>
@@ -144,6 +146,17 @@ void matmul(int device, Stream s, DType t, const void* a, const void* b, void* c
     default: detail::fail("[matmul] " FLUX_GPU_BACKEND_NAME " kernel does not support ", dtype_name(t));
   }
   (void)device;
+}
+
+bool matmul_low_precision(int device, Stream s, DType t, const void* a, const void* b, void* c, const backend::Gemm& g) {
+  if (t != DType::f16 && t != DType::bf16) return false;
+#ifdef FLUX_HIP
+  (void)device, (void)s, (void)a, (void)b, (void)c, (void)g;
+  return false;  // no rocBLAS: the core computes through float32
+#else
+  matmul(device, s, t, a, b, c, g);  // empty shapes and k = 0 as every dtype; then cublasGemmStridedBatchedEx
+  return true;
+#endif
 }
 
 std::string blas_version() {

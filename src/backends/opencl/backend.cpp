@@ -418,6 +418,20 @@ class OpenCLBackend final : public backend::Backend {
        << (std::getenv("FLUX_OPENCL_DEVICES") ? std::getenv("FLUX_OPENCL_DEVICES") : "(unset)") << "\n";
     return os.str();
   }
+  // f16: units where the device has half arithmetic (cl_khr_fp16); bf16: OpenCL has none. Either
+  // way this plugin computes them through Float32 (matmul_low_precision keeps the default false:
+  // CLBlast's half GEMM accumulates in half, not the float32 the contract asks for).
+  backend::LowPrecisionSupport low_precision_support(int d, DType t) override {
+    DeviceState& s = device(d);
+    const std::string how = " is stored in 16 bits and computed through Float32 by this plugin";
+    if (t == DType::f16 && s.fp16)
+      return {true, s.name + " has cl_khr_fp16 (half arithmetic); Float16" + how +
+                        " (CLBlast's half GEMM would accumulate in half)"};
+    if (t == DType::f16) return {false, s.name + " lacks cl_khr_fp16: Float16" + how};
+    if (t == DType::bf16) return {false, "OpenCL has no BFloat16 arithmetic (storage only): BFloat16" + how};
+    return {false, std::string(dtype_name(t)) + " is not a low-precision dtype"};
+  }
+
   backend::MemoryInfo memory(int d) override {
     Device& dev = entry(d);
     size_t used = dev.pool.used(), reserved = used + dev.pool.cached();
@@ -682,7 +696,9 @@ class OpenCLBackend final : public backend::Backend {
       cl_device_type type = 0;
       clGetDeviceInfo(id, CL_DEVICE_TYPE, sizeof type, &type, nullptr);
       s.is_cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
-      s.fp64 = device_info(id, CL_DEVICE_EXTENSIONS).find("cl_khr_fp64") != std::string::npos;
+      const std::string extensions = device_info(id, CL_DEVICE_EXTENSIONS);
+      s.fp64 = extensions.find("cl_khr_fp64") != std::string::npos;
+      s.fp16 = extensions.find("cl_khr_fp16") != std::string::npos;
       cl_ulong gm = 0, ma = 0;
       clGetDeviceInfo(id, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof gm, &gm, nullptr);
       clGetDeviceInfo(id, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof ma, &ma, nullptr);

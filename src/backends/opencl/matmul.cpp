@@ -1,5 +1,8 @@
 // GEMM on OpenCL devices: CLBlast for Float32/Float64 (row-major, transposes folded into the call,
-// batches as a loop of Gemm calls), a plain kernel for integers.
+// batches as a loop of Gemm calls), a plain kernel for integers. Float16/BFloat16 have no kernel here
+// (matmul_low_precision declines; the core computes through Float32): CLBlast's half GEMM keeps its
+// accumulators in half (its `real` type), short of the float32 accumulation the backend contract
+// asks for.
 #include "src/backends/opencl/opencl_backend.hpp"
 
 #include <clblast.h>

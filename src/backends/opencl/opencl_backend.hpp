@@ -48,6 +48,7 @@ struct DeviceState {
   cl_command_queue queue = nullptr;
   std::string name, platform_name, version;
   bool is_cpu = false, fp64 = false;
+  bool fp16 = false;  // cl_khr_fp16: half arithmetic (low_precision_support)
   size_t global_mem = 0, max_alloc = 0;
   /// One kernel of a built program, with its idle kernel objects: as many exist as threads ever
   /// launched it at the same time (made by clCreateKernel when none is idle).

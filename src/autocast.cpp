@@ -1,0 +1,134 @@
+// Autocast's per-thread scope, the device decision and the cast cache (flux/autocast.hpp).
+#include "flux/autocast.hpp"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "flux/autodiff.hpp"
+#include "flux/backend.hpp"
+#include "src/autocast.hpp"
+#include "src/internal.hpp"
+#include "src/ops/ops_internal.hpp"
+#include "src/storage_cache.hpp"
+
+namespace flux {
+
+namespace {
+thread_local std::optional<DType> t_low;
+std::atomic<int> g_emulate{-1};  // -1: not yet read from FLUX_AUTOCAST_EMULATE
+std::atomic<bool> g_warned_bf16{false}, g_warned_f16{false};
+
+void check_low(DType t) {
+  if (t != DType::f16 && t != DType::bf16)
+    detail::fail("[autocast] runs in Float16 or BFloat16; got ", dtype_name(t),
+                 " (Float32 is what autocast leaves; use no scope for it)");
+}
+}  // namespace
+
+AutocastScope::AutocastScope(std::optional<DType> low) : saved_(t_low) {
+  if (low) check_low(*low);
+  t_low = low;
+}
+AutocastScope::~AutocastScope() { t_low = saved_; }
+
+std::optional<DType> autocast_dtype() { return t_low; }
+
+void set_autocast_emulation(bool on) { g_emulate = on ? 1 : 0; }
+bool autocast_emulation() {
+  int v = g_emulate.load();
+  if (v < 0) {
+    const char* env = std::getenv("FLUX_AUTOCAST_EMULATE");
+    v = env && *env && std::strcmp(env, "0") != 0 ? 1 : 0;
+    int expected = -1;
+    g_emulate.compare_exchange_strong(expected, v);
+    v = g_emulate.load();
+  }
+  return v == 1;
+}
+
+namespace detail {
+
+bool autocast_active() { return t_low.has_value(); }
+void reset_autocast_warnings() { g_warned_bf16 = g_warned_f16 = false; }
+
+namespace {
+// Whether x's device runs autocast in `low`: always, except a CPU without units for it (then once
+// per process and dtype a warning that names what is missing, and Float32).
+bool device_runs(const Tensor& x, DType low) {
+  if (!x.device().is_cpu() || autocast_emulation()) return true;
+  const backend::LowPrecisionSupport s = x.backend().low_precision_support(x.device().index(), low);
+  if (s.units) return true;
+  std::atomic<bool>& warned = low == DType::bf16 ? g_warned_bf16 : g_warned_f16;
+  if (!warned.exchange(true)) {
+    const std::string message = std::string("[autocast] ") + dtype_name(low) + " autocast on the CPU computes in Float32: " +
+                                s.detail + ".\n│   Low precision without units would be slower than Float32; " +
+                                "set_autocast_emulation(true) or FLUX_AUTOCAST_EMULATE=1 computes in " + dtype_name(low) +
+                                " anyway (to check a model's numerics). This warning is shown once.";
+    std::fprintf(stderr, "┌ Warning: %s\n└ @ flux\n", message.c_str());  // the house's warning format
+  }
+  return false;
+}
+}  // namespace
+
+std::optional<DType> autocast_low(std::initializer_list<const Tensor*> operands) {
+  if (!t_low) return std::nullopt;
+  const Tensor* f32 = nullptr;
+  for (const Tensor* t : operands)
+    if (t->defined() && t->dtype() == DType::f32) {
+      f32 = t;
+      break;
+    }
+  if (!f32 || !device_runs(*f32, *t_low)) return std::nullopt;
+  return t_low;
+}
+
+Tensor autocast_to(const Tensor& x, DType low) {
+  if (!x.defined() || x.dtype() != DType::f32) return x;
+  return cached_cast(x, low);
+}
+
+Tensor autocast_f32(const Tensor& x) {
+  if (!t_low || !x.defined() || (x.dtype() != DType::f16 && x.dtype() != DType::bf16)) return x;
+  return x.cast(DType::f32);
+}
+
+namespace {
+struct CastEntry final : backend::Prepared {
+  explicit CastEntry(Tensor t) : value(std::move(t)) {}
+  Tensor value;
+};
+}  // namespace
+
+Tensor cached_raw_cast(const Tensor& w, DType t) {
+  if (w.dtype() == t) return w;
+  autodiff::NoGrad no_grad;
+  backend::PreparedKey key{};
+  if (w.ndim() > int(key.size()) - 4) return raw_cast(w, t);
+  // The core's keys are negative (backend.hpp): -2 names a cast, then dtype, offset and shape.
+  key[0] = -2, key[1] = int64_t(t), key[2] = int64_t(w.impl()->offset), key[3] = w.ndim();
+  for (int i = 0; i < w.ndim(); ++i) key[size_t(4 + i)] = w.shape()[i];
+  StorageCache& cache = storage_cache(w);
+  if (auto found = cache.find(key)) return static_cast<const CastEntry&>(*found).value;
+  Tensor value = raw_cast(w, t);
+  cache.insert(key, std::make_shared<CastEntry>(value));
+  return value;
+}
+
+Tensor cached_cast(const Tensor& w, DType t) {
+  if (w.dtype() == t) return w;
+  const Tensor value = cached_raw_cast(w, t);
+  // A handle of its own, so that the tape records this use (the cached tensor itself stays untracked).
+  Tensor out(std::make_shared<TensorImpl>(*value.impl()));
+  out.impl()->tape_id = -1;
+  out.impl()->tape_generation = 0;
+  const DType from = w.dtype();
+  autodiff::record(out, {&w}, [from](const Tensor& g) { return std::vector<Tensor>{g.cast(from)}; });
+  return out;
+}
+
+}  // namespace detail
+}  // namespace flux

@@ -1,0 +1,326 @@
+// Mixed precision: model casts (f16/bf16/f32/f64), the ops in Float16/BFloat16, and autocast
+// (flux/autocast.hpp): each autocast op against a float64 reference within the low dtype's
+// tolerance, gradients through autocast against finite differences of the float64 model, the CPU
+// without units warning once and computing in float32, on every device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "src/autocast.hpp"
+#include "test_devices.hpp"
+
+namespace flux::detail {
+int cpu_force_isa(int level);  // src/backends/cpu/isa.cpp
+}
+
+namespace {
+
+using namespace flux;
+using flux::testing::max_rel_error;
+
+// Emulation on for the test's scope: the CPU computes in the low dtype even without units, so the
+// low-precision numerics are checked on every machine.
+struct Emulate {
+  Emulate() : saved(autocast_emulation()) { set_autocast_emulation(true); }
+  ~Emulate() { set_autocast_emulation(saved); }
+  bool saved;
+};
+
+// The unit roundoff of each low dtype, and a bound for one rounding of a float32-accumulated result.
+double roundoff(DType t) { return t == DType::bf16 ? 0x1p-8 : 0x1p-11; }
+double tol(DType t) { return 4 * roundoff(t); }
+
+// A float64 reference from the values autocast actually sees: x rounded to the low dtype.
+Tensor rounded64(const Tensor& x, DType low) { return to(x, Device()).cast(low).cast(DType::f64); }
+
+struct Case {
+  Device device;
+  DType low;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << to_string(c.device) << " " << dtype_name(c.low); }
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string s = to_string(info.param.device) + "_" + dtype_name(info.param.low);
+  for (char& c : s)
+    if (c == ':') c = '_';
+  return s;
+}
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (const Device& d : flux::testing::test_devices())
+    for (DType t : {DType::bf16, DType::f16}) out.push_back({d, t});
+  return out;
+}
+
+class AutocastOps : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AutocastOps, LowPrecisionListRunsInTheLowDtype) {
+  const auto [d, low] = GetParam();
+  Emulate emulate;
+  Tensor a = to(randn({5, 33}), d), b = to(randn({33, 7}), d);
+  Tensor c = autocast(low, [&] { return matmul(a, b); });
+  EXPECT_EQ(c.dtype(), low);
+  EXPECT_LT(max_rel_error(c, matmul(rounded64(a, low), rounded64(b, low)).to_vector<double>()), tol(low));
+
+  Dense dense = Dense(33, 6, relu) | d;
+  Tensor y = autocast(low, [&] { return dense(a); });
+  EXPECT_EQ(y.dtype(), low);
+  Tensor want = relu(matmul(rounded64(a, low), rounded64(dense.weight, low), false, true) + rounded64(dense.bias, low));
+  EXPECT_LT(max_rel_error(y, want.to_vector<double>()), tol(low));
+
+  Tensor x = to(randn({2, 3, 9, 9}), d), w = to(randn({4, 3, 3, 3}), d), bias = to(randn({4}), d);
+  Tensor yc = autocast(low, [&] { return conv(x, w, bias, {.stride = 2, .pad = 1}); });
+  EXPECT_EQ(yc.dtype(), low);
+  Tensor wantc = conv(rounded64(x, low), rounded64(w, low), rounded64(bias, low), {.stride = 2, .pad = 1});
+  EXPECT_LT(max_rel_error(yc, wantc.to_vector<double>()), tol(low));
+
+  Tensor wt = to(randn({3, 4, 3, 3}), d);
+  Tensor yt = autocast(low, [&] { return conv_transpose(x, wt, Tensor(), {.stride = 2}); });
+  EXPECT_EQ(yt.dtype(), low);
+  Tensor wantt = conv_transpose(rounded64(x, low), rounded64(wt, low), Tensor(), {.stride = 2});
+  EXPECT_LT(max_rel_error(yt, wantt.to_vector<double>()), tol(low));
+
+  Tensor q = to(randn({2, 5, 8}), d), k = to(randn({2, 6, 8}), d), v = to(randn({2, 6, 8}), d);
+  Tensor ya = autocast(low, [&] { return dot_product_attention(q, k, v, Tensor(), 0.35, 0.0); });
+  EXPECT_EQ(ya.dtype(), low);
+  // Scores, softmax and the weighted sum each round once to the low dtype: a few roundoffs.
+  Tensor s = to(autocast(low, [&] { return matmul(q, k, false, true); }), Device()).cast(DType::f64) * 0.35;
+  Tensor wanta = matmul(softmax(s, -1).cast(low).cast(DType::f64), rounded64(v, low));
+  EXPECT_LT(max_rel_error(ya, wanta.to_vector<double>()), 2 * tol(low));
+}
+
+TEST_P(AutocastOps, RecurrentLayersRunInTheLowDtype) {
+  const auto [d, low] = GetParam();
+  Emulate emulate;
+  auto lstm = LSTM(6, 8) | d;
+  Tensor x = to(randn({3, 4, 6}), d);
+  Tensor y = autocast(low, [&] { return lstm(x); });
+  EXPECT_EQ(y.dtype(), low);
+  // The reference: the same layer in float64 from the rounded weights and input; the state is carried
+  // in float32 step to step, each step's input projections rounded once, so a few roundoffs.
+  auto ref = f64(fmap([&](const Tensor& t) { return t.defined() ? to(t, Device()).cast(low) : t; }, lstm));
+  Tensor want = ref(rounded64(x, low));
+  EXPECT_LT(max_rel_error(y, want.to_vector<double>()), 8 * tol(low));
+}
+
+TEST_P(AutocastOps, Float32ListRunsInFloat32) {
+  const auto [d, low] = GetParam();
+  Emulate emulate;
+  Tensor xl = to(randn({4, 10}), d).cast(low);
+  Tensor x64 = xl.cast(DType::f64);
+  AutocastScope scope(low);
+  struct Op {
+    const char* name;
+    Tensor got, want;
+  };
+  const Tensor pos = abs(xl) + 0.5;
+  const Tensor target = to(Tensor(std::vector<float>(40, 0.1f), Shape{4, 10}), d);
+  for (const Op& op : {Op{"softmax", softmax(xl), softmax(x64)}, Op{"logsoftmax", logsoftmax(xl), logsoftmax(x64)},
+                       Op{"sum", sum(xl, 1), sum(x64, 1)}, Op{"mean", mean(xl), mean(x64)},
+                       Op{"exp", exp(xl), exp(x64)}, Op{"log", log(pos), log(pos.cast(DType::f64))},
+                       Op{"mse", mse(xl, target), mse(x64, target.f64())},
+                       Op{"logitcrossentropy", logitcrossentropy(xl, target), logitcrossentropy(x64, target.f64())}}) {
+    SCOPED_TRACE(op.name);
+    EXPECT_EQ(op.got.dtype(), DType::f32);
+    EXPECT_LT(max_rel_error(op.got, op.want.to_vector<double>()), 1e-5);
+  }
+}
+
+TEST_P(AutocastOps, NormalisationStatisticsInFloat32OutputLow) {
+  const auto [d, low] = GetParam();
+  Emulate emulate;
+  Tensor x = to(randn({4, 3, 5, 5}) * 3.0 + 100.0, d).cast(low);  // a large mean: bf16 statistics would fail
+  auto bn = BatchNorm(3) | d;
+  trainmode(bn);
+  Tensor y = autocast(low, [&] { return bn(x); });
+  EXPECT_EQ(y.dtype(), low);
+  EXPECT_EQ(static_cast<const Tensor&>(bn.running_mean).dtype(), DType::f32);
+  Tensor want = batchnorm(x.cast(DType::f64), Tensor(), Tensor(), 1e-5, nullptr, nullptr);
+  EXPECT_LT(max_rel_error(y, want.to_vector<double>()), tol(low));
+  // The running mean moved towards the batch mean (about 100) in float32.
+  EXPECT_GT(mean(static_cast<const Tensor&>(bn.running_mean)).item<double>(), 5.0);
+
+  auto ln = LayerNorm(5) | d;
+  Tensor z = autocast(low, [&] { return ln(x); });
+  EXPECT_EQ(z.dtype(), low);
+  EXPECT_LT(max_rel_error(z, layernorm(x.cast(DType::f64), Tensor(), Tensor()).to_vector<double>()), tol(low));
+}
+
+// Gradients through autocast agree with central differences of the float64 model (the float32 master
+// weights' own gradient, in Float32), within the low dtype's accuracy.
+TEST_P(AutocastOps, GradientsMatchFiniteDifferences) {
+  const auto [d, low] = GetParam();
+  Emulate emulate;
+  auto model = Chain(Conv({3, 3}, 2, 4, relu), MaxPool({2, 2}), flatten, Dense(16, 8, tanh), Dense(8, 3)) | d;
+  Tensor x = to(randn({3, 2, 6, 6}), d);
+  Tensor y = to(Tensor(std::vector<float>{1, 0, 0, 0, 1, 0, 0, 0, 1}, Shape{3, 3}), d);
+  auto loss = [&](auto& m) { return logitcrossentropy(m(x), y); };
+  auto [value, grads] = withgradient(loss, model, {.autocast = low});
+  EXPECT_EQ(value.dtype(), DType::f32);
+  std::vector<Tensor> g = params(grads), p = params(model);
+  ASSERT_EQ(g.size(), p.size());
+  for (const Tensor& t : g) EXPECT_EQ(t.dtype(), DType::f32);
+  // Central differences of the float64 model on a few entries of every parameter.
+  auto m64 = f64(model | Device());
+  Tensor x64 = to(x, Device()).f64(), y64 = to(y, Device()).f64();
+  std::vector<Tensor> p64 = params(m64);
+  for (size_t i = 0; i < p64.size(); ++i) {
+    std::vector<double> gi = g[i].to_vector<double>();
+    double scale = 1e-3;
+    for (double v : gi) scale = std::max(scale, std::abs(v));
+    for (int64_t e : {int64_t(0), p64[i].numel() / 2, p64[i].numel() - 1}) {
+      std::vector<double> vals = p64[i].to_vector<double>();
+      const double h = 1e-5, v0 = vals[size_t(e)];
+      auto at = [&](double v) {
+        vals[size_t(e)] = v;
+        copy_(p64[i], Tensor(vals, p64[i].shape()));
+        return logitcrossentropy(m64(x64), y64).item<double>();
+      };
+      const double fd = (at(v0 + h) - at(v0 - h)) / (2 * h);
+      at(v0);
+      SCOPED_TRACE("parameter " + std::to_string(i) + " entry " + std::to_string(e));
+      EXPECT_NEAR(gi[size_t(e)], fd, 16 * roundoff(low) * scale + 1e-6);
+    }
+  }
+}
+
+TEST_P(AutocastOps, InferenceFormMatchesTheLowModel) {
+  const auto [d, low] = GetParam();
+  Emulate emulate;
+  auto model = Chain(Dense(12, 16, relu), Dense(16, 4)) | d;
+  Tensor x = to(randn({5, 12}), d);
+  Tensor y = autocast(low, [&] { return model(x); });
+  EXPECT_EQ(y.dtype(), low);
+  // Autocast of a float32 model computes what the low model computes on rounded input.
+  auto lm = (low == DType::bf16 ? bf16(model) : f16(model));
+  Tensor want = lm(x.cast(low));
+  EXPECT_EQ(y.to_vector<double>(), want.to_vector<double>());
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, AutocastOps, ::testing::ValuesIn(cases()), case_name);
+
+class ModelCasts : public ::testing::TestWithParam<Device> {};
+
+TEST_P(ModelCasts, EveryFloatingTensorConvertedTiesKept) {
+  const Device d = GetParam();
+  auto shared = Dense(4, 4, relu);
+  auto model = Chain(shared, BatchNorm(4), shared, Embedding(10, 4)) | d;
+  for (DType t : {DType::f16, DType::bf16, DType::f64, DType::f32}) {
+    SCOPED_TRACE(dtype_name(t));
+    auto m = t == DType::f16 ? f16(model) : t == DType::bf16 ? bf16(model) : t == DType::f64 ? f64(model) : f32(model);
+    fmap([&](const Tensor& x) {
+      if (x.defined() && is_floating(x.dtype())) {
+        EXPECT_EQ(x.dtype(), t);
+      }
+      if (x.defined()) {
+        EXPECT_EQ(x.device(), d);
+      }
+      return x;
+    }, m);
+    // BatchNorm's running statistics (non-trainable) are converted too.
+    EXPECT_EQ(static_cast<const Tensor&>(std::get<1>(m.layers).running_var).dtype(), t);
+    // The Dense used twice is still one set of tensors.
+    EXPECT_EQ(std::get<0>(m.layers).weight.impl()->storage, std::get<2>(m.layers).weight.impl()->storage);
+    // Values: a rounding of the float32 ones.
+    EXPECT_EQ(std::get<0>(m.layers).weight.to_vector<double>(),
+              std::get<0>(model.layers).weight.cast(t).to_vector<double>());
+  }
+}
+
+TEST_P(ModelCasts, LowModelsRunInTheirDtype) {
+  const Device d = GetParam();
+  auto model = Chain(Conv({3, 3}, 2, 3, relu), MeanPool({2, 2}), flatten, Dense(12, 5)) | d;
+  auto lstm = Chain(GRU(3, 4), Dense(4, 2)) | d;
+  Tensor x = to(randn({2, 2, 6, 6}), d), s = to(randn({2, 3, 3}), d);
+  for (DType t : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(t));
+    auto m = t == DType::bf16 ? bf16(model) : f16(model);
+    Tensor y = m(x.cast(t));
+    EXPECT_EQ(y.dtype(), t);
+    auto ref = f64(m | Device());
+    EXPECT_LT(max_rel_error(y, ref(rounded64(x, t)).to_vector<double>()), 4 * tol(t));
+    auto r = t == DType::bf16 ? bf16(lstm) : f16(lstm);
+    Tensor z = r(s.cast(t));
+    EXPECT_EQ(z.dtype(), t);
+    EXPECT_LT(max_rel_error(z, f64(r | Device())(rounded64(s, t)).to_vector<double>()), 8 * tol(t));
+    // A Float32 input to the low model is converted (Flux's one-time warning).
+    EXPECT_EQ(m(x).dtype(), t);
+    // Gradients of a low model have its dtype.
+    auto g = gradient([&](auto& mm) { return sum(mm(x.cast(t))); }, m);
+    EXPECT_EQ(std::get<3>(g.layers).weight.dtype(), t);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, ModelCasts, ::testing::ValuesIn(flux::testing::test_devices()),
+                         flux::testing::device_test_name);
+
+// A CPU without units (forced here by capping the ISA below AVX-512, so on every machine) warns once,
+// naming what is missing, and computes in Float32: bit for bit the Float32 result.
+TEST(Autocast, CpuWithoutUnitsWarnsOnceAndMatchesFloat32) {
+  const int old = detail::cpu_force_isa(1);
+  set_autocast_emulation(false);
+  auto model = Chain(Conv({3, 3}, 1, 2, relu), flatten, Dense(18, 3));
+  Tensor x = randn({2, 1, 5, 5});
+  auto loss = [&](auto& m) { return sum(m(x)); };
+  auto want = withgradient(loss, model);
+  detail::reset_autocast_warnings();
+  ::testing::internal::CaptureStderr();
+  auto got = withgradient(loss, model, {.autocast = DType::bf16});
+  auto again = withgradient(loss, model, {.autocast = DType::bf16});
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  detail::cpu_force_isa(old);
+  EXPECT_EQ(got.value.item<double>(), want.value.item<double>());
+  EXPECT_EQ(std::get<2>(got.grad.layers).weight.to_vector<double>(), std::get<2>(want.grad.layers).weight.to_vector<double>());
+  EXPECT_EQ(again.value.item<double>(), want.value.item<double>());
+  // Once per process, naming what is missing.
+  size_t count = 0;
+  for (size_t at = err.find("BFloat16 autocast on the CPU computes in Float32"); at != std::string::npos;
+       at = err.find("BFloat16 autocast on the CPU computes in Float32", at + 1))
+    ++count;
+  EXPECT_EQ(count, 1u) << err;
+  EXPECT_NE(err.find("no bf16 units"), std::string::npos) << err;
+}
+
+TEST(Autocast, ScopesNestPerThreadAndRejectOtherDtypes) {
+  EXPECT_FALSE(autocast_dtype().has_value());
+  {
+    AutocastScope a(DType::bf16);
+    EXPECT_EQ(autocast_dtype(), DType::bf16);
+    {
+      AutocastScope b(DType::f16);
+      EXPECT_EQ(autocast_dtype(), DType::f16);
+      AutocastScope off(std::nullopt);
+      EXPECT_FALSE(autocast_dtype().has_value());
+    }
+    EXPECT_EQ(autocast_dtype(), DType::bf16);
+    std::optional<DType> other = DType::f32;
+    std::thread([&] { other = autocast_dtype(); }).join();
+    EXPECT_FALSE(other.has_value());
+  }
+  EXPECT_FALSE(autocast_dtype().has_value());
+  try {
+    AutocastScope bad(DType::f64);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[autocast] runs in Float16 or BFloat16; got Float64"), std::string::npos);
+  }
+  auto m = Dense(2, 2);
+  EXPECT_THROW(withgradient([&](auto& mm) { return sum(mm(randn({1, 2}))); }, m, {.autocast = DType::i32}), Error);
+}
+
+// The cast of a weight is made once per content: reused while the weight is unchanged, made anew
+// after any write (an optimiser step, copy_, Tensor::buffer()).
+TEST(Autocast, WeightCastsFollowWrites) {
+  Emulate emulate;
+  Tensor w = randn({4, 4});
+  Tensor a = detail::cached_raw_cast(w, DType::bf16), b = detail::cached_raw_cast(w, DType::bf16);
+  EXPECT_EQ(a.impl()->storage, b.impl()->storage);
+  copy_(w, randn({4, 4}));
+  Tensor c = detail::cached_raw_cast(w, DType::bf16);
+  EXPECT_NE(c.impl()->storage, a.impl()->storage);
+  EXPECT_EQ(c.to_vector<double>(), w.cast(DType::bf16).to_vector<double>());
+  (void)w.buffer();
+  EXPECT_NE(detail::cached_raw_cast(w, DType::bf16).impl()->storage, c.impl()->storage);
+}
+
+}  // namespace

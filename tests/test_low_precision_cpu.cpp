@@ -1,0 +1,619 @@
+// The CPU backend's low-precision kernels: the float32 <-> bf16/f16 casts (vector code against the
+// scalar reference of src/half_bits.hpp, bitwise, over every 16-bit pattern, ties, NaNs, infinities
+// and subnormals), and the bf16 library kernels (oneDNN; backend.hpp's matmul_low_precision,
+// linear_forward, conv_forward*, conv_backward_*) against a float64 reference within bf16 tolerance
+// wherever they run, and declining cleanly (false, nothing thrown) where oneDNN has no bf16 kernel.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+// Not flux/flux.hpp: its flux::cpu (the mover) would hide the backend namespace flux::cpu_backend.
+#include "flux/backend.hpp"
+#include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/isa.hpp"
+#include "src/backends/cpu/prepared.hpp"
+#include "src/half_bits.hpp"
+
+namespace {
+
+using namespace flux;
+using flux::cpu_backend::Isa;
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+struct IsaGuard {
+  Isa old = cpu_backend::active_isa();
+  ~IsaGuard() { cpu_backend::force_isa(old); }
+};
+
+// Floats that probe every rounding case of a 16-bit format whose values are the floats with the low
+// `drop` bits zero (bf16: 16; f16 is handled through its own values below): specials, every
+// representable value, its float neighbours, the exact midpoints (ties) and their neighbours.
+std::vector<float> probe_floats(DType t) {
+  std::vector<uint32_t> u = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u,
+                             0x7f800001u, 0xff800001u, 0x7fbfffffu, 0x7fffffffu, 0xffffffffu, 0x7fa00000u,
+                             0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu, 0x00800000u, 0x7f7fffffu,
+                             0xff7fffffu, 0x477ff000u, 0x477fefffu, 0x477ff001u, 0x33000000u, 0x33000001u,
+                             0x32ffffffu, 0x337fffffu, 0x387fc000u, 0x387fe000u, 0x38800000u};
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float value = t == DType::bf16 ? half_bits::bfloat16_to_float(uint16_t(h)) : half_bits::to_float(uint16_t(h));
+    uint32_t v = bits_of(value);
+    float next = t == DType::bf16 ? half_bits::bfloat16_to_float(uint16_t(h + 1)) : half_bits::to_float(uint16_t(h + 1));
+    uint32_t mid = bits_of(float((double(value) + double(next)) / 2));  // exact: one more bit than the format
+    for (uint32_t w : {v - 1, v, v + 1, mid - 1, mid, mid + 1}) u.push_back(w);
+  }
+  std::mt19937 gen(36);
+  for (int i = 0; i < 200000; ++i) u.push_back(gen());
+  std::vector<float> f;
+  for (uint32_t w : u) f.push_back(float_of(w));
+  return f;
+}
+
+class HalfCast : public ::testing::TestWithParam<DType> {};
+
+TEST_P(HalfCast, EveryPatternToFloatMatchesReferenceBitwise) {
+  const DType t = GetParam();
+  IsaGuard guard;
+  // Odd lengths and offsets: the vector loop's tails and unaligned starts.
+  std::vector<uint16_t> h(65536 + 7);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = uint16_t(i);
+  std::vector<float> ref(h.size()), got(h.size());
+  cpu_backend::half_storage_to_float_reference(t, h.data() + 3, ref.data(), int64_t(h.size() - 3));
+  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
+    if (int(isa) > int(cpu_backend::detected_isa())) continue;
+    cpu_backend::force_isa(isa);
+    std::fill(got.begin(), got.end(), 0.f);
+    cpu_backend::half_storage_to_float(t, h.data() + 3, got.data(), int64_t(h.size() - 3));
+    for (size_t i = 0; i + 3 < h.size(); ++i)
+      ASSERT_EQ(bits_of(got[i]), bits_of(ref[i])) << dtype_name(t) << " pattern 0x" << std::hex << h[i + 3] << " at "
+                                                  << cpu_backend::isa_name(isa);
+  }
+  // The reference against the format's definition: sign, exponent and mantissa of every pattern.
+  for (uint32_t p = 0; p < 65536; ++p) {
+    const double v = t == DType::bf16 ? half_bits::bfloat16_to_float(uint16_t(p)) : half_bits::to_float(uint16_t(p));
+    const int sign = p >> 15 ? -1 : 1;
+    const uint32_t e = t == DType::bf16 ? (p >> 7 & 0xff) : (p >> 10 & 0x1f), m = t == DType::bf16 ? p & 0x7f : p & 0x3ff;
+    const int mbits = t == DType::bf16 ? 7 : 10, bias = t == DType::bf16 ? 127 : 15;
+    const uint32_t emax = t == DType::bf16 ? 0xff : 0x1f;
+    if (e == emax) {
+      ASSERT_TRUE(m ? std::isnan(v) : v == sign * INFINITY) << p;
+      continue;
+    }
+    const double expect = e ? sign * std::ldexp(1.0 + std::ldexp(double(m), -mbits), int(e) - bias)
+                            : sign * std::ldexp(double(m), 1 - bias - mbits);
+    ASSERT_EQ(v, expect) << std::hex << p;
+  }
+}
+
+TEST_P(HalfCast, FromFloatMatchesReferenceBitwiseWithTiesNaNAndSubnormals) {
+  const DType t = GetParam();
+  IsaGuard guard;
+  const std::vector<float> f = probe_floats(t);
+  std::vector<uint16_t> ref(f.size()), got(f.size());
+  cpu_backend::float_to_half_storage_reference(t, f.data(), ref.data(), int64_t(f.size()));
+  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
+    if (int(isa) > int(cpu_backend::detected_isa())) continue;
+    cpu_backend::force_isa(isa);
+    for (size_t start : {size_t(0), size_t(5)}) {  // an unaligned start and a tail
+      std::fill(got.begin(), got.end(), uint16_t(0xdead));
+      cpu_backend::float_to_half_storage(t, f.data() + start, got.data() + start, int64_t(f.size() - start - 3));
+      for (size_t i = start; i + 3 < f.size(); ++i)
+        ASSERT_EQ(got[i], ref[i]) << dtype_name(t) << " from float bits 0x" << std::hex << bits_of(f[i]) << " at "
+                                  << cpu_backend::isa_name(isa);
+    }
+  }
+  // The reference against double arithmetic: round to nearest, ties to even, NaN quiet with its sign.
+  for (size_t i = 0; i < f.size(); ++i) {
+    const float x = f[i];
+    const uint16_t r = ref[i];
+    const double back = t == DType::bf16 ? half_bits::bfloat16_to_float(r) : half_bits::to_float(r);
+    if (std::isnan(x)) {
+      ASSERT_TRUE(std::isnan(back));
+      ASSERT_EQ(r >> 15, bits_of(x) >> 31);
+      continue;
+    }
+    if (std::isinf(x)) {
+      ASSERT_EQ(back, double(x));
+      continue;
+    }
+    if (std::isinf(back)) {  // overflow: only beyond the largest finite value's half ulp
+      const double largest = t == DType::bf16 ? half_bits::bfloat16_to_float(0x7f7f) : 65504.0;
+      const double half_ulp = t == DType::bf16 ? std::ldexp(1.0, 127 - 8) : 16.0;
+      ASSERT_GE(std::fabs(double(x)), largest + half_ulp) << std::hex << bits_of(x);
+      continue;
+    }
+    const uint16_t up = uint16_t(r + 1), down = uint16_t(r - 1);
+    for (uint16_t other : {up, down}) {
+      const double o = t == DType::bf16 ? half_bits::bfloat16_to_float(other) : half_bits::to_float(other);
+      if (std::isnan(o) || (std::signbit(o) != std::signbit(back) && o != 0)) continue;
+      const double err = std::fabs(double(x) - back), oerr = std::fabs(double(x) - o);
+      ASSERT_TRUE(err < oerr || (err == oerr && (r & 1) == 0)) << std::hex << bits_of(x);
+    }
+  }
+}
+
+TEST_P(HalfCast, DenormalModeDoesNotChangeTheBits) {
+  // cast keeps the caller's floating-point mode; the conversions must not depend on it (F16C's
+  // conversions ignore DAZ/FTZ; the bf16 path is integer arithmetic).
+#if defined(__x86_64__)
+  const DType t = GetParam();
+  std::vector<uint16_t> h(65536);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = uint16_t(i);
+  std::vector<float> ref(h.size()), got(h.size());
+  cpu_backend::half_storage_to_float_reference(t, h.data(), ref.data(), int64_t(h.size()));
+  std::vector<uint16_t> back_ref(h.size()), back(h.size());
+  cpu_backend::float_to_half_storage_reference(t, ref.data(), back_ref.data(), int64_t(h.size()));
+  const unsigned saved = __builtin_ia32_stmxcsr();
+  __builtin_ia32_ldmxcsr(saved | 0x8040u);  // FTZ and DAZ
+  cpu_backend::half_storage_to_float(t, h.data(), got.data(), int64_t(h.size()));
+  cpu_backend::float_to_half_storage(t, ref.data(), back.data(), int64_t(h.size()));
+  __builtin_ia32_ldmxcsr(saved);
+  for (size_t i = 0; i < h.size(); ++i) {
+    ASSERT_EQ(bits_of(got[i]), bits_of(ref[i])) << std::hex << i;
+    ASSERT_EQ(back[i], back_ref[i]) << std::hex << i;
+  }
+#else
+  GTEST_SKIP() << "x86-64 only (MXCSR)";
+#endif
+}
+
+TEST_P(HalfCast, VectorCodeRunsWhereTheCpuHasIt) {
+  // On x86-64 with AVX2 (every CI machine) the vector kernels are the ones cast runs; below AVX2 or
+  // with the level forced to baseline, the reference.
+  IsaGuard guard;
+  const DType t = GetParam();
+  cpu_backend::force_isa(Isa::baseline);
+  EXPECT_FALSE(cpu_backend::half_cast_vectorised(t));
+  cpu_backend::force_isa(cpu_backend::detected_isa());
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (int(cpu_backend::detected_isa()) >= int(Isa::avx2) && (t == DType::bf16 || cpu_backend::has_f16c())) {
+    EXPECT_TRUE(cpu_backend::half_cast_vectorised(t));
+  }
+#endif
+}
+
+TEST_P(HalfCast, BackendCastUsesTheKernelsBothWaysAndOverThePool) {
+  const DType t = GetParam();
+  backend::Backend& b = cpu_backend::instance();
+  const int64_t n = (1 << 18) + 13;  // several pool chunks and a tail
+  std::mt19937 gen(7);
+  std::normal_distribution<float> d(0.f, 100.f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) v = d(gen);
+  x[17] = NAN, x[1000] = INFINITY, x[2000] = -0.f, x[3000] = 1e-41f;
+  std::vector<uint16_t> h(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
+  std::vector<float> back(static_cast<size_t>(n)), back_ref(static_cast<size_t>(n));
+  b.cast(0, DType::f32, {x.data(), 0}, t, {h.data(), 0}, n);
+  cpu_backend::float_to_half_storage_reference(t, x.data(), ref.data(), n);
+  ASSERT_EQ(h, ref);
+  b.cast(0, t, {h.data(), 0}, DType::f32, {back.data(), 0}, n);
+  cpu_backend::half_storage_to_float_reference(t, ref.data(), back_ref.data(), n);
+  ASSERT_EQ(std::memcmp(back.data(), back_ref.data(), size_t(n) * 4), 0);
+  // Round trip within half an ulp of the format (relative 2^-8 for bf16, 2^-11 for f16, normal range).
+  const double rel = t == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(x[size_t(i)]) && std::fabs(x[size_t(i)]) > 1e-3f && std::fabs(x[size_t(i)]) < 6e4f) {
+      ASSERT_LE(std::fabs(double(back[size_t(i)]) - x[size_t(i)]), rel * std::fabs(x[size_t(i)])) << i;
+    }
+  }
+}
+
+// One pass on half storage (half_elementwise.cpp) against the three passes it replaces, bitwise.
+TEST_P(HalfCast, OnePassElementwiseIsBitwiseTheThreePasses) {
+  const DType t = GetParam();
+  const int64_t n = 70001;  // several blocks and pool tasks, and a tail
+  std::mt19937 gen(9);
+  std::normal_distribution<float> d(0.f, 3.f);
+  std::vector<float> fa(static_cast<size_t>(n)), fb(static_cast<size_t>(n));
+  for (float& v : fa) v = d(gen);
+  for (float& v : fb) v = d(gen);
+  fa[5] = NAN, fa[6] = INFINITY, fb[7] = 0.f, fa[8] = 0.f, fb[8] = 0.f, fa[9] = fb[9];
+  std::vector<uint16_t> a(fa.size()), b(fb.size());
+  cpu_backend::float_to_half_storage_reference(t, fa.data(), a.data(), n);
+  cpu_backend::float_to_half_storage_reference(t, fb.data(), b.data(), n);
+  std::vector<float> ua(fa.size()), ub(fb.size()), r(fa.size());
+  cpu_backend::half_storage_to_float_reference(t, a.data(), ua.data(), n);
+  cpu_backend::half_storage_to_float_reference(t, b.data(), ub.data(), n);
+  std::vector<uint16_t> want(a.size()), got(a.size());
+  using backend::UnaryOp;
+  for (UnaryOp op : {UnaryOp::exp, UnaryOp::tanh, UnaryOp::gelu, UnaryOp::relu, UnaryOp::sigmoid, UnaryOp::leakyrelu}) {
+    cpu_backend::unary(op, DType::f32, ua.data(), r.data(), n, 0.01);
+    cpu_backend::float_to_half_storage_reference(t, r.data(), want.data(), n);
+    ASSERT_TRUE(cpu_backend::unary_half(op, t, a.data(), got.data(), n, 0.01));
+    ASSERT_EQ(got, want) << "unary op " << int(op);
+  }
+  using backend::BinaryOp;
+  backend::Broadcast dense;
+  dense.ndim = 1, dense.shape[0] = n, dense.contiguous = true;
+  dense.stride[0][0] = dense.stride[1][0] = dense.stride[2][0] = 1;
+  backend::Broadcast scalar_b = dense, scalar_a = dense;
+  scalar_b.contiguous = scalar_a.contiguous = false;
+  scalar_b.stride[1][0] = 0, scalar_a.stride[0][0] = 0;
+  for (BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum, BinaryOp::pow}) {
+    for (const backend::Broadcast* plan : {&dense, &scalar_b, &scalar_a}) {
+      cpu_backend::binary(op, DType::f32, ua.data(), ub.data(), r.data(), *plan);
+      cpu_backend::float_to_half_storage_reference(t, r.data(), want.data(), n);
+      std::fill(got.begin(), got.end(), uint16_t(0));
+      ASSERT_TRUE(cpu_backend::binary_half(op, t, a.data(), b.data(), got.data(), *plan));
+      ASSERT_EQ(got, want) << "binary op " << int(op) << (plan == &dense ? " dense" : plan == &scalar_b ? " b scalar" : " a scalar");
+    }
+  }
+  std::vector<uint8_t> want_cmp(a.size()), got_cmp(a.size());
+  for (BinaryOp op : {BinaryOp::eq, BinaryOp::lt, BinaryOp::ge}) {
+    cpu_backend::binary(op, DType::f32, ua.data(), ub.data(), want_cmp.data(), dense);
+    ASSERT_TRUE(cpu_backend::binary_half(op, t, a.data(), b.data(), got_cmp.data(), dense));
+    ASSERT_EQ(got_cmp, want_cmp) << "comparison " << int(op);
+  }
+  // Another broadcast (a row against a matrix) or another dtype: declined, nothing written.
+  backend::Broadcast rows;
+  rows.ndim = 2, rows.shape[0] = 7, rows.shape[1] = 10;
+  rows.stride[0][0] = 10, rows.stride[0][1] = 1, rows.stride[1][0] = 0, rows.stride[1][1] = 1, rows.stride[2][0] = 10,
+  rows.stride[2][1] = 1;
+  std::fill(got.begin(), got.end(), uint16_t(0x1234));
+  EXPECT_FALSE(cpu_backend::binary_half(BinaryOp::add, t, a.data(), b.data(), got.data(), rows));
+  EXPECT_FALSE(cpu_backend::unary_half(UnaryOp::exp, DType::f32, fa.data(), r.data(), n, 0));
+  EXPECT_EQ(got[0], 0x1234);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, HalfCast, ::testing::Values(DType::bf16, DType::f16),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
+}  // namespace
+
+// ---- bf16 library kernels (oneDNN) ----
+namespace {
+
+using flux::backend::Buffer;
+using flux::backend::ConvGeometry;
+using flux::backend::Gemm;
+
+// Bypasses the bf16-units check for its scope (cpu_backend::bypass_bf16_units_check).
+struct Bf16Bypass {
+  bool old;
+  explicit Bf16Bypass(bool on) : old(cpu_backend::bypass_bf16_units_check(on)) {}
+  ~Bf16Bypass() { cpu_backend::bypass_bf16_units_check(old); }
+};
+
+bool cpu_has_bf16_units() { return cpu_backend::instance().low_precision_support(0, DType::bf16).units; }
+
+// Below AVX-512 oneDNN 2.6 has no bf16 kernel at all: asked anyway, every call must decline.
+bool onednn_can_run_bf16() { return cpu_backend::detected_isa() == Isa::avx512; }
+
+// bf16 values (random, already rounded) and their float64 values.
+struct Bf16Array {
+  std::vector<uint16_t> bits;
+  std::vector<double> value;
+  Bf16Array(size_t n, unsigned seed, double lo = -1, double hi = 1) : bits(n), value(n) {
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> d{float(lo), float(hi)};
+    for (size_t i = 0; i < n; ++i) {
+      bits[i] = half_bits::bfloat16_from_float(d(gen));
+      value[i] = half_bits::bfloat16_to_float(bits[i]);
+    }
+  }
+  Buffer buffer() { return {bits.data(), 0}; }
+  double at(size_t i) const { return half_bits::bfloat16_to_float(bits[i]); }
+};
+
+// |got - want| within bf16's rounding of the result (2^-8 relative, twice its half ulp) and float32
+// accumulation (1e-4 of the sum of the terms' magnitudes).
+void expect_close(const Bf16Array& got, const std::vector<double>& want, const std::vector<double>& magnitude,
+                  const char* what) {
+  ASSERT_EQ(got.bits.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double tol = std::ldexp(std::fabs(want[i]), -8) + 1e-4 * magnitude[i] + 1e-30;
+    ASSERT_NEAR(got.at(i), want[i], tol) << what << " element " << i;
+  }
+}
+
+// Runs `call` (returns whether the kernel ran) without and with the units check bypassed: where it
+// runs the result must match; where the CPU cannot run bf16 it must decline and leave the output
+// untouched (`unchanged` says so).
+template <class Call, class Check, class Unchanged>
+void run_both_ways(const char* what, Call&& call, Check&& check, Unchanged&& unchanged) {
+  for (bool bypass : {false, true}) {
+    SCOPED_TRACE(std::string(what) + (bypass ? " (units check bypassed)" : ""));
+    Bf16Bypass scope(bypass);
+    bool ran = false;
+    ASSERT_NO_THROW(ran = call());
+    if (!bypass && !cpu_has_bf16_units()) {
+      EXPECT_FALSE(ran) << "bf16 kernel ran on a CPU without bf16 units";
+    }
+    if (!onednn_can_run_bf16()) {
+      EXPECT_FALSE(ran) << "oneDNN has no bf16 kernels below AVX-512";
+    }
+    if (ran) check();
+    else unchanged();
+  }
+}
+
+TEST(CpuBf16, MatmulLowPrecisionMatchesFloat64OrDeclines) {
+  backend::Backend& b = cpu_backend::instance();
+  struct Case {
+    int64_t batch, m, n, k;
+    bool ta, tb;
+    bool broadcast_b;
+    double alpha, beta;
+  };
+  const Case cases[] = {{1, 7, 5, 3, false, false, false, 1, 0},   {1, 64, 96, 200, false, true, false, 1, 0},
+                        {3, 17, 33, 40, true, false, true, 0.5, 0}, {2, 24, 16, 31, true, true, false, 1, 1},
+                        {1, 1, 300, 64, false, true, false, 2, 0.5}, {5, 40, 1, 64, false, false, false, 1, 0}};
+  unsigned seed = 1;
+  for (const Case& c : cases) {
+    Gemm g;
+    g.batch = c.batch, g.m = c.m, g.n = c.n, g.k = c.k, g.trans_a = c.ta, g.trans_b = c.tb;
+    g.stride_a = c.m * c.k, g.stride_b = c.broadcast_b ? 0 : c.k * c.n, g.stride_c = c.m * c.n;
+    g.alpha = c.alpha, g.beta = c.beta;
+    Bf16Array a(size_t(c.batch * c.m * c.k), seed++), bm(size_t((c.broadcast_b ? 1 : c.batch) * c.k * c.n), seed++);
+    const Bf16Array c0(size_t(c.batch * c.m * c.n), seed++);
+    std::vector<double> want(c0.bits.size()), magnitude(c0.bits.size());
+    for (int64_t p = 0; p < c.batch; ++p)
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) {
+          double acc = 0, mag = 0;
+          for (int64_t l = 0; l < c.k; ++l) {
+            const double x = a.value[size_t(p * g.stride_a + (c.ta ? l * c.m + i : i * c.k + l))];
+            const double y = bm.value[size_t(p * g.stride_b + (c.tb ? j * c.k + l : l * c.n + j))];
+            acc += x * y, mag += std::fabs(x * y);
+          }
+          const size_t o = size_t(p * g.stride_c + i * c.n + j);
+          want[o] = c.alpha * acc + c.beta * c0.value[o];
+          magnitude[o] = std::fabs(c.alpha) * mag + std::fabs(c.beta * c0.value[o]);
+        }
+    Bf16Array out = c0;
+    run_both_ways(
+        "matmul_low_precision",
+        [&] {
+          out = c0;
+          return b.matmul_low_precision(0, DType::bf16, a.buffer(), bm.buffer(), out.buffer(), g);
+        },
+        [&] { expect_close(out, want, magnitude, "matmul"); }, [&] { EXPECT_EQ(out.bits, c0.bits); });
+  }
+  // Not bf16: never this kernel.
+  Bf16Bypass scope(true);
+  std::vector<float> x(4, 1.f), y(4, 1.f), z(4, 0.f);
+  Gemm g;
+  g.m = g.n = g.k = 2;
+  EXPECT_FALSE(b.matmul_low_precision(0, DType::f16, {x.data(), 0}, {y.data(), 0}, {z.data(), 0}, g));
+  EXPECT_FALSE(b.matmul_low_precision(0, DType::f32, {x.data(), 0}, {y.data(), 0}, {z.data(), 0}, g));
+}
+
+TEST(CpuBf16, LinearForwardMatchesFloat64OrDeclines) {
+  backend::Backend& b = cpu_backend::instance();
+  for (int64_t n : {1, 16, 33})
+    for (bool bias : {false, true})
+      for (bool relu : {false, true}) {
+        const int64_t in = 72, out = 40;
+        Bf16Array x(size_t(n * in), 11), w(size_t(out * in), 12), bv(size_t(out), 13);
+        std::vector<double> want(size_t(n * out)), magnitude(size_t(n * out));
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t o = 0; o < out; ++o) {
+            double acc = bias ? bv.value[size_t(o)] : 0, mag = std::fabs(acc);
+            for (int64_t l = 0; l < in; ++l) {
+              const double t = x.value[size_t(i * in + l)] * w.value[size_t(o * in + l)];
+              acc += t, mag += std::fabs(t);
+            }
+            want[size_t(i * out + o)] = relu && acc < 0 ? 0 : acc;
+            magnitude[size_t(i * out + o)] = mag;
+          }
+        const Bf16Array y0(size_t(n * out), 14);
+        Bf16Array y = y0;
+        cpu_backend::LocalPreparedCache cache;
+        run_both_ways(
+            "linear_forward",
+            [&] {
+              y = y0;
+              const bool first = b.linear_forward(0, DType::bf16, x.buffer(), w.buffer(), &cache,
+                                                  bias ? bv.buffer() : Buffer{}, y.buffer(), n, in, out, relu);
+              if (!first) return false;
+              // Again, on the weights prepared by the first call: the same bits.
+              const Bf16Array once = y;
+              EXPECT_TRUE(b.linear_forward(0, DType::bf16, x.buffer(), w.buffer(), &cache,
+                                           bias ? bv.buffer() : Buffer{}, y.buffer(), n, in, out, relu));
+              EXPECT_EQ(y.bits, once.bits);
+              return true;
+            },
+            [&] { expect_close(y, want, magnitude, "linear"); }, [&] { EXPECT_EQ(y.bits, y0.bits); });
+      }
+}
+
+// A 2-D conv geometry: groups `groups`, 3x3 kernel, padding 1.
+ConvGeometry geometry(int64_t c, int64_t o, int64_t groups, int64_t stride, int64_t size, int64_t batch = 2) {
+  ConvGeometry g;
+  g.spatial = 2, g.batch = batch, g.in_channels = c, g.out_channels = o, g.groups = groups;
+  for (int i = 0; i < 2; ++i) {
+    g.in[i] = size, g.kernel[i] = 3, g.stride[i] = stride, g.pad_lo[i] = g.pad_hi[i] = 1;
+    g.out[i] = (size + 2 - 3) / stride + 1;
+  }
+  return g;
+}
+
+// fn(n, o, oy, ox, ci, cw, ky, kx, iy, ix) for every term of conv(x, w) of g, where ci is x's channel,
+// cw the weight's input channel (within the group), and (iy, ix) inside the input.
+template <class Fn> void each_term(const ConvGeometry& g, Fn&& fn) {
+  const int64_t cg = g.in_channels / g.groups, og = g.out_channels / g.groups;
+  for (int64_t n = 0; n < g.batch; ++n)
+    for (int64_t o = 0; o < g.out_channels; ++o)
+      for (int64_t oy = 0; oy < g.out[0]; ++oy)
+        for (int64_t ox = 0; ox < g.out[1]; ++ox)
+          for (int64_t cw = 0; cw < cg; ++cw)
+            for (int64_t ky = 0; ky < g.kernel[0]; ++ky)
+              for (int64_t kx = 0; kx < g.kernel[1]; ++kx) {
+                const int64_t iy = oy * g.stride[0] - g.pad_lo[0] + ky, ix = ox * g.stride[1] - g.pad_lo[1] + kx;
+                if (iy < 0 || ix < 0 || iy >= g.in[0] || ix >= g.in[1]) continue;
+                fn(n, o, oy, ox, (o / og) * cg + cw, cw, ky, kx, iy, ix);
+              }
+}
+
+struct ConvCase {
+  ConvGeometry g;
+  size_t xs, ws, ys;
+  size_t xi(int64_t n, int64_t c, int64_t y, int64_t x) const {
+    return size_t(((n * g.in_channels + c) * g.in[0] + y) * g.in[1] + x);
+  }
+  size_t yi(int64_t n, int64_t o, int64_t y, int64_t x) const {
+    return size_t(((n * g.out_channels + o) * g.out[0] + y) * g.out[1] + x);
+  }
+  size_t wi(int64_t o, int64_t c, int64_t ky, int64_t kx) const {
+    return size_t(((o * (g.in_channels / g.groups) + c) * g.kernel[0] + ky) * g.kernel[1] + kx);
+  }
+  explicit ConvCase(const ConvGeometry& geo) : g(geo) {
+    xs = size_t(g.batch * g.in_channels * g.in[0] * g.in[1]);
+    ys = size_t(g.batch * g.out_channels * g.out[0] * g.out[1]);
+    ws = size_t(g.out_channels * (g.in_channels / g.groups) * 9);
+  }
+};
+
+class CpuBf16Conv : public ::testing::TestWithParam<int> {
+ protected:
+  static ConvGeometry param_geometry(int i) {
+    switch (i) {
+      case 0: return geometry(16, 32, 1, 1, 8);
+      case 1: return geometry(32, 32, 2, 2, 9);
+      case 2: return geometry(3, 16, 1, 1, 10);  // a first layer: few input channels
+      // Enough work to split over the pool: one image by output channels, four by samples (the weight
+      // gradients of the chunks summed in float32).
+      case 3: return geometry(32, 64, 1, 1, 12, 1);
+      default: return geometry(32, 32, 1, 1, 12, 4);
+    }
+  }
+};
+
+TEST_P(CpuBf16Conv, ForwardReluAndAffineMatchFloat64OrDecline) {
+  backend::Backend& b = cpu_backend::instance();
+  const ConvCase cc(param_geometry(GetParam()));
+  const ConvGeometry& g = cc.g;
+  Bf16Array x(cc.xs, 21), w(cc.ws, 22, -0.3, 0.3), bias(size_t(g.out_channels), 23), scale(size_t(g.out_channels), 24, 0.5, 1.5),
+      shift(size_t(g.out_channels), 25), residual(cc.ys, 26);
+  std::vector<double> conv(cc.ys, 0.0), magnitude(cc.ys, 0.0);
+  each_term(g, [&](int64_t n, int64_t o, int64_t oy, int64_t ox, int64_t ci, int64_t cw, int64_t ky, int64_t kx,
+                   int64_t iy, int64_t ix) {
+    const double t = x.value[cc.xi(n, ci, iy, ix)] * w.value[cc.wi(o, cw, ky, kx)];
+    conv[cc.yi(n, o, oy, ox)] += t, magnitude[cc.yi(n, o, oy, ox)] += std::fabs(t);
+  });
+  const int64_t per_channel = g.out[0] * g.out[1];
+  auto channel = [&](size_t i) { return size_t(int64_t(i) / per_channel % g.out_channels); };
+  const Bf16Array y0(cc.ys, 27);
+  for (int kind = 0; kind < 4; ++kind) {
+    // 0: conv + bias, 1: relu(conv + bias), 2: conv without bias, 3: relu(relu(conv * scale + shift) + residual)
+    std::vector<double> want(cc.ys), mag(cc.ys);
+    for (size_t i = 0; i < cc.ys; ++i) {
+      const size_t o = channel(i);
+      double v = conv[i];
+      mag[i] = magnitude[i];
+      if (kind == 0 || kind == 1) v += bias.value[o], mag[i] += std::fabs(bias.value[o]);
+      if (kind == 1) v = std::max(v, 0.0);
+      if (kind == 3) {
+        v = std::max(v * scale.value[o] + shift.value[o], 0.0) + residual.value[i];
+        v = std::max(v, 0.0);
+        // The kernel folds the scale into its bf16 weights (one more bf16 rounding of each term):
+        // 2^-8 of the terms' magnitudes on top, written as 40x the 1e-4 allowance of expect_close.
+        mag[i] = 40 * mag[i] * scale.value[o] + std::fabs(shift.value[o]) + std::fabs(residual.value[i]);
+      }
+      want[i] = v;
+    }
+    Bf16Array y = y0;
+    cpu_backend::LocalPreparedCache cache;
+    ConvGeometry gc = g;
+    gc.weight_cache = kind == 3 ? &cache : nullptr;  // the affine form is the inference one: prepared weights
+    run_both_ways(
+        kind == 0 ? "conv_forward" : kind == 1 ? "conv_forward_relu" : kind == 2 ? "conv_forward (no bias)" : "conv_forward_affine",
+        [&] {
+          y = y0;
+          switch (kind) {
+            case 0: return b.conv_forward(0, DType::bf16, x.buffer(), w.buffer(), bias.buffer(), y.buffer(), gc);
+            case 1: return b.conv_forward_relu(0, DType::bf16, x.buffer(), w.buffer(), bias.buffer(), y.buffer(), gc);
+            case 2: return b.conv_forward(0, DType::bf16, x.buffer(), w.buffer(), Buffer{}, y.buffer(), gc);
+            default:
+              return b.conv_forward_affine(0, DType::bf16, x.buffer(), w.buffer(), scale.buffer(), shift.buffer(),
+                                           residual.buffer(), y.buffer(), gc, true, true);
+          }
+        },
+        [&] { expect_close(y, want, mag, "conv forward"); }, [&] { EXPECT_EQ(y.bits, y0.bits); });
+  }
+}
+
+TEST_P(CpuBf16Conv, BackwardDataAndWeightMatchFloat64OrDecline) {
+  backend::Backend& b = cpu_backend::instance();
+  const ConvCase cc(param_geometry(GetParam()));
+  const ConvGeometry& g = cc.g;
+  Bf16Array x(cc.xs, 31), w(cc.ws, 32, -0.3, 0.3), dy(cc.ys, 33);
+  std::vector<double> dx(cc.xs, 0.0), dx_mag(cc.xs, 0.0), dw(cc.ws, 0.0), dw_mag(cc.ws, 0.0);
+  std::vector<double> db(size_t(g.out_channels), 0.0), db_mag(size_t(g.out_channels), 0.0);
+  each_term(g, [&](int64_t n, int64_t o, int64_t oy, int64_t ox, int64_t ci, int64_t cw, int64_t ky, int64_t kx,
+                   int64_t iy, int64_t ix) {
+    const double d = dy.value[cc.yi(n, o, oy, ox)];
+    const double tx = d * w.value[cc.wi(o, cw, ky, kx)], tw = d * x.value[cc.xi(n, ci, iy, ix)];
+    dx[cc.xi(n, ci, iy, ix)] += tx, dx_mag[cc.xi(n, ci, iy, ix)] += std::fabs(tx);
+    dw[cc.wi(o, cw, ky, kx)] += tw, dw_mag[cc.wi(o, cw, ky, kx)] += std::fabs(tw);
+  });
+  for (size_t i = 0; i < cc.ys; ++i) {
+    const size_t o = size_t(int64_t(i) / (g.out[0] * g.out[1]) % g.out_channels);
+    db[o] += dy.value[i], db_mag[o] += std::fabs(dy.value[i]);
+  }
+  const Bf16Array dx0(cc.xs, 34), dw0(cc.ws, 35), db0(size_t(g.out_channels), 36);
+  Bf16Array got_dx = dx0, got_dw = dw0, got_db = db0;
+  run_both_ways(
+      "conv_backward_data",
+      [&] {
+        got_dx = dx0;
+        return b.conv_backward_data(0, DType::bf16, dy.buffer(), w.buffer(), got_dx.buffer(), g);
+      },
+      [&] { expect_close(got_dx, dx, dx_mag, "dx"); }, [&] { EXPECT_EQ(got_dx.bits, dx0.bits); });
+  for (bool with_bias : {true, false}) {
+    run_both_ways(
+        with_bias ? "conv_backward_weight (+bias)" : "conv_backward_weight",
+        [&] {
+          got_dw = dw0, got_db = db0;
+          return b.conv_backward_weight(0, DType::bf16, x.buffer(), dy.buffer(), got_dw.buffer(),
+                                        with_bias ? got_db.buffer() : Buffer{}, g);
+        },
+        [&] {
+          expect_close(got_dw, dw, dw_mag, "dw");
+          if (with_bias) expect_close(got_db, db, db_mag, "dbias");
+          else EXPECT_EQ(got_db.bits, db0.bits);
+        },
+        [&] {
+          EXPECT_EQ(got_dw.bits, dw0.bits);
+          EXPECT_EQ(got_db.bits, db0.bits);
+        });
+  }
+}
+
+std::string conv_case_name(const ::testing::TestParamInfo<int>& i) {
+  static const char* const names[] = {"Dense3x3", "Grouped3x3Stride2", "FewChannels", "OneImageSplitByChannels",
+                                      "FourImagesSplitBySamples"};
+  return names[i.param];
+}
+INSTANTIATE_TEST_SUITE_P(Cpu, CpuBf16Conv, ::testing::Values(0, 1, 2, 3, 4), conv_case_name);
+
+TEST(CpuBf16, KernelsOnlyRunWithUnitsOrTheTestBypass) {
+  // The gate itself: without units (and without the bypass) every bf16 kernel declines before
+  // oneDNN is asked; f16 has no CPU kernel at all.
+  Bf16Bypass scope(false);
+  EXPECT_EQ(cpu_backend::bf16_kernels_enabled(), cpu_has_bf16_units());
+  const backend::LowPrecisionSupport f16 = cpu_backend::instance().low_precision_support(0, DType::f16);
+  EXPECT_FALSE(f16.units);
+  backend::Backend& b = cpu_backend::instance();
+  const ConvGeometry g = geometry(4, 4, 1, 1, 4);
+  std::vector<uint16_t> x(2 * 4 * 16, 0x3f80), w(4 * 4 * 9, 0x3f80), y(2 * 4 * 16, 0);
+  EXPECT_FALSE(b.conv_forward(0, DType::f16, {x.data(), 0}, {w.data(), 0}, {}, {y.data(), 0}, g));
+  EXPECT_FALSE(b.conv_backward_data(0, DType::f16, {y.data(), 0}, {w.data(), 0}, {x.data(), 0}, g));
+}
+
+}  // namespace
