@@ -73,6 +73,20 @@ constexpr int64_t kTransformerParameters =
     2 * (4 * kModelDim + 4 * kModelDim * kModelDim + 4 * kModelDim + 8 * kModelDim * kModelDim + 5 * kModelDim) +
     2 * kModelDim + kModelDim * kVocab + kVocab;
 
+// The mixed-precision rows (issue 36), each run in float32 and in bf16 autocast:
+//   resnet_train: ResNet-18 (kResnetSize, batch kResnetTrainBatch, 1000 classes) training step, BatchNorm
+//                 in training mode, cross-entropy, Adam(1e-3)
+//   encoder:      a pre-norm transformer encoder on x (kEncBatch, kEncLen, kEncDim), kEncLayers layers of
+//                 [x + MHA(LayerNorm(x)) with kEncHeads heads (no mask), x + Dense(F => D)(relu(Dense(D => F)(LayerNorm(x))))],
+//                 F = kEncFfn, then LayerNorm(D) (PyTorch: TransformerEncoderLayer(norm_first=True, dropout=0) x 4
+//                 + LayerNorm); training step: mse against a target of x's shape, Adam(1e-3); inference: the forward.
+constexpr int64_t kResnetTrainBatch = 32;
+constexpr int64_t kEncBatch = 16, kEncLen = 128, kEncDim = 256, kEncLayers = 4, kEncHeads = 4, kEncFfn = 1024;
+// Per layer: attention (4 D D + 4 D), two LayerNorms (4 D), the FFN (2 D F + F + D); the final LayerNorm 2 D.
+constexpr int64_t kEncParameters =
+    kEncLayers * (4 * kEncDim * kEncDim + 4 * kEncDim + 4 * kEncDim + 2 * kEncDim * kEncFfn + kEncFfn + kEncDim) +
+    2 * kEncDim;
+
 // The serve case (issue 37): one model in testmode called from 1 and from 2 threads at once: the MNIST
 // MLP at batch kServeMlpBatch, ResNet-18 (kResnetSize, batch 1 and 32), and an LSTM(kServeLstmIn =>
 // kServeLstmHidden) + Dense(kServeLstmHidden => kServeLstmIn) on (kServeLstmBatch, kServeLstmSteps,

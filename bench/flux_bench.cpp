@@ -1,6 +1,10 @@
 // One benchmark case with flux-cpp; prints "key value" lines for bench/run_bench.py.
 // Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | mnist_converged | wide | overhead | infer | sgemm | lenet |
-//                                         fmnist | resnet | onnx_resnet | lstm | lstm_converged | transformer | serve | blas
+//                                         fmnist | resnet | resnet_train | onnx_resnet | lstm | lstm_converged |
+//                                         transformer | encoder | serve | blas | info
+// --autocast=bf16|f16 runs mnist, infer, resnet, resnet_train and encoder under flux's autocast (training:
+// withgradient with .autocast; inference: autocast(dtype, model call)); without it they run in float32.
+// info: the CPU backend's ISA and bf16/f16 units line of versioninfo(), for the table's header.
 // serve: one testmode model called from 1 and from 2 threads at once (throughput, and whether the outputs
 // are bitwise those of one caller); --seconds=S sets each of its measurements (default 1 s).
 // The *_converged cases time the same steps after kConvergeSteps steps of training (bench_common.hpp),
@@ -62,6 +66,14 @@ bool library_kernels();
 #endif
 #endif
 
+#if __has_include(<flux/autocast.hpp>)
+#include <flux/autocast.hpp>
+#define FLUX_BENCH_AUTOCAST 1
+#endif
+
+#include <optional>
+#include <sstream>
+
 #include "bench_common.hpp"
 
 // From src/backends/cpu (not installed): the CPU kernels' ISA level and a cap on it (FLUX_BENCH_MAX_ISA,
@@ -84,6 +96,23 @@ int64_t g_only_batch = 0;    // --batch=N: the inference cases (infer, resnet) r
 int g_converge_steps = 0;   // --converge-steps=N: the *_converged cases train N steps first (0: bench_common.hpp's)
 bool g_stages = false;       // --stages: resnet also prints each stage's time (torchvision's ResNet-18 only)
 bool g_checksum = false;     // --checksum: resnet, infer and the training cases print FNV-1a checksums of their outputs
+std::optional<DType> g_autocast;  // --autocast=bf16|f16: the mixed-precision rows' low dtype (none: float32)
+
+// The model's forward, under autocast when --autocast is given.
+template <class M> Tensor forward(const M& model, const Tensor& x) {
+#ifdef FLUX_BENCH_AUTOCAST
+  if (g_autocast) return autocast(*g_autocast, [&] { return model(x); });
+#endif
+  return model(x);
+}
+
+// withgradient(f, model), with the autocast option when --autocast is given.
+template <class F, class M> auto value_and_gradient(F&& f, const M& model) {
+#ifdef FLUX_BENCH_AUTOCAST
+  if (g_autocast) return withgradient(std::forward<F>(f), model, GradientOptions{.autocast = *g_autocast});
+#endif
+  return withgradient(std::forward<F>(f), model);
+}
 
 // FNV-1a (64-bit) over the bits of floats: equal checksums mean bitwise-equal values (bench/determinism.sh
 // compares two processes' checksums).
@@ -111,7 +140,7 @@ template <class Model, class Loss>
 double train_steps_per_s(Model& model, const Tensor& x, const Tensor& y, Loss loss, int warmup, double seconds) {
   auto opt = optimisers::setup(optimisers::Adam(1e-3), model);
   auto step = [&] {
-    auto [l, grads] = withgradient([&](auto& m) { return loss(m(x), y); }, model);
+    auto [l, grads] = value_and_gradient([&](auto& m) { return loss(m(x), y); }, model);
     optimisers::update(opt, model, grads);
     return l.template item<float>();
   };
@@ -186,16 +215,16 @@ void infer_case() {
     if (g_only_batch && batch != g_only_batch) continue;
     Tensor x = to(rand({batch, 784}), g_dev);
     auto run = [&] {
-      Tensor y = model(x);
+      Tensor y = forward(model, x);
       g_dev.synchronize();
       return 0.f;
     };
     Checksum c;  // --checksum: the first output and one after the timing
-    if (g_checksum) c.add(model(x));
+    if (g_checksum) c.add(forward(model, x));
     for (int i = 0; i < 20; ++i) run();
     std::printf("infer%lld_us %.6g\n", (long long)batch, 1e6 / bench::rate(run, 0.7));
     if (g_checksum) {
-      c.add(model(x));
+      c.add(forward(model, x));
       c.print("infer" + std::to_string(batch));
     }
   }
@@ -349,14 +378,14 @@ void resnet_case() {
     if (g_only_batch && batch != g_only_batch) continue;
     Tensor x = to(rand({batch, 3, hw, hw}), g_dev);
     auto run = [&] {
-      Tensor y = model(x);
+      Tensor y = forward(model, x);
       g_dev.synchronize();
       return 0.f;
     };
     // The first inference also makes the primitives, keeps the weights and times the kernel choices
     // (conv.cpp's Winograd against oneDNN): printed apart, as what a one-shot user waits.
     const auto t0 = std::chrono::steady_clock::now();
-    Tensor first = model(x);
+    Tensor first = forward(model, x);
     g_dev.synchronize();
     std::printf("resnet%lld_first_ms %.6g\n", (long long)batch,
                 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -365,7 +394,7 @@ void resnet_case() {
     if (g_checksum) {  // the first output and one after the timing
       Checksum c;
       c.add(first);
-      c.add(model(x));
+      c.add(forward(model, x));
       c.print("resnet" + std::to_string(batch));
     }
 #ifndef FLUX_BENCH_LOCAL_RESNET
@@ -373,8 +402,22 @@ void resnet_case() {
 #endif
   }
 }
+
+// resnet_train (mixed-precision rows): a training step of ResNet-18 (BatchNorm training), batch
+// bench::kResnetTrainBatch. The peak RSS of the process after the timed steps is the memory figure
+// (flux has no device high-water mark; each dtype runs in its own process), beside the RSS before training.
+void resnet_train_case() {
+  auto model = models::ResNet18() | g_dev;
+  const int64_t hw = bench::kResnetSize, n = bench::kResnetTrainBatch;
+  Tensor x = to(rand({n, 3, hw, hw}), g_dev), y = onehot_targets(n, 1000);
+  std::printf("resnet_hw %lld\nresnet_train_rss_before_mb %.6g\n", (long long)hw, bench::peak_rss_mb());
+  double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); },
+                               1, 3.0);
+  std::printf("resnet_train_ms %.6g\nresnet_train_peak_rss_mb %.6g\n", 1e3 / r, bench::peak_rss_mb());
+}
 #else
 void resnet_case() { std::printf("skipped ResNet-18 (flux/models/resnet.hpp) not built\n"); }
+void resnet_train_case() { resnet_case(); }
 #endif
 
 #if defined(FLUX_BENCH_RESNET) && !defined(FLUX_BENCH_LOCAL_RESNET) && defined(FLUX_BENCH_ONNX)
@@ -482,6 +525,39 @@ void transformer_case() {
   std::printf("transformer_steps_per_s %.6g\n", r);
 }
 
+// encoder (mixed-precision rows): bench_common.hpp's pre-norm encoder, 4 layers, on x (N, T, D):
+// inference (the forward) and a training step (mse against a target of x's shape, Adam).
+auto encoder_layer() {
+  using namespace bench;
+  return Chain(SkipConnection(Chain(LayerNorm(kEncDim), MultiHeadAttention(kEncDim, {.nheads = kEncHeads})), plus),
+               SkipConnection(Chain(LayerNorm(kEncDim), Dense(kEncDim, kEncFfn, relu), Dense(kEncFfn, kEncDim)), plus));
+}
+
+void encoder_case() {
+  using namespace bench;
+  static_assert(kEncLayers == 4, "encoder_case builds 4 layers");
+  auto model = Chain(encoder_layer(), encoder_layer(), encoder_layer(), encoder_layer(), LayerNorm(kEncDim)) | g_dev;
+  check_parameters("encoder", parameter_count(model), kEncParameters);
+  Tensor x = to(rand({kEncBatch, kEncLen, kEncDim}), g_dev), y = to(rand({kEncBatch, kEncLen, kEncDim}), g_dev);
+  auto run = [&] {
+    Tensor out = forward(model, x);
+    g_dev.synchronize();
+    return 0.f;
+  };
+  for (int i = 0; i < 2; ++i) run();
+  std::printf("encoder_infer_ms %.6g\n", 1e3 / bench::rate(run, 2.0));
+  double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return mse(a, b); }, 1, 3.0);
+  std::printf("encoder_train_ms %.6g\n", 1e3 / r);
+}
+
+// info: the CPU backend's lines of versioninfo() that name the ISA and the bf16/f16 units.
+void info_case() {
+  std::ostringstream os;
+  versioninfo(os);
+  std::istringstream lines(os.str());
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("bf16/f16 units") != std::string::npos) std::printf("units %s\n", line.substr(line.find_first_not_of(' ')).c_str());
+}
 
 // ---- serve: one model loaded once, in testmode, answering requests from several threads (issue 37).
 // Each model (bench_common.hpp's serve shapes) is timed with 1 caller thread and with 2 caller threads
@@ -586,7 +662,7 @@ void serve_case() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: flux_bench seed|mnist|mnist_converged|wide|overhead|infer|sgemm|lenet|fmnist|resnet|onnx_resnet|lstm|lstm_converged|transformer|serve|blas [cpu|opencl]\n");
+    std::fprintf(stderr, "usage: flux_bench seed|mnist|mnist_converged|wide|overhead|infer|sgemm|lenet|fmnist|resnet|resnet_train|onnx_resnet|lstm|lstm_converged|transformer|encoder|serve|blas|info [cpu|opencl] [--autocast=bf16|f16]\n");
     return 2;
   }
   std::string which = argv[1], device = argc > 2 ? argv[2] : "cpu";
@@ -603,6 +679,16 @@ int main(int argc, char** argv) {
     }
     if (a.rfind("--converge-steps=", 0) == 0) {
       g_converge_steps = std::atoi(a.c_str() + 17);
+      if (i == 2) device = "cpu";
+      continue;
+    }
+    if (a.rfind("--autocast=", 0) == 0) {
+      const std::string v = a.substr(11);
+      if (v != "bf16" && v != "f16") {
+        std::fprintf(stderr, "flux_bench: --autocast takes bf16 or f16, got %s\n", v.c_str());
+        return 2;
+      }
+      g_autocast = v == "bf16" ? DType::bf16 : DType::f16;
       if (i == 2) device = "cpu";
       continue;
     }
@@ -655,6 +741,12 @@ int main(int argc, char** argv) {
     detail::cpu_force_isa(level);
   }
   std::printf("flux_cpu_isa %s\n", detail::cpu_isa_name());
+#ifndef FLUX_BENCH_AUTOCAST
+  if (g_autocast) {  // the table shows "—" for the autocast rows until flux/autocast.hpp exists
+    std::printf("skipped --autocast: flux/autocast.hpp not built\n");
+    return 0;
+  }
+#endif
   seed(1);
   if (device == "opencl") {
     if (!functional("OpenCL")) {
@@ -679,6 +771,9 @@ int main(int argc, char** argv) {
   else if (which == "lenet") lenet_case();
   else if (which == "fmnist") fmnist_case();
   else if (which == "resnet") resnet_case();
+  else if (which == "resnet_train") resnet_train_case();
+  else if (which == "encoder") encoder_case();
+  else if (which == "info") info_case();
   else if (which == "onnx_resnet") onnx_resnet_case();
   else if (which == "lstm") lstm_case();
   else if (which == "lstm_converged") lstm_case(g_converge_steps ? g_converge_steps : int(bench::kLstmConvergeSteps));

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs flux_bench and its peers as separate processes, alternating, and prints ONE markdown table.
 
-Usage: bench/run_bench.py BUILD_DIR [--reps N] [--threads 1,2] [--cases seed,mnist,...,resnet,lstm,transformer]
+Usage: bench/run_bench.py BUILD_DIR [--reps N] [--threads 1,2] [--cases seed,mnist,...,resnet,lstm,transformer,amp]
                          [--peers lt113,lt2,py2,ort] [--quick]
 
 Processes per case and thread count, in rotating order within each repetition:
@@ -24,6 +24,7 @@ serve (row 13): flux_bench serve and torch_bench serve, one model called from 1 
   "threads" is the pool size (FLUX_NUM_THREADS; at::set_num_threads in every LibTorch caller thread); the
   2 callers / 1 caller row is each program's own ratio, measured in one process; below the table, whether
   every 2-caller output was bitwise that of one caller.
+amp: the mixed-precision rows (issue 36), float32 against bf16 autocast, in their own table (bench/amp_rows.py).
 Each figure is the best of the repetitions (highest rate, lowest time); "best peer" is the best figure
 of all peer columns in that row, and the ratio compares flux with it. Only ratios from one run mean
 anything. --quick: one repetition of the MLP cases (seed, mnist, wide, infer) against one peer (LibTorch
@@ -39,7 +40,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = ["seed", "mnist", "mnist_converged", "wide", "overhead", "infer", "lenet", "fmnist", "resnet", "lstm",
-         "lstm_converged", "transformer", "serve"]
+         "lstm_converged", "transformer", "serve", "amp"]
 MLP_CASES = ["seed", "mnist", "wide", "infer"]
 CNN_CASES = ["lenet", "fmnist", "resnet"]
 SEQ_CASES = ["lstm", "lstm_converged", "transformer"]
@@ -420,7 +421,19 @@ def main():
         print(f"- {name} {v}" + (f": {'; '.join(cfg)}" if cfg else ""))
     for p, why in peers.missing.items():
         print(f"- {PEER_COLUMNS[p].format(v='').replace('  ', ' ').replace('()', '').strip()}: not measured: {why}")
+    if "amp" in cases:
+        import amp_rows  # bench/amp_rows.py: the mixed-precision rows, their own table
+        for line in amp_rows.header(sys.modules[__name__], flux):
+            print(line)
     print(f"- load average at start: {loadavg()}", flush=True)
+    if "amp" in cases:
+        cases.remove("amp")
+        print("\n### Mixed precision: float32 and bf16 (issue 36)\n")
+        amp_rows.run(sys.modules[__name__], args, peers, info, flux, threads)
+        if not cases:
+            print(f"Load average at end: {loadavg()}")
+            return
+        print()
 
     results = {}  # (impl, threads) -> metric -> value
     variants = {}  # (column, threads) -> impl keys whose best figure the column shows

@@ -2,6 +2,9 @@
 // Usage: torch_bench CASE THREADS   CASE: seed | mnist | mnist_converged | wide | overhead | infer | lenet | fmnist |
 //                                    resnet | lstm | lstm_converged | transformer | serve | versions
 // serve [THREADS [SECONDS]]: flux_bench.cpp's serve case (SECONDS per measurement, default 1).
+// resnet_train, encoder: the mixed-precision rows (bench_common.hpp). --bf16 (after THREADS) runs mnist, infer,
+// resnet, resnet_train and encoder with the model and its float inputs cast to bf16 (model->to(kBFloat16)):
+// LibTorch's C++ API has no autocast, so a bf16 copy of the model is its only C++ form of bf16.
 // The *_converged cases time the same steps after bench_common.hpp's k*ConvergeSteps steps of training.
 // Builds against Debian's LibTorch 1.13 (bench/CMakeLists.txt inside the project) and against the
 // LibTorch 2.x of PyPI's torch wheel (bench/CMakeLists.txt configured on its own; scripts/bench).
@@ -25,6 +28,15 @@
 namespace {
 
 namespace nn = torch::nn;
+
+torch::Dtype g_dtype = torch::kFloat;  // --bf16: torch::kBFloat16 for the model and its float inputs
+
+// The model and a float input in the run's dtype (float32, or bf16 with --bf16).
+template <class M> M& in_dtype(M& model) {
+  model->to(g_dtype);
+  return model;
+}
+torch::Tensor in_dtype(const torch::Tensor& x) { return x.to(g_dtype); }
 
 template <class Model, class Loss>
 double train_steps_per_s(Model& model, const torch::Tensor& x, const torch::Tensor& y, Loss loss, int warmup,
@@ -50,7 +62,8 @@ void seed_case() {
 
 void mnist_case(int pretrain = 0) {
   nn::Sequential model(nn::Linear(784, 512), nn::ReLU(), nn::Linear(512, 512), nn::ReLU(), nn::Linear(512, 10));
-  torch::Tensor x = torch::rand({128, 784});
+  in_dtype(model);
+  torch::Tensor x = in_dtype(torch::rand({128, 784}));
   torch::Tensor y = (torch::arange(128, torch::kLong) * 7) % 10;  // class indices, as flux's one-hot
   double r = train_steps_per_s(model, x, y, [](auto a, auto b) { return torch::nn::functional::cross_entropy(a, b); },
                                pretrain ? pretrain : 5, 1.5);
@@ -81,9 +94,10 @@ void overhead_case() {
 
 void infer_case() {
   nn::Sequential model(nn::Linear(784, 512), nn::ReLU(), nn::Linear(512, 512), nn::ReLU(), nn::Linear(512, 10));
+  in_dtype(model);
   torch::NoGradGuard no_grad;
   for (int64_t batch : {1, 128}) {
-    torch::Tensor x = torch::rand({batch, 784});
+    torch::Tensor x = in_dtype(torch::rand({batch, 784}));
     auto run = [&] {
       torch::Tensor y = model->forward(x);
       return 0.f;
@@ -164,19 +178,35 @@ nn::Sequential resnet18(int64_t classes = 1000) {
 // ResNet-18 inference in eval mode (running statistics), batch 1 and 32, at bench::kResnetSize.
 void resnet_case() {
   nn::Sequential model = resnet18();
+  in_dtype(model);
   model->eval();
   torch::InferenceMode guard;
   const int64_t hw = bench::kResnetSize;
   std::printf("resnet_hw %lld\n", (long long)hw);
   for (int64_t batch : {int64_t(1), int64_t(32)}) {
-    torch::Tensor x = torch::rand({batch, 3, hw, hw});
+    torch::Tensor x = in_dtype(torch::rand({batch, 3, hw, hw}));
     auto run = [&] {
       torch::Tensor y = model->forward(x);
-      return y.data_ptr<float>()[0];
+      return g_dtype == torch::kFloat ? y.data_ptr<float>()[0] : y[0][0].item<float>();
     };
     for (int i = 0; i < (batch == 1 ? 5 : 2); ++i) run();
     std::printf("resnet%lld_ms %.6g\n", (long long)batch, 1e3 / bench::rate(run, batch == 1 ? 1.5 : 2.5));
   }
+}
+
+// ResNet-18 training step (BatchNorm in training mode), batch bench::kResnetTrainBatch, 1000 classes;
+// peak RSS after the timed steps, beside the RSS before training.
+void resnet_train_case() {
+  nn::Sequential model = resnet18();
+  in_dtype(model);
+  model->train();
+  const int64_t hw = bench::kResnetSize, n = bench::kResnetTrainBatch;
+  torch::Tensor x = in_dtype(torch::rand({n, 3, hw, hw}));
+  torch::Tensor y = (torch::arange(n, torch::kLong) * 7) % 1000;
+  std::printf("resnet_hw %lld\nresnet_train_rss_before_mb %.6g\n", (long long)hw, bench::peak_rss_mb());
+  double r = train_steps_per_s(model, x, y, [](auto a, auto b) { return torch::nn::functional::cross_entropy(a, b); },
+                               1, 3.0);
+  std::printf("resnet_train_ms %.6g\nresnet_train_peak_rss_mb %.6g\n", 1e3 / r, bench::peak_rss_mb());
 }
 
 // ---- Sequence cases (bench_common.hpp: shapes and the models; the same as flux_bench.cpp). Only API
@@ -287,6 +317,49 @@ void transformer_case() {
   std::printf("transformer_steps_per_s %.6g\n", r);
 }
 
+// bench_common.hpp's encoder layer, time-major (T, N, D) as LibTorch's C++ MultiheadAttention takes it (its
+// TransformerEncoderLayer has no norm_first in 1.13): x + MHA(LN(x)), then x + Linear(F => D)(relu(Linear(D => F)(LN(x)))).
+struct EncoderLayerImpl : nn::Module {
+  nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  nn::MultiheadAttention attn{nullptr};
+  nn::Linear fc1{nullptr}, fc2{nullptr};
+  EncoderLayerImpl() {
+    const int64_t d = bench::kEncDim;
+    ln1 = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({d})));
+    attn = register_module("attn", nn::MultiheadAttention(nn::MultiheadAttentionOptions(d, bench::kEncHeads)));
+    ln2 = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({d})));
+    fc1 = register_module("fc1", nn::Linear(d, bench::kEncFfn));
+    fc2 = register_module("fc2", nn::Linear(bench::kEncFfn, d));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor a = ln1(x);
+    x = x + std::get<0>(attn->forward(a, a, a, {}, /*need_weights=*/false));
+    return x + fc2(torch::relu(fc1(ln2(x))));
+  }
+};
+TORCH_MODULE(EncoderLayer);
+
+// Inference (the forward) and a training step (mse against a target of x's shape, Adam) of the encoder.
+void encoder_case() {
+  nn::Sequential model;
+  for (int64_t i = 0; i < bench::kEncLayers; ++i) model->push_back(EncoderLayer());
+  model->push_back(nn::LayerNorm(nn::LayerNormOptions({bench::kEncDim})));
+  check_parameters("encoder", *model, bench::kEncParameters);
+  in_dtype(model);
+  torch::Tensor x = in_dtype(torch::rand({bench::kEncLen, bench::kEncBatch, bench::kEncDim}));
+  torch::Tensor y = in_dtype(torch::rand({bench::kEncLen, bench::kEncBatch, bench::kEncDim}));
+  {
+    torch::InferenceMode guard;
+    auto run = [&] {
+      torch::Tensor out = model->forward(x);
+      return 0.f;
+    };
+    for (int i = 0; i < 2; ++i) run();
+    std::printf("encoder_infer_ms %.6g\n", 1e3 / bench::rate(run, 2.0));
+  }
+  double r = train_steps_per_s(model, x, y, [](auto a, auto b) { return torch::mse_loss(a, b); }, 1, 3.0);
+  std::printf("encoder_train_ms %.6g\n", 1e3 / r);
+}
 
 // ---- serve (flux_bench.cpp's serve case): one model in eval mode called from 1 and from 2 threads at
 // once. Every caller thread sets at::set_num_threads(THREADS) itself (LibTorch's OpenMP thread count is
@@ -394,7 +467,7 @@ void serve_case(double seconds) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: torch_bench seed|mnist|mnist_converged|wide|overhead|infer|lenet|fmnist|resnet|lstm|lstm_converged|transformer|serve [threads]\n");
+    std::fprintf(stderr, "usage: torch_bench seed|mnist|mnist_converged|wide|overhead|infer|lenet|fmnist|resnet|resnet_train|lstm|lstm_converged|transformer|encoder|serve [threads [--bf16]]\n");
     return 2;
   }
   std::string which = argv[1];
@@ -418,6 +491,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 2) torch::set_num_threads(g_threads = std::atoi(argv[2]));
+  for (int i = 3; i < argc; ++i)
+    if (std::string(argv[i]) == "--bf16") g_dtype = torch::kBFloat16;
   torch::manual_seed(1);
   std::printf("torch_threads %d\ntorch_mkldnn %d\n", torch::get_num_threads(), int(at::globalContext().hasMKLDNN()));
   if (which == "seed") seed_case();
@@ -429,6 +504,8 @@ int main(int argc, char** argv) {
   else if (which == "lenet") lenet_case();
   else if (which == "fmnist") fmnist_case();
   else if (which == "resnet") resnet_case();
+  else if (which == "resnet_train") resnet_train_case();
+  else if (which == "encoder") encoder_case();
   else if (which == "lstm") lstm_case();
   else if (which == "lstm_converged") lstm_case(int(bench::kLstmConvergeSteps));
   else if (which == "transformer") transformer_case();

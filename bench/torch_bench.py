@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """The cases of torch_bench.cpp, written as a PyTorch 2.x (eager, Python) user writes them.
 
-Usage: torch_bench.py CASE [THREADS]
-  CASE: seed | mnist | mnist_converged | wide | overhead | infer | lenet | fmnist | resnet | lstm |
-        lstm_converged | transformer | versions
+Usage: torch_bench.py CASE [THREADS] [--autocast=bf16|f16]
+  CASE: seed | mnist | mnist_converged | wide | overhead | infer | lenet | fmnist | resnet | resnet_train |
+        lstm | lstm_converged | transformer | encoder | versions
+--autocast: mnist, infer, resnet, resnet_train and encoder run under torch.autocast("cpu", dtype) (training:
+forward and loss inside it, backward and the Adam step outside, as PyTorch's recipe; inference: the forward).
 The *_converged cases time the same steps after bench_common.hpp's k*ConvergeSteps steps of training.
 Prints "key value" lines for bench/run_bench.py, the same keys as flux_bench and torch_bench. Runs in
 the virtual environment that scripts/bench makes (PyPI's torch), never in the system Python.
 Shapes, batch sizes, optimiser, warm-up and timed seconds are those of torch_bench.cpp and
 bench_common.hpp; timing follows bench::rate (wall clock) and bench::rate_cpu (thread CPU time).
 """
+import contextlib
 import resource
 import sys
 import time
@@ -23,6 +26,19 @@ RESNET_SIZE = 112  # bench::kResnetSize
 # bench_common.hpp's sequence cases: batch, window, vocabulary, LSTM hidden, model dim, heads, parameters.
 SEQ_BATCH, SEQ_LEN, VOCAB, LSTM_HIDDEN, MODEL_DIM, HEADS = 32, 64, 62, 256, 64, 4
 LSTM_PARAMETERS, TRANSFORMER_PARAMETERS = 343_614, 112_190
+# bench_common.hpp's mixed-precision rows: ResNet-18 training batch; the encoder's batch, length, dim,
+# layers, heads, FFN width and parameter count.
+RESNET_TRAIN_BATCH = 32
+ENC_BATCH, ENC_LEN, ENC_DIM, ENC_LAYERS, ENC_HEADS, ENC_FFN = 16, 128, 256, 4, 4, 1024
+ENC_PARAMETERS = ENC_LAYERS * (4 * ENC_DIM * ENC_DIM + 8 * ENC_DIM + 2 * ENC_DIM * ENC_FFN + ENC_FFN + ENC_DIM) + 2 * ENC_DIM
+AUTOCAST = None  # --autocast=bf16|f16: the low dtype of torch.autocast("cpu", ...); None: float32
+
+
+def amp():
+    """torch.autocast("cpu", AUTOCAST) when --autocast is given, else nothing."""
+    return torch.autocast("cpu", dtype=AUTOCAST) if AUTOCAST is not None else contextlib.nullcontext()
+
+
 # bench::kMnistConvergeSteps, bench::kLstmConvergeSteps: training steps before the converged rows' timing.
 MNIST_CONVERGE_STEPS, LSTM_CONVERGE_STEPS = 1000, 300
 
@@ -63,7 +79,8 @@ def train_steps_per_s(model, x, y, loss, warmup, seconds):
 
     def step():
         opt.zero_grad()
-        l = loss(model(x), y)
+        with amp():
+            l = loss(model(x), y)
         l.backward()
         opt.step()
         return l.item()
@@ -131,7 +148,7 @@ def overhead_case():
 
 def infer_case():
     model = mlp(784, 512, 512, 10)
-    with torch.no_grad():
+    with torch.no_grad(), amp():
         for batch in (1, 128):
             x = torch.rand(batch, 784)
 
@@ -197,7 +214,7 @@ def resnet18(classes=1000):
 def resnet_case():
     model = resnet18().eval()
     print(f"resnet_hw {RESNET_SIZE}")
-    with torch.inference_mode():
+    with torch.inference_mode(), amp():
         for batch in (1, 32):
             x = torch.rand(batch, 3, RESNET_SIZE, RESNET_SIZE)
 
@@ -207,6 +224,37 @@ def resnet_case():
             for _ in range(5 if batch == 1 else 2):
                 run()
             print(f"resnet{batch}_ms {1e3 / rate(run, 1.5 if batch == 1 else 2.5):.6g}")
+
+
+def resnet_train_case():
+    """ResNet-18 training step (BatchNorm training), batch RESNET_TRAIN_BATCH; peak RSS after the timed steps."""
+    model = resnet18().train()
+    n = RESNET_TRAIN_BATCH
+    x, y = torch.rand(n, 3, RESNET_SIZE, RESNET_SIZE), (torch.arange(n, dtype=torch.long) * 7) % 1000
+    print(f"resnet_hw {RESNET_SIZE}\nresnet_train_rss_before_mb {peak_rss_mb():.6g}")
+    r = train_steps_per_s(model, x, y, F.cross_entropy, 1, 3.0)
+    print(f"resnet_train_ms {1e3 / r:.6g}\nresnet_train_peak_rss_mb {peak_rss_mb():.6g}")
+
+
+def encoder_case():
+    """bench_common.hpp's pre-norm encoder: 4 x TransformerEncoderLayer(norm_first, dropout 0, relu) + LayerNorm on
+    x (N, T, D); inference (the forward) and a training step (mse against a target of x's shape, Adam)."""
+    layers = [nn.TransformerEncoderLayer(ENC_DIM, ENC_HEADS, ENC_FFN, dropout=0.0, batch_first=True, norm_first=True)
+              for _ in range(ENC_LAYERS)]
+    model = nn.Sequential(*layers, nn.LayerNorm(ENC_DIM))
+    check_parameters("encoder", model, ENC_PARAMETERS)
+    x, y = torch.rand(ENC_BATCH, ENC_LEN, ENC_DIM), torch.rand(ENC_BATCH, ENC_LEN, ENC_DIM)
+    model.eval()
+    with torch.inference_mode(), amp():
+        def run():
+            model(x)
+            return 0.0
+
+        for _ in range(2):
+            run()
+        print(f"encoder_infer_ms {1e3 / rate(run, 2.0):.6g}")
+    model.train()
+    print(f"encoder_train_ms {1e3 / train_steps_per_s(model, x, y, F.mse_loss, 1, 3.0):.6g}")
 
 
 def seq_ids(shift):
@@ -299,15 +347,26 @@ def versions_case():
 
 CASES = {"seed": seed_case, "mnist": mnist_case, "mnist_converged": lambda: mnist_case(MNIST_CONVERGE_STEPS),
          "wide": wide_case, "overhead": overhead_case, "infer": infer_case,
-         "lenet": lenet_case, "fmnist": fmnist_case, "resnet": resnet_case, "lstm": lstm_case,
+         "lenet": lenet_case, "fmnist": fmnist_case, "resnet": resnet_case, "resnet_train": resnet_train_case,
+         "encoder": encoder_case, "lstm": lstm_case,
          "lstm_converged": lambda: lstm_case(LSTM_CONVERGE_STEPS),
          "transformer": transformer_case, "versions": versions_case}
 
 
 def main():
-    if len(sys.argv) < 2 or sys.argv[1] not in CASES:
-        print(f"usage: torch_bench.py {'|'.join(CASES)} [threads]", file=sys.stderr)
+    global AUTOCAST
+    args = [a for a in sys.argv[1:] if not a.startswith("--autocast=")]
+    for a in sys.argv[1:]:
+        if a.startswith("--autocast="):
+            v = a.split("=", 1)[1]
+            if v not in ("bf16", "f16"):
+                print(f"torch_bench.py: --autocast takes bf16 or f16, got {v}", file=sys.stderr)
+                return 2
+            AUTOCAST = torch.bfloat16 if v == "bf16" else torch.float16
+    if not args or args[0] not in CASES:
+        print(f"usage: torch_bench.py {'|'.join(CASES)} [threads] [--autocast=bf16|f16]", file=sys.stderr)
         return 2
+    sys.argv[1:] = args
     if len(sys.argv) > 2:
         torch.set_num_threads(int(sys.argv[2]))
     torch.manual_seed(1)
