@@ -195,6 +195,8 @@ int run(const Options& opt) {
   auto loader = DataLoader({train.inputs, train.targets}, {.batchsize = opt.batchsize, .shuffle = true});
   auto rule = optimisers::OptimiserChain(optimisers::ClipNorm(5.0), optimisers::Adam(opt.lr));
   auto opt_state = optimisers::setup(rule, model);
+  // --autocast f16 scales the loss and skips steps that overflow; bf16 needs no scaling.
+  optimisers::GradScaler scaler({.enabled = opt.autocast == Float16});
 
   const double initial = validation_loss(model, valid, V, dev);
   std::printf("validation loss before training: %.4f nats per character (log %lld = %.4f)\n", initial, (long long)V,
@@ -208,10 +210,12 @@ int run(const Options& opt) {
     for (auto [ids, next] : loader) {
       auto [x, y] = encode(ids, next, V);
       Tensor xd = to(x, dev), yd = to(y, dev);
-      auto [loss, grads] =
-          withgradient([&](const CharModel& m) { return logitcrossentropy(m(xd), yd); }, model, {.autocast = opt.autocast});
-      optimisers::update(opt_state, model, grads);
-      epoch_loss += loss.item<double>();
+      const double scale = scaler.get_scale();
+      auto [loss, grads] = withgradient([&](const CharModel& m) { return scaler.scale(logitcrossentropy(m(xd), yd)); },
+                                        model, {.autocast = opt.autocast});
+      scaler.step(opt_state, model, grads);
+      scaler.update();
+      epoch_loss += loss.item<double>() / scale;
       ++batches;
       progress.update(epoch, batches, epoch_loss / double(batches));
     }

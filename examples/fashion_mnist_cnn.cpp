@@ -48,7 +48,7 @@ struct Options {
 void print_usage(std::FILE* to, const char* argv0) {
   std::fprintf(to,
                "usage: %s [--epochs N] [--device NAME[:i]] [--train-limit N] [--test-limit N] "
-               "[--min-accuracy A] [--save PATH] [--seed N] [--lr X] [--batchsize N] [idx folder]\n",
+               "[--min-accuracy A] [--save PATH] [--seed N] [--lr X] [--batchsize N] [--autocast bf16|f16] [idx folder]\n",
                argv0);
 }
 
@@ -137,6 +137,9 @@ int run(const Options& opt) {
 
   auto loader = DataLoader({Xtrain, onehot(ytrain, 10)}, {.batchsize = opt.batchsize, .shuffle = true}) | dev;
   auto opt_state = optimisers::setup(optimisers::Adam(opt.lr), model);
+  // --autocast f16 scales the loss (small gradients would underflow in f16) and skips steps that
+  // overflow; bf16 has float32's range and needs no scaling (the scaler is then off: a no-op).
+  optimisers::GradScaler scaler({.enabled = opt.autocast == Float16});
 
   ProgressBar progress(opt.epochs, loader.size());
   for (int epoch = 1; epoch <= opt.epochs; ++epoch) {
@@ -144,9 +147,12 @@ int run(const Options& opt) {
     double epoch_loss = 0;
     int64_t batches = 0;
     for (auto [x, y] : loader) {
-      auto [loss, grads] = withgradient([&](auto& m) { return logitcrossentropy(m(x), y); }, model, {.autocast = opt.autocast});
-      optimisers::update(opt_state, model, grads);
-      epoch_loss += loss.item<float>();
+      const double scale = scaler.get_scale();
+      auto [loss, grads] = withgradient([&](auto& m) { return scaler.scale(logitcrossentropy(m(x), y)); }, model,
+                                        {.autocast = opt.autocast});
+      scaler.step(opt_state, model, grads);
+      scaler.update();
+      epoch_loss += loss.item<double>() / scale;
       ++batches;
       progress.update(epoch, batches, epoch_loss / double(batches));
     }

@@ -324,3 +324,26 @@ TEST(Autocast, WeightCastsFollowWrites) {
 }
 
 }  // namespace
+
+namespace {
+// Threads calling one model at once, one under autocast and one without (the scope is per thread;
+// the weight casts are shared through each weight's cache): each gets its single-caller bits.
+TEST(Autocast, ThreadsShareOneModel) {
+  Emulate emulate;
+  auto model = Chain(Conv({3, 3}, 2, 4, relu), flatten, Dense(4 * 4 * 4, 5));
+  testmode(model);
+  Tensor x = randn({3, 2, 6, 6});
+  const std::vector<double> want_low = autocast(DType::bf16, [&] { return model(x); }).to_vector<double>();
+  const std::vector<double> want_f32 = model(x).to_vector<double>();
+  std::vector<std::vector<double>> got(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&, i] {
+      for (int k = 0; k < 5; ++k)
+        got[size_t(i)] = i % 2 ? model(x).to_vector<double>()
+                                : autocast(DType::bf16, [&] { return model(x); }).to_vector<double>();
+    });
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(got[size_t(i)], i % 2 ? want_f32 : want_low) << "thread " << i;
+}
+}  // namespace

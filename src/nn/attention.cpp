@@ -10,6 +10,7 @@
 #include "flux/autodiff.hpp"
 #include "flux/nn/show.hpp"
 #include "flux/ops.hpp"
+#include "src/autocast.hpp"
 #include "src/ops/ops_internal.hpp"
 
 namespace flux {
@@ -83,6 +84,9 @@ MultiHeadAttentionDims MultiHeadAttention::dims() const {
 namespace {
 // (rows, in) @ W (k, in)ᵀ + b -> (rows, k).
 Tensor project(const Tensor& x2, const Tensor& w, const Tensor& b) {
+  // Autocast: the projection in the low dtype, bias included (as Dense).
+  if (auto low = detail::autocast_low({&x2, &w}))
+    return project(detail::autocast_to(x2, *low), detail::autocast_to(w, *low), detail::autocast_to(b, *low));
   Tensor y = b.defined() ? detail::linear(x2, w, b) : Tensor();
   if (!y.defined()) {
     y = matmul(x2, w, false, true);

@@ -11,6 +11,7 @@
 #include "flux/nn/show.hpp"
 #include "src/checked_size.hpp"
 #include "src/nn/match_eltype.hpp"
+#include "src/autocast.hpp"
 #include "src/ops/ops_internal.hpp"
 
 namespace flux {
@@ -45,6 +46,9 @@ void check_activation(const char* api, const Activation& act) {
 
 /// x (rows, in) W_ihᵀ + b_ih, fused where detail::linear can.
 Tensor project(const Tensor& x2, const Tensor& w, const Tensor& b) {
+  // Autocast: the projection in the low dtype, bias included (as Dense).
+  if (auto low = detail::autocast_low({&x2, &w}))
+    return project(detail::autocast_to(x2, *low), detail::autocast_to(w, *low), detail::autocast_to(b, *low));
   Tensor y;
   if (b.defined()) y = detail::linear(x2, w, b);
   if (!y.defined()) {

@@ -371,12 +371,20 @@ template <class B> Tensor unary(const char* api, UnaryOp op, const Tensor& x0, d
   if (needs_float(op) && !is_floating(t)) t = DType::f32;
   if (t == DType::boolean) t = DType::i64;
   DType compute = is_half(t) ? DType::f32 : t;
-  // Half storage that no tape records: one pass on the backend where it has one (the same bits).
-  if (is_half(t) && x0.dtype() == t && !autodiff::tracked(x0) && !trace::active()) {
+  if (is_half(t) && x0.dtype() == t) {
+    // Half storage: one pass on the backend where it has one, else through float32 (the same bits).
+    // The tape keeps x and y in the half dtype (what autocast's memory saving rests on) and runs the
+    // backward formula in float32.
     Tensor y = Tensor::empty(x0.shape(), t, x0.device());
-    if (x0.numel() == 0 || x0.backend().unary_half(x0.device().index(), op, t, flux::detail::buffer_of(x0),
-                                                   flux::detail::buffer_of(y), x0.numel(), alpha))
-      return y;
+    if (x0.numel() && !x0.backend().unary_half(x0.device().index(), op, t, flux::detail::buffer_of(x0),
+                                               flux::detail::buffer_of(y), x0.numel(), alpha))
+      y = unary_raw(op, x0, alpha);
+    if (trace::active()) trace::emit(api, {x0}, y, {{"alpha", {}, {alpha}}});
+    autodiff::record(y, {&x0}, [x0, y, backward, t](const Tensor& g) {
+      const Tensor xf = raw_cast(x0, DType::f32), yf = raw_cast(y, DType::f32);
+      return Grads{Tensor(backward(xf, yf, g.cast(DType::f32))).cast(t)};
+    });
+    return y;
   }
   Tensor x = x0.cast(compute);
   Tensor y = unary_raw(op, x, alpha);
