@@ -52,44 +52,33 @@ void adam_step(DType t, void* x, const void* g, void* m, void* v, int64_t n, con
 namespace {
 // Loss scaling: out = g * inv over [b, e), true when some result is not finite. The test looks at the
 // stored bits (all exponent bits set: inf or NaN), so it vectorises and sees exactly what was written.
-FLUX_CPU_INLINE bool unscale_f32_body(const float* g, float* out, int64_t b, int64_t e, float inv) {
-  uint32_t bad = 0;
+template <class T, class Bits, Bits kExponent>
+FLUX_CPU_INLINE bool unscale_float_body(const T* g, T* out, int64_t b, int64_t e, T inv) {
+  Bits bad = 0;
   for (int64_t i = b; i < e; ++i) {
-    float v = g[i] * inv;
+    T v = g[i] * inv;
     out[i] = v;
-    uint32_t bits;
-    std::memcpy(&bits, &v, 4);
-    bad |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);
+    Bits bits;
+    std::memcpy(&bits, &v, sizeof(T));
+    bad |= Bits((bits & kExponent) == kExponent);
   }
   return bad != 0;
+}
+FLUX_CPU_INLINE bool unscale_f32_body(const float* g, float* out, int64_t b, int64_t e, float inv) {
+  return unscale_float_body<float, uint32_t, 0x7f800000u>(g, out, b, e, inv);
 }
 FLUX_CPU_INLINE bool unscale_f64_body(const double* g, double* out, int64_t b, int64_t e, double inv) {
-  uint64_t bad = 0;
-  for (int64_t i = b; i < e; ++i) {
-    double v = g[i] * inv;
-    out[i] = v;
-    uint64_t bits;
-    std::memcpy(&bits, &v, 8);
-    bad |= uint64_t((bits & 0x7ff0000000000000ull) == 0x7ff0000000000000ull);
-  }
-  return bad != 0;
+  return unscale_float_body<double, uint64_t, 0x7ff0000000000000ull>(g, out, b, e, inv);
 }
 // Float16 / BFloat16: through float32, rounded to nearest even as every cast in flux.
-FLUX_CPU_INLINE bool unscale_f16_body(const uint16_t* g, uint16_t* out, int64_t b, int64_t e, float inv) {
+template <DType t> FLUX_CPU_INLINE bool unscale_half_body(const uint16_t* g, uint16_t* out, int64_t b, int64_t e, float inv) {
+  constexpr uint16_t kExponent = t == DType::f16 ? 0x7c00u : 0x7f80u;
   uint32_t bad = 0;
   for (int64_t i = b; i < e; ++i) {
-    uint16_t h = half_bits::from_float(half_bits::to_float(g[i]) * inv);
+    const uint16_t h = t == DType::f16 ? half_bits::from_float(half_bits::to_float(g[i]) * inv)
+                                       : half_bits::bfloat16_from_float(half_bits::bfloat16_to_float(g[i]) * inv);
     out[i] = h;
-    bad |= uint32_t((h & 0x7c00u) == 0x7c00u);
-  }
-  return bad != 0;
-}
-FLUX_CPU_INLINE bool unscale_bf16_body(const uint16_t* g, uint16_t* out, int64_t b, int64_t e, float inv) {
-  uint32_t bad = 0;
-  for (int64_t i = b; i < e; ++i) {
-    uint16_t h = half_bits::bfloat16_from_float(half_bits::bfloat16_to_float(g[i]) * inv);
-    out[i] = h;
-    bad |= uint32_t((h & 0x7f80u) == 0x7f80u);
+    bad |= uint32_t((h & kExponent) == kExponent);
   }
   return bad != 0;
 }
@@ -127,12 +116,12 @@ bool unscale_and_check(DType t, const void* g, void* out, int64_t n, double inv_
       break;
     case DType::f16:
       bad = unscale_parallel<uint16_t>(g, out, n, [&](const uint16_t* s, uint16_t* d, int64_t b, int64_t e) {
-        return unscale_f16_body(s, d, b, e, inv32);
+        return unscale_half_body<DType::f16>(s, d, b, e, inv32);
       });
       break;
     case DType::bf16:
       bad = unscale_parallel<uint16_t>(g, out, n, [&](const uint16_t* s, uint16_t* d, int64_t b, int64_t e) {
-        return unscale_bf16_body(s, d, b, e, inv32);
+        return unscale_half_body<DType::bf16>(s, d, b, e, inv32);
       });
       break;
     default: detail::fail("[GradScaler] can only unscale floating-point gradients, got ", dtype_name(t));
