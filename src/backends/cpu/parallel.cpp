@@ -2,7 +2,7 @@
 // BLAS's: matmul.cpp keeps the BLAS on one thread and splits the GEMM over this pool, and oneDNN runs
 // one OpenMP thread per pool task (conv.cpp), so no second team of threads competes for the cores.
 //
-// Hand-off (measured on 2 AVX2 cores, see /work/notes/cpuspeed.md): a region is cut into one piece
+// Hand-off: a region is cut into one piece
 // per thread, and every thread, the caller first, claims pieces from an atomic counter, so a worker
 // that the OS has descheduled delays nothing: the caller takes its piece. An idle worker spins for
 // a short while (kSpin) with a pause instruction, catching the next op of a training step without a
