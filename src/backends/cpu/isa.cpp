@@ -73,12 +73,9 @@ LowPrecisionUnits cpuid_units() {
   return u;
 }
 bool any(const LowPrecisionUnits& u) { return u.avx512_bf16 || u.amx_bf16 || u.avx512_fp16 || u.amx_fp16; }
-}  // namespace
 
-LowPrecisionUnits low_precision_units() {
-  static const LowPrecisionUnits found = cpuid_units();
-  LowPrecisionUnits u = found;
-  if (active_isa() != Isa::avx512) u = {};
+// The units left by ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA), read once as oneDNN reads it.
+LowPrecisionUnits capped_by_environment(LowPrecisionUnits u) {
   const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
   if (!cap || !*cap) cap = std::getenv("DNNL_MAX_CPU_ISA");
   if (cap && *cap && std::strcmp(cap, "ALL") != 0 && std::strcmp(cap, "all") != 0) {
@@ -88,6 +85,16 @@ LowPrecisionUnits low_precision_units() {
     if (!amx) u.amx_bf16 = u.amx_fp16 = false;
     if (!bf16) u.avx512_bf16 = false;
   }
+  return u;
+}
+}  // namespace
+
+// Called per bf16 kernel call and per autocast op: the CPUID and environment answers are made once,
+// only force_isa's level is read each time.
+LowPrecisionUnits low_precision_units() {
+  static const LowPrecisionUnits found = cpuid_units();
+  static const LowPrecisionUnits allowed = capped_by_environment(found);
+  LowPrecisionUnits u = active_isa() == Isa::avx512 ? allowed : LowPrecisionUnits{};
   u.capped = any(found) && !any(u);
   return u;
 }
