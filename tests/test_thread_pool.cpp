@@ -1,8 +1,10 @@
 // The CPU backend's thread pool (src/backends/cpu/parallel.cpp): every index is visited exactly once,
-// nested and concurrent parallel regions are safe, and an exception thrown in any chunk reaches the
-// caller only after every worker has left the region. Also run under ThreadSanitizer (scripts/test --tsan).
+// nested and concurrent parallel regions are safe, an exception thrown in any chunk reaches the
+// caller only after every worker has left the region, and concurrent callers share the pool's threads. Also run under ThreadSanitizer (scripts/test --tsan).
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -91,6 +93,57 @@ TEST(ThreadPool, ExceptionInAnyChunkReachesTheCallerAfterAllChunksEnd) {
   std::atomic<int64_t> total{0};
   parallel_for(1000, 1, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
   EXPECT_EQ(total.load(), 1000);
+}
+
+TEST(ThreadPool, CallersShareThePoolsThreads) {
+  // A region takes the pool's threads less one per other caller inside a region or in one within the
+  // last millisecond: while two user threads run regions, each region runs on at most size - 1
+  // threads (on a pool of two: inline) instead of the first to come taking the whole pool. 95% asked:
+  // on a loaded machine a thread may now and then be descheduled between two of its regions for
+  // longer than the window.
+  const int size = flux::cpu_backend::num_threads();
+  if (size < 2) GTEST_SKIP() << "a pool of one thread (FLUX_NUM_THREADS=1 or one core)";
+  // The number of threads that ran the pieces of one region of 4 * size pieces of `work` each.
+  auto threads_of_a_region = [&](std::chrono::microseconds work) {
+    std::mutex m;
+    std::set<std::thread::id> ids;
+    parallel_for(4 * size, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const auto until = std::chrono::steady_clock::now() + work;
+        while (std::chrono::steady_clock::now() < until) {
+        }
+      }
+      std::lock_guard<std::mutex> lock(m);
+      ids.insert(std::this_thread::get_id());
+    });
+    return ids;
+  };
+  std::atomic<bool> stop{false}, measuring{false};
+  std::atomic<int> other_regions{0}, other_shared{0};
+  std::thread other([&] {
+    while (!stop.load()) {
+      const bool counted = measuring.load();
+      const bool shared = int(threads_of_a_region(std::chrono::microseconds(100)).size()) <= size - 1;
+      if (counted && measuring.load()) other_regions.fetch_add(1), other_shared.fetch_add(shared);
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  measuring.store(true);
+  int shared = 0;
+  for (int rep = 0; rep < 50; ++rep) shared += int(threads_of_a_region(std::chrono::microseconds(100)).size()) <= size - 1;
+  measuring.store(false);
+  stop.store(true);
+  other.join();
+  const int regions = 50 + other_regions.load(), on_shared = shared + other_shared.load();
+  EXPECT_GE(on_shared * 20, regions * 19) << on_shared << " of " << regions << " regions of two callers on at most "
+                                         << size - 1 << " threads (this caller: " << shared << " of 50)";
+  // Alone again, after the window: the workers take pieces again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const std::thread::id self = std::this_thread::get_id();
+  bool elsewhere = false;
+  for (int rep = 0; rep < 200 && !elsewhere; ++rep)
+    for (const std::thread::id& id : threads_of_a_region(std::chrono::microseconds(100))) elsewhere |= id != self;
+  EXPECT_TRUE(elsewhere) << "no piece ran on a worker of the pool of " << size << " in 200 regions alone";
 }
 
 }  // namespace

@@ -9,6 +9,11 @@
 // system call, then sleeps on a futex (raw FUTEX_WAIT on Linux, a condition variable elsewhere);
 // the caller wakes sleepers only when there are any. The earlier pool slept on a condition variable after every op (a futex pair per op) while
 // OpenBLAS's own threads sched_yield()-spun beside it: 1.3 s of system time in a 1.5 s run.
+//
+// Several callers (user threads calling models at once) share the pool's threads: a region takes
+// as many threads as the pool has less one per other caller inside a region or in one within the
+// last kShareWindow, and runs inline when that leaves one. With two callers on a pool of two, each
+// computes on its own core instead of one caller's worker competing with the other for the cores.
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -16,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <system_error>
@@ -54,7 +60,57 @@ thread_local bool t_inside = false;
 // a step (a few microseconds), short enough that an idle process stops using the cores at once.
 constexpr std::chrono::microseconds kSpin{100};
 
+// How long a caller counts as active after its last region: longer than the gaps between the ops of
+// one forward, short enough that a caller left alone gets the whole pool back at once.
+constexpr std::chrono::microseconds kShareWindow{1000};
+
 using Clock = std::chrono::steady_clock;
+
+// The threads that run regions now or did lately: one slot per caller thread (a thread takes the next
+// slot at its first region; past kSlots threads, slots are shared and callers undercounted), each
+// whether that thread is inside a region and when it last entered or left one (refreshed at most
+// every kShareWindow / 8, to keep the line mostly read). A caller counts while inside a region (it
+// may be descheduled there for longer than the window) and for kShareWindow after it.
+class Callers {
+ public:
+  /// Marks this thread inside a region; how many other threads are inside one or were within kShareWindow.
+  int enter() {
+    Slot& me = slots_[mine()];
+    const int64_t now = micros();
+    me.inside.fetch_add(1, std::memory_order_relaxed);
+    stamp(me, now);
+    int others = 0;
+    for (const Slot& s : slots_)
+      if (&s != &me && (s.inside.load(std::memory_order_relaxed) > 0 ||
+                        now - s.last.load(std::memory_order_relaxed) < kShareWindow.count()))
+        ++others;
+    return others;
+  }
+  void leave() {
+    Slot& me = slots_[mine()];
+    stamp(me, micros());
+    me.inside.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+ private:
+  static constexpr int kSlots = 16;
+  struct alignas(64) Slot {
+    std::atomic<int64_t> last{std::numeric_limits<int64_t>::min() / 2};
+    std::atomic<int> inside{0};
+  };
+  int mine() {
+    thread_local const int slot = next_.fetch_add(1, std::memory_order_relaxed) % kSlots;
+    return slot;
+  }
+  static int64_t micros() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
+  }
+  static void stamp(Slot& s, int64_t now) {
+    if (now - s.last.load(std::memory_order_relaxed) > kShareWindow.count() / 8) s.last.store(now, std::memory_order_relaxed);
+  }
+  Slot slots_[kSlots];
+  std::atomic<int> next_{0};
+};
 
 // A 32-bit word threads sleep on until it changes from a value they saw.
 class WaitWord {
@@ -113,14 +169,15 @@ class Pool {
   }
   int size() const { return threads_; }
 
-  /// False when another thread's region holds the pool (the caller then runs its loop itself).
-  bool run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  /// Runs fn over [0, n) in at most `team` pieces (team >= 2); false when another thread's region
+  /// holds the pool (the caller then runs its loop itself).
+  bool run(int64_t n, int team, const std::function<void(int64_t, int64_t)>& fn) {
     std::unique_lock<std::mutex> serial(run_mutex_, std::try_to_lock);
     if (!serial.owns_lock()) return false;
     fn_ = &fn;
     n_ = n;
     float_control_ = float_control();  // workers run the region in the caller's mode (flush-to-zero)
-    pieces_ = int(std::min<int64_t>({n, threads_, 0xffff}));
+    pieces_ = int(std::min<int64_t>({n, std::min(team, threads_), 0xffff}));
     error_ = nullptr;
     done_.value.store(0, std::memory_order_relaxed);
     uint32_t job = epoch_.value.load(std::memory_order_relaxed) + 1;
@@ -228,6 +285,11 @@ Pool& pool() {
   static Pool p(configured_threads());
   return p;
 }
+
+Callers& callers() {
+  static Callers c;
+  return c;
+}
 }  // namespace
 
 int num_threads() { return pool().size(); }
@@ -238,10 +300,20 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
     fn(0, n);
     return;
   }
+  struct Inside {  // this thread counts as a caller until the region returns or throws
+    Inside() : others(callers().enter()) {}
+    ~Inside() { callers().leave(); }
+    const int others;
+  } inside;
+  const int team = pool().size() - inside.others;
+  if (team < 2) {
+    fn(0, n);
+    return;
+  }
   t_inside = true;
   bool ran;
   try {
-    ran = pool().run(n, fn);
+    ran = pool().run(n, team, fn);
   } catch (...) {
     t_inside = false;
     throw;
