@@ -1,6 +1,7 @@
 // The CPU backend's thread pool (src/backends/cpu/parallel.cpp): every index is visited exactly once,
 // nested and concurrent parallel regions are safe, an exception thrown in any chunk reaches the
-// caller only after every worker has left the region, and concurrent callers share the pool's threads. Also run under ThreadSanitizer (scripts/test --tsan).
+// caller only after every worker has left the region, and concurrent callers share the pool's
+// threads. Also run under ThreadSanitizer (scripts/test --tsan).
 #include <atomic>
 #include <chrono>
 #include <mutex>
