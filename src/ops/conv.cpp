@@ -17,6 +17,7 @@
 #include "flux/nn/conv_fusion.hpp"
 #include "flux/ops.hpp"
 #include "src/autocast.hpp"
+#include "src/autodiff_state.hpp"
 #include "src/ops/conv_geometry.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/storage_cache.hpp"
@@ -148,8 +149,11 @@ Tensor channel_sum(const Tensor& dy) {
 }
 
 /// Float32 copies for the half-precision fallbacks below: weights cached at inference (kept with w
-/// until it is written, so their prepared layouts are kept too), everything else cast per call.
-Tensor f32_weight(const Tensor& w) { return autodiff::recording() ? raw_cast(w, DType::f32) : cached_raw_cast(w, DType::f32); }
+/// until it is written, so their prepared layouts are kept too), everything else, and weights in
+/// training (forward and backward), cast per call.
+Tensor f32_weight(const Tensor& w) {
+  return autodiff::recording() || backward_running() ? raw_cast(w, DType::f32) : cached_raw_cast(w, DType::f32);
+}
 Tensor f32_of(const Tensor& t) { return t.defined() ? raw_cast(t, DType::f32) : t; }
 
 Tensor im2col_raw(const Tensor& x, const ConvGeometry& g) {
