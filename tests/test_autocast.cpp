@@ -199,8 +199,8 @@ TEST_P(AutocastOps, GradientsMatchFiniteDifferences) {
 
 // BatchNorm from batch statistics, mean pooling and products and quotients of low activations, whose
 // tape keeps the low activations and runs the backward in float32 (no float32 copies are kept). The
-// functions are smooth: at a kink (relu at 0, a max's ties, which rounding to the low dtype makes) the
-// low model and the float64 one may both be right and still differ.
+// functions are smooth: at a kink (relu near 0, a max's ties, which rounding to the low dtype makes)
+// the low model and the float64 one may both be right and still differ.
 TEST_P(AutocastOps, BatchNormPoolingAndProductsMatchFiniteDifferences) {
   const auto [d, low] = GetParam();
   Emulate emulate;
@@ -221,6 +221,19 @@ TEST_P(AutocastOps, BatchNormPoolingAndProductsMatchFiniteDifferences) {
   // Two BatchNorms divide the low activations' rounding by their batch deviations: a few times the
   // 16 roundoffs of the model above.
   expect_gradients_match_finite_differences(model, x, y, low, 48);
+}
+
+// relu of a tracked low activation: its backward runs in the low dtype (a mask product, exact there):
+// the gradient is the incoming one where x > 0 and 0 elsewhere, bit for bit.
+TEST_P(AutocastOps, ReluOfLowActivationsBackwardIsTheMask) {
+  const auto [d, low] = GetParam();
+  Tensor x = to(randn({4, 33}), d).cast(low), c = to(randn({4, 33}), d).cast(low);
+  const Tensor dx = gradient([&](const Tensor& t) { return sum((relu(t) * c).cast(DType::f32)); }, x);
+  ASSERT_EQ(dx.dtype(), low);
+  const std::vector<double> xs = x.to_vector<double>(), cs = c.to_vector<double>(), got = dx.to_vector<double>();
+  for (size_t i = 0; i < xs.size(); ++i) EXPECT_EQ(got[i], xs[i] > 0 ? cs[i] : 0.0) << "entry " << i << ", x = " << xs[i];
+  Tensor y = relu(x);
+  EXPECT_EQ(y.to_vector<double>(), relu(x.cast(DType::f64)).to_vector<double>());
 }
 
 // What the tape keeps under autocast: after the forward pass of a conv, BatchNorm, relu, pool, Dense

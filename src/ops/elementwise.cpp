@@ -263,10 +263,13 @@ Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) 
     const Tensor keep_b = operand_read(op, 1, need_a, need_b) ? b0 : Tensor();
     autodiff::record(out, {&a0, &b0}, [api, op, keep_a, keep_b, sa = a0.shape(), sb = b0.shape(), need_a, need_b,
                                        t](const Tensor& g) {
-      auto up = [](const Tensor& x) { return x.defined() ? raw_cast(x, DType::f32) : x; };
-      const Tensor a = up(keep_a), b = up(keep_b);
-      const Tensor o = op == BinaryOp::pow ? binary_raw(api, op, a, b) : Tensor();
-      Grads grads = binary_grads(op, a, b, o, sa, sb, need_a, need_b, raw_cast(g, DType::f32));
+      Grads grads;
+      {  // the float32 copies go before the gradients are cast down
+        auto up = [](const Tensor& x) { return x.defined() ? raw_cast(x, DType::f32) : x; };
+        const Tensor a = up(keep_a), b = up(keep_b);
+        const Tensor o = op == BinaryOp::pow ? binary_raw(api, op, a, b) : Tensor();
+        grads = binary_grads(op, a, b, o, sa, sb, need_a, need_b, raw_cast(g, DType::f32));
+      }
       for (Tensor& d : grads)
         if (d.defined()) d = raw_cast(d, t);
       return grads;
@@ -470,6 +473,25 @@ Tensor sigmoid_op(const Tensor& x) {
   return unary("sigmoid", UnaryOp::sigmoid, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); });
 }
 Tensor relu_op(const Tensor& x) {
+  if (is_half(x.dtype()) && autodiff::tracked(x)) {
+    // A low activation on a tape: the mask product is exact in the low dtype, so the backward runs
+    // there, one pass each where the backend has half kernels (no float32 copies of x, y and g).
+    const DType t = x.dtype();
+    Tensor y = Tensor::empty(x.shape(), t, x.device());
+    if (x.numel() && !x.backend().unary_half(x.device().index(), UnaryOp::relu, t, flux::detail::buffer_of(x),
+                                             flux::detail::buffer_of(y), x.numel(), 0))
+      y = unary_raw(UnaryOp::relu, x);
+    if (trace::active()) trace::emit("relu", {x}, y, {{"alpha", {}, {0.0}}});
+    autodiff::record(y, {&x}, [x, t](const Tensor& g) {
+      Tensor mask = Tensor::empty(x.shape(), t, x.device());
+      if (x.numel() && !x.backend().unary_half(x.device().index(), UnaryOp::step, t, flux::detail::buffer_of(x),
+                                               flux::detail::buffer_of(mask), x.numel(), 0))
+        mask = unary_raw(UnaryOp::step, x);
+      const Tensor dx = (g.dtype() == t ? g : raw_cast(g, t)) * mask;
+      return Grads{dx};
+    });
+    return y;
+  }
   return unary("relu", UnaryOp::relu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
     return g * unary_raw(UnaryOp::step, x);
   });

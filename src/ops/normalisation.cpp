@@ -70,10 +70,10 @@ Tensor batchnorm_low(const Tensor& x, const Tensor& weight, const Tensor& bias, 
   const int64_t n = x.shape()[0], c = x.shape()[1], s = x.numel() / std::max<int64_t>(1, n * c);
   const bool has_weight = weight.defined(), has_bias = bias.defined();
   autodiff::record(y, {&x, &weight, &bias}, [=](const Tensor& g) {
-    const Tensor x32 = detail::raw_cast(x, DType::f32);
-    const Tensor g32 = g.dtype() == DType::f32 ? g : g.cast(DType::f32);
-    Grads grads = batchnorm_backward(x32, g32, weight, mean, var, eps, n, c, s, has_weight, has_bias);
-    grads[0] = grads[0].cast(low);
+    // The float32 copies of x and g go before dx is cast down.
+    Grads grads = batchnorm_backward(detail::raw_cast(x, DType::f32), detail::raw_cast(g, DType::f32), weight, mean, var,
+                                     eps, n, c, s, has_weight, has_bias);
+    grads[0] = detail::raw_cast(grads[0], low);
     if (has_weight && grads[1].dtype() != weight.dtype()) grads[1] = grads[1].cast(weight.dtype());
     if (has_bias && grads[2].dtype() != bias.dtype()) grads[2] = grads[2].cast(bias.dtype());
     return grads;

@@ -68,12 +68,12 @@ Tensor pool_raw(PoolOp op, const Tensor& x, const ConvGeometry& g) {
       y = raw_cast(pool_raw(op, raw_cast(x, DType::f32), g), t);
     }
     autodiff::record(y, {&x}, [op, x, y, g, t](const Tensor& dy) {
-      const Tensor x32 = raw_cast(x, DType::f32), y32 = raw_cast(y, DType::f32);
-      const Tensor dy32 = raw_cast(dy, DType::f32);
       Tensor dx = zeros(x.shape(), DType::f32, x.device());
-      if (dy32.numel())
+      if (dy.numel()) {  // the float32 copies go before dx is cast down
+        const Tensor x32 = raw_cast(x, DType::f32), y32 = raw_cast(y, DType::f32), dy32 = raw_cast(dy, DType::f32);
         x.backend().pool_backward(x.device().index(), op, DType::f32, flux::detail::buffer_of(x32), flux::detail::buffer_of(y32),
                                   flux::detail::buffer_of(dy32), flux::detail::buffer_of(dx), g);
+      }
       return Grads{raw_cast(dx, t)};
     });
     return y;
