@@ -413,6 +413,28 @@ TEST(Autocast, WeightCastsFollowWrites) {
 namespace {
 // Threads calling one model at once, one under autocast and one without (the scope is per thread;
 // the weight casts are shared through each weight's cache): each gets its single-caller bits.
+// The weights' low casts live for one step: the backward drops each from its weight's cache once the
+// ops that used it are done, so they do not stay until the optimiser writes the weights.
+TEST(Autocast, WeightCastsDroppedByTheBackward) {
+  Emulate emulate;
+  auto model = Chain(Dense(256, 256, relu), Dense(256, 8));
+  Tensor x = randn({2, 256});
+  size_t grad_bytes = 0, low_weight_bytes = 0;
+  for (const Tensor& p : params(model)) grad_bytes += p.nbytes(), low_weight_bytes += p.nbytes() / 2;
+  const size_t before = flux::detail::live_storage_bytes();
+  size_t during = 0;
+  auto loss = [&](auto& m) {
+    Tensor l = sum(m(x).cast(DType::f32));
+    during = flux::detail::live_storage_bytes();
+    return l;
+  };
+  auto [value, grads] = withgradient(loss, model, {.autocast = DType::bf16});
+  const size_t after = flux::detail::live_storage_bytes();
+  EXPECT_GT(during - before, low_weight_bytes);  // the casts exist in the forward
+  // After it: the gradients, the loss and x's own cast (x lives on), not the weights' casts.
+  EXPECT_LT(after - before, grad_bytes + low_weight_bytes / 4) << "before " << before << ", after " << after;
+}
+
 TEST(Autocast, ThreadsShareOneModel) {
   Emulate emulate;
   auto model = Chain(Conv({3, 3}, 2, 4, relu), flatten, Dense(4 * 4 * 4, 5));

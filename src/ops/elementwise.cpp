@@ -473,7 +473,7 @@ Tensor sigmoid_op(const Tensor& x) {
   return unary("sigmoid", UnaryOp::sigmoid, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); });
 }
 Tensor relu_op(const Tensor& x) {
-  if (is_half(x.dtype()) && autodiff::tracked(x)) {
+  if (x.defined() && is_half(x.dtype()) && autodiff::tracked(x)) {
     // A low activation on a tape: the mask product is exact in the low dtype, so the backward runs
     // there, one pass each where the backend has half kernels (no float32 copies of x, y and g).
     const DType t = x.dtype();
