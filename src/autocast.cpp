@@ -103,14 +103,23 @@ struct CastEntry final : backend::Prepared {
 };
 }  // namespace
 
-Tensor cached_raw_cast(const Tensor& w, DType t) {
-  if (w.dtype() == t) return w;
-  autodiff::NoGrad no_grad;
-  backend::PreparedKey key{};
-  if (w.ndim() > int(key.size()) - 4) return raw_cast(w, t);
+namespace {
+// The key of w's cast to t in w's storage cache; false when w has too many axes to have one.
+bool cast_key(const Tensor& w, DType t, backend::PreparedKey& key) {
+  key = backend::PreparedKey{};
+  if (w.ndim() > int(key.size()) - 4) return false;
   // The core's keys are negative (backend.hpp): -2 names a cast, then dtype, offset and shape.
   key[0] = -2, key[1] = int64_t(t), key[2] = int64_t(w.impl()->offset), key[3] = w.ndim();
   for (int i = 0; i < w.ndim(); ++i) key[size_t(4 + i)] = w.shape()[i];
+  return true;
+}
+}  // namespace
+
+Tensor cached_raw_cast(const Tensor& w, DType t) {
+  if (w.dtype() == t) return w;
+  autodiff::NoGrad no_grad;
+  backend::PreparedKey key;
+  if (!cast_key(w, t, key)) return raw_cast(w, t);
   StorageCache& cache = storage_cache(w);
   if (auto found = cache.find(key)) return static_cast<const CastEntry&>(*found).value;
   Tensor value = raw_cast(w, t);
@@ -126,7 +135,15 @@ Tensor cached_cast(const Tensor& w, DType t) {
   out.impl()->tape_id = -1;
   out.impl()->tape_generation = 0;
   const DType from = w.dtype();
-  autodiff::record(out, {&w}, [from](const Tensor& g) { return std::vector<Tensor>{g.cast(from)}; });
+  // The backward reaches this node after every op of the step that used the cast: the cast is
+  // dropped from w's cache there, so that it does not stay until the optimiser writes w (a later
+  // forward before the write casts again).
+  backend::PreparedKey key;
+  const bool keyed = autodiff::tracked(w) && cast_key(w, t, key);
+  autodiff::record(out, {&w}, [from, w, key, keyed](const Tensor& g) {
+    if (keyed) storage_cache(w).erase(key);
+    return std::vector<Tensor>{g.cast(from)};
+  });
   return out;
 }
 

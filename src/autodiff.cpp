@@ -6,12 +6,18 @@
 #include <string>
 
 #include "flux/ops.hpp"
+#include "src/autodiff_state.hpp"
 
 namespace flux::autodiff {
 
 namespace {
 thread_local Tape* g_active = nullptr;
+thread_local int g_backward_depth = 0;  // Tape::backward calls running on this thread (src/autodiff_state.hpp)
 std::atomic<uint64_t> g_generation{0};
+struct BackwardRunning {
+  BackwardRunning() { ++g_backward_depth; }
+  ~BackwardRunning() { --g_backward_depth; }
+};
 }  // namespace
 
 namespace {
@@ -135,6 +141,7 @@ void Tape::backward(const Tensor& output, double seed) {
   };
   if (!tracked(output)) return;  // output does not depend on the inputs: all gradients are zero
   NoGrad no_grad;
+  BackwardRunning running;
   grads_[output.impl()->tape_id] = full(output.shape(), seed, output.dtype(), output.device());
   for (int64_t i = int64_t(nodes_.size()) - 1; i >= 0; --i) {
     Node& node = nodes_[i];
@@ -171,3 +178,7 @@ Tensor Tape::grad(const Tensor& t) const {
 }
 
 }  // namespace flux::autodiff
+
+namespace flux::detail {
+bool backward_running() { return autodiff::g_backward_depth > 0; }
+}  // namespace flux::detail

@@ -36,6 +36,19 @@ void StorageCache::insert(const backend::PreparedKey& key, std::shared_ptr<const
   entries_.emplace_back(key, std::move(p));
 }
 
+void StorageCache::erase(const backend::PreparedKey& key) {
+  std::shared_ptr<const backend::Prepared> dropped;
+  {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it)
+      if (it->first == key) {
+        dropped = std::move(it->second);
+        entries_.erase(it);
+        break;
+      }
+  }  // freed outside the lock
+}
+
 void StorageCache::written() {
   std::vector<std::pair<backend::PreparedKey, std::shared_ptr<const backend::Prepared>>> dropped;
   {

@@ -24,6 +24,8 @@ class StorageCache final : public backend::PreparedCache {
   StorageCache();
   std::shared_ptr<const backend::Prepared> find(const backend::PreparedKey& key) override;
   void insert(const backend::PreparedKey& key, std::shared_ptr<const backend::Prepared> p) override;
+  /// Drops the entry for key, if there is one.
+  void erase(const backend::PreparedKey& key);
   /// A process-wide number never used before, renewed by every write.
   uint64_t version() const { return version_.load(std::memory_order_acquire); }
   /// The content changed: a new version, no entries.

@@ -1,5 +1,6 @@
 #include "flux/tensor.hpp"
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "src/checked_size.hpp"
 #include "src/internal.hpp"
 #include "src/storage_cache.hpp"
+#include "src/storage_stats.hpp"
 #include "src/trace.hpp"
 
 namespace flux {
@@ -58,12 +60,24 @@ std::string to_string(const Shape& s) {
 std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << to_string(s); }
 
 // ---------------- Storage ----------------
+namespace {
+std::atomic<size_t> g_live_bytes{0}, g_peak_bytes{0};  // src/storage_stats.hpp
+}
+size_t detail::live_storage_bytes() { return g_live_bytes.load(std::memory_order_relaxed); }
+size_t detail::peak_storage_bytes() { return g_peak_bytes.load(std::memory_order_relaxed); }
+void detail::reset_peak_storage_bytes() { g_peak_bytes.store(g_live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+
 Storage::Storage(backend::Backend* b, Device d, size_t nbytes) : backend(b), device(std::move(d)), bytes(nbytes) {
   buffer = backend->allocate(device.index(), bytes);
+  const size_t live = g_live_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  size_t peak = g_peak_bytes.load(std::memory_order_relaxed);
+  while (live > peak && !g_peak_bytes.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+  }
 }
 Storage::~Storage() {
   delete derived.load(std::memory_order_acquire);
   backend->deallocate(device.index(), buffer, bytes);
+  g_live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 // ---------------- Tensor basics ----------------

@@ -17,6 +17,7 @@
 #include "flux/nn/conv_fusion.hpp"
 #include "flux/ops.hpp"
 #include "src/autocast.hpp"
+#include "src/autodiff_state.hpp"
 #include "src/ops/conv_geometry.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/storage_cache.hpp"
@@ -148,8 +149,11 @@ Tensor channel_sum(const Tensor& dy) {
 }
 
 /// Float32 copies for the half-precision fallbacks below: weights cached at inference (kept with w
-/// until it is written, so their prepared layouts are kept too), everything else cast per call.
-Tensor f32_weight(const Tensor& w) { return autodiff::recording() ? raw_cast(w, DType::f32) : cached_raw_cast(w, DType::f32); }
+/// until it is written, so their prepared layouts are kept too), everything else, and weights in
+/// training (forward and backward), cast per call.
+Tensor f32_weight(const Tensor& w) {
+  return autodiff::recording() || backward_running() ? raw_cast(w, DType::f32) : cached_raw_cast(w, DType::f32);
+}
 Tensor f32_of(const Tensor& t) { return t.defined() ? raw_cast(t, DType::f32) : t; }
 
 Tensor im2col_raw(const Tensor& x, const ConvGeometry& g) {
@@ -176,7 +180,9 @@ Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, co
     if (library_kernels() && x.numel() && w.numel() &&
         (relu ? be.conv_forward_relu(dev, x.dtype(), xb, wb, b, yb, g) : be.conv_forward(dev, x.dtype(), xb, wb, b, yb, g)))
       return y;
-    return raw_cast(conv_forward_raw(f32_of(x), f32_weight(w), f32_of(bias), geometry, relu), x.dtype());
+    // Through float32; the float32 copies of x and w go before y is cast down.
+    const Tensor y32 = conv_forward_raw(f32_of(x), f32_weight(w), f32_of(bias), geometry, relu);
+    return raw_cast(y32, x.dtype());
   }
   ConvGeometry g = geometry;
   // Inference: the backend may keep w prepared in its kernel's layout (never while recording: a
@@ -220,7 +226,8 @@ Tensor conv_data_raw(const Tensor& dy, const Tensor& w, const ConvGeometry& g, c
     if (library_kernels() && !bias.defined() && dy.numel() && w.numel() &&
         be.conv_backward_data(dev, dy.dtype(), flux::detail::buffer_of(dy), flux::detail::buffer_of(w), flux::detail::buffer_of(dx), g))
       return dx;
-    return raw_cast(conv_data_raw(f32_of(dy), f32_weight(w), g, f32_of(bias)), dy.dtype());
+    const Tensor dx32 = conv_data_raw(f32_of(dy), f32_weight(w), g, f32_of(bias));  // (copies freed first)
+    return raw_cast(dx32, dy.dtype());
   }
   if (dy.numel() == 0 || w.numel() == 0) {
     if (bias.defined()) fill_with_bias(dx, bias);
@@ -255,7 +262,7 @@ std::pair<Tensor, Tensor> conv_weight_raw(const Tensor& x, const Tensor& dy, con
         be.conv_backward_weight(dev, t, flux::detail::buffer_of(x), flux::detail::buffer_of(dy), flux::detail::buffer_of(dw),
                                 want_bias ? flux::detail::buffer_of(db) : backend::Buffer{}, g))
       return {dw, db};
-    auto [dwf, dbf] = conv_weight_raw(f32_of(x), f32_of(dy), g, true, want_bias);
+    const auto [dwf, dbf] = conv_weight_raw(f32_of(x), f32_of(dy), g, true, want_bias);  // (copies freed first)
     return {raw_cast(dwf, t), dbf.defined() ? raw_cast(dbf, t) : dbf};
   }
   dw = Tensor::empty(weight_shape(g), t, x.device());

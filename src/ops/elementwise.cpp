@@ -181,6 +181,53 @@ Tensor binary_raw(const char* api, BinaryOp op, const Tensor& a, const Tensor& b
   return out;
 }
 
+// Whether the backward of `op` reads operand `which` (0: a, 1: b) when the gradients of the tracked
+// operands (need_a, need_b) are computed: what the tape keeps of them.
+bool operand_read(BinaryOp op, int which, bool need_a, bool need_b) {
+  switch (op) {
+    case BinaryOp::mul: return which == 0 ? need_b : need_a;    // da = g b, db = g a
+    case BinaryOp::div: return which == 1 || need_b;            // da = g / b, db = -(g / b) a / b
+    case BinaryOp::pow: case BinaryOp::maximum: case BinaryOp::minimum: return true;
+    default: return false;                                      // add, sub: shapes only
+  }
+}
+
+// The gradients of a and b (shapes sa, sb) of out = op(a, b) for the output gradient g; a, b and out
+// are defined where operand_read (and, for pow, out) says the formula reads them.
+Grads binary_grads(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, const Shape& sa, const Shape& sb,
+                   bool need_a, bool need_b, const Tensor& g) {
+  switch (op) {
+    case BinaryOp::add: return Grads{need_a ? sum_to(g, sa) : Tensor(), need_b ? sum_to(g, sb) : Tensor()};
+    case BinaryOp::sub: return Grads{need_a ? sum_to(g, sa) : Tensor(), need_b ? sum_to(-g, sb) : Tensor()};
+    case BinaryOp::mul: return Grads{need_a ? sum_to(g * b, sa) : Tensor(), need_b ? sum_to(g * a, sb) : Tensor()};
+    case BinaryOp::div: {
+      Tensor ga = g / b;
+      return Grads{sum_to(ga, sa), need_b ? sum_to(-(ga * a) / b, sb) : Tensor()};
+    }
+    case BinaryOp::pow: {
+      // d/da a^b = b a^(b-1), taken as 0 where b == 0 (a^0 is constant, also at a = 0; not 0 * Inf)
+      Tensor zero = zeros(Shape{}, g.dtype(), g.device());
+      Tensor ga = where(eq(b, zero), zero, g * b * pow(a, b - 1.0));
+      Tensor safe_log = log(where(a > 0.0, a, ones_like(a)));
+      Tensor gb = g * out * safe_log;
+      return Grads{sum_to(ga, sa), sum_to(gb, sb)};
+    }
+    case BinaryOp::maximum:
+    case BinaryOp::minimum: {
+      const bool is_max = op == BinaryOp::maximum;
+      // The gradient goes to the operand that was taken (a on ties). A NaN operand was taken (the
+      // output is NaN) and its derivative is NaN: g * a there, never a silent 0 (clamp, relu-like uses).
+      Tensor nan_a = ne(a, a), nan_b = ne(b, b);
+      Tensor pick_a = where(nan_b, nan_a, is_max ? ge(a, b) : le(a, b));  // with nan_a: ge/le are false
+      pick_a = where(nan_a, nan_a, pick_a);
+      Tensor z = zeros(Shape{}, g.dtype(), g.device());
+      Tensor ga = where(pick_a, where(nan_a, g * a, g), z), gb = where(pick_a, z, where(nan_b, g * b, g));
+      return Grads{sum_to(ga, sa), sum_to(gb, sb)};
+    }
+    default: return Grads{Tensor(), Tensor()};
+  }
+}
+
 Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) {
   check_defined(api, a0);
   check_defined(api, b0);
@@ -202,6 +249,33 @@ Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) 
                                  flux::detail::buffer_of(out), plan))
       return out;
   }
+  // Half operands on a tape: the forward through float32, one node on the half operands, which are
+  // what it keeps (what autocast's memory saving rests on: no Float32 copies outlive the op); the
+  // backward casts them up and runs the float32 formulas.
+  if (is_half(t) && !cmp && a0.dtype() == t && b0.dtype() == t && !trace::active()) {
+    Tensor out;
+    {
+      autodiff::NoGrad inner;  // recorded below
+      out = raw_cast(binary_raw(api, op, raw_cast(a0, DType::f32), raw_cast(b0, DType::f32)), t);
+    }
+    const bool need_a = autodiff::tracked(a0), need_b = autodiff::tracked(b0);
+    const Tensor keep_a = operand_read(op, 0, need_a, need_b) ? a0 : Tensor();
+    const Tensor keep_b = operand_read(op, 1, need_a, need_b) ? b0 : Tensor();
+    autodiff::record(out, {&a0, &b0}, [api, op, keep_a, keep_b, sa = a0.shape(), sb = b0.shape(), need_a, need_b,
+                                       t](const Tensor& g) {
+      Grads grads;
+      {  // the float32 copies go before the gradients are cast down
+        auto up = [](const Tensor& x) { return x.defined() ? raw_cast(x, DType::f32) : x; };
+        const Tensor a = up(keep_a), b = up(keep_b);
+        const Tensor o = op == BinaryOp::pow ? binary_raw(api, op, a, b) : Tensor();
+        grads = binary_grads(op, a, b, o, sa, sb, need_a, need_b, raw_cast(g, DType::f32));
+      }
+      for (Tensor& d : grads)
+        if (d.defined()) d = raw_cast(d, t);
+      return grads;
+    });
+    return out;
+  }
   Tensor a = a0.dtype() == compute ? a0 : a0.cast(compute);
   Tensor b = b0.dtype() == compute ? b0 : b0.cast(compute);
   Tensor out;
@@ -211,59 +285,17 @@ Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) 
   }
   if (trace::active()) trace::emit(api, {a, b}, out);
   if (!cmp && is_floating(compute)) {
-    Shape sa = a.shape(), sb = b.shape();
     // Only the gradients of tracked operands are computed: x * 2.0 or x + bias_constant would
-    // otherwise pay a full-size product and a reduction for the constant (undefined = zero).
+    // otherwise pay a full-size product and a reduction for the constant (undefined = zero); only
+    // the operands those gradients read are kept.
     const bool need_a = autodiff::tracked(a), need_b = autodiff::tracked(b);
-    switch (op) {
-      case BinaryOp::add:
-        autodiff::record(out, {&a, &b}, [sa, sb, need_a, need_b](const Tensor& g) {
-          return Grads{need_a ? sum_to(g, sa) : Tensor(), need_b ? sum_to(g, sb) : Tensor()};
-        });
-        break;
-      case BinaryOp::sub:
-        autodiff::record(out, {&a, &b}, [sa, sb, need_a, need_b](const Tensor& g) {
-          return Grads{need_a ? sum_to(g, sa) : Tensor(), need_b ? sum_to(-g, sb) : Tensor()};
-        });
-        break;
-      case BinaryOp::mul:
-        autodiff::record(out, {&a, &b}, [a, b, need_a, need_b](const Tensor& g) {
-          return Grads{need_a ? sum_to(g * b, a.shape()) : Tensor(), need_b ? sum_to(g * a, b.shape()) : Tensor()};
-        });
-        break;
-      case BinaryOp::div:
-        autodiff::record(out, {&a, &b}, [a, b, need_b](const Tensor& g) {
-          Tensor ga = g / b;
-          return Grads{sum_to(ga, a.shape()), need_b ? sum_to(-(ga * a) / b, b.shape()) : Tensor()};
-        });
-        break;
-      case BinaryOp::pow:
-        autodiff::record(out, {&a, &b}, [a, b, out](const Tensor& g) {
-          // d/da a^b = b a^(b-1), taken as 0 where b == 0 (a^0 is constant, also at a = 0; not 0 * Inf)
-          Tensor zero = zeros(Shape{}, g.dtype(), g.device());
-          Tensor ga = where(eq(b, zero), zero, g * b * pow(a, b - 1.0));
-          Tensor safe_log = log(where(a > 0.0, a, ones_like(a)));
-          Tensor gb = g * out * safe_log;
-          return Grads{sum_to(ga, a.shape()), sum_to(gb, b.shape())};
-        });
-        break;
-      case BinaryOp::maximum:
-      case BinaryOp::minimum: {
-        bool is_max = op == BinaryOp::maximum;
-        // The gradient goes to the operand that was taken (a on ties). A NaN operand was taken (the
-        // output is NaN) and its derivative is NaN: g * a there, never a silent 0 (clamp, relu-like uses).
-        autodiff::record(out, {&a, &b}, [a, b, is_max](const Tensor& g) {
-          Tensor nan_a = ne(a, a), nan_b = ne(b, b);
-          Tensor pick_a = where(nan_b, nan_a, is_max ? ge(a, b) : le(a, b));  // with nan_a: ge/le are false
-          pick_a = where(nan_a, nan_a, pick_a);
-          Tensor z = zeros(Shape{}, g.dtype(), g.device());
-          Tensor ga = where(pick_a, where(nan_a, g * a, g), z), gb = where(pick_a, z, where(nan_b, g * b, g));
-          return Grads{sum_to(ga, a.shape()), sum_to(gb, b.shape())};
-        });
-        break;
-      }
-      default: break;
-    }
+    const Tensor keep_a = operand_read(op, 0, need_a, need_b) ? a : Tensor();
+    const Tensor keep_b = operand_read(op, 1, need_a, need_b) ? b : Tensor();
+    const Tensor keep_out = op == BinaryOp::pow ? out : Tensor();
+    autodiff::record(out, {&a, &b}, [op, keep_a, keep_b, keep_out, sa = a.shape(), sb = b.shape(), need_a,
+                                     need_b](const Tensor& g) {
+      return binary_grads(op, keep_a, keep_b, keep_out, sa, sb, need_a, need_b, g);
+    });
   }
   if (!cmp && is_half(t)) return out.cast(t);
   return out;
@@ -441,6 +473,25 @@ Tensor sigmoid_op(const Tensor& x) {
   return unary("sigmoid", UnaryOp::sigmoid, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); });
 }
 Tensor relu_op(const Tensor& x) {
+  if (x.defined() && is_half(x.dtype()) && autodiff::tracked(x)) {
+    // A low activation on a tape: the mask product is exact in the low dtype, so the backward runs
+    // there, one pass each where the backend has half kernels (no float32 copies of x, y and g).
+    const DType t = x.dtype();
+    Tensor y = Tensor::empty(x.shape(), t, x.device());
+    if (x.numel() && !x.backend().unary_half(x.device().index(), UnaryOp::relu, t, flux::detail::buffer_of(x),
+                                             flux::detail::buffer_of(y), x.numel(), 0))
+      y = unary_raw(UnaryOp::relu, x);
+    if (trace::active()) trace::emit("relu", {x}, y, {{"alpha", {}, {0.0}}});
+    autodiff::record(y, {&x}, [x, t](const Tensor& g) {
+      Tensor mask = Tensor::empty(x.shape(), t, x.device());
+      if (x.numel() && !x.backend().unary_half(x.device().index(), UnaryOp::step, t, flux::detail::buffer_of(x),
+                                               flux::detail::buffer_of(mask), x.numel(), 0))
+        mask = unary_raw(UnaryOp::step, x);
+      const Tensor dx = (g.dtype() == t ? g : raw_cast(g, t)) * mask;
+      return Grads{dx};
+    });
+    return y;
+  }
   return unary("relu", UnaryOp::relu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
     return g * unary_raw(UnaryOp::step, x);
   });

@@ -20,14 +20,74 @@ namespace {
 using Grads = std::vector<Tensor>;
 // Σ over axes 0 and 2 of (N, C, S), kept as (1, C, 1).
 Tensor channel_sum(const Tensor& t3) { return sum(sum(t3, 2, true), 0, true); }
+backend::Buffer buffer_or_none(const Tensor& p) { return p.defined() ? flux::detail::buffer_of(p) : backend::Buffer{}; }
+
+// The gradients of batchnorm with batch statistics from its input x, the batch's mean and biased var
+// (C,) and the output gradient g: the backend's fused kernel when x, g and weight share a dtype it
+// takes, else the formulas above from public ops.
+Grads batchnorm_backward(const Tensor& x, const Tensor& g, const Tensor& weight, const Tensor& mean, const Tensor& var,
+                         double eps, int64_t n, int64_t c, int64_t s, bool has_weight, bool has_bias) {
+  const DType t = x.dtype();
+  if (detail::library_kernels() && (t == DType::f32 || t == DType::f64) && g.dtype() == t && mean.dtype() == t &&
+      (!has_weight || weight.dtype() == t)) {
+    Tensor dx = Tensor::empty(x.shape(), t, g.device());
+    Tensor dweight = has_weight ? Tensor::empty(Shape{c}, t, g.device()) : Tensor();
+    Tensor dbias = has_bias ? Tensor::empty(Shape{c}, t, g.device()) : Tensor();
+    if (g.backend().batchnorm_backward(g.device().index(), t, flux::detail::buffer_of(x), flux::detail::buffer_of(g),
+                                       buffer_or_none(weight), flux::detail::buffer_of(mean), flux::detail::buffer_of(var),
+                                       flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), n, c, s, eps))
+      return Grads{dx, dweight, dbias};
+  }
+  const Shape stat{1, c, 1};
+  const double m = double(n * s);
+  Tensor xc = x.reshape(Shape{n, c, s}) - mean.reshape(stat);
+  Tensor inv = 1.0 / sqrt(var.reshape(stat) + eps);
+  Tensor a = has_weight ? inv * weight.reshape(stat) : inv;
+  Tensor dy = g.reshape(Shape{n, c, s});
+  Tensor sum_dy = channel_sum(dy);
+  Tensor sum_dy_xc = channel_sum(dy * xc);
+  Tensor k = a * square(inv) * (sum_dy_xc / m);
+  Tensor dx = (dy * a - xc * k - a * (sum_dy / m)).reshape(x.shape());
+  Tensor dweight = has_weight ? (inv * sum_dy_xc).reshape(Shape{c}) : Tensor();
+  Tensor dbias = has_bias ? sum_dy.reshape(Shape{c}) : Tensor();
+  return Grads{dx, dweight, dbias};
+}
+
+// batchnorm with batch statistics under autocast, x in Float16/BFloat16: statistics and arithmetic in
+// Float32, the output in x's dtype. The tape keeps x itself (not a Float32 copy) and the Float32
+// statistics; the backward casts x and the gradient up and runs the Float32 backward, so the saved
+// activation costs what the low dtype costs.
+Tensor batchnorm_low(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor* batch_mean,
+                     Tensor* batch_var) {
+  const DType low = x.dtype();
+  Tensor y, mean, var;
+  {
+    autodiff::NoGrad no_grad;  // recorded once, below
+    y = detail::raw_cast(batchnorm(detail::raw_cast(x, DType::f32), weight, bias, eps, &mean, &var), low);
+  }
+  if (batch_mean) *batch_mean = mean;
+  if (batch_var) *batch_var = var;
+  const int64_t n = x.shape()[0], c = x.shape()[1], s = x.numel() / std::max<int64_t>(1, n * c);
+  const bool has_weight = weight.defined(), has_bias = bias.defined();
+  autodiff::record(y, {&x, &weight, &bias}, [=](const Tensor& g) {
+    // The float32 copies of x and g go before dx is cast down.
+    Grads grads = batchnorm_backward(detail::raw_cast(x, DType::f32), detail::raw_cast(g, DType::f32), weight, mean, var,
+                                     eps, n, c, s, has_weight, has_bias);
+    grads[0] = detail::raw_cast(grads[0], low);
+    if (has_weight && grads[1].dtype() != weight.dtype()) grads[1] = grads[1].cast(weight.dtype());
+    if (has_bias && grads[2].dtype() != bias.dtype()) grads[2] = grads[2].cast(bias.dtype());
+    return grads;
+  });
+  return y;
+}
 }  // namespace
 
 Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor* batch_mean,
                  Tensor* batch_var) {
   detail::check_defined("batchnorm", x);
   // Autocast: statistics and arithmetic in Float32, the output in the input's low dtype.
-  if (detail::autocast_active() && detail::is_half(x.dtype()))
-    return batchnorm(x.cast(DType::f32), weight, bias, eps, batch_mean, batch_var).cast(x.dtype());
+  if (detail::autocast_active() && detail::is_half(x.dtype()) && x.ndim() >= 2)
+    return batchnorm_low(x, weight, bias, eps, batch_mean, batch_var);
 
   if (x.ndim() < 2)
     detail::fail("[batchnorm] expects input (N, C, ...) with at least 2 dimensions; got shape ", to_string(x.shape()));
@@ -50,7 +110,6 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   // The fused backend kernels take one dtype throughout; other mixes take the portable path.
   const bool fusable = detail::library_kernels() && (t == DType::f32 || t == DType::f64) &&
                        (!weight.defined() || weight.dtype() == t) && (!bias.defined() || bias.dtype() == t);
-  auto buffer_or_none = [](const Tensor& p) { return p.defined() ? flux::detail::buffer_of(p) : backend::Buffer{}; };
   Tensor y, mean, var, xc, inv, a;  // mean, var (C,); xc, inv, a are the portable path's saved values
   bool fused = false;
   if (fusable) {
@@ -81,25 +140,14 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   bool has_weight = weight.defined(), has_bias = bias.defined();
   Tensor x_saved = fused ? x : Tensor(), w_saved = fused ? weight : Tensor();
   autodiff::record(y, {&x, &weight, &bias}, [=](const Tensor& g) {
-    if (fused && g.dtype() == t) {
-      Tensor dx = Tensor::empty(xshape, t, g.device());
-      Tensor dweight = has_weight ? Tensor::empty(Shape{c}, t, g.device()) : Tensor();
-      Tensor dbias = has_bias ? Tensor::empty(Shape{c}, t, g.device()) : Tensor();
-      backend::Backend& b = g.backend();
-      if (b.batchnorm_backward(g.device().index(), t, flux::detail::buffer_of(x_saved), flux::detail::buffer_of(g), buffer_or_none(w_saved), flux::detail::buffer_of(mean),
-                               flux::detail::buffer_of(var), flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), n, c, s, eps))
-        return Grads{dx, dweight, dbias};
-    }
-    // Portable: the same formulas from public ops.
-    Tensor xc_ = fused ? x_saved.reshape(Shape{n, c, s}) - mean.reshape(stat) : xc;
-    Tensor inv_ = fused ? 1.0 / sqrt(var.reshape(stat) + eps) : inv;
-    Tensor a_ = fused ? (has_weight ? inv_ * w_saved.reshape(stat) : inv_) : a;
+    if (fused) return batchnorm_backward(x_saved, g, w_saved, mean, var, eps, n, c, s, has_weight, has_bias);
+    // The portable forward's saved values: the same formulas (batchnorm_backward's).
     Tensor dy = g.reshape(Shape{n, c, s});
     Tensor sum_dy = channel_sum(dy);
-    Tensor sum_dy_xc = channel_sum(dy * xc_);
-    Tensor k = a_ * square(inv_) * (sum_dy_xc / double(m));
-    Tensor dx = (dy * a_ - xc_ * k - a_ * (sum_dy / double(m))).reshape(xshape);
-    Tensor dweight = has_weight ? (inv_ * sum_dy_xc).reshape(Shape{c}) : Tensor();
+    Tensor sum_dy_xc = channel_sum(dy * xc);
+    Tensor k = a * square(inv) * (sum_dy_xc / double(m));
+    Tensor dx = (dy * a - xc * k - a * (sum_dy / double(m))).reshape(xshape);
+    Tensor dweight = has_weight ? (inv * sum_dy_xc).reshape(Shape{c}) : Tensor();
     Tensor dbias = has_bias ? sum_dy.reshape(Shape{c}) : Tensor();
     return Grads{dx, dweight, dbias};
   });
@@ -182,7 +230,6 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
   const int64_t r = x2.shape()[0], d = x2.shape()[1];
   const DType t = x2.dtype();
   const bool has_weight = weight.defined(), has_bias = bias.defined();
-  auto buffer_or_none = [](const Tensor& p) { return p.defined() ? flux::detail::buffer_of(p) : backend::Buffer{}; };
   const bool fusable = detail::library_kernels() && (t == DType::f32 || t == DType::f64) &&
                        (!has_weight || weight.dtype() == t) && (!has_bias || bias.dtype() == t);
   if (fusable) {

@@ -57,8 +57,27 @@ void window_fits(const char* api, ConvGeometry& g) {
 // y = pool(x) over g through the backend, with its backward recorded: dx = the adjoint of dy, max
 // sending each window's gradient to its first maximum in window order.
 Tensor pool_raw(PoolOp op, const Tensor& x, const ConvGeometry& g) {
-  // Float16/BFloat16 through float32 (a max is exact; a mean is rounded once).
-  if (is_half(x.dtype())) return pool_raw(op, x.cast(DType::f32), g).cast(x.dtype());
+  // Float16/BFloat16 through float32 (a max is exact; a mean is rounded once). The tape keeps x and y
+  // in their own dtype (what autocast's memory saving rests on: no Float32 copies outlive the op); the
+  // backward casts them up, and a max's y cast up is the float32 maximum exactly.
+  if (is_half(x.dtype())) {
+    const DType t = x.dtype();
+    Tensor y;
+    {
+      autodiff::NoGrad no_grad;  // recorded once, below
+      y = raw_cast(pool_raw(op, raw_cast(x, DType::f32), g), t);
+    }
+    autodiff::record(y, {&x}, [op, x, y, g, t](const Tensor& dy) {
+      Tensor dx = zeros(x.shape(), DType::f32, x.device());
+      if (dy.numel()) {  // the float32 copies go before dx is cast down
+        const Tensor x32 = raw_cast(x, DType::f32), y32 = raw_cast(y, DType::f32), dy32 = raw_cast(dy, DType::f32);
+        x.backend().pool_backward(x.device().index(), op, DType::f32, flux::detail::buffer_of(x32), flux::detail::buffer_of(y32),
+                                  flux::detail::buffer_of(dy32), flux::detail::buffer_of(dx), g);
+      }
+      return Grads{raw_cast(dx, t)};
+    });
+    return y;
+  }
   Tensor y = Tensor::empty(output_shape(g), x.dtype(), x.device());
   if (y.numel()) {
     x.backend().pool_forward(x.device().index(), op, x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(y), g);
