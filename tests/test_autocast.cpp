@@ -99,7 +99,7 @@ TEST_P(AutocastOps, RecurrentLayersRunInTheLowDtype) {
   EXPECT_EQ(y.dtype(), low);
   // The reference: the same layer in float64 from the rounded weights and input; the state is carried
   // in float32 step to step, each step's input projections rounded once, so a few roundoffs.
-  auto ref = f64(fmap([&](const Tensor& t) { return t.defined() ? to(t, Device()).cast(low) : t; }, lstm));
+  auto ref = f64(fmap([&, low = low](const Tensor& t) { return t.defined() ? to(t, Device()).cast(low) : t; }, lstm));
   Tensor want = ref(rounded64(x, low));
   EXPECT_LT(max_rel_error(y, want.to_vector<double>()), 8 * tol(low));
 }
