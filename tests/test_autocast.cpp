@@ -225,6 +225,51 @@ TEST_P(AutocastOps, BatchNormPoolingAndProductsMatchFiniteDifferences) {
 
 // relu of a tracked low activation: its backward runs in the low dtype (a mask product, exact there):
 // the gradient is the incoming one where x > 0 and 0 elsewhere, bit for bit.
+// LayerNorm and GroupNorm (their affine included) under autocast: one op each on the low input,
+// statistics in Float32, the backward from the low input cast up.
+TEST_P(AutocastOps, LayerAndGroupNormMatchFiniteDifferences) {
+  const auto [d, low] = GetParam();
+  Emulate emulate;
+  seed(37);
+  const ConvOptions no_bias{.bias = false};
+  auto model = Chain(Conv({3, 3}, 2, 4, Activation(), no_bias), GroupNorm(4, 2, tanh), MeanPool({2, 2}), flatten,
+                     Dense(36, 8), LayerNorm(8, tanh), Dense(8, 3)) |
+               d;
+  Tensor x = to(randn({4, 2, 8, 8}), d);
+  std::vector<float> onehot(12, 0.0f);
+  for (int i = 0; i < 4; ++i) onehot[size_t(i * 3 + i % 3)] = 1.0f;
+  Tensor y = to(Tensor(onehot, Shape{4, 3}), d);
+  expect_gradients_match_finite_differences(model, x, y, low, 48);
+}
+
+// What the tape keeps of LayerNorm and GroupNorm under autocast: their low inputs, not Float32 copies.
+TEST_P(AutocastOps, NormTapesKeepTheLowInput) {
+  const auto [d, low] = GetParam();
+  Emulate emulate;
+  auto model = Chain(Conv({3, 3}, 3, 16, Activation(), {.pad = 1}), GroupNorm(16, 4), MeanPool({4, 4}), flatten,
+                     Dense(16 * 4 * 4, 64), LayerNorm(64), Dense(64, 10)) |
+               d;
+  Tensor x = to(randn({32, 3, 16, 16}), d);
+  Tensor y = to(zeros({32, 10}), d);
+  auto saved_bytes = [&](std::optional<DType> t) {
+    auto m = deepcopy(model);
+    const size_t before = flux::detail::live_storage_bytes();
+    size_t after = 0;
+    auto loss = [&](auto& mm) {
+      Tensor l = logitcrossentropy(mm(x), y);
+      after = flux::detail::live_storage_bytes();
+      return l;
+    };
+    if (t) withgradient(loss, m, {.autocast = *t});
+    else withgradient(loss, m);
+    return double(after) - double(before);
+  };
+  const double f32 = saved_bytes(std::nullopt), half = saved_bytes(low);
+  // Float32 keeps at least the conv's output (GroupNorm's input) and GroupNorm's output (its affine's).
+  EXPECT_GT(f32, 2.0 * 32 * 16 * 16 * 16 * 4);
+  EXPECT_LT(half, 0.6 * f32) << "float32 " << f32 << " bytes, " << dtype_name(low) << " " << half << " bytes";
+}
+
 TEST_P(AutocastOps, ReluOfLowActivationsBackwardIsTheMask) {
   const auto [d, low] = GetParam();
   Tensor x = to(randn({4, 33}), d).cast(low), c = to(randn({4, 33}), d).cast(low);

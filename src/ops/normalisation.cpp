@@ -276,12 +276,90 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
   });
   return y;
 }
+
+// normalise_rows under autocast, x2 in Float16/BFloat16: statistics and arithmetic in Float32, the
+// output in x2's dtype. The tape keeps x2 itself and the rows' Float32 mean and 1 / std (R values each),
+// not a Float32 copy of the rows; the backward casts x2 and the gradient up and runs the Float32 backward.
+Tensor normalise_rows_low(const Tensor& x2, const Tensor& weight, const Tensor& bias, double eps) {
+  const int64_t r = x2.shape()[0], d = x2.shape()[1];
+  const DType low = x2.dtype(), f32 = DType::f32;
+  const bool has_weight = weight.defined(), has_bias = bias.defined();
+  Tensor w32 = has_weight ? detail::raw_cast(weight, f32) : Tensor(), b32 = has_bias ? detail::raw_cast(bias, f32) : Tensor();
+  Tensor y, mean, rstd;  // mean, rstd: (R, 1)
+  {
+    autodiff::NoGrad no_grad;  // recorded once, below
+    Tensor x32 = detail::raw_cast(x2, f32);
+    Tensor y32 = Tensor::empty(x2.shape(), f32, x2.device());
+    mean = Tensor::empty(Shape{r, 1}, f32, x2.device()), rstd = Tensor::empty(Shape{r, 1}, f32, x2.device());
+    if (!(detail::library_kernels() &&
+          x2.backend().rownorm_forward(x2.device().index(), f32, flux::detail::buffer_of(x32), buffer_or_none(w32),
+                                       buffer_or_none(b32), flux::detail::buffer_of(y32), flux::detail::buffer_of(mean),
+                                       flux::detail::buffer_of(rstd), r, d, eps))) {
+      mean = sum(x32, 1, true) / double(d);
+      Tensor xc = x32 - mean;
+      rstd = 1.0 / sqrt(sum(square(xc), 1, true) / double(d) + eps);
+      y32 = has_weight ? xc * rstd * w32 : xc * rstd;
+      if (has_bias) y32 = y32 + b32;
+    }
+    y = detail::raw_cast(y32, low);
+  }
+  if (trace::active()) trace::emit("rownorm", {x2, weight, bias}, y, {{"eps", {}, {eps}}});
+  autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
+    Tensor x32 = detail::raw_cast(x2, f32), g = detail::raw_cast(dy, f32);
+    Tensor dx = Tensor::empty(x2.shape(), f32, g.device());
+    Tensor dweight = has_weight ? Tensor::empty(Shape{d}, f32, g.device()) : Tensor();
+    Tensor dbias = has_bias ? Tensor::empty(Shape{d}, f32, g.device()) : Tensor();
+    if (!(detail::library_kernels() &&
+          g.backend().rownorm_backward(g.device().index(), f32, flux::detail::buffer_of(x32), flux::detail::buffer_of(g),
+                                       buffer_or_none(w32), flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd),
+                                       flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), r, d))) {
+      Tensor xhat = (x32 - mean) * rstd;
+      Tensor gw = has_weight ? g * w32 : g;
+      dx = rstd * (gw - sum(gw, 1, true) / double(d) - xhat * (sum(gw * xhat, 1, true) / double(d)));
+      if (has_weight) dweight = sum(g * xhat, 0);
+      if (has_bias) dbias = sum(g, 0);
+    }
+    Grads grads{detail::raw_cast(dx, low), dweight, dbias};
+    if (has_weight && dweight.dtype() != weight.dtype()) grads[1] = detail::raw_cast(dweight, weight.dtype());
+    if (has_bias && dbias.dtype() != bias.dtype()) grads[2] = detail::raw_cast(dbias, bias.dtype());
+    return grads;
+  });
+  return y;
+}
+
+// y (N, C, S) in Float16/BFloat16 * weight + bias per channel (each (C,) or undefined) in Float32, the
+// output in y's dtype: GroupNorm's affine under autocast, one recorded op that keeps y itself.
+Tensor channel_affine_low(const Tensor& y, const Tensor& weight, const Tensor& bias) {
+  const DType low = y.dtype(), f32 = DType::f32;
+  const int64_t c = y.shape()[1];
+  const Shape per_channel{1, c, 1};
+  const bool has_weight = weight.defined(), has_bias = bias.defined();
+  Tensor out;
+  {
+    autodiff::NoGrad no_grad;  // recorded once, below
+    Tensor o = detail::raw_cast(y, f32);
+    if (has_weight) o = o * detail::raw_cast(weight, f32).reshape(per_channel);
+    if (has_bias) o = o + detail::raw_cast(bias, f32).reshape(per_channel);
+    out = detail::raw_cast(o, low);
+  }
+  const Tensor keep_y = has_weight && autodiff::tracked(weight) ? y : Tensor();
+  autodiff::record(out, {&y, &weight, &bias}, [=](const Tensor& g) {
+    const Tensor g32 = detail::raw_cast(g, f32);
+    Grads grads{detail::raw_cast(has_weight ? g32 * detail::raw_cast(weight, f32).reshape(per_channel) : g32, low), Tensor(),
+                Tensor()};
+    if (keep_y.defined())
+      grads[1] = detail::raw_cast(channel_sum(g32 * detail::raw_cast(keep_y, f32)).reshape(Shape{c}), weight.dtype());
+    if (has_bias) grads[2] = detail::raw_cast(channel_sum(g32).reshape(Shape{c}), bias.dtype());
+    return grads;
+  });
+  return out;
+}
 }  // namespace
 
 Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   detail::check_defined("layernorm", x);
-  if (detail::autocast_active() && detail::is_half(x.dtype()))
-    return layernorm(x.cast(DType::f32), weight, bias, eps).cast(x.dtype());
+  // Autocast: statistics and arithmetic in Float32, the output in the input's low dtype.
+  const bool low = detail::autocast_active() && detail::is_half(x.dtype());
 
   if (x.ndim() < 1) detail::fail("[layernorm] needs at least 1 dimension (features last); got a 0-dimensional tensor");
   if (!is_floating(x.dtype())) detail::fail("[layernorm] needs a floating-point input; got ", summary(x));
@@ -295,13 +373,14 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
     detail::check_same_device("layernorm", x, *p);
   }
   if (x.numel() == 0) return x;
-  return normalise_rows(x.reshape(Shape{x.numel() / d, d}), weight, bias, eps).reshape(x.shape());
+  const Tensor rows = x.reshape(Shape{x.numel() / d, d});
+  return (low ? normalise_rows_low(rows, weight, bias, eps) : normalise_rows(rows, weight, bias, eps)).reshape(x.shape());
 }
 
 Tensor groupnorm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps) {
   detail::check_defined("groupnorm", x);
-  if (detail::autocast_active() && detail::is_half(x.dtype()))
-    return groupnorm(x.cast(DType::f32), groups, weight, bias, eps).cast(x.dtype());
+  // Autocast: statistics and arithmetic in Float32 (the affine too), the output in the input's low dtype.
+  const bool low = detail::autocast_active() && detail::is_half(x.dtype());
 
   if (x.ndim() < 2)
     detail::fail("[groupnorm] expects input (N, C, ...) with at least 2 dimensions, channels on axis 1; got shape ",
@@ -321,7 +400,10 @@ Tensor groupnorm(const Tensor& x, int64_t groups, const Tensor& weight, const Te
   }
   if (x.numel() == 0) return x;
   const int64_t per_group = c / groups * s;
-  Tensor y = normalise_rows(x.reshape(Shape{n * groups, per_group}), Tensor(), Tensor(), eps).reshape(Shape{n, c, s});
+  const Tensor rows = x.reshape(Shape{n * groups, per_group});
+  Tensor y = (low ? normalise_rows_low(rows, Tensor(), Tensor(), eps) : normalise_rows(rows, Tensor(), Tensor(), eps))
+                 .reshape(Shape{n, c, s});
+  if (low) return (weight.defined() || bias.defined() ? channel_affine_low(y, weight, bias) : y).reshape(x.shape());
   if (weight.defined()) y = y * weight.reshape(Shape{1, c, 1});
   if (bias.defined()) y = y + bias.reshape(Shape{1, c, 1});
   return y.reshape(x.shape());
