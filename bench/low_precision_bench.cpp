@@ -2,6 +2,8 @@
 //   casts: float32 -> bf16/f16 and back, the vector kernels (half_cast.cpp) against the scalar
 //          reference and against the cast's former path (element by element through double);
 //   one-pass elementwise (half_elementwise.cpp) against the three passes it replaces;
+//   reductions and (log)softmax on bf16/f16 tensors through the public ops (sum, max, softmax,
+//          logsoftmax, with and without autocast, whose output is then Float32);
 //   bf16 library kernels (where the CPU has AVX512-BF16 or AMX-BF16): oneDNN's bf16 matmul and conv
 //          forward against the float32 calls of the same backend on the same shapes.
 // Usage: low_precision_bench [reps]   (FLUX_NUM_THREADS sets the pool)
@@ -12,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "flux/autocast.hpp"
 #include "flux/backend.hpp"
+#include "flux/ops.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/half_bits.hpp"
@@ -92,6 +96,42 @@ void one_pass(int reps) {
   }
 }
 
+// The public ops on a (rows, cols) bf16/f16 tensor: what a model's reductions and softmax cost.
+void reductions(int reps) {
+  const int64_t rows = 4096, cols = 1024;
+  std::printf("\n| op on a %lldx%lld tensor | bf16 (ms) | f16 (ms) | f32 (ms) |\n| --- | --: | --: | --: |\n",
+              (long long)rows, (long long)cols);
+  std::vector<float> f(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < f.size(); ++i) f[i] = float(int64_t(i) % 1000) * 0.01f - 5.f;
+  const Tensor x32(f, Shape{rows, cols});
+  const Tensor xb = x32.cast(DType::bf16), xh = x32.cast(DType::f16);
+  struct Row {
+    const char* name;
+    std::function<Tensor(const Tensor&)> op;
+    bool autocast;
+  };
+  const Row table[] = {
+      {"sum(x, 1)", [](const Tensor& x) { return sum(x, 1); }, false},
+      {"sum(x, 0)", [](const Tensor& x) { return sum(x, 0); }, false},
+      {"max(x, 1)", [](const Tensor& x) { return max(x, 1); }, false},
+      {"softmax(x, 1)", [](const Tensor& x) { return detail::softmax_op(x, 1); }, false},
+      {"logsoftmax(x, 1)", [](const Tensor& x) { return detail::logsoftmax_op(x, 1); }, false},
+      {"softmax(x, 0)", [](const Tensor& x) { return detail::softmax_op(x, 0); }, false},
+      {"autocast sum(x, 1)", [](const Tensor& x) { return sum(x, 1); }, true},
+      {"autocast softmax(x, 1)", [](const Tensor& x) { return detail::softmax_op(x, 1); }, true},
+  };
+  for (const Row& r : table) {
+    double ms[3];
+    const Tensor* xs[3] = {&xb, &xh, &x32};
+    for (int k = 0; k < 3; ++k)
+      ms[k] = 1e3 * best_seconds(reps, [&] {
+                if (r.autocast) autocast(DType::bf16, [&] { return r.op(*xs[k]); });
+                else r.op(*xs[k]);
+              });
+    std::printf("| %s | %.3f | %.3f | %.3f |\n", r.name, ms[0], ms[1], ms[2]);
+  }
+}
+
 void library_kernels(int reps) {
   backend::Backend& b = cpu_backend::instance();
   if (!cpu_backend::bf16_kernels_enabled()) {
@@ -140,5 +180,6 @@ int main(int argc, char** argv) {
               cpu_backend::half_cast_vectorised(DType::f16) ? "yes" : "no");
   casts(reps);
   one_pass(reps);
+  reductions(reps);
   library_kernels(reps);
 }
