@@ -4,6 +4,7 @@
 //   one-pass elementwise (half_elementwise.cpp) against the three passes it replaces;
 //   reductions and (log)softmax on bf16/f16 tensors through the public ops (sum, max, softmax,
 //          logsoftmax, with and without autocast, whose output is then Float32);
+//   GradScaler's unscale (Backend::unscale_and_check) on 16M bf16/f16 gradients;
 //   bf16 library kernels (where the CPU has AVX512-BF16 or AMX-BF16): oneDNN's bf16 matmul and conv
 //          forward against the float32 calls of the same backend on the same shapes.
 // Usage: low_precision_bench [reps]   (FLUX_NUM_THREADS sets the pool)
@@ -132,6 +133,26 @@ void reductions(int reps) {
   }
 }
 
+// GradScaler's unscale on a model's worth of half gradients, in place (what GradScaler::unscale runs).
+void unscale(int reps) {
+  const int64_t n = int64_t(1) << 24;
+  std::printf("\n| unscale_and_check, %lld elements | bf16 (ms) | f16 (ms) | f32 (ms) |\n| --- | --: | --: | --: |\n",
+              (long long)n);
+  std::vector<float> f(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) f[size_t(i)] = float(i % 1000) * 0.01f - 5.f;
+  double ms[3];
+  int k = 0;
+  for (DType t : {DType::bf16, DType::f16}) {
+    std::vector<uint16_t> g(f.size());
+    cpu_backend::float_to_half_storage(t, f.data(), g.data(), n);
+    float found = 0;
+    ms[k++] = 1e3 * best_seconds(reps, [&] { cpu_backend::unscale_and_check(t, g.data(), g.data(), n, 1.0, &found); });
+  }
+  float found = 0;
+  ms[2] = 1e3 * best_seconds(reps, [&] { cpu_backend::unscale_and_check(DType::f32, f.data(), f.data(), n, 1.0, &found); });
+  std::printf("| in place, scale 1 | %.3f | %.3f | %.3f |\n", ms[0], ms[1], ms[2]);
+}
+
 void library_kernels(int reps) {
   backend::Backend& b = cpu_backend::instance();
   if (!cpu_backend::bf16_kernels_enabled()) {
@@ -181,5 +202,6 @@ int main(int argc, char** argv) {
   casts(reps);
   one_pass(reps);
   reductions(reps);
+  unscale(reps);
   library_kernels(reps);
 }

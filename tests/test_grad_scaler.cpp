@@ -13,6 +13,9 @@
 
 #include <gmock/gmock.h>
 
+#include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/isa.hpp"
+#include "src/half_bits.hpp"
 #include "src/internal.hpp"
 #include "src/optimisers/grad_scaler_internal.hpp"
 #include "test_devices.hpp"
@@ -334,6 +337,60 @@ TEST_P(GradScalerDevices, FusedKernelMatchesThePortablePath) {
     EXPECT_TRUE(optimisers::detail::flag_set(fused_flag)) << "overflow when unscaling";
     EXPECT_TRUE(optimisers::detail::flag_set(portable_flag)) << "overflow when unscaling";
   }
+}
+
+// The CPU kernel on Float16/BFloat16 gradients at every ISA level this CPU allows (vector casts at
+// AVX2, the scalar references below it), bitwise against half_bits' scalar arithmetic computed here:
+// values that round, underflow, overflow once unscaled, and inf / NaN (signalling and quiet, with
+// payloads) at the first element, around the 8-wide vectors' and the 2048-element blocks' tails,
+// around the pool's chunk boundary and at the last element, in place and out of place.
+TEST(GradScaler, CpuHalfUnscaleIsBitwiseTheScalarArithmeticAtEveryIsaLevel) {
+  const cpu_backend::Isa old = cpu_backend::active_isa();
+  const int64_t n = 70001;
+  for (DType t : {DType::f16, DType::bf16}) {
+    auto to_float = [t](uint16_t h) { return t == DType::f16 ? half_bits::to_float(h) : half_bits::bfloat16_to_float(h); };
+    auto from_float = [t](float f) { return t == DType::f16 ? half_bits::from_float(f) : half_bits::bfloat16_from_float(f); };
+    const uint16_t exponent = t == DType::f16 ? 0x7c00 : 0x7f80;
+    std::vector<uint16_t> g(static_cast<size_t>(n));
+    uint64_t z = 99;
+    for (auto& h : g) {
+      z = z * 6364136223846793005ull + 1442695040888963407ull;
+      h = uint16_t(z >> 48);
+      if ((h & exponent) == exponent) h = uint16_t(h & ~0x4000);  // finite, whatever the exponent was
+    }
+    const uint16_t inf = exponent, quiet = uint16_t(exponent | (t == DType::f16 ? 0x200 : 0x40));
+    const uint16_t signalling = uint16_t(exponent | 1), negative_nan = uint16_t(0x8000 | quiet | 5);
+    const int64_t positions[] = {0, 7, 8, 9, 2047, 2048, (int64_t(1) << 15) - 1, int64_t(1) << 15, n - 9, n - 8, n - 2, n - 1};
+    for (int level = 0; level <= int(cpu_backend::detected_isa()); ++level) {
+      cpu_backend::force_isa(cpu_backend::Isa(level));
+      SCOPED_TRACE(std::string(dtype_name(t)) + " at " + cpu_backend::isa_name(cpu_backend::active_isa()));
+      for (float inv : {0x1.0p-16f, 1.f / 3.f, 4096.f}) {
+        for (int64_t at : positions)
+          for (uint16_t bad : {uint16_t(0), inf, uint16_t(0x8000 | inf), quiet, signalling, negative_nan}) {
+            if (!bad && at != positions[0]) continue;  // the clean case once per inv
+            std::vector<uint16_t> in = g;
+            if (bad) in[size_t(at)] = bad;
+            std::vector<uint16_t> want(in.size());
+            bool want_found = false;
+            for (size_t k = 0; k < in.size(); ++k) {
+              want[k] = from_float(to_float(in[k]) * inv);
+              want_found |= (want[k] & exponent) == exponent;
+            }
+            ASSERT_EQ(want_found, bad != 0 || (inv > 1.f && want_found));  // the reference's verdict
+            std::vector<uint16_t> out(in.size(), 0x1234);
+            float found = 0.f;
+            ASSERT_TRUE(cpu_backend::unscale_and_check(t, in.data(), out.data(), n, double(inv), &found));
+            ASSERT_EQ(out, want) << "inv " << inv << " at " << at << " value " << bad;
+            ASSERT_EQ(found, want_found ? 1.f : 0.f) << "inv " << inv << " at " << at << " value " << bad;
+            found = 0.f;
+            ASSERT_TRUE(cpu_backend::unscale_and_check(t, in.data(), in.data(), n, double(inv), &found));  // in place
+            ASSERT_EQ(in, want) << "in place, inv " << inv << " at " << at << " value " << bad;
+            ASSERT_EQ(found, want_found ? 1.f : 0.f);
+          }
+      }
+    }
+  }
+  cpu_backend::force_isa(old);
 }
 
 TEST(GradScaler, MisuseFailsWithClearMessages) {
