@@ -24,6 +24,7 @@ using namespace flux;
 using namespace flux::optimisers;
 using flux::testing::max_rel_error;
 using flux::testing::test_devices;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 namespace {
@@ -420,11 +421,34 @@ TEST(GradScaler, MisuseFailsWithClearMessages) {
               HasSubstr("[GradScaler::unscale] gradient '1' is Int64 (1,); only Float16, BFloat16, Float32 and Float64"));
   EXPECT_THAT(error_of([&] { scaler.scale(Tensor(std::vector<int64_t>{1}, Shape{})); }),
               HasSubstr("[GradScaler::scale] the loss must be floating point, got Int64"));
-  EXPECT_THAT(error_of([&] { GradScaler({.growth_factor = 1.0}); }), HasSubstr("[GradScaler] growth_factor must be > 1, got 1"));
+  EXPECT_THAT(error_of([&] { GradScaler({.growth_factor = 1.0}); }),
+              HasSubstr("[GradScaler] growth_factor must be finite and > 1, got 1"));
   EXPECT_THAT(error_of([&] { GradScaler({.backoff_factor = 1.0}); }), HasSubstr("[GradScaler] backoff_factor must be in (0, 1)"));
   EXPECT_THAT(error_of([&] { GradScaler({.growth_interval = 0}); }), HasSubstr("[GradScaler] growth_interval must be >= 1"));
   EXPECT_THAT(error_of([&] { GradScaler({.init_scale = kInf}); }), HasSubstr("[GradScaler] init_scale must be finite and positive"));
   EXPECT_THAT(error_of([&] { scaler.update(0.0); }), HasSubstr("[GradScaler::update] the new scale must be finite and positive"));
+  // A saved state: the same check and message style, named after load_saved_state; nothing changes.
+  GradScaler fresh({.init_scale = 8});
+  using Saved = GradScaler::SavedState;
+  const std::pair<Saved, std::string> bad_states[] = {
+      {{kNaN, 2, 0.5, 0, 10}, "scale must be finite and positive, got nan"},
+      {{0, 2, 0.5, 0, 10}, "scale must be finite and positive, got 0"},
+      {{8, 1.0, 0.5, 0, 10}, "growth_factor must be finite and > 1, got 1"},
+      {{8, kInf, 0.5, 0, 10}, "growth_factor must be finite and > 1, got inf"},
+      {{8, 2, 1.5, 0, 10}, "backoff_factor must be in (0, 1), got 1.5"},
+      {{8, 2, 0.5, 0, 0}, "growth_interval must be >= 1 (steps), got 0"},
+      {{8, 2, 0.5, -1, 10}, "growth_tracker must be >= 0 (steps), got -1"},
+  };
+  for (const auto& bad : bad_states) {  // not a structured binding: clang 14 cannot capture one
+    EXPECT_THAT(error_of([&] { fresh.load_saved_state(bad.first); }),
+                HasSubstr("[GradScaler::load_saved_state] " + bad.second));
+    EXPECT_EQ(fresh.get_scale(), 8.0);
+    EXPECT_EQ(fresh.options().growth_interval, 2000);
+  }
+  EXPECT_THAT(error_of([&] { GradScaler({.init_scale = 0}); }),
+              HasSubstr("[GradScaler] init_scale must be finite and positive, got 0"));
+  EXPECT_THAT(error_of([&] { GradScaler({.growth_factor = kInf}); }),
+              HasSubstr("[GradScaler] growth_factor must be finite and > 1, got inf"));
 }
 
 TEST(GradScaler, DisabledIsTransparent) {
@@ -503,6 +527,66 @@ TEST(GradScaler, CheckpointRoundTrip) {
               HasSubstr("the checkpoint holds a GradScaler's state (grad_scaler.*); pass the scaler"));
   EXPECT_THAT(error_of([&] { load_checkpoint(plain_path, resumed, opt2, scaler2); }),
               HasSubstr("the checkpoint holds no GradScaler state"));
+  std::system(("rm -rf '" + dir + "'").c_str());
+}
+
+// A checkpoint whose GradScaler entries are out of range fails before anything is loaded: the model,
+// the optimiser state and the scaler are left exactly as they were.
+TEST(GradScaler, CorruptScalerEntryLeavesTheModelUntouched) {
+  char pattern[] = "/tmp/flux-grad-scaler-XXXXXX";
+  const std::string dir = ::mkdtemp(pattern);
+  const std::string path = dir + "/ckpt.safetensors", bad_path = dir + "/bad.safetensors";
+  seed(21);
+  auto model = Chain(Dense(3, 4, relu), Dense(4, 2));
+  State opt = setup(Adam(1e-2), model);
+  GradScaler scaler({.init_scale = 256});
+  Tensor x = randn({5, 3}), y = randn({5, 2});
+  auto g = gradient([&](auto& m) { return scaler.scale(mse(m(x), y)); }, model);
+  scaler.step(opt, model, g);
+  scaler.update();
+  save_checkpoint(path, model, opt, scaler);
+  const Metadata meta = load_metadata(path);
+
+  seed(22);
+  auto other = Chain(Dense(3, 4, relu), Dense(4, 2));
+  State opt2 = setup(Adam(1e-2), other);
+  auto g2 = gradient([&](auto& m) { return mse(m(x), y); }, other);
+  update(opt2, other, g2);  // optimiser buffers and a step count of their own
+  GradScaler scaler2({.init_scale = 4, .growth_interval = 7});
+  auto bytes = [&] {
+    std::string out;
+    for (const Tensor& p : params(other)) out += bytes_of(p);
+    for (const LeafState& leaf : opt2.leaves) {
+      out += std::to_string(leaf.t) + ";";
+      for (const Tensor& b : leaf.buffers) out += bytes_of(b);
+    }
+    return out;
+  };
+  const std::string before = bytes();
+  const std::pair<const char*, Tensor> corruptions[] = {
+      {"grad_scaler.scale", Tensor(std::vector<double>{kNaN}, Shape{})},
+      {"grad_scaler.scale", Tensor(std::vector<double>{-1.0}, Shape{})},
+      {"grad_scaler.backoff_factor", Tensor(std::vector<double>{2.0}, Shape{})},
+      {"grad_scaler.growth_interval", Tensor(std::vector<int64_t>{0}, Shape{})},
+      {"grad_scaler.growth_tracker", Tensor(std::vector<int64_t>{-3}, Shape{})},
+  };
+  for (const auto& [name, value] : corruptions) {
+    TensorMap file = load_state(path);
+    file.at(name) = value;
+    save_state(bad_path, file, meta);
+    EXPECT_THAT(error_of([&] { load_checkpoint(bad_path, other, opt2, scaler2); }),
+                AllOf(HasSubstr("the checkpoint's GradScaler state is invalid (nothing was loaded)"),
+                      HasSubstr("[GradScaler::load_saved_state] " + std::string(name + 12))))
+        << name;
+    EXPECT_EQ(bytes(), before) << name;
+    EXPECT_EQ(scaler2.get_scale(), 4.0) << name;
+    EXPECT_EQ(scaler2.options().growth_interval, 7) << name;
+  }
+  // The intact file still loads into the same objects.
+  load_checkpoint(path, other, opt2, scaler2);
+  EXPECT_EQ(scaler2.get_scale(), scaler.get_scale());
+  auto p1 = params(model), p2 = params(other);
+  for (size_t i = 0; i < p1.size(); ++i) EXPECT_EQ(bytes_of(p1[i]), bytes_of(p2[i])) << "param " << i;
   std::system(("rm -rf '" + dir + "'").c_str());
 }
 
