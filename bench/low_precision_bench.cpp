@@ -4,6 +4,7 @@
 //   one-pass elementwise (half_elementwise.cpp) against the three passes it replaces;
 //   reductions and (log)softmax on bf16/f16 tensors through the public ops (sum, max, softmax,
 //          logsoftmax, with and without autocast, whose output is then Float32);
+//   the CPU backend's low_precision_support answer (asked by autocast per low-list op);
 //   GradScaler's unscale (Backend::unscale_and_check) on 16M bf16/f16 gradients;
 //   bf16 library kernels (where the CPU has AVX512-BF16 or AMX-BF16): oneDNN's bf16 matmul and conv
 //          forward against the float32 calls of the same backend on the same shapes.
@@ -199,6 +200,15 @@ int main(int argc, char** argv) {
               cpu_backend::low_precision_units_text(cpu_backend::low_precision_units()).c_str(), cpu_backend::num_threads(),
               cpu_backend::half_cast_vectorised(DType::bf16) ? "yes" : "no",
               cpu_backend::half_cast_vectorised(DType::f16) ? "yes" : "no");
+  {
+    backend::Backend& b = cpu_backend::instance();
+    const int calls = 1000000;
+    int units = 0;
+    const double s = best_seconds(reps, [&] {
+      for (int i = 0; i < calls; ++i) units += b.low_precision_support(0, i % 2 ? DType::bf16 : DType::f16).units;
+    });
+    std::printf("low_precision_support: %.1f ns per call (%d)\n\n", s / calls * 1e9, units);
+  }
   casts(reps);
   one_pass(reps);
   reductions(reps);
