@@ -4,6 +4,8 @@
 //     inputs: one rounding of the result to the tensor's dtype, or Float32 under autocast (where sum,
 //     mean and the softmax family answer in Float32); rows (the reduced axis last) and columns (an
 //     axis with more than one inner element), lengths over the CPU kernels' block sizes, NaN and inf.
+//   - while tracing (what ONNX export records) the ops keep the cast through Float32, so that each
+//     reduce/softmax event's output has its input's dtype as the ONNX operators require.
 //   - the CPU backend's kernels reading half storage (cpu_backend::reduce_half, softmax_half) at each
 //     ISA level this CPU allows (the baseline level runs the scalar conversions): bitwise the float32
 //     kernels on the converted values where promised, sum within float64 accumulation of the reference.
@@ -18,6 +20,7 @@
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/half_bits.hpp"
+#include "src/trace.hpp"
 #include "test_devices.hpp"
 
 using namespace flux;
@@ -232,6 +235,38 @@ TEST_P(HalfReductions, GradientsMatchFloat64) {
 }
 
 FLUX_DEVICE_SUITE(HalfReductions);
+
+struct Events final : trace::Recorder {
+  std::vector<trace::Event> events;
+  void record(trace::Event e) override { events.push_back(std::move(e)); }
+};
+
+TEST(HalfReductionsTrace, EventsKeepTheirInputsDtype) {
+  for (DType t : kLow) {
+    const Layout l{2, 9, 3};
+    const Tensor x = place(values(54, 5, t), t, l, Device());
+    Events rec;
+    Tensor outs[4];
+    {
+      trace::Scope scope(&rec);
+      outs[0] = sum(x, 1);
+      outs[1] = max(x, 2);
+      outs[2] = softmax(x, 1);
+      outs[3] = autocast(DType::bf16, [&] { return logsoftmax(x, -1); });
+    }
+    EXPECT_EQ(outs[0].dtype(), t);
+    EXPECT_EQ(outs[3].dtype(), DType::f32);
+    int seen = 0;
+    for (const trace::Event& e : rec.events)
+      if (e.op == "reduce" || e.op == "softmax" || e.op == "logsoftmax") {
+        ++seen;
+        ASSERT_FALSE(e.inputs.empty());
+        EXPECT_EQ(e.inputs[0].dtype(), DType::f32) << e.op;
+        EXPECT_EQ(e.output.dtype(), DType::f32) << e.op;
+      }
+    EXPECT_EQ(seen, 4) << dtype_name(t);
+  }
+}
 
 // ---- the CPU kernels reading half storage ----
 

@@ -48,8 +48,9 @@ Tensor reduce_raw(ReduceOp op, const Tensor& x, int axis, bool keepdims, DType o
 }
 // bf16/f16 tensors on the CPU: its backend reads the half storage itself and writes Float32 (argmax and
 // argmin Int64; src/backends/cpu/cpu_backend.hpp's reduce_half, softmax_half), one pass instead of a
-// Float32 copy first. backend.hpp asks the other backends for f32/f64 only: they get that copy.
-bool reads_half(const Tensor& x) { return is_half(x.dtype()) && x.device().is_cpu(); }
+// Float32 copy first. backend.hpp asks the other backends for f32/f64 only: they get that copy. Not
+// while tracing (ONNX export): the trace keeps the cast, so that each op's output dtype is its input's.
+bool reads_half(const Tensor& x) { return is_half(x.dtype()) && x.device().is_cpu() && !trace::active(); }
 Tensor to_compute(const Tensor& x, bool for_sum) {
   DType t = x.dtype();
   if (is_half(t)) return x.cast(DType::f32);
