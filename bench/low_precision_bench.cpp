@@ -2,6 +2,10 @@
 //   casts: float32 -> bf16/f16 and back, the vector kernels (half_cast.cpp) against the scalar
 //          reference and against the cast's former path (element by element through double);
 //   one-pass elementwise (half_elementwise.cpp) against the three passes it replaces;
+//   reductions and (log)softmax on bf16/f16 tensors through the public ops (sum, max, softmax,
+//          logsoftmax, with and without autocast, whose output is then Float32);
+//   the CPU backend's low_precision_support answer (asked by autocast per low-list op);
+//   GradScaler's unscale (Backend::unscale_and_check) on 16M bf16/f16 gradients;
 //   bf16 library kernels (where the CPU has AVX512-BF16 or AMX-BF16): oneDNN's bf16 matmul and conv
 //          forward against the float32 calls of the same backend on the same shapes.
 // Usage: low_precision_bench [reps]   (FLUX_NUM_THREADS sets the pool)
@@ -12,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "flux/autocast.hpp"
 #include "flux/backend.hpp"
+#include "flux/ops.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/half_bits.hpp"
@@ -92,6 +98,62 @@ void one_pass(int reps) {
   }
 }
 
+// The public ops on a (rows, cols) bf16/f16 tensor: what a model's reductions and softmax cost.
+void reductions(int reps) {
+  const int64_t rows = 4096, cols = 1024;
+  std::printf("\n| op on a %lldx%lld tensor | bf16 (ms) | f16 (ms) | f32 (ms) |\n| --- | --: | --: | --: |\n",
+              (long long)rows, (long long)cols);
+  std::vector<float> f(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < f.size(); ++i) f[i] = float(int64_t(i) % 1000) * 0.01f - 5.f;
+  const Tensor x32(f, Shape{rows, cols});
+  const Tensor xb = x32.cast(DType::bf16), xh = x32.cast(DType::f16);
+  struct Row {
+    const char* name;
+    std::function<Tensor(const Tensor&)> op;
+    bool autocast;
+  };
+  const Row table[] = {
+      {"sum(x, 1)", [](const Tensor& x) { return sum(x, 1); }, false},
+      {"sum(x, 0)", [](const Tensor& x) { return sum(x, 0); }, false},
+      {"max(x, 1)", [](const Tensor& x) { return max(x, 1); }, false},
+      {"softmax(x, 1)", [](const Tensor& x) { return detail::softmax_op(x, 1); }, false},
+      {"logsoftmax(x, 1)", [](const Tensor& x) { return detail::logsoftmax_op(x, 1); }, false},
+      {"softmax(x, 0)", [](const Tensor& x) { return detail::softmax_op(x, 0); }, false},
+      {"autocast sum(x, 1)", [](const Tensor& x) { return sum(x, 1); }, true},
+      {"autocast softmax(x, 1)", [](const Tensor& x) { return detail::softmax_op(x, 1); }, true},
+  };
+  for (const Row& r : table) {
+    double ms[3];
+    const Tensor* xs[3] = {&xb, &xh, &x32};
+    for (int k = 0; k < 3; ++k)
+      ms[k] = 1e3 * best_seconds(reps, [&] {
+                if (r.autocast) autocast(DType::bf16, [&] { return r.op(*xs[k]); });
+                else r.op(*xs[k]);
+              });
+    std::printf("| %s | %.3f | %.3f | %.3f |\n", r.name, ms[0], ms[1], ms[2]);
+  }
+}
+
+// GradScaler's unscale on a model's worth of half gradients, in place (what GradScaler::unscale runs).
+void unscale(int reps) {
+  const int64_t n = int64_t(1) << 24;
+  std::printf("\n| unscale_and_check, %lld elements | bf16 (ms) | f16 (ms) | f32 (ms) |\n| --- | --: | --: | --: |\n",
+              (long long)n);
+  std::vector<float> f(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) f[size_t(i)] = float(i % 1000) * 0.01f - 5.f;
+  double ms[3];
+  int k = 0;
+  for (DType t : {DType::bf16, DType::f16}) {
+    std::vector<uint16_t> g(f.size());
+    cpu_backend::float_to_half_storage(t, f.data(), g.data(), n);
+    float found = 0;
+    ms[k++] = 1e3 * best_seconds(reps, [&] { cpu_backend::unscale_and_check(t, g.data(), g.data(), n, 1.0, &found); });
+  }
+  float found = 0;
+  ms[2] = 1e3 * best_seconds(reps, [&] { cpu_backend::unscale_and_check(DType::f32, f.data(), f.data(), n, 1.0, &found); });
+  std::printf("| in place, scale 1 | %.3f | %.3f | %.3f |\n", ms[0], ms[1], ms[2]);
+}
+
 void library_kernels(int reps) {
   backend::Backend& b = cpu_backend::instance();
   if (!cpu_backend::bf16_kernels_enabled()) {
@@ -138,7 +200,18 @@ int main(int argc, char** argv) {
               cpu_backend::low_precision_units_text(cpu_backend::low_precision_units()).c_str(), cpu_backend::num_threads(),
               cpu_backend::half_cast_vectorised(DType::bf16) ? "yes" : "no",
               cpu_backend::half_cast_vectorised(DType::f16) ? "yes" : "no");
+  {
+    backend::Backend& b = cpu_backend::instance();
+    const int calls = 1000000;
+    int units = 0;
+    const double s = best_seconds(reps, [&] {
+      for (int i = 0; i < calls; ++i) units += b.low_precision_support(0, i % 2 ? DType::bf16 : DType::f16).units;
+    });
+    std::printf("low_precision_support: %.1f ns per call (%d)\n\n", s / calls * 1e9, units);
+  }
   casts(reps);
   one_pass(reps);
+  reductions(reps);
+  unscale(reps);
   library_kernels(reps);
 }

@@ -13,6 +13,9 @@
 
 #include <gmock/gmock.h>
 
+#include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/isa.hpp"
+#include "src/half_bits.hpp"
 #include "src/internal.hpp"
 #include "src/optimisers/grad_scaler_internal.hpp"
 #include "test_devices.hpp"
@@ -21,6 +24,7 @@ using namespace flux;
 using namespace flux::optimisers;
 using flux::testing::max_rel_error;
 using flux::testing::test_devices;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 namespace {
@@ -336,6 +340,60 @@ TEST_P(GradScalerDevices, FusedKernelMatchesThePortablePath) {
   }
 }
 
+// The CPU kernel on Float16/BFloat16 gradients at every ISA level this CPU allows (vector casts at
+// AVX2, the scalar references below it), bitwise against half_bits' scalar arithmetic computed here:
+// values that round, underflow, overflow once unscaled, and inf / NaN (signalling and quiet, with
+// payloads) at the first element, around the 8-wide vectors' and the 2048-element blocks' tails,
+// around the pool's chunk boundary and at the last element, in place and out of place.
+TEST(GradScaler, CpuHalfUnscaleIsBitwiseTheScalarArithmeticAtEveryIsaLevel) {
+  const cpu_backend::Isa old = cpu_backend::active_isa();
+  const int64_t n = 70001;
+  for (DType t : {DType::f16, DType::bf16}) {
+    auto to_float = [t](uint16_t h) { return t == DType::f16 ? half_bits::to_float(h) : half_bits::bfloat16_to_float(h); };
+    auto from_float = [t](float f) { return t == DType::f16 ? half_bits::from_float(f) : half_bits::bfloat16_from_float(f); };
+    const uint16_t exponent = t == DType::f16 ? 0x7c00 : 0x7f80;
+    std::vector<uint16_t> g(static_cast<size_t>(n));
+    uint64_t z = 99;
+    for (auto& h : g) {
+      z = z * 6364136223846793005ull + 1442695040888963407ull;
+      h = uint16_t(z >> 48);
+      if ((h & exponent) == exponent) h = uint16_t(h & ~0x4000);  // finite, whatever the exponent was
+    }
+    const uint16_t inf = exponent, quiet = uint16_t(exponent | (t == DType::f16 ? 0x200 : 0x40));
+    const uint16_t signalling = uint16_t(exponent | 1), negative_nan = uint16_t(0x8000 | quiet | 5);
+    const int64_t positions[] = {0, 7, 8, 9, 2047, 2048, (int64_t(1) << 15) - 1, int64_t(1) << 15, n - 9, n - 8, n - 2, n - 1};
+    for (int level = 0; level <= int(cpu_backend::detected_isa()); ++level) {
+      cpu_backend::force_isa(cpu_backend::Isa(level));
+      SCOPED_TRACE(std::string(dtype_name(t)) + " at " + cpu_backend::isa_name(cpu_backend::active_isa()));
+      for (float inv : {0x1.0p-16f, 1.f / 3.f, 4096.f}) {
+        for (int64_t at : positions)
+          for (uint16_t bad : {uint16_t(0), inf, uint16_t(0x8000 | inf), quiet, signalling, negative_nan}) {
+            if (!bad && at != positions[0]) continue;  // the clean case once per inv
+            std::vector<uint16_t> in = g;
+            if (bad) in[size_t(at)] = bad;
+            std::vector<uint16_t> want(in.size());
+            bool want_found = false;
+            for (size_t k = 0; k < in.size(); ++k) {
+              want[k] = from_float(to_float(in[k]) * inv);
+              want_found |= (want[k] & exponent) == exponent;
+            }
+            ASSERT_EQ(want_found, bad != 0 || (inv > 1.f && want_found));  // the reference's verdict
+            std::vector<uint16_t> out(in.size(), 0x1234);
+            float found = 0.f;
+            ASSERT_TRUE(cpu_backend::unscale_and_check(t, in.data(), out.data(), n, double(inv), &found));
+            ASSERT_EQ(out, want) << "inv " << inv << " at " << at << " value " << bad;
+            ASSERT_EQ(found, want_found ? 1.f : 0.f) << "inv " << inv << " at " << at << " value " << bad;
+            found = 0.f;
+            ASSERT_TRUE(cpu_backend::unscale_and_check(t, in.data(), in.data(), n, double(inv), &found));  // in place
+            ASSERT_EQ(in, want) << "in place, inv " << inv << " at " << at << " value " << bad;
+            ASSERT_EQ(found, want_found ? 1.f : 0.f);
+          }
+      }
+    }
+  }
+  cpu_backend::force_isa(old);
+}
+
 TEST(GradScaler, MisuseFailsWithClearMessages) {
   Pair model{Tensor(std::vector<float>{1, 2}, Shape{2}), Tensor(std::vector<float>{3}, Shape{1})};
   State opt = setup(Descent(0.1), model);
@@ -363,11 +421,34 @@ TEST(GradScaler, MisuseFailsWithClearMessages) {
               HasSubstr("[GradScaler::unscale] gradient '1' is Int64 (1,); only Float16, BFloat16, Float32 and Float64"));
   EXPECT_THAT(error_of([&] { scaler.scale(Tensor(std::vector<int64_t>{1}, Shape{})); }),
               HasSubstr("[GradScaler::scale] the loss must be floating point, got Int64"));
-  EXPECT_THAT(error_of([&] { GradScaler({.growth_factor = 1.0}); }), HasSubstr("[GradScaler] growth_factor must be > 1, got 1"));
+  EXPECT_THAT(error_of([&] { GradScaler({.growth_factor = 1.0}); }),
+              HasSubstr("[GradScaler] growth_factor must be finite and > 1, got 1"));
   EXPECT_THAT(error_of([&] { GradScaler({.backoff_factor = 1.0}); }), HasSubstr("[GradScaler] backoff_factor must be in (0, 1)"));
   EXPECT_THAT(error_of([&] { GradScaler({.growth_interval = 0}); }), HasSubstr("[GradScaler] growth_interval must be >= 1"));
   EXPECT_THAT(error_of([&] { GradScaler({.init_scale = kInf}); }), HasSubstr("[GradScaler] init_scale must be finite and positive"));
   EXPECT_THAT(error_of([&] { scaler.update(0.0); }), HasSubstr("[GradScaler::update] the new scale must be finite and positive"));
+  // A saved state: the same check and message style, named after load_saved_state; nothing changes.
+  GradScaler fresh({.init_scale = 8});
+  using Saved = GradScaler::SavedState;
+  const std::pair<Saved, std::string> bad_states[] = {
+      {{kNaN, 2, 0.5, 0, 10}, "scale must be finite and positive, got nan"},
+      {{0, 2, 0.5, 0, 10}, "scale must be finite and positive, got 0"},
+      {{8, 1.0, 0.5, 0, 10}, "growth_factor must be finite and > 1, got 1"},
+      {{8, kInf, 0.5, 0, 10}, "growth_factor must be finite and > 1, got inf"},
+      {{8, 2, 1.5, 0, 10}, "backoff_factor must be in (0, 1), got 1.5"},
+      {{8, 2, 0.5, 0, 0}, "growth_interval must be >= 1 (steps), got 0"},
+      {{8, 2, 0.5, -1, 10}, "growth_tracker must be >= 0 (steps), got -1"},
+  };
+  for (const auto& bad : bad_states) {  // not a structured binding: clang 14 cannot capture one
+    EXPECT_THAT(error_of([&] { fresh.load_saved_state(bad.first); }),
+                HasSubstr("[GradScaler::load_saved_state] " + bad.second));
+    EXPECT_EQ(fresh.get_scale(), 8.0);
+    EXPECT_EQ(fresh.options().growth_interval, 2000);
+  }
+  EXPECT_THAT(error_of([&] { GradScaler({.init_scale = 0}); }),
+              HasSubstr("[GradScaler] init_scale must be finite and positive, got 0"));
+  EXPECT_THAT(error_of([&] { GradScaler({.growth_factor = kInf}); }),
+              HasSubstr("[GradScaler] growth_factor must be finite and > 1, got inf"));
 }
 
 TEST(GradScaler, DisabledIsTransparent) {
@@ -446,6 +527,66 @@ TEST(GradScaler, CheckpointRoundTrip) {
               HasSubstr("the checkpoint holds a GradScaler's state (grad_scaler.*); pass the scaler"));
   EXPECT_THAT(error_of([&] { load_checkpoint(plain_path, resumed, opt2, scaler2); }),
               HasSubstr("the checkpoint holds no GradScaler state"));
+  std::system(("rm -rf '" + dir + "'").c_str());
+}
+
+// A checkpoint whose GradScaler entries are out of range fails before anything is loaded: the model,
+// the optimiser state and the scaler are left exactly as they were.
+TEST(GradScaler, CorruptScalerEntryLeavesTheModelUntouched) {
+  char pattern[] = "/tmp/flux-grad-scaler-XXXXXX";
+  const std::string dir = ::mkdtemp(pattern);
+  const std::string path = dir + "/ckpt.safetensors", bad_path = dir + "/bad.safetensors";
+  seed(21);
+  auto model = Chain(Dense(3, 4, relu), Dense(4, 2));
+  State opt = setup(Adam(1e-2), model);
+  GradScaler scaler({.init_scale = 256});
+  Tensor x = randn({5, 3}), y = randn({5, 2});
+  auto g = gradient([&](auto& m) { return scaler.scale(mse(m(x), y)); }, model);
+  scaler.step(opt, model, g);
+  scaler.update();
+  save_checkpoint(path, model, opt, scaler);
+  const Metadata meta = load_metadata(path);
+
+  seed(22);
+  auto other = Chain(Dense(3, 4, relu), Dense(4, 2));
+  State opt2 = setup(Adam(1e-2), other);
+  auto g2 = gradient([&](auto& m) { return mse(m(x), y); }, other);
+  update(opt2, other, g2);  // optimiser buffers and a step count of their own
+  GradScaler scaler2({.init_scale = 4, .growth_interval = 7});
+  auto bytes = [&] {
+    std::string out;
+    for (const Tensor& p : params(other)) out += bytes_of(p);
+    for (const LeafState& leaf : opt2.leaves) {
+      out += std::to_string(leaf.t) + ";";
+      for (const Tensor& b : leaf.buffers) out += bytes_of(b);
+    }
+    return out;
+  };
+  const std::string before = bytes();
+  const std::pair<const char*, Tensor> corruptions[] = {
+      {"grad_scaler.scale", Tensor(std::vector<double>{kNaN}, Shape{})},
+      {"grad_scaler.scale", Tensor(std::vector<double>{-1.0}, Shape{})},
+      {"grad_scaler.backoff_factor", Tensor(std::vector<double>{2.0}, Shape{})},
+      {"grad_scaler.growth_interval", Tensor(std::vector<int64_t>{0}, Shape{})},
+      {"grad_scaler.growth_tracker", Tensor(std::vector<int64_t>{-3}, Shape{})},
+  };
+  for (const auto& [name, value] : corruptions) {
+    TensorMap file = load_state(path);
+    file.at(name) = value;
+    save_state(bad_path, file, meta);
+    EXPECT_THAT(error_of([&] { load_checkpoint(bad_path, other, opt2, scaler2); }),
+                AllOf(HasSubstr("the checkpoint's GradScaler state is invalid (nothing was loaded)"),
+                      HasSubstr("[GradScaler::load_saved_state] " + std::string(name + 12))))
+        << name;
+    EXPECT_EQ(bytes(), before) << name;
+    EXPECT_EQ(scaler2.get_scale(), 4.0) << name;
+    EXPECT_EQ(scaler2.options().growth_interval, 7) << name;
+  }
+  // The intact file still loads into the same objects.
+  load_checkpoint(path, other, opt2, scaler2);
+  EXPECT_EQ(scaler2.get_scale(), scaler.get_scale());
+  auto p1 = params(model), p2 = params(other);
+  for (size_t i = 0; i < p1.size(); ++i) EXPECT_EQ(bytes_of(p1[i]), bytes_of(p2[i])) << "param " << i;
   std::system(("rm -rf '" + dir + "'").c_str());
 }
 

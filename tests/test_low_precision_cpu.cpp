@@ -602,6 +602,41 @@ std::string conv_case_name(const ::testing::TestParamInfo<int>& i) {
 }
 INSTANTIATE_TEST_SUITE_P(Cpu, CpuBf16Conv, ::testing::Values(0, 1, 2, 3, 4), conv_case_name);
 
+TEST(CpuBf16, SupportAnswerFollowsTheActiveIsaLevel) {
+  // Made once per ISA level and dtype, picked by the active level: at each level force_isa allows,
+  // the answer is the rule applied to the units at that level, the same on every call.
+  IsaGuard guard;
+  backend::Backend& b = cpu_backend::instance();
+  for (int level = 0; level <= int(cpu_backend::detected_isa()); ++level) {
+    cpu_backend::force_isa(Isa(level));
+    const cpu_backend::LowPrecisionUnits u = cpu_backend::low_precision_units();
+    const std::string found = cpu_backend::low_precision_units_text(u);
+    SCOPED_TRACE(std::string(cpu_backend::isa_name(cpu_backend::active_isa())) + ", units: " + found);
+    const backend::LowPrecisionSupport bf16 = b.low_precision_support(0, DType::bf16);
+    const bool units = u.avx512_bf16 || u.amx_bf16;
+    EXPECT_EQ(bf16.units, units && FLUX_TEST_HAVE_ONEDNN);
+    EXPECT_NE(bf16.detail.find(found), std::string::npos) << bf16.detail;
+    if (!units) {
+      EXPECT_NE(bf16.detail.find("this CPU has no bf16 units"), std::string::npos) << bf16.detail;
+    }
+    if (level < int(Isa::avx512)) {
+      EXPECT_FALSE(bf16.units);
+    }
+    const backend::LowPrecisionSupport f16 = b.low_precision_support(0, DType::f16);
+    EXPECT_FALSE(f16.units);
+    EXPECT_NE(f16.detail.find("no f16 compute kernels on the CPU"), std::string::npos) << f16.detail;
+    EXPECT_NE(f16.detail.find(found), std::string::npos) << f16.detail;
+    for (int again = 0; again < 3; ++again) {
+      const backend::LowPrecisionSupport s = b.low_precision_support(0, DType::bf16);
+      EXPECT_EQ(s.units, bf16.units);
+      EXPECT_EQ(s.detail, bf16.detail);
+    }
+  }
+  const backend::LowPrecisionSupport f32 = b.low_precision_support(0, DType::f32);
+  EXPECT_FALSE(f32.units);
+  EXPECT_EQ(f32.detail, "Float32 is not a low-precision dtype");
+}
+
 TEST(CpuBf16, KernelsOnlyRunWithUnitsOrTheTestBypass) {
   // The gate itself: without units (and without the bypass) every bf16 kernel declines before
   // oneDNN is asked; f16 has no CPU kernel at all.

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <set>
 #include <sstream>
 
@@ -22,6 +23,7 @@
 #include "flux/ops.hpp"
 #include "src/internal.hpp"
 #include "src/io/safetensors_format.hpp"
+#include "src/optimisers/grad_scaler_internal.hpp"
 
 namespace flux {
 
@@ -245,8 +247,10 @@ constexpr size_t kStagingBytes = size_t(64) << 20;
 /// Copies the file's tensors into `targets` after checking that every name, shape and (unless
 /// options->convert_dtypes) dtype matches (nothing is copied otherwise, so a file that does not match
 /// leaves the targets as they were). options null: an API without LoadOptions (checkpoints).
+/// before_copy (when set) runs after those checks and before the first copy: a throw there leaves the
+/// targets as they were too.
 Metadata load_from(const std::string& context, const Reader& reader, const io_detail::Targets& targets,
-                   const LoadOptions* options) {
+                   const LoadOptions* options, const std::function<void()>& before_copy = {}) {
   std::map<std::string, const safetensors::Entry*> in_file;
   for (const safetensors::Entry& e : reader.layout.entries) in_file.emplace(e.name, &e);
 
@@ -294,6 +298,7 @@ Metadata load_from(const std::string& context, const Reader& reader, const io_de
     throw Error(message);
   }
 
+  if (before_copy) before_copy();
   DeviceSync sync;
   for (const auto& [name, t] : targets) {
     Tensor dst = t;
@@ -440,24 +445,32 @@ Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_t
   for (size_t i = 0; i < s.leaves.size(); ++i) leaf_targets(s.leaves[i], "optimiser." + std::to_string(i), all, steps);
   Targets scaler_targets;
   if (scaler) {
-    add_grad_scaler_state(*scaler, scaler_targets);  // host scalars of the right dtypes, overwritten below
+    add_grad_scaler_state(*scaler, scaler_targets);  // host scalars of the right dtypes, read first
     all.insert(all.end(), scaler_targets.begin(), scaler_targets.end());
   }
-  load_from(context, reader, all, nullptr);
-  for (auto& [dst, t] : steps) *dst = t.item<int64_t>();
-  if (scaler) {
+  // The scaler's entries are read and checked once the file is known to match and before anything is
+  // copied: a corrupt scaler state leaves the model and the optimiser state as they were.
+  optimisers::GradScaler::SavedState st{};
+  auto read_scaler = [&] {
+    DeviceSync sync;
+    for (auto& [name, t] : scaler_targets)
+      for (const safetensors::Entry& e : reader.layout.entries)
+        if (e.name == name) copy_entry_into(reader, e, t, sync);
+    sync.wait();
     std::map<std::string, Tensor> v(scaler_targets.begin(), scaler_targets.end());
     const std::string p = kScalerPrefix;
-    optimisers::GradScaler::SavedState st{v.at(p + "scale").item<double>(), v.at(p + "growth_factor").item<double>(),
-                                          v.at(p + "backoff_factor").item<double>(),
-                                          v.at(p + "growth_tracker").item<int64_t>(),
-                                          v.at(p + "growth_interval").item<int64_t>()};
+    st = {v.at(p + "scale").item<double>(), v.at(p + "growth_factor").item<double>(),
+          v.at(p + "backoff_factor").item<double>(), v.at(p + "growth_tracker").item<int64_t>(),
+          v.at(p + "growth_interval").item<int64_t>()};
     try {
-      scaler->load_saved_state(st);
+      optimisers::detail::check_settings("GradScaler::load_saved_state", "scale", st);
     } catch (const Error& e) {
-      detail::fail(context, ": ", e.what());
+      detail::fail(context, ": the checkpoint's GradScaler state is invalid (nothing was loaded): ", e.what());
     }
-  }
+  };
+  load_from(context, reader, all, nullptr, scaler ? std::function<void()>(read_scaler) : std::function<void()>());
+  for (auto& [dst, t] : steps) *dst = t.item<int64_t>();
+  if (scaler) scaler->load_saved_state(st);  // checked above
   return meta;
 }
 

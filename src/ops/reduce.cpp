@@ -46,6 +46,11 @@ Tensor reduce_raw(ReduceOp op, const Tensor& x, int axis, bool keepdims, DType o
     trace::emit("reduce", {x}, out, {{"op", {int64_t(op)}, {}}, {"axis", {axis}, {}}, {"keepdims", {int64_t(keepdims)}, {}}});
   return out;
 }
+// bf16/f16 tensors on the CPU: its backend reads the half storage itself and writes Float32 (argmax and
+// argmin Int64; src/backends/cpu/cpu_backend.hpp's reduce_half, softmax_half), one pass instead of a
+// Float32 copy first. backend.hpp asks the other backends for f32/f64 only: they get that copy. Not
+// while tracing (ONNX export): the trace keeps the cast, so that each op's output dtype is its input's.
+bool reads_half(const Tensor& x) { return is_half(x.dtype()) && x.device().is_cpu() && !trace::active(); }
 Tensor to_compute(const Tensor& x, bool for_sum) {
   DType t = x.dtype();
   if (is_half(t)) return x.cast(DType::f32);
@@ -57,6 +62,15 @@ Tensor to_compute(const Tensor& x, bool for_sum) {
 Tensor sum(const Tensor& x0, int axis, bool keepdims) {
   check_defined("sum", x0);
   int a = normalize_axis("sum", axis, x0.ndim());
+  if (reads_half(x0)) {
+    const DType t = x0.dtype();
+    Tensor y = reduce_raw(ReduceOp::sum, x0, a, keepdims, DType::f32);
+    Shape kept = split(x0.shape(), a).kept, full_shape = x0.shape();
+    autodiff::record(y, {&x0}, [kept, full_shape, t](const Tensor& g) {
+      return Grads{broadcast_to(g.reshape(kept), full_shape).cast(t)};
+    });
+    return autocast_active() ? y : y.cast(t);
+  }
   Tensor x = to_compute(x0, true);
   Tensor y = reduce_raw(ReduceOp::sum, x, a, keepdims, x.dtype());
   if (is_floating(x.dtype())) {
@@ -106,6 +120,18 @@ Tensor extreme(const char* api, ReduceOp op, const Tensor& x0, int axis, bool ke
   check_defined(api, x0);
   int a = normalize_axis(api, axis, x0.ndim());
   if (x0.shape()[a] == 0) fail("[", api, "] cannot reduce an empty axis of shape ", to_string(x0.shape()));
+  if (reads_half(x0)) {
+    // The extreme is one of x's values: its cast back is exact, and the tape keeps x in its own dtype.
+    const DType t = x0.dtype();
+    Tensor y = raw_cast(reduce_raw(op, x0, a, keepdims, DType::f32), t);
+    Shape kept = split(x0.shape(), a).kept;
+    autodiff::record(y, {&x0}, [x0, y, kept, a, t](const Tensor& g) {
+      Tensor mask = eq(x0, y.reshape(kept)).cast(DType::f32);
+      Tensor count = sum(mask, a, true);
+      return Grads{(g.cast(DType::f32).reshape(kept) * mask / count).cast(t)};
+    });
+    return y;
+  }
   Tensor x = to_compute(x0, false);
   Tensor y = reduce_raw(op, x, a, keepdims, x.dtype());
   if (is_floating(x.dtype())) {
@@ -130,14 +156,14 @@ Tensor argmax(const Tensor& x0, int axis, bool keepdims) {
   check_defined("argmax", x0);
   int a = normalize_axis("argmax", axis, x0.ndim());
   if (x0.shape()[a] == 0) fail("[argmax] cannot reduce an empty axis of shape ", to_string(x0.shape()));
-  Tensor x = to_compute(x0, false);
+  Tensor x = reads_half(x0) ? x0 : to_compute(x0, false);
   return reduce_raw(ReduceOp::argmax, x, a, keepdims, DType::i64);
 }
 Tensor argmin(const Tensor& x0, int axis, bool keepdims) {
   check_defined("argmin", x0);
   int a = normalize_axis("argmin", axis, x0.ndim());
   if (x0.shape()[a] == 0) fail("[argmin] cannot reduce an empty axis of shape ", to_string(x0.shape()));
-  Tensor x = to_compute(x0, false);
+  Tensor x = reads_half(x0) ? x0 : to_compute(x0, false);
   return reduce_raw(ReduceOp::argmin, x, a, keepdims, DType::i64);
 }
 
@@ -148,9 +174,10 @@ Tensor softmax_raw(const char* api, const Tensor& x0, int axis, bool log, Tensor
   if (x0.ndim() == 0) fail("[", api, "] needs at least one dimension");
   if (!is_floating(x0.dtype())) fail("[", api, "] needs a floating-point tensor, got ", dtype_name(x0.dtype()));
   int a = normalize_axis(api, axis, x0.ndim());
-  Tensor x = is_half(x0.dtype()) ? x0.cast(DType::f32) : x0;
+  // On the CPU a half x is read as it is (reads_half); x_out is then x0 itself, recorded as the input.
+  Tensor x = is_half(x0.dtype()) && !reads_half(x0) ? x0.cast(DType::f32) : x0;
   Split p = split(x.shape(), a);
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor y = Tensor::empty(x.shape(), is_half(x.dtype()) ? DType::f32 : x.dtype(), x.device());
   if (y.numel()) x.backend().softmax(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(y), p.outer, p.len, p.inner, log);
   if (trace::active()) trace::emit(log ? "logsoftmax" : "softmax", {x}, y, {{"axis", {a}, {}}});
   x_out = x;
@@ -178,9 +205,10 @@ Tensor detail::softmax_op(const Tensor& x0, int axis) {
   Tensor x;
   Tensor y = softmax_raw("softmax", x0, axis, false, x);
   int a = normalize_axis("softmax", axis, x.ndim());
-  autodiff::record(y, {&x}, [y, a](const Tensor& g) {
-    if (Tensor dx = fused_softmax_grad(y, g, a, false); dx.defined()) return Grads{dx};
-    return Grads{y * (g - sum(g * y, a, true))};
+  autodiff::record(y, {&x}, [y, a, t = x.dtype()](const Tensor& g) {
+    Tensor dx = fused_softmax_grad(y, g, a, false);
+    if (!dx.defined()) dx = y * (g - sum(g * y, a, true));
+    return Grads{dx.dtype() == t ? dx : dx.cast(t)};
   });
   return is_half(x0.dtype()) && !autocast_active() ? y.cast(x0.dtype()) : y;  // autocast: Float32
 }
@@ -189,9 +217,10 @@ Tensor detail::logsoftmax_op(const Tensor& x0, int axis) {
   Tensor x;
   Tensor y = softmax_raw("logsoftmax", x0, axis, true, x);
   int a = normalize_axis("logsoftmax", axis, x.ndim());
-  autodiff::record(y, {&x}, [y, a](const Tensor& g) {
-    if (Tensor dx = fused_softmax_grad(y, g, a, true); dx.defined()) return Grads{dx};
-    return Grads{g - exp(y) * sum(g, a, true)};
+  autodiff::record(y, {&x}, [y, a, t = x.dtype()](const Tensor& g) {
+    Tensor dx = fused_softmax_grad(y, g, a, true);
+    if (!dx.defined()) dx = g - exp(y) * sum(g, a, true);
+    return Grads{dx.dtype() == t ? dx : dx.cast(t)};
   });
   return is_half(x0.dtype()) && !autocast_active() ? y.cast(x0.dtype()) : y;
 }

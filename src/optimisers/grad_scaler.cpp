@@ -41,18 +41,22 @@ bool flag_set(const Tensor& flag) {
   return v != 0;  // 1 from a kernel, NaN from the portable path (NaN != 0)
 }
 
+void check_settings(const char* api, const char* scale_name, const GradScaler::SavedState& s) {
+  auto bad = [&](const char* name, const char* rule, auto value) {
+    flux::detail::fail("[", api, "] ", name, " must be ", rule, ", got ", value);
+  };
+  if (!(std::isfinite(s.scale) && s.scale > 0)) bad(scale_name, "finite and positive", s.scale);
+  if (!(std::isfinite(s.growth_factor) && s.growth_factor > 1)) bad("growth_factor", "finite and > 1", s.growth_factor);
+  if (!(s.backoff_factor > 0 && s.backoff_factor < 1)) bad("backoff_factor", "in (0, 1)", s.backoff_factor);
+  if (s.growth_interval < 1) bad("growth_interval", ">= 1 (steps)", s.growth_interval);
+  if (s.growth_tracker < 0) bad("growth_tracker", ">= 0 (steps)", s.growth_tracker);
+}
+
 }  // namespace detail
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options)), scale_(options_.init_scale) {
   const GradScalerOptions& o = options_;
-  if (!(std::isfinite(o.init_scale) && o.init_scale > 0))
-    flux::detail::fail("[GradScaler] init_scale must be finite and positive, got ", o.init_scale);
-  if (!(std::isfinite(o.growth_factor) && o.growth_factor > 1))
-    flux::detail::fail("[GradScaler] growth_factor must be > 1, got ", o.growth_factor);
-  if (!(o.backoff_factor > 0 && o.backoff_factor < 1))
-    flux::detail::fail("[GradScaler] backoff_factor must be in (0, 1), got ", o.backoff_factor);
-  if (o.growth_interval < 1)
-    flux::detail::fail("[GradScaler] growth_interval must be >= 1 (steps), got ", o.growth_interval);
+  detail::check_settings("GradScaler", "init_scale", {o.init_scale, o.growth_factor, o.backoff_factor, 0, o.growth_interval});
 }
 
 Tensor GradScaler::scale(const Tensor& loss) const {
@@ -142,12 +146,7 @@ GradScaler::SavedState GradScaler::saved_state() const {
 }
 
 void GradScaler::load_saved_state(const SavedState& s) {
-  if (!(std::isfinite(s.scale) && s.scale > 0))
-    flux::detail::fail("[GradScaler] the saved scale must be finite and positive, got ", s.scale);
-  if (!(std::isfinite(s.growth_factor) && s.growth_factor > 1) || !(s.backoff_factor > 0 && s.backoff_factor < 1) ||
-      s.growth_interval < 1 || s.growth_tracker < 0)
-    flux::detail::fail("[GradScaler] the saved state is invalid: growth_factor ", s.growth_factor, ", backoff_factor ",
-                       s.backoff_factor, ", growth_interval ", s.growth_interval, ", growth_tracker ", s.growth_tracker);
+  detail::check_settings("GradScaler::load_saved_state", "scale", s);
   scale_ = s.scale;
   growth_tracker_ = s.growth_tracker;
   options_.growth_factor = s.growth_factor;

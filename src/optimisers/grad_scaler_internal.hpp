@@ -1,6 +1,7 @@
 // The per-tensor step of GradScaler::unscale (src/optimisers/grad_scaler.cpp), shared with the tests
 // that compare the backends' fused kernel with the portable path.
 #pragma once
+#include "flux/optimisers/grad_scaler.hpp"
 #include "flux/tensor.hpp"
 
 namespace flux::optimisers::detail {
@@ -13,5 +14,11 @@ Tensor unscale_tensor(const Tensor& g, double inv_scale, Tensor& flag, bool use_
 
 /// Whether a flag of unscale_tensor was set (reads it to the host).
 bool flag_set(const Tensor& flag);
+
+/// The one check of a scaler's settings, for the constructor's options and for a saved state (also
+/// what load_checkpoint runs before it overwrites anything): throws "[<api>] <name> must be <rule>,
+/// got <value>" for the first setting out of its range; `scale_name` names the scale ("init_scale"
+/// in the options, "scale" in a saved state).
+void check_settings(const char* api, const char* scale_name, const GradScaler::SavedState& s);
 
 }  // namespace flux::optimisers::detail

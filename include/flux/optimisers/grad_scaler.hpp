@@ -80,7 +80,8 @@ class GradScaler {
   };
   SavedState saved_state() const;
   /// Restores a saved state (PyTorch's load_state_dict: the factors and the interval too); the
-  /// iteration starts afresh. Fails on a scale that is not finite and positive.
+  /// iteration starts afresh. A setting out of the constructor's ranges (or a negative tracker) fails
+  /// with the same kind of message and changes nothing.
   void load_saved_state(const SavedState& s);
 
  private:

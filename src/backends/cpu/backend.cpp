@@ -1,6 +1,7 @@
 // The CPU backend object: memory (a caching pool), copies, and dispatch to the kernel files.
 #include <sys/sysinfo.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -98,8 +99,21 @@ class CpuBackend final : public backend::Backend {
            "\n";
   }
   // bf16 runs on AVX512-BF16 or AMX-BF16 through oneDNN; oneDNN 2.6 has no f16 compute on the CPU.
+  // Autocast asks per low-list op: the answers for each ISA level are made once (the units at a level
+  // are fixed per process) and the active level (force_isa) picks one.
   backend::LowPrecisionSupport low_precision_support(int, DType t) override {
-    const LowPrecisionUnits u = low_precision_units();
+    if (t != DType::bf16 && t != DType::f16) return {false, std::string(dtype_name(t)) + " is not a low-precision dtype"};
+    static const auto answers = [] {
+      std::array<std::array<backend::LowPrecisionSupport, 2>, 3> a;
+      for (int level = 0; level < 3; ++level) {
+        const LowPrecisionUnits u = low_precision_units_at(Isa(level));
+        a[size_t(level)] = {support_answer(DType::bf16, u), support_answer(DType::f16, u)};
+      }
+      return a;
+    }();
+    return answers[size_t(active_isa())][t == DType::f16 ? 1 : 0];
+  }
+  static backend::LowPrecisionSupport support_answer(DType t, const LowPrecisionUnits& u) {
     const std::string found = low_precision_units_text(u);
     if (t == DType::bf16) {
       const bool units = u.avx512_bf16 || u.amx_bf16;
@@ -107,9 +121,7 @@ class CpuBackend final : public backend::Backend {
       if (units) return {false, "this build has no oneDNN, whose kernels use the CPU's " + found};
       return {false, "this CPU has no bf16 units (AVX512-BF16 or AMX-BF16; found: " + found + ")"};
     }
-    if (t == DType::f16)
-      return {false, "no f16 compute kernels on the CPU (oneDNN 2.6 has none; units found: " + found + ")"};
-    return {false, std::string(dtype_name(t)) + " is not a low-precision dtype"};
+    return {false, "no f16 compute kernels on the CPU (oneDNN 2.6 has none; units found: " + found + ")"};
   }
   backend::MemoryInfo memory(int) override {
     struct sysinfo si {};

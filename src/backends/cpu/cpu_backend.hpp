@@ -41,7 +41,18 @@ void strided_copy(DType t, const void* src, void* dst, const backend::StridedCop
 void unary(backend::UnaryOp op, DType t, const void* src, void* dst, int64_t n, double alpha);
 void binary(backend::BinaryOp op, DType t, const void* a, const void* b, void* out, const backend::Broadcast& plan);
 void where(DType t, const void* cond, const void* a, const void* b, void* out, const backend::Broadcast& plan);
+/// t = bf16/f16 too (reduce_half): the half source is read directly and dst is Float32 (argmax/argmin Int64).
 void reduce(backend::ReduceOp op, DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner);
+/// Reductions and (log)softmax over [outer, len, inner] reading bf16/f16 storage directly, blocks
+/// converted into float32 in cache (half_cast.cpp's vector code): what CpuBackend::reduce / ::softmax do
+/// for t = bf16/f16, which the core asks of the CPU backend alone (backend.hpp asks the others for
+/// f32/f64 only). dst is Float32 (argmax/argmin Int64). sum accumulates in float64 (lanes where
+/// inner == 1, bitwise the float32 kernel otherwise); max/min/argmax/argmin and (log)softmax are
+/// bitwise the float32 kernels on the converted values (max/min of inner == 1 up to the sign of a zero
+/// and which NaN). false where t is not bf16/f16.
+bool reduce_half(backend::ReduceOp op, DType t, const uint16_t* src, void* dst, int64_t outer, int64_t len,
+                 int64_t inner);
+bool softmax_half(DType t, const uint16_t* src, float* dst, int64_t outer, int64_t len, int64_t inner, bool log);
 void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm& g);
 /// Backend::matmul_low_precision: bf16 a, b, c through oneDNN's bf16 matmul (float32 accumulation)
 /// where bf16_kernels_enabled() (isa.hpp); false where not, or where oneDNN declines (C untouched).
@@ -58,6 +69,7 @@ Kernel linear_kernel(int64_t n, int64_t in, int64_t out, bool bias, bool relu);
 size_t panel_floats(int64_t in, int64_t out);
 void panel_pack(const float* w, int64_t in, int64_t out, float* to);
 void panel_product(const float* x, int64_t n, int64_t in, const float* panels, int64_t out, float* y);
+/// t = bf16/f16 too (softmax_half): dst is Float32.
 void softmax(DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner, bool log);
 /// Fused backward passes (backend.hpp's unary_backward, softmax_backward): f32/f64 (softmax: inner == 1
 /// rows), false otherwise.

@@ -91,13 +91,14 @@ LowPrecisionUnits capped_by_environment(LowPrecisionUnits u) {
 
 // Called per bf16 kernel call and per autocast op: the CPUID and environment answers are made once,
 // only force_isa's level is read each time.
-LowPrecisionUnits low_precision_units() {
+LowPrecisionUnits low_precision_units_at(Isa level) {
   static const LowPrecisionUnits found = cpuid_units();
   static const LowPrecisionUnits allowed = capped_by_environment(found);
-  LowPrecisionUnits u = active_isa() == Isa::avx512 ? allowed : LowPrecisionUnits{};
+  LowPrecisionUnits u = level == Isa::avx512 ? allowed : LowPrecisionUnits{};
   u.capped = any(found) && !any(u);
   return u;
 }
+LowPrecisionUnits low_precision_units() { return low_precision_units_at(active_isa()); }
 
 std::string low_precision_units_text(const LowPrecisionUnits& u) {
   std::string s;

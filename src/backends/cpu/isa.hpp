@@ -26,6 +26,8 @@ struct LowPrecisionUnits {
   bool capped = false;  // the CPU has some of them, but a cap above hides them
 };
 LowPrecisionUnits low_precision_units();
+/// The same at a given ISA level, whatever force_isa says now (fixed per process for each level).
+LowPrecisionUnits low_precision_units_at(Isa level);
 /// "AVX512-BF16, AMX-BF16", or "none" (with "(capped)" when a cap hides units the CPU has).
 std::string low_precision_units_text(const LowPrecisionUnits& u);
 

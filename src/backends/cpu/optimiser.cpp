@@ -1,4 +1,5 @@
 // Fused optimiser steps (one pass over each parameter), on the CPU.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -7,7 +8,6 @@
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
-#include "src/half_bits.hpp"
 
 namespace flux::cpu_backend {
 
@@ -70,15 +70,20 @@ FLUX_CPU_INLINE bool unscale_f32_body(const float* g, float* out, int64_t b, int
 FLUX_CPU_INLINE bool unscale_f64_body(const double* g, double* out, int64_t b, int64_t e, double inv) {
   return unscale_float_body<double, uint64_t, 0x7ff0000000000000ull>(g, out, b, e, inv);
 }
-// Float16 / BFloat16: through float32, rounded to nearest even as every cast in flux.
-template <DType t> FLUX_CPU_INLINE bool unscale_half_body(const uint16_t* g, uint16_t* out, int64_t b, int64_t e, float inv) {
+// Float16 / BFloat16: through float32, rounded to nearest even as every cast in flux, in blocks through
+// half_cast.cpp's vector casts (bitwise src/half_bits.hpp, NaN and inf included; its scalar references
+// where the active ISA level has none); non-finite results found from the output's bits as above.
+template <DType t> bool unscale_half_blocks(const uint16_t* g, uint16_t* out, int64_t b, int64_t e, float inv) {
+  constexpr int64_t kBlock = 2048;
   constexpr uint16_t kExponent = t == DType::f16 ? 0x7c00u : 0x7f80u;
+  alignas(64) float x[kBlock];
   uint32_t bad = 0;
-  for (int64_t i = b; i < e; ++i) {
-    const uint16_t h = t == DType::f16 ? half_bits::from_float(half_bits::to_float(g[i]) * inv)
-                                       : half_bits::bfloat16_from_float(half_bits::bfloat16_to_float(g[i]) * inv);
-    out[i] = h;
-    bad |= uint32_t((h & kExponent) == kExponent);
+  for (int64_t i = b; i < e; i += kBlock) {
+    const int64_t len = std::min(kBlock, e - i);
+    half_storage_to_float(t, g + i, x, len);
+    for (int64_t k = 0; k < len; ++k) x[k] *= inv;
+    float_to_half_storage(t, x, out + i, len);
+    for (int64_t k = 0; k < len; ++k) bad |= uint32_t((out[i + k] & kExponent) == kExponent);
   }
   return bad != 0;
 }
@@ -116,12 +121,12 @@ bool unscale_and_check(DType t, const void* g, void* out, int64_t n, double inv_
       break;
     case DType::f16:
       bad = unscale_parallel<uint16_t>(g, out, n, [&](const uint16_t* s, uint16_t* d, int64_t b, int64_t e) {
-        return unscale_half_body<DType::f16>(s, d, b, e, inv32);
+        return unscale_half_blocks<DType::f16>(s, d, b, e, inv32);
       });
       break;
     case DType::bf16:
       bad = unscale_parallel<uint16_t>(g, out, n, [&](const uint16_t* s, uint16_t* d, int64_t b, int64_t e) {
-        return unscale_half_body<DType::bf16>(s, d, b, e, inv32);
+        return unscale_half_blocks<DType::bf16>(s, d, b, e, inv32);
       });
       break;
     default: detail::fail("[GradScaler] can only unscale floating-point gradients, got ", dtype_name(t));

@@ -1,7 +1,9 @@
-// Numerically stable (log)softmax over the middle axis of [outer, len, inner], on the CPU.
+// Numerically stable (log)softmax over the middle axis of [outer, len, inner], on the CPU; bf16/f16
+// sources read directly (softmax_half) into a Float32 result.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
@@ -110,12 +112,78 @@ template <class T> void softmax_typed(const T* s, T* d, int64_t outer, int64_t l
     }
   });
 }
+
+// ---- bf16/f16 sources, Float32 result ----
+// Rows (inner == 1): each row converted into a per-thread float32 row, then the float32 row kernel.
+// Columns (inner > 1): tasks of (outer index, a block of columns) sweep the rows three times (max, sum,
+// result), converting each row block as it goes: per column the float32 kernel's arithmetic in its
+// order, but the memory read row by row instead of one column at a time.
+constexpr int64_t kHalfColumns = 512;
+
+void softmax_half_rows(DType t, const uint16_t* s, float* d, int64_t outer, int64_t len, bool log) {
+  parallel_for(outer, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(len, 1)), [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> row;
+    if (int64_t(row.size()) < len) row.resize(size_t(len));
+    for (int64_t r = b; r < e; ++r) {
+      half_storage_to_float(t, s + r * len, row.data(), len);
+      softmax_rows(static_cast<const float*>(row.data()), d + r * len, int64_t(0), int64_t(1), len, log);
+    }
+  });
+}
+
+void softmax_half_columns(DType t, const uint16_t* s, float* d, int64_t outer, int64_t len, int64_t inner, bool log) {
+  const int64_t width = std::min(inner, kHalfColumns), blocks = (inner + width - 1) / width;
+  parallel_for(outer * blocks, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(len * width, 1)), [&](int64_t tb, int64_t te) {
+    float x[kHalfColumns], m[kHalfColumns];
+    double total[kHalfColumns];
+    for (int64_t task = tb; task < te; ++task) {
+      const int64_t o = task / blocks, i0 = task % blocks * width, n = std::min(width, inner - i0);
+      const uint16_t* base = s + o * len * inner + i0;
+      float* y = d + o * len * inner + i0;
+      std::fill(m, m + n, -INFINITY);
+      for (int64_t j = 0; j < len; ++j) {
+        half_storage_to_float(t, base + j * inner, x, n);
+        for (int64_t i = 0; i < n; ++i) m[i] = std::max(m[i], x[i]);
+      }
+      for (int64_t i = 0; i < n; ++i)
+        if (std::isinf(m[i]) && m[i] < 0) m[i] = 0;
+      std::fill(total, total + n, 0.0);
+      for (int64_t j = 0; j < len; ++j) {
+        half_storage_to_float(t, base + j * inner, x, n);
+        for (int64_t i = 0; i < n; ++i) total[i] += std::exp(double(x[i] - m[i]));
+      }
+      if (log) {
+        for (int64_t i = 0; i < n; ++i) total[i] = double(float(std::log(total[i])));
+      } else {
+        for (int64_t i = 0; i < n; ++i) total[i] = double(float(1.0 / total[i]));
+      }
+      for (int64_t j = 0; j < len; ++j) {
+        half_storage_to_float(t, base + j * inner, x, n);
+        float* yj = y + j * inner;
+        if (log)
+          for (int64_t i = 0; i < n; ++i) yj[i] = (x[i] - m[i]) - float(total[i]);
+        else
+          for (int64_t i = 0; i < n; ++i) yj[i] = std::exp(x[i] - m[i]) * float(total[i]);
+      }
+    }
+  });
+}
 }  // namespace
+
+bool softmax_half(DType t, const uint16_t* src, float* dst, int64_t outer, int64_t len, int64_t inner, bool log) {
+  if (t != DType::bf16 && t != DType::f16) return false;
+  if (len == 0 || outer * inner == 0) return true;
+  if (inner == 1) softmax_half_rows(t, src, dst, outer, len, log);
+  else softmax_half_columns(t, src, dst, outer, len, inner, log);
+  return true;
+}
 
 void softmax(DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner, bool log) {
   switch (t) {
     case DType::f32: softmax_typed(static_cast<const float*>(src), static_cast<float*>(dst), outer, len, inner, log); break;
     case DType::f64: softmax_typed(static_cast<const double*>(src), static_cast<double*>(dst), outer, len, inner, log); break;
+    case DType::bf16: case DType::f16:
+      softmax_half(t, static_cast<const uint16_t*>(src), static_cast<float*>(dst), outer, len, inner, log); break;
     default: detail::fail("[softmax] needs a floating-point tensor, got ", dtype_name(t));
   }
 }
