@@ -147,6 +147,32 @@ TEST_P(AutocastOps, NormalisationStatisticsInFloat32OutputLow) {
   EXPECT_LT(max_rel_error(z, layernorm(x.cast(DType::f64), Tensor(), Tensor()).to_vector<double>()), tol(low));
 }
 
+// One-hot targets (n, k): row i has its 1 at column i % k.
+Tensor onehot_rows(int64_t n, int64_t k, const Device& d) {
+  std::vector<float> v(size_t(n * k), 0.0f);
+  for (int64_t i = 0; i < n; ++i) v[size_t(i * k + i % k)] = 1.0f;
+  return to(Tensor(v, Shape{n, k}), d);
+}
+
+// Bytes of tensor storage a copy of `model` leaves alive at the end of the forward of
+// logitcrossentropy(model(x), y) inside withgradient, under autocast to *low or in float32: what the
+// tape keeps. A fresh copy each time: the low weight casts of one run are not already there for the next.
+template <class M> double tape_bytes(const M& model, const Tensor& x, const Tensor& y, std::optional<DType> low) {
+  auto m = deepcopy(model);
+  Tensor input = x.contiguous_copy();
+  const size_t before = flux::detail::live_storage_bytes();
+  size_t after = 0;
+  auto loss = [&](auto& mm) {
+    Tensor l = logitcrossentropy(mm(input), y);
+    after = flux::detail::live_storage_bytes();
+    return l;
+  };
+  if (low) withgradient(loss, m, {.autocast = *low});
+  else withgradient(loss, m);
+  EXPECT_GT(after, before);
+  return double(after) - double(before);
+}
+
 // Gradients of logitcrossentropy(model(x), y) through autocast to `low` agree with central differences
 // of the float64 model (the float32 master weights' own gradient, in Float32) on a few entries of
 // every parameter, within `roundoffs` of the low dtype's roundoff (relative to the largest gradient).
@@ -215,16 +241,12 @@ TEST_P(AutocastOps, BatchNormPoolingAndProductsMatchFiniteDifferences) {
                      Dense(3, 3)) |
                d;
   Tensor x = to(randn({8, 2, 8, 8}), d);
-  std::vector<float> onehot(24, 0.0f);
-  for (int i = 0; i < 8; ++i) onehot[size_t(i * 3 + i % 3)] = 1.0f;
-  Tensor y = to(Tensor(onehot, Shape{8, 3}), d);
+  Tensor y = onehot_rows(8, 3, d);
   // Two BatchNorms divide the low activations' rounding by their batch deviations: a few times the
   // 16 roundoffs of the model above.
   expect_gradients_match_finite_differences(model, x, y, low, 48);
 }
 
-// relu of a tracked low activation: its backward runs in the low dtype (a mask product, exact there):
-// the gradient is the incoming one where x > 0 and 0 elsewhere, bit for bit.
 // LayerNorm and GroupNorm (their affine included) under autocast: one op each on the low input,
 // statistics in Float32, the backward from the low input cast up.
 TEST_P(AutocastOps, LayerAndGroupNormMatchFiniteDifferences) {
@@ -236,9 +258,7 @@ TEST_P(AutocastOps, LayerAndGroupNormMatchFiniteDifferences) {
                      Dense(36, 8), LayerNorm(8, tanh), Dense(8, 3)) |
                d;
   Tensor x = to(randn({4, 2, 8, 8}), d);
-  std::vector<float> onehot(12, 0.0f);
-  for (int i = 0; i < 4; ++i) onehot[size_t(i * 3 + i % 3)] = 1.0f;
-  Tensor y = to(Tensor(onehot, Shape{4, 3}), d);
+  Tensor y = onehot_rows(4, 3, d);
   expect_gradients_match_finite_differences(model, x, y, low, 48);
 }
 
@@ -251,25 +271,14 @@ TEST_P(AutocastOps, NormTapesKeepTheLowInput) {
                d;
   Tensor x = to(randn({32, 3, 16, 16}), d);
   Tensor y = to(zeros({32, 10}), d);
-  auto saved_bytes = [&](std::optional<DType> t) {
-    auto m = deepcopy(model);
-    const size_t before = flux::detail::live_storage_bytes();
-    size_t after = 0;
-    auto loss = [&](auto& mm) {
-      Tensor l = logitcrossentropy(mm(x), y);
-      after = flux::detail::live_storage_bytes();
-      return l;
-    };
-    if (t) withgradient(loss, m, {.autocast = *t});
-    else withgradient(loss, m);
-    return double(after) - double(before);
-  };
-  const double f32 = saved_bytes(std::nullopt), half = saved_bytes(low);
+  const double f32 = tape_bytes(model, x, y, std::nullopt), half = tape_bytes(model, x, y, low);
   // Float32 keeps at least the conv's output (GroupNorm's input) and GroupNorm's output (its affine's).
   EXPECT_GT(f32, 2.0 * 32 * 16 * 16 * 16 * 4);
   EXPECT_LT(half, 0.6 * f32) << "float32 " << f32 << " bytes, " << dtype_name(low) << " " << half << " bytes";
 }
 
+// relu of a tracked low activation: its backward runs in the low dtype (a mask product, exact there):
+// the gradient is the incoming one where x > 0 and 0 elsewhere, bit for bit.
 TEST_P(AutocastOps, ReluOfLowActivationsBackwardIsTheMask) {
   const auto [d, low] = GetParam();
   Tensor x = to(randn({4, 33}), d).cast(low), c = to(randn({4, 33}), d).cast(low);
@@ -292,23 +301,7 @@ TEST_P(AutocastOps, TapeKeepsActivationsInTheLowDtype) {
                d;
   Tensor x = to(randn({8, 3, 32, 32}), d);
   Tensor y = to(zeros({8, 10}), d);
-  auto saved_bytes = [&](std::optional<DType> t) {
-    // A fresh model each time: the low weight casts made by one run are not already there for the next.
-    auto m = deepcopy(model);
-    Tensor input = x.contiguous_copy();
-    const size_t before = flux::detail::live_storage_bytes();
-    size_t after = 0;
-    auto loss = [&](auto& mm) {
-      Tensor l = logitcrossentropy(mm(input), y);
-      after = flux::detail::live_storage_bytes();
-      return l;
-    };
-    if (t) withgradient(loss, m, {.autocast = *t});
-    else withgradient(loss, m);
-    EXPECT_GT(after, before);
-    return double(after - before);
-  };
-  const double f32 = saved_bytes(std::nullopt), half = saved_bytes(low);
+  const double f32 = tape_bytes(model, x, y, std::nullopt), half = tape_bytes(model, x, y, low);
   // Float32 keeps at least BatchNorm's input, relu's output and the pooled output in float32.
   EXPECT_GT(f32, 2.0 * 8 * 16 * 32 * 32 * 4);
   EXPECT_LT(half, 0.6 * f32) << "float32 " << f32 << " bytes, " << dtype_name(low) << " " << half << " bytes";
