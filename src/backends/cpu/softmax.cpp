@@ -85,41 +85,62 @@ FLUX_CPU_INLINE void softmax_backward_rows_body(const T* __restrict ys, const T*
 }
 FLUX_CPU_VARIANTS(softmax_backward_rows, softmax_backward_rows_body)
 
-template <class T> void softmax_typed(const T* s, T* d, int64_t outer, int64_t len, int64_t inner, bool log) {
-  const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(len, 1));
-  if (inner == 1) {
-    parallel_for(outer, grain, [&](int64_t b, int64_t e) { softmax_rows(s, d, b, e, len, log); });
-    return;
-  }
-  parallel_for(outer * inner, grain, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      int64_t o = r / inner, i = r % inner;
-      const T* x = s + o * len * inner + i;
-      T* y = d + o * len * inner + i;
-      T m = -INFINITY;
-      for (int64_t j = 0; j < len; ++j) m = std::max(m, x[j * inner]);
-      if (std::isinf(m) && m < 0) m = 0;
-      double total = 0;
-      for (int64_t j = 0; j < len; ++j) total += std::exp(double(x[j * inner] - m));
-      if (log) {
-        // (x - m) - log(total), not x - (m + log(total)): m + log(total) rounds at m's magnitude
-        T log_total = T(std::log(total));
-        for (int64_t j = 0; j < len; ++j) y[j * inner] = (x[j * inner] - m) - log_total;
-      } else {
-        T inv = T(1.0 / total);
-        for (int64_t j = 0; j < len; ++j) y[j * inner] = std::exp(x[j * inner] - m) * inv;
+// Columns (inner > 1) of [outer, len, inner]: tasks of (outer index, a block of up to kColumns columns)
+// sweep the rows three times (max, sum, result), row by row; load(p, x, n) puts the n source values at
+// p into x as T. Per column the arithmetic of one column at a time, in its order (max; Σ exp(x - max) in
+// float64; then the result), so the same bits, but the memory read row by row (one column at a time
+// reads a cache line per element).
+constexpr int64_t kColumns = 512;
+
+template <class T, class Src, class Load>
+void softmax_columns(const Src* s, T* d, int64_t outer, int64_t len, int64_t inner, bool log, Load load) {
+  const int64_t width = std::min(inner, kColumns), blocks = (inner + width - 1) / width;
+  parallel_for(outer * blocks, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(len * width, 1)), [&](int64_t tb, int64_t te) {
+    T x[kColumns], m[kColumns], scale[kColumns];
+    double total[kColumns];
+    for (int64_t task = tb; task < te; ++task) {
+      const int64_t o = task / blocks, i0 = task % blocks * width, n = std::min(width, inner - i0);
+      const Src* base = s + o * len * inner + i0;
+      T* y = d + o * len * inner + i0;
+      std::fill(m, m + n, T(-INFINITY));
+      for (int64_t j = 0; j < len; ++j) {
+        load(base + j * inner, x, n);
+        for (int64_t i = 0; i < n; ++i) m[i] = std::max(m[i], x[i]);
+      }
+      for (int64_t i = 0; i < n; ++i)
+        if (std::isinf(m[i]) && m[i] < 0) m[i] = 0;
+      std::fill(total, total + n, 0.0);
+      for (int64_t j = 0; j < len; ++j) {
+        load(base + j * inner, x, n);
+        for (int64_t i = 0; i < n; ++i) total[i] += std::exp(double(x[i] - m[i]));
+      }
+      // logsoftmax: (x - m) - log(total), not x - (m + log(total)): m + log(total) rounds at m's magnitude.
+      for (int64_t i = 0; i < n; ++i) scale[i] = log ? T(std::log(total[i])) : T(1.0 / total[i]);
+      for (int64_t j = 0; j < len; ++j) {
+        load(base + j * inner, x, n);
+        T* yj = y + j * inner;
+        if (log)
+          for (int64_t i = 0; i < n; ++i) yj[i] = (x[i] - m[i]) - scale[i];
+        else
+          for (int64_t i = 0; i < n; ++i) yj[i] = std::exp(x[i] - m[i]) * scale[i];
       }
     }
   });
 }
 
+template <class T> void softmax_typed(const T* s, T* d, int64_t outer, int64_t len, int64_t inner, bool log) {
+  if (inner == 1) {
+    parallel_for(outer, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(len, 1)),
+                 [&](int64_t b, int64_t e) { softmax_rows(s, d, b, e, len, log); });
+    return;
+  }
+  softmax_columns(s, d, outer, len, inner, log, [](const T* p, T* x, int64_t n) { std::copy(p, p + n, x); });
+}
+
 // ---- bf16/f16 sources, Float32 result ----
 // Rows (inner == 1): each row converted into a per-thread float32 row, then the float32 row kernel.
-// Columns (inner > 1): tasks of (outer index, a block of columns) sweep the rows three times (max, sum,
-// result), converting each row block as it goes: per column the float32 kernel's arithmetic in its
-// order, but the memory read row by row instead of one column at a time.
-constexpr int64_t kHalfColumns = 512;
-
+// Columns (inner > 1): softmax_columns converting each row block as it goes: bitwise the float32
+// kernel on the converted values.
 void softmax_half_rows(DType t, const uint16_t* s, float* d, int64_t outer, int64_t len, bool log) {
   parallel_for(outer, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(len, 1)), [&](int64_t b, int64_t e) {
     thread_local std::vector<float> row;
@@ -132,41 +153,8 @@ void softmax_half_rows(DType t, const uint16_t* s, float* d, int64_t outer, int6
 }
 
 void softmax_half_columns(DType t, const uint16_t* s, float* d, int64_t outer, int64_t len, int64_t inner, bool log) {
-  const int64_t width = std::min(inner, kHalfColumns), blocks = (inner + width - 1) / width;
-  parallel_for(outer * blocks, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(len * width, 1)), [&](int64_t tb, int64_t te) {
-    float x[kHalfColumns], m[kHalfColumns];
-    double total[kHalfColumns];
-    for (int64_t task = tb; task < te; ++task) {
-      const int64_t o = task / blocks, i0 = task % blocks * width, n = std::min(width, inner - i0);
-      const uint16_t* base = s + o * len * inner + i0;
-      float* y = d + o * len * inner + i0;
-      std::fill(m, m + n, -INFINITY);
-      for (int64_t j = 0; j < len; ++j) {
-        half_storage_to_float(t, base + j * inner, x, n);
-        for (int64_t i = 0; i < n; ++i) m[i] = std::max(m[i], x[i]);
-      }
-      for (int64_t i = 0; i < n; ++i)
-        if (std::isinf(m[i]) && m[i] < 0) m[i] = 0;
-      std::fill(total, total + n, 0.0);
-      for (int64_t j = 0; j < len; ++j) {
-        half_storage_to_float(t, base + j * inner, x, n);
-        for (int64_t i = 0; i < n; ++i) total[i] += std::exp(double(x[i] - m[i]));
-      }
-      if (log) {
-        for (int64_t i = 0; i < n; ++i) total[i] = double(float(std::log(total[i])));
-      } else {
-        for (int64_t i = 0; i < n; ++i) total[i] = double(float(1.0 / total[i]));
-      }
-      for (int64_t j = 0; j < len; ++j) {
-        half_storage_to_float(t, base + j * inner, x, n);
-        float* yj = y + j * inner;
-        if (log)
-          for (int64_t i = 0; i < n; ++i) yj[i] = (x[i] - m[i]) - float(total[i]);
-        else
-          for (int64_t i = 0; i < n; ++i) yj[i] = std::exp(x[i] - m[i]) * float(total[i]);
-      }
-    }
-  });
+  softmax_columns(s, d, outer, len, inner, log,
+                  [t](const uint16_t* p, float* x, int64_t n) { half_storage_to_float(t, p, x, n); });
 }
 }  // namespace
 
