@@ -15,8 +15,6 @@
 //   pool_reserved_mb the CPU pool's live plus cached blocks at the end (Device().memory().reserved)
 //   peak_rss_mb      the process's peak resident set (getrusage ru_maxrss): the storage, the pool's
 //                    cached blocks of other sizes, glibc's free lists, the code and its libraries
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -29,17 +27,13 @@
 #include <flux/flux.hpp>
 #include <flux/models/resnet.hpp>
 
+#include "bench_common.hpp"
 #include "src/storage_stats.hpp"
 
 using namespace flux;
 
 namespace {
 double mb(double bytes) { return bytes / (1024.0 * 1024.0); }
-double peak_rss_mb() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return double(ru.ru_maxrss) / 1024.0;  // KiB on Linux
-}
 [[noreturn]] void usage() {
   std::fprintf(stderr, "usage: flux_amp_memory f32|bf16|f16 [--batch N] [--size S] [--steps K] [--native]\n");
   std::exit(2);
@@ -74,7 +68,7 @@ int main(int argc, char** argv) {
   Tensor y(targets, Shape{batch, 1000});
   auto opt = optimisers::setup(optimisers::Adam(1e-3), model);
   std::printf("precision %s\nbatch %lld\nsize %lld\nsteps %d\nsetup_rss_mb %.1f\nsetup_storage_mb %.1f\n", which.c_str(),
-              (long long)batch, (long long)size, steps, peak_rss_mb(), mb(double(detail::live_storage_bytes())));
+              (long long)batch, (long long)size, steps, bench::peak_rss_mb(), mb(double(detail::live_storage_bytes())));
   detail::reset_peak_storage_bytes();
 
   double tape = 0, loss = 0, forward_peak = 0, backward_peak = 0;
@@ -98,6 +92,6 @@ int main(int argc, char** argv) {
   std::printf("loss %.6g\ntape_mb %.1f\nforward_peak_mb %.1f\nbackward_peak_mb %.1f\nstorage_peak_mb %.1f\n"
               "pool_reserved_mb %.1f\npeak_rss_mb %.1f\n",
               loss, mb(tape), mb(forward_peak), mb(backward_peak), mb(std::max(forward_peak, backward_peak)),
-              mb(double(Device().memory().reserved)), peak_rss_mb());
+              mb(double(Device().memory().reserved)), bench::peak_rss_mb());
   return 0;
 }

@@ -172,7 +172,7 @@ void library_kernels(int reps) {
     });
     std::printf("| matmul | %lld^3 | %.3f | %.3f | %.2fx |\n", (long long)s, f * 1e3, h * 1e3, f / h);
   }
-  // ResNet-18's 3x3 convs at 112x112 input, batch 32 (56x56x64 and 14x14x256 stages).
+  // ResNet-18's 3x3 convs at 112x112 input, batch 32 (its 28x28x64 and 7x7x256 stages).
   for (auto [c, hw] : {std::pair<int64_t, int64_t>{64, 28}, {256, 7}}) {
     backend::ConvGeometry g;
     g.spatial = 2, g.batch = 32, g.in_channels = g.out_channels = c;

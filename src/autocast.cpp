@@ -11,6 +11,7 @@
 #include "flux/autodiff.hpp"
 #include "flux/backend.hpp"
 #include "src/autocast.hpp"
+#include "src/autodiff_state.hpp"
 #include "src/internal.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/storage_cache.hpp"
@@ -126,6 +127,8 @@ Tensor cached_raw_cast(const Tensor& w, DType t) {
   cache.insert(key, std::make_shared<CastEntry>(value));
   return value;
 }
+
+Tensor f32_weight(const Tensor& w) { return inference_call() ? cached_raw_cast(w, DType::f32) : raw_cast(w, DType::f32); }
 
 Tensor cached_cast(const Tensor& w, DType t) {
   if (w.dtype() == t) return w;

@@ -23,5 +23,8 @@ bool autocast_active();
 Tensor cached_raw_cast(const Tensor& w, DType t);
 /// The same, recorded the same way; recorded on the tape as Tensor::cast is (its gradient is cast back to w's dtype).
 Tensor cached_cast(const Tensor& w, DType t);
+/// w in float32 for a half-precision fallback through float32: kept with w at inference
+/// (cached_raw_cast), made per call in training, whose steps write the weights.
+Tensor f32_weight(const Tensor& w);
 
 }  // namespace flux::detail

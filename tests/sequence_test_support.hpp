@@ -30,14 +30,6 @@ template <class T> std::string to_text(const T& x) {
   os << x;
   return os.str();
 }
-template <class F> std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const flux::Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 /// The model with every floating-point leaf in float64, on the CPU.
 template <class M> M to_f64_cpu(const M& m) {

@@ -446,11 +446,6 @@ TEST(Autocast, WeightCastsFollowWrites) {
   EXPECT_NE(detail::cached_raw_cast(w, DType::bf16).impl()->storage, c.impl()->storage);
 }
 
-}  // namespace
-
-namespace {
-// Threads calling one model at once, one under autocast and one without (the scope is per thread;
-// the weight casts are shared through each weight's cache): each gets its single-caller bits.
 // The weights' low casts live for one step: the backward drops each from its weight's cache once the
 // ops that used it are done, so they do not stay until the optimiser writes the weights.
 TEST(Autocast, WeightCastsDroppedByTheBackward) {
@@ -473,6 +468,8 @@ TEST(Autocast, WeightCastsDroppedByTheBackward) {
   EXPECT_LT(after - before, grad_bytes + low_weight_bytes / 4) << "before " << before << ", after " << after;
 }
 
+// Threads calling one model at once, one under autocast and one without (the scope is per thread;
+// the weight casts are shared through each weight's cache): each gets its single-caller bits.
 TEST(Autocast, ThreadsShareOneModel) {
   Emulate emulate;
   auto model = Chain(Conv({3, 3}, 2, 4, relu), flatten, Dense(4 * 4 * 4, 5));

@@ -12,6 +12,16 @@
 
 namespace flux::testing {
 
+/// What f throws as a flux::Error, or "no error".
+template <class F> std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const flux::Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 inline std::vector<Device> all_test_devices() {
   std::vector<Device> out{Device()};
   for (const char* name : {"CUDA", "AMDGPU", "OpenCL"}) {

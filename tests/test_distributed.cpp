@@ -13,18 +13,10 @@
 #include "test_devices.hpp"
 
 using namespace flux;
+using flux::testing::error_of;
 using ::testing::HasSubstr;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // Rank `rank` of a `size`-rank communicator with no transport: enough for the loader's layout.
 distributed::Communicator fake_comm(int rank, int size) {

@@ -23,6 +23,7 @@
 using namespace flux;
 using namespace flux::optimisers;
 using flux::testing::max_rel_error;
+using flux::testing::error_of;
 using flux::testing::test_devices;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -31,15 +32,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 /// The raw bytes of a tensor (any device, any dtype).
 std::string bytes_of(const Tensor& t) {
@@ -377,7 +369,7 @@ TEST(GradScaler, CpuHalfUnscaleIsBitwiseTheScalarArithmeticAtEveryIsaLevel) {
               want[k] = from_float(to_float(in[k]) * inv);
               want_found |= (want[k] & exponent) == exponent;
             }
-            ASSERT_EQ(want_found, bad != 0 || (inv > 1.f && want_found));  // the reference's verdict
+            ASSERT_EQ(want_found, bad != 0 || inv > 1.f);  // the reference's verdict: x 4096 overflows some clean values
             std::vector<uint16_t> out(in.size(), 0x1234);
             float found = 0.f;
             ASSERT_TRUE(cpu_backend::unscale_and_check(t, in.data(), out.data(), n, double(inv), &found));

@@ -148,12 +148,8 @@ Tensor channel_sum(const Tensor& dy) {
   return out;
 }
 
-/// Float32 copies for the half-precision fallbacks below: weights cached at inference (kept with w
-/// until it is written, so their prepared layouts are kept too), everything else, and weights in
-/// training (forward and backward), cast per call.
-Tensor f32_weight(const Tensor& w) {
-  return autodiff::recording() || backward_running() ? raw_cast(w, DType::f32) : cached_raw_cast(w, DType::f32);
-}
+/// Float32 copies for the half-precision fallbacks below: weights through f32_weight (src/autocast.hpp),
+/// everything else cast per call.
 Tensor f32_of(const Tensor& t) { return t.defined() ? raw_cast(t, DType::f32) : t; }
 
 Tensor im2col_raw(const Tensor& x, const ConvGeometry& g) {
@@ -172,7 +168,7 @@ Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, co
   if (is_half(x.dtype())) {
     // The backend's low-precision kernel (float32 accumulation), else through float32.
     ConvGeometry g = geometry;
-    if (!autodiff::recording()) g.weight_cache = &detail::storage_cache(w);
+    if (inference_call()) g.weight_cache = &detail::storage_cache(w);
     backend::Backend& be = x.backend();
     const int dev = x.device().index();
     const backend::Buffer xb = flux::detail::buffer_of(x), wb = flux::detail::buffer_of(w), yb = flux::detail::buffer_of(y);
@@ -185,9 +181,9 @@ Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, co
     return raw_cast(y32, x.dtype());
   }
   ConvGeometry g = geometry;
-  // Inference: the backend may keep w prepared in its kernel's layout (never while recording: a
-  // training step writes w every step, so a prepared copy would be made and dropped each time).
-  if (!autodiff::recording()) g.weight_cache = &detail::storage_cache(w);
+  // Inference: the backend may keep w prepared in its kernel's layout (never in training, forward or
+  // backward: a step writes w, so a prepared copy would be made and dropped each time).
+  if (inference_call()) g.weight_cache = &detail::storage_cache(w);
   backend::Backend& be = x.backend();
   int dev = x.device().index();
   backend::Buffer b = bias.defined() ? flux::detail::buffer_of(bias) : backend::Buffer{};

@@ -5,7 +5,6 @@
 #include "flux/autodiff.hpp"
 #include "flux/ops.hpp"
 #include "src/autocast.hpp"
-#include "src/autodiff_state.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/storage_cache.hpp"
 #include "src/trace.hpp"
@@ -50,10 +49,8 @@ Tensor matmul_core(const Tensor& a, const Tensor& b, bool ta, bool tb) {
       be.matmul(dev, a.dtype(), flux::detail::buffer_of(a), flux::detail::buffer_of(b), flux::detail::buffer_of(c), g);
     } else if (!be.matmul_low_precision(dev, a.dtype(), flux::detail::buffer_of(a), flux::detail::buffer_of(b),
                                         flux::detail::buffer_of(c), g)) {
-      // No low-precision GEMM here: through float32 (b cached when it is a weight at inference; in
-      // training, forward or backward, cast per call: the copies would outlive the step).
-      const bool training = autodiff::recording() || backward_running();
-      Tensor af = raw_cast(a, DType::f32), bf = training ? raw_cast(b, DType::f32) : cached_raw_cast(b, DType::f32);
+      // No low-precision GEMM here: through float32 (b kept with it at inference: f32_weight).
+      Tensor af = raw_cast(a, DType::f32), bf = f32_weight(b);
       Tensor cf = Tensor::empty(out_shape, DType::f32, a.device());
       be.matmul(dev, DType::f32, flux::detail::buffer_of(af), flux::detail::buffer_of(bf), flux::detail::buffer_of(cf), g);
       be.cast(dev, DType::f32, flux::detail::buffer_of(cf), a.dtype(), flux::detail::buffer_of(c), c.numel());

@@ -17,19 +17,11 @@
 
 using namespace flux;
 using flux::testing::test_devices;
+using flux::testing::error_of;
 
 namespace {
 
 distributed::Communicator world() { return distributed::initialize(); }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 template <class M> M on(const M& m, const Device& d) {
   return fmap([&](const Tensor& t) { return to(t, d); }, m);

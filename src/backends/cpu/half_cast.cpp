@@ -125,26 +125,36 @@ void half_storage_to_float_reference(DType from, const uint16_t* src, float* dst
   from_half_reference_range(from, src, dst, 0, n);
 }
 
+namespace {
+// [b, e) on this thread: the vector kernels where the active ISA has them, else the references.
+void to_half_range(DType to, bool fast, const float* src, uint16_t* dst, int64_t b, int64_t e) {
+#if FLUX_HALF_CAST_X86
+  if (fast) return to == DType::bf16 ? to_bf16_avx2(src, dst, b, e) : to_f16_avx2(src, dst, b, e);
+#endif
+  (void)fast;
+  to_half_reference_range(to, src, dst, b, e);
+}
+void from_half_range(DType from, bool fast, const uint16_t* src, float* dst, int64_t b, int64_t e) {
+#if FLUX_HALF_CAST_X86
+  if (fast) return from == DType::bf16 ? from_bf16_avx2(src, dst, b, e) : from_f16_avx2(src, dst, b, e);
+#endif
+  (void)fast;
+  from_half_reference_range(from, src, dst, b, e);
+}
+}  // namespace
+
+// Blocks below kGrain (the kernels' per-block conversions) run here directly: no pool hand-off and no
+// std::function to allocate per call.
 void float_to_half_storage(DType to, const float* src, uint16_t* dst, int64_t n) {
   const bool fast = vectorised(to);
-  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-#if FLUX_HALF_CAST_X86
-    if (fast) return to == DType::bf16 ? to_bf16_avx2(src, dst, b, e) : to_f16_avx2(src, dst, b, e);
-#endif
-    (void)fast;
-    to_half_reference_range(to, src, dst, b, e);
-  });
+  if (n < kGrain) return to_half_range(to, fast, src, dst, 0, n);
+  parallel_for(n, kGrain, [&](int64_t b, int64_t e) { to_half_range(to, fast, src, dst, b, e); });
 }
 
 void half_storage_to_float(DType from, const uint16_t* src, float* dst, int64_t n) {
   const bool fast = vectorised(from);
-  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-#if FLUX_HALF_CAST_X86
-    if (fast) return from == DType::bf16 ? from_bf16_avx2(src, dst, b, e) : from_f16_avx2(src, dst, b, e);
-#endif
-    (void)fast;
-    from_half_reference_range(from, src, dst, b, e);
-  });
+  if (n < kGrain) return from_half_range(from, fast, src, dst, 0, n);
+  parallel_for(n, kGrain, [&](int64_t b, int64_t e) { from_half_range(from, fast, src, dst, b, e); });
 }
 
 bool half_cast_vectorised(DType t) { return vectorised(t); }

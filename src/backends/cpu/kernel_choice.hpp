@@ -17,7 +17,7 @@ namespace flux::cpu_backend {
 /// Where a choice is made. The dims each site passes are listed with it.
 enum class Site : int8_t {
   gemm = 0,          // one f32 GEMM piece: m n k trans_a trans_b lda ldb ldc beta!=0
-  linear = 1,        // a Dense inference y = x w^T (+ b, relu): n in out bias relu dtype (0: f32, bf16: DType + 1)
+  linear = 1,        // a Dense inference y = x w^T (+ b, relu): n in out bias relu
   conv_forward = 2,  // an inference conv forward: spatial batch C O groups in[3] kernel[3] stride[3] dilation[3] affine
 };
 constexpr int kSites = 3;

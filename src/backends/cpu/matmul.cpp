@@ -717,13 +717,9 @@ void panel_product(const float* x, int64_t n, int64_t in, const float* panels, i
 bool linear_forward(DType t, const void* x, const void* w, backend::PreparedCache* cache, const void* bias, void* y,
                     int64_t n, int64_t in, int64_t out, bool relu) {
   if (t == DType::bf16) {
-    // oneDNN's bf16 matmul is the one kernel (the seam's question carries the dtype: a tuned table
-    // may name it; the panels are float32 only).
+    // oneDNN's bf16 matmul is the one kernel (the panels are float32 only): nothing to choose.
     if (!bf16_kernels_enabled() || n < 1 || in == 0 || out == 0) return false;
 #if FLUX_HAVE_ONEDNN
-    Query q = linear_query(n, in, out, bias != nullptr, relu);
-    q.dims[5] = int64_t(DType::bf16) + 1;
-    if (choose(q, bit(Kernel::onednn)) != Kernel::onednn) return false;
     try {
       return linear_onednn(t, x, w, cache, bias, y, n, in, out, relu,
                            Pieces(out, 2.0 * double(n) * double(in) * double(out), kSplitFlops));
