@@ -29,6 +29,8 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
+std::string to_string(DType t) { return dtype_name(t); }
+
 bool is_floating(DType t) {
   return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16;
 }

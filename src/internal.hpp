@@ -2,7 +2,9 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
+#include <utility>
 
 #include "flux/backend.hpp"
 #include "flux/dtype.hpp"
@@ -33,6 +35,13 @@ bool being_updated(const Tensor& t);
 /// Sets the seed of the counter-based device generator (rand_like, dropout) and resets its call
 /// counter (src/ops/random.cpp); seed(n) calls it.
 void reset_random_stream(uint64_t seed);
+/// The device generator's seed and call counter, read and set as one value (src/ops/random.cpp).
+std::pair<uint64_t, uint64_t> random_stream();
+void set_random_stream(uint64_t seed, uint64_t counter);
+/// A copy of the host generator (rand, randn, randperm, init, shuffles) and its replacement
+/// (src/tensor.cpp), under the generator's lock.
+std::mt19937_64 host_generator();
+void set_host_generator(const std::mt19937_64& g);
 
 /// The library's log (src/device/device.cpp), on stderr in Julia's style: a warning printed once per
 /// process per distinct message ("┌ Warning: ..." / "└ @ flux"), and an info line ("[ Info: ...").

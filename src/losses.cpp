@@ -1,6 +1,7 @@
 // Loss functions (Flux's definitions; classes along the last axis, observations along the first).
 #include "flux/losses.hpp"
 
+#include <limits>
 #include <string>
 
 #include "flux/nn/activations.hpp"
@@ -71,11 +72,15 @@ Tensor per_observation(const Tensor& elementwise, Agg agg) {
 }
 Tensor target_like(const Tensor& yhat, const Tensor& y) { return y.dtype() == yhat.dtype() ? y : y.cast(yhat.dtype()); }
 // xlogy(x, y) = x log y with 0 where x == 0 (also for y = 0 or y = inf), as LogExpFunctions.xlogy.
-// The log reads 1 where x == 0, so no NaN or inf reaches the gradient through the unused branch.
+// Gradients as Flux's (ChainRules through LogExpFunctions): d/dx = log y also where x == 0 (a one-hot
+// target's zeros get log(yhat + eps)), d/dy = x / y. So the log reads y itself wherever log y is
+// finite, and 1 only where x == 0 and log y is not (y <= 0 or y = inf): no NaN in the value, and a
+// NaN y still gives NaN, as LogExpFunctions does.
 Tensor xlogy(const Tensor& x, const Tensor& y) {
   Tensor zero = zeros(Shape{}, x.dtype(), x.device()), one = ones(Shape{}, x.dtype(), x.device());
-  Tensor is_zero = x == zero;
-  return where(is_zero, zero, x * log(where(is_zero, one, y)));
+  Tensor inf = full(Shape{}, std::numeric_limits<double>::infinity(), x.dtype(), x.device());
+  Tensor y_where_x_is_zero = where(y <= zero, one, where(y == inf, one, y));
+  return x * log(where(x == zero, y_where_x_is_zero, y));
 }
 double eps_or_default(const Tensor& yhat, std::optional<double> eps) { return eps ? *eps : epseltype(yhat.dtype()); }
 }  // namespace

@@ -323,6 +323,17 @@ void seed(uint64_t s) {
   detail::reset_random_stream(s);
 }
 
+namespace detail {
+std::mt19937_64 host_generator() {
+  std::lock_guard<std::mutex> lock(g_rng_mutex);
+  return rng();
+}
+void set_host_generator(const std::mt19937_64& g) {
+  std::lock_guard<std::mutex> lock(g_rng_mutex);
+  rng() = g;
+}
+}  // namespace detail
+
 std::vector<int64_t> randperm(int64_t n) {
   if (n < 0) detail::fail("[randperm] needs a non-negative length, got ", n);
   std::vector<int64_t> p = detail::host_vector<int64_t>("randperm", n);

@@ -227,6 +227,9 @@ TEST(DeviceApi, VersionInfoMentionsEveryBackend) {
   EXPECT_TRUE(contains(s, "backend ABI " + std::to_string(backend::kBackendAbiVersion))) << s;
   for (const std::string& name : supported_devices()) EXPECT_TRUE(contains(s, "\n" + name + ": ")) << name << "\n" << s;
   EXPECT_TRUE(contains(s, "Preferred GPU backend")) << s;
+  // The backend get_device() would actually use, not a name that may not be functional.
+  EXPECT_TRUE(contains(s, "get_device() chooses: " + to_string(get_device()))) << s;
+  EXPECT_FALSE(contains(s, "GPU_BACKEND() = CUDA")) << s;
   if (!loaded("Metal")) { EXPECT_TRUE(contains(s, "Metal: not loaded")) << s; }
 }
 

@@ -289,6 +289,7 @@ std::vector<ParityCase> layer_cases() {
       {"Sigmoid", "sigmoid", {{{8}, {-6, 6}}}, [](V v) { return sigmoid(v[0]); }},
       {"Tanh", "tanh_act", {{{8}}}, [](V v) { return tanh_act(v[0]); }},
       {"Gelu", "gelu", {{{8}, {-3, 3}}}, [](V v) { return gelu(v[0]); }},
+      {"GeluErf", "gelu_erf", {{{8}, {-3, 3}}}, [](V v) { return gelu_erf(v[0]); }},
       {"Softplus", "softplus", {{{8}, {-5, 5}}}, [](V v) { return softplus(v[0]); }},
       {"Swish", "swish", {{{8}, {-4, 4}}}, [](V v) { return swish(v[0]); }},
       {"LeakyRelu", "leakyrelu", {{{8}}}, [](V v) { return leakyrelu(v[0]) + leakyrelu(v[0], 0.2); }},
@@ -304,6 +305,7 @@ std::vector<ParityCase> layer_cases() {
       {"BatchNorm", "BatchNorm_training", {{{4, 3, 2, 2}}, {{3}}, {{3}}}, [](V v) {
          BatchNorm bn = BatchNorm(3, relu, {.dtype = v[0].dtype()}) | dev_of(v);
          bn.weight = v[1], bn.bias = v[2];
+         bn.active = true;  // batch statistics also where no gradient is taken (the differences)
          return bn(v[0]);
        }},
       {"BatchNorm", "BatchNorm_test_running_statistics", {{{4, 3}}, {{3}}, {{3}}, {{3}}, {{3}, kPositive}}, [](V v) {
@@ -709,6 +711,73 @@ TEST(GradientParityTable, ReachesEveryRecordedBackward) {
                                      << ": add a case for its op to parity_cases() in tests/test_gradient_parity.cpp";
   }
   for (const std::string& s : reached) EXPECT_TRUE(calls.count(s)) << "recorded at " << s << ", not found by the source scan";
+}
+
+// ---- the float64 CPU gradients themselves, against central differences ----
+// The sweep above compares every device with the float64 CPU gradient, so a rule that is wrong the
+// same way everywhere (crossentropy's gradient in a zero target was 0 on every device, where Flux's is
+// log(yhat + eps)) passes it. Here every case's float64 gradient meets an independent reference:
+// central differences of the same objective, L = sum(f(inputs) * W), in float64.
+double objective_at(const ParityCase& c, const std::vector<std::vector<double>>& in) {
+  std::vector<Tensor> xs;
+  for (size_t i = 0; i < in.size(); ++i) xs.push_back(Tensor(in[i], c.inputs[i].shape).cast(DType::f64));
+  seed(20261205);  // as run_case: the random ops draw the same numbers in every evaluation
+  Tensor y = c.f(xs);
+  std::mt19937_64 gen(7);
+  std::vector<double> weights = draw(y.numel(), Range{0.5, 1.5}, gen);
+  return sum(y * Tensor(weights, y.shape()).cast(DType::f64)).item<double>();
+}
+
+// Cases whose float64 gradient is right although differences cannot show it, each with the reason.
+const std::map<std::string, std::string>& not_finite_differenced() {
+  static const std::map<std::string, std::string> m = {};
+  return m;
+}
+
+// Cases that compute in Float32 inside a float64 objective: float32 rounding (~1e-7 of the value)
+// divided by the step swamps differences at h = 1e-6, so they take h = 1e-2 and a tolerance of 1e-3
+// of the gradient's scale (truncation O(h^2) ~ 1e-4, rounding ~1e-5), still far below a wrong rule.
+bool computes_in_float32(const std::string& name) {
+  return name == "f32" || name == "layernorm_mixed_dtypes";
+}
+
+TEST(GradientParityTable, Float64GradientsMatchFiniteDifferences) {
+  int checked = 0;
+  for (const ParityCase& c : parity_cases()) {
+    if (not_finite_differenced().count(c.name)) continue;
+    const Result& want = reference(c, DType::f32);
+    std::vector<std::vector<double>> in = inputs_of(c);
+    for (auto& v : in)
+      for (double& x : v) x = double(float(x));  // as reference(c, Float32): inputs rounded to float32
+    const bool coarse = computes_in_float32(c.name);
+    const double step = coarse ? 1e-2 : 1e-6, tolerance = coarse ? 1e-3 : 1e-6;
+    for (size_t i = 0; i < in.size(); ++i) {
+      std::vector<double> analytic = want.grads[i].to_vector<double>(), fd(in[i].size());
+      double scale = 1;
+      for (size_t k = 0; k < in[i].size(); ++k) {
+        const double x = in[i][k], h = step * std::max(1.0, std::abs(x));
+        in[i][k] = x + h;
+        const double up = objective_at(c, in);
+        in[i][k] = x - h;
+        const double down = objective_at(c, in);
+        in[i][k] = x;
+        fd[k] = (up - down) / (2 * h);
+        scale = std::max(scale, std::abs(fd[k]));
+      }
+      // Differences at step h carry ~1e-10 of rounding and O(h^2) of truncation: 1e-6 of the
+      // gradient's own scale separates a wrong rule from both.
+      double err = 0;
+      size_t worst = 0;
+      for (size_t k = 0; k < fd.size(); ++k)
+        if (!(std::abs(analytic[k] - fd[k]) <= err)) err = std::abs(analytic[k] - fd[k]), worst = k;
+      ++checked;
+      EXPECT_LE(err / scale, tolerance) << c.name << ": input " << i << " " << to_string(c.inputs[i].shape)
+                                   << " element " << worst << ": float64 gradient " << analytic[worst]
+                                   << ", central differences " << fd[worst];
+    }
+  }
+  std::printf("[parity] %d inputs of %zu cases checked against central differences\n", checked,
+              parity_cases().size());
 }
 
 // ---- the sweep on every device ----

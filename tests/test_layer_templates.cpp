@@ -122,12 +122,12 @@ TEST(LayerTemplates, ChainOfUserLayersPrintsAsATree) {
             "      Dense(8 => 4),                    # 36 parameters\n"
             "    ),\n"
             "  ),\n"
-            "  Scale(4-element Tensor{Float32, CPU}, 2),  # 4 parameters\n"
+            "  Scale(weight = 4-element Tensor{Float32, CPU}, 2),  # 4 parameters\n"
             "  Dense(4 => 2),                        # 10 parameters\n"
             ")                   # Total: 13 arrays, 126 parameters, 504 bytes.");
-  // The one-line form is unchanged.
+  // The one-line form: tensor fields named, as in the tree.
   EXPECT_EQ(repr(model), "Chain(Block(LayerNorm(4), Dense(4 => 4)), Block(LayerNorm(4), Chain(Dense(4 => 8, gelu), "
-                         "Dense(8 => 4))), Scale(4-element Tensor{Float32, CPU}, 2), Dense(4 => 2))  # 126 parameters");
+                         "Dense(8 => 4))), Scale(weight = 4-element Tensor{Float32, CPU}, 2), Dense(4 => 2))  # 126 parameters");
   // A user layer on its own: a tree with its total, as Flux shows a @layer struct.
   templated::Block<Chain<Dense, Dense>> block{LayerNorm(4), Chain(Dense(4, 8, gelu), Dense(8, 4))};
   EXPECT_EQ(to_text(block),
@@ -147,7 +147,7 @@ TEST(LayerTemplates, ChainOfUserLayersPrintsAsATree) {
             "  ],\n"
             ")                   # Total: 4 arrays, 9 parameters, 36 bytes.");
   // Tensors and values only: one line.
-  EXPECT_EQ(to_text(templated::Scale<double>{ones(Shape{3}), 0.5}), "Scale(3-element Tensor{Float32, CPU}, 0.5)");
+  EXPECT_EQ(to_text(templated::Scale<double>{ones(Shape{3}), 0.5}), "Scale(weight = 3-element Tensor{Float32, CPU}, 0.5)");
 }
 
 TEST(LayerTemplates, FunctionsAndParametrisedActivationsPrintReadably) {

@@ -160,4 +160,49 @@ TEST_P(Losses, KnownValues) {
   EXPECT_FLOAT_EQ(mse(a, yi).item<float>(), (0 + 4 + 9) / 3.0f);
 }
 
+// The gradient with respect to a one-hot target, as Flux's (Zygote through LogExpFunctions' xlogy rule,
+// d/dx xlogy(x, y) = log y also where x == 0): -log(yhat + eps) / N for crossentropy's zeros too, not 0.
+// Checked against the closed form in float64 and against central differences of the loss itself.
+TEST_P(Losses, TargetGradientFollowsFluxXlogyRuleAtZeroTargets) {
+  Device d = GetParam();
+  const std::vector<double> p = normalise_rows(random_vec(N * C, 0.1, 1.0, 11));
+  std::vector<double> t(N * C, 0.0), u = random_vec(N * C, 0.1, 0.9, 12);
+  for (int64_t i = 0; i < N; ++i) t[size_t(i * C + i % C)] = 1.0;  // one-hot: most entries exactly 0
+  Tensor yhat = to(Tensor(p, Shape{N, C}), d), target = to(Tensor(t, Shape{N, C}), d);
+  struct Case {
+    const char* name;
+    std::function<Tensor(const Tensor&, const Tensor&)> loss;
+    std::function<double(double, double)> dloss_dt;  // per element, before the mean over N
+    double scale;
+  };
+  const std::vector<Case> cases = {
+      {"crossentropy", [](auto& a, auto& b) { return crossentropy(a, b); },
+       [](double q, double) { return -std::log(q + kEps); }, 1.0 / double(N)},
+      {"binarycrossentropy", [](auto& a, auto& b) { return binarycrossentropy(a, b); },
+       [](double q, double) { return -std::log(q + kEps) + std::log(1 - q + kEps); }, 1.0 / double(N * C)},
+      // kldivergence = sum(xlogy(t, t) - xlogy(t, yhat)): d/dt = log t + 1 - log(yhat + eps) where t > 0;
+      // at t == 0, Flux's rule gives log 0 = -inf for the first term: checked at the ones only.
+      {"kldivergence", [](auto& a, auto& b) { return kldivergence(a, b); },
+       [](double q, double tt) { return tt > 0 ? std::log(tt) + 1 - std::log(q + kEps) : 0.0; }, 1.0 / double(N)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Tensor g = gradient([&](const Tensor& tt) { return c.loss(yhat, tt); }, target)[0];
+    std::vector<double> got = g.to_vector<double>();
+    // finite differences of the float64 loss on the CPU, with respect to each target entry
+    Tensor p64 = Tensor(p, Shape{N, C}).cast(Float64);
+    const double h = 1e-6;
+    for (size_t k = 0; k < t.size(); ++k) {
+      if (std::string(c.name) == "kldivergence" && t[k] == 0) continue;
+      const double want = c.dloss_dt(p[k], t[k]) * c.scale;
+      EXPECT_NEAR(got[k], want, 1e-4 * std::max(1.0, std::abs(want))) << "element " << k;
+      std::vector<double> hi = t, lo = t;
+      hi[k] += h, lo[k] -= h;
+      const double fd = (c.loss(p64, Tensor(hi, Shape{N, C}).cast(Float64)).item<double>() -
+                         c.loss(p64, Tensor(lo, Shape{N, C}).cast(Float64)).item<double>()) / (2 * h);
+      EXPECT_NEAR(fd, c.dloss_dt(p[k], t[k]) * c.scale, 1e-5 * std::max(1.0, std::abs(fd))) << "element " << k;
+    }
+  }
+}
+
 FLUX_DEVICE_SUITE(Losses);

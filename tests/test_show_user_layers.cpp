@@ -47,6 +47,14 @@ std::ostream& operator<<(std::ostream& os, const Pretty& p) {
   return os << "Pretty(width " << p.inner.out_features() << ")";
 }
 
+/// A layer and a plain tensor side by side: the tree names the tensor by its field.
+struct Gate {
+  Dense inner;
+  Tensor scale;
+  Tensor operator()(const Tensor& x) const { return inner(x) * scale; }
+};
+FLUX_LAYER(Gate, inner, scale)
+
 /// A function object without tensors (needs no FLUX_LAYER).
 struct AddOne {
   Tensor operator()(const Tensor& x) const { return x + 1.0; }
@@ -82,8 +90,8 @@ TEST(ShowUserLayers, FluxLayerStructsShowTheirFields) {
             "  Dense(3 => 3),                        # 12 parameters\n"
             ")");
   EXPECT_EQ(repr(show_test::Residual{Dense(3, 3)}), "Residual(Dense(3 => 3))  # 12 parameters");
-  // Tensor fields by their summary; vectors of layers in brackets; nesting.
-  EXPECT_EQ(repr(show_test::Scale{ones({4})}), "Scale(4-element Tensor{Float32, CPU})  # 4 parameters");
+  // Tensor fields by their name and summary; vectors of layers in brackets; nesting.
+  EXPECT_EQ(repr(show_test::Scale{ones({4})}), "Scale(weight = 4-element Tensor{Float32, CPU})  # 4 parameters");
   EXPECT_EQ(repr(Chain(show_test::Branches{Dense(2, 2), {Dense(2, 3), Dense(3, 1)}})),
             "Chain(Branches(Dense(2 => 2), [Dense(2 => 3), Dense(3 => 1)]))  # 19 parameters");
   EXPECT_EQ(repr(show_test::Residual{Dense(2, 2)}), repr(show_test::Residual{Dense(2, 2)} | Device()));
@@ -113,4 +121,27 @@ TEST(ShowUserLayers, CallablesPrintReadably) {
   EXPECT_EQ(y.shape(), (Shape{1, 2}));
   // In the multi-line display too.
   EXPECT_THAT(to_text(model), HasSubstr("  show_test::AddOne(),\n"));
+}
+
+// A layer holding a layer and a plain tensor: in the tree the tensor is named by its field (issue 49),
+// and every nested line's comment starts in the same column as the outer ones (Flux's _layer_show:
+// column 40 below the top, pushed right only by a line longer than that).
+TEST(ShowUserLayers, TensorFieldsAreNamedAndNestedCommentsAlign) {
+  seed(2);
+  auto model = Chain(Chain(Dense(2, 3), Chain(Dense(3, 3, relu))), show_test::Gate{Dense(3, 3), ones({3})}, Dense(3, 1));
+  const std::string text = to_text(model);
+  EXPECT_EQ(text,
+            "Chain(\n"
+            "  Chain(\n"
+            "    Dense(2 => 3),                      # 9 parameters\n"
+            "    Chain(\n"
+            "      Dense(3 => 3, relu),              # 12 parameters\n"
+            "    ),\n"
+            "  ),\n"
+            "  Gate(\n"
+            "    Dense(3 => 3),                      # 12 parameters\n"
+            "    scale = 3-element Tensor{Float32, CPU},  # 3 parameters\n"
+            "  ),\n"
+            "  Dense(3 => 1),                        # 4 parameters\n"
+            ")                   # Total: 9 arrays, 40 parameters, 160 bytes.");
 }

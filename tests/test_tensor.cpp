@@ -51,6 +51,8 @@ TEST(Tensor, DtypeNamesSizesAndPromotion) {
   EXPECT_STREQ(dtype_name(DType::f32), "Float32");
   EXPECT_STREQ(dtype_name(DType::bf16), "BFloat16");
   EXPECT_STREQ(dtype_name(DType::boolean), "Bool");
+  EXPECT_EQ(to_string(DType::bf16), "BFloat16");  // as to_string(Device) and to_string(Shape)
+  EXPECT_EQ(to_string(Float32), std::string(dtype_name(Float32)));
   EXPECT_EQ(dtype_size(DType::f16), 2u);
   EXPECT_EQ(dtype_size(DType::i64), 8u);
   EXPECT_EQ(dtype_size(DType::u8), 1u);

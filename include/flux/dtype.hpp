@@ -21,6 +21,8 @@ inline constexpr DType Bool = DType::boolean;
 size_t dtype_size(DType t);
 /// Julia-style name: "Float32", "Int64", "Bool", ...
 const char* dtype_name(DType t);
+/// The same name as a string, as to_string(Device) and to_string(Shape): to_string(Float32) == "Float32".
+std::string to_string(DType t);
 /// True for f32, f64, f16, bf16.
 bool is_floating(DType t);
 /// Result type of mixing two dtypes in arithmetic (NumPy-like promotion).

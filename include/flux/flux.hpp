@@ -39,6 +39,7 @@
 #include "flux/optimisers/optimisers.hpp"
 #include "flux/out_of_memory.hpp"
 #include "flux/precision.hpp"
+#include "flux/random_state.hpp"
 #include "flux/sampling.hpp"
 #include "flux/schedules.hpp"
 #include "flux/tensor.hpp"

@@ -6,6 +6,7 @@
 // any other batch is passed as one. Like Flux, a loss that is not finite stops training with an error
 // naming the epoch and batch. Each step reads the loss to the host (one synchronisation per step).
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -42,9 +43,15 @@ struct TrainOptions {
   /// schedule from flux/schedules.hpp (schedules::CosAnneal, ...).
   std::function<double(int64_t)> schedule = nullptr;
   std::ostream* out = &std::cerr;
+  /// Resumes a run at this global step (0-based; opt_state.steps after load_checkpoint): `epochs` still
+  /// counts the whole run, the epochs and batches before the step are skipped without being read, and
+  /// a DataLoader is set to the step's epoch (set_epoch), so its shuffle matches the first run's. Needs
+  /// data with a size() when > 0.
+  int64_t start_step = 0;
 };
 
-/// Mean loss of every epoch and the number of steps taken.
+/// Mean loss of every epoch this call ran (a resumed epoch: of its batches run here), and the global
+/// step reached (start_step + the steps taken).
 struct TrainResult {
   std::vector<double> epoch_loss;
   int64_t steps = 0;
@@ -80,13 +87,30 @@ TrainResult train(Loss&& loss, M& model, Data&& data, optimisers::State& opt_sta
   if (o.epochs < 0) detail::fail("[train] epochs must be >= 0, got ", o.epochs);
   int64_t batches = 0;
   if constexpr (requires { data.size(); }) batches = int64_t(data.size());
+  if (o.start_step < 0) detail::fail("[train] start_step must be >= 0, got ", o.start_step);
+  int first_epoch = 1;
+  int64_t skip = 0;  // batches of first_epoch already run
+  if (o.start_step > 0) {
+    if constexpr (!requires { data.size(); })
+      detail::fail("[train] start_step = ", o.start_step, " needs data with a size() (batches per epoch) to find its epoch");
+    if (batches == 0) detail::fail("[train] start_step = ", o.start_step, " but the data has no batches");
+    first_epoch = int(std::min<int64_t>(o.start_step / batches, int64_t(o.epochs))) + 1;
+    skip = o.start_step - int64_t(first_epoch - 1) * batches;
+    if constexpr (requires { data.set_epoch(int64_t(0)); }) data.set_epoch(int64_t(first_epoch - 1));
+  }
   detail::TrainProgress progress(o.progress ? o.out : nullptr, o.epochs, batches);
   TrainResult result;
-  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+  result.steps = o.start_step;
+  for (int epoch = first_epoch; epoch <= o.epochs; ++epoch) {
     progress.start_epoch();
     double total = 0;
-    int64_t batch = 0;
-    for (auto&& b : data) {
+    int64_t batch = 0, ran = 0;
+    auto it = std::begin(data);
+    const auto end = std::end(data);
+    for (; batch < skip && it != end; ++it) ++batch;  // resumed: already run before start_step
+    skip = 0;
+    for (; it != end; ++it) {
+      auto&& b = *it;
       if (o.schedule) optimisers::adjust(opt_state, o.schedule(result.steps));
       auto [value, grads] = withgradient(
           [&](auto& m) -> Tensor {
@@ -99,14 +123,15 @@ TrainResult train(Loss&& loss, M& model, Data&& data, optimisers::State& opt_sta
           model);
       const double l = item<double>(value);
       ++batch;
+      ++ran;
       if (!std::isfinite(l)) detail::non_finite_loss(l, epoch, batch);
       optimisers::update(opt_state, model, grads);
       total += l;
-      progress.update(epoch, batch, total / double(batch));
-      if (o.callback) o.callback(TrainEvent{epoch, batch, batches, result.steps, l, total / double(batch)});
+      progress.update(epoch, batch, total / double(ran));
+      if (o.callback) o.callback(TrainEvent{epoch, batch, batches, result.steps, l, total / double(ran)});
       ++result.steps;
     }
-    result.epoch_loss.push_back(batch ? total / double(batch) : 0.0);
+    result.epoch_loss.push_back(ran ? total / double(ran) : 0.0);
     progress.end_epoch(epoch, batch, result.epoch_loss.back());
   }
   return result;

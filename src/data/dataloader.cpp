@@ -24,8 +24,7 @@ void check_loader(const Tensor* data, size_t count, const DataLoaderOptions& o) 
            to_string(data[0].shape()), " but tensor ", i, " has shape ", to_string(data[i].shape()));
 }
 
-std::vector<int64_t> epoch_order(int64_t n, bool shuffle) {
-  if (shuffle) return randperm(n);
+std::vector<int64_t> identity_order(int64_t n) {
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), int64_t(0));
   return order;
@@ -39,7 +38,7 @@ Tensor take_rows(const Tensor& x, const std::vector<int64_t>& order, int64_t beg
 }
 
 uint64_t shared_shuffle_seed(int64_t nobs, const DataLoaderOptions& o) {
-  if (o.shard.size() <= 1) return 0;
+  if (o.shard.size() <= 1) return o.shuffle ? uint64_t(rand({1}, DType::f64).item<double>() * 9007199254740992.0) : 0;
   distributed::detail::CommunicatorState& s = o.shard.state();
   distributed::detail::check_same_on_all_ranks(s, std::to_string(nobs) + " observations", "DataLoader",
                                                "the data sets of a sharded loader");

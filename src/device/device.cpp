@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <fstream>
 #include <iostream>
@@ -352,46 +353,53 @@ void gpu_backend(const std::string& name) {
   }
 }
 
-Device get_device(GetDeviceOptions options) {
+// The choice get_device() makes: the preference if loaded and functional, else the first functional
+// GPU. `note(is_warning, text)` hears each step (get_device prints them; versioninfo stays quiet).
+static Device choose_device(const std::function<void(bool, const std::string&)>& note) {
   const std::string& pref = preferred_backend();
   if (!pref.empty()) {
     if (pref == "CPU") {
-      if (options.verbose) info("Using backend set in preferences: CPU.");
+      note(false, "Using backend set in preferences: CPU.");
       return Device();
     }
     Entry& e = load(pref);
     if (!e.backend) {
-      warn_once("Trying to use backend: " + pref + " but its plugin is not loaded (" + e.why_not_loaded +
-                "). Falling back to automatic device selection.");
+      note(true, "Trying to use backend: " + pref + " but its plugin is not loaded (" + e.why_not_loaded +
+                     "). Falling back to automatic device selection.");
     } else if (e.backend->device_count() == 0) {
       std::string why = e.backend->not_functional_reason();
-      warn_once("Trying to use backend: " + pref + " but it is not functional" +
-                (why.empty() ? std::string() : " (" + why + ")") +
-                ". Falling back to automatic device selection.");
+      note(true, "Trying to use backend: " + pref + " but it is not functional" +
+                     (why.empty() ? std::string() : " (" + why + ")") + ". Falling back to automatic device selection.");
     } else {
-      if (options.verbose) info("Using backend set in preferences: " + pref + ".");
+      note(false, "Using backend set in preferences: " + pref + ".");
       return Device(pref, 0);
     }
   }
-  if (options.verbose) info("Running automatic device selection...");
+  note(false, "Running automatic device selection...");
   for (std::string name : {"CUDA", "AMDGPU", "Metal", "OpenCL"}) {
-    if (options.verbose) info("Trying backend: " + std::string(name) + ".");
+    note(false, "Trying backend: " + std::string(name) + ".");
     Entry& e = load(name);
     int index = 0;
     if (!e.backend) {
-      if (options.verbose) info("Backend " + std::string(name) + " is not loaded.");
+      note(false, "Backend " + std::string(name) + " is not loaded.");
     } else if (e.backend->device_count() == 0) {
-      if (options.verbose) info("Backend " + std::string(name) + " is loaded but not functional.");
+      note(false, "Backend " + std::string(name) + " is loaded but not functional.");
     } else if (!usable_gpu(e.backend, index)) {
-      if (options.verbose)
-        info("Backend " + std::string(name) + " only has CPU devices; skipped (name it to use it).");
+      note(false, "Backend " + std::string(name) + " only has CPU devices; skipped (name it to use it).");
     } else {
-      if (options.verbose) info("Device found! Using " + std::string(name) + ":" + std::to_string(index) + ".");
+      note(false, "Device found! Using " + std::string(name) + ":" + std::to_string(index) + ".");
       return Device(name, index);
     }
   }
-  if (options.verbose) info("No functional GPU backend found! Defaulting to CPU.");
+  note(false, "No functional GPU backend found! Defaulting to CPU.");
   return Device();
+}
+
+Device get_device(GetDeviceOptions options) {
+  return choose_device([&](bool is_warning, const std::string& text) {
+    if (is_warning) warn_once(text);
+    else if (options.verbose) info(text);
+  });
 }
 
 Device get_device(const std::string& spec, int index) {
@@ -463,8 +471,10 @@ void versioninfo(std::ostream& os) {
       os << "  " << i << ": " << e.backend->device_name(i) << (e.backend->device_is_cpu(i) ? " [CPU device]" : "") << "\n";
   }
   const std::string& pref = preferred_backend();
-  os << "\nPreferred GPU backend: " << (pref.empty() ? "none set (GPU_BACKEND() = CUDA)" : pref) << " ["
-     << preferences_path().string() << "]\n";
+  const Device chosen = choose_device([](bool, const std::string&) {});
+  os << "\nPreferred GPU backend: " << (pref.empty() ? "none set" : pref) << " [" << preferences_path().string()
+     << "]\nget_device() chooses: " << to_string(chosen)
+     << (chosen.is_cpu() ? " (no functional GPU backend; `gpu` is a no-op)" : "") << "\n";
   const std::string table = cpu_backend::tuned_table_path();
   std::string why;
   const std::optional<cpu_backend::TunedEntries> tuned = cpu_backend::read_tuned_table(table, why);

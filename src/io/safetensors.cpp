@@ -13,14 +13,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "flux/backend.hpp"
 #include "flux/ops.hpp"
+#include "flux/random_state.hpp"
 #include "src/internal.hpp"
 #include "src/io/safetensors_format.hpp"
 #include "src/optimisers/grad_scaler_internal.hpp"
@@ -419,6 +422,11 @@ void add_grad_scaler_state(const optimisers::GradScaler& scaler, Targets& out) {
   out.emplace_back(p + "growth_interval", i64(s.growth_interval));
 }
 
+void add_resume_state(const optimisers::State& s, Metadata& meta) {
+  meta["flux.steps"] = std::to_string(s.steps);
+  meta["flux.random_state"] = to_string(random_state());
+}
+
 Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_targets, optimisers::State& s,
                                  optimisers::GradScaler* scaler) {
   // One open and one header parse: errors name load_checkpoint, and the metadata checked below belong to
@@ -439,6 +447,26 @@ Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_t
   if (!file_has_scaler && scaler)
     detail::fail(context, ": the checkpoint holds no GradScaler state (it was saved without a scaler); load it ",
                  "with load_checkpoint(path, model, opt_state)");
+  // Resume state, checked before anything is copied (absent in checkpoints of older versions: then
+  // the step count starts at 0 and the generators are left as they are).
+  int64_t saved_steps = 0;
+  std::optional<RandomState> saved_random;
+  if (auto it = meta.find("flux.steps"); it != meta.end()) {
+    const std::string& v = it->second;
+    char* end = nullptr;
+    errno = 0;
+    long long n = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || errno == ERANGE || n < 0)
+      detail::fail(context, ": \"flux.steps\" is '", v, "'; expected a non-negative integer (nothing was loaded)");
+    saved_steps = n;
+  }
+  if (auto it = meta.find("flux.random_state"); it != meta.end()) {
+    try {
+      saved_random = parse_random_state(it->second);
+    } catch (const Error& e) {
+      detail::fail(context, ": \"flux.random_state\" is malformed (nothing was loaded): ", e.what());
+    }
+  }
   Targets all;
   for (const auto& [name, t] : model_targets) all.emplace_back("model." + name, t);
   std::vector<std::pair<int64_t*, Tensor>> steps;
@@ -471,6 +499,8 @@ Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_t
   load_from(context, reader, all, nullptr, scaler ? std::function<void()>(read_scaler) : std::function<void()>());
   for (auto& [dst, t] : steps) *dst = t.item<int64_t>();
   if (scaler) scaler->load_saved_state(st);  // checked above
+  s.steps = saved_steps;
+  if (saved_random) set_random_state(*saved_random);
   return meta;
 }
 

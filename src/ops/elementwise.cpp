@@ -536,6 +536,7 @@ Tensor gelu_op(const Tensor& x) {
     return g * (s + x * s * sigmoid_op(-u) * (1.0 + x2 * (3.0 * k)) * c2);
   });
 }
+Tensor gelu_erf_op(const Tensor& x) { return x * (1.0 + erf(x * 0.70710678118654752440)) * 0.5; }
 Tensor softplus_op(const Tensor& x) {
   return unary("softplus", UnaryOp::softplus, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * sigmoid_op(x); });
 }

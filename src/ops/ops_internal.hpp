@@ -27,6 +27,7 @@ Tensor relu_op(const Tensor& x);
 Tensor leakyrelu_op(const Tensor& x, double a);
 Tensor elu_op(const Tensor& x, double a);
 Tensor gelu_op(const Tensor& x);
+Tensor gelu_erf_op(const Tensor& x);
 Tensor softplus_op(const Tensor& x);
 Tensor swish_op(const Tensor& x);
 Tensor step_raw(const Tensor& x);

@@ -31,6 +31,11 @@ void reset_random_stream(uint64_t seed) {
   g_seed.store(seed);
   g_counter.store(0);
 }
+std::pair<uint64_t, uint64_t> random_stream() { return {g_seed.load(), g_counter.load()}; }
+void set_random_stream(uint64_t seed, uint64_t counter) {
+  g_seed.store(seed);
+  g_counter.store(counter);
+}
 }  // namespace detail
 
 Tensor rand_like(const Tensor& x) {

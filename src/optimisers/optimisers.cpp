@@ -234,6 +234,7 @@ void update_arrays(State& state, std::vector<Tensor> xs, const std::vector<Tenso
     if (step.dtype() != x.dtype()) step = step.cast(x.dtype());
     sub_(x, step);
   }
+  ++state.steps;
 }
 }  // namespace detail
 

@@ -5,7 +5,8 @@
 // batch of observations order[i*G, (i+1)*G) with G = batchsize * comm.size(), and rank r gets rows
 // [r*batchsize, (r+1)*batchsize) of it, so the ranks' shards are disjoint and together are the
 // batch a single process with batchsize G would see. Shuffling draws every epoch's order from one
-// seed shared by all ranks (taken from rank 0's generator when the loader is made). The last,
+// seed (shared by all ranks: rank 0's draw) taken from the global generator when the loader is made,
+// so epoch e's order is a function of that seed and e alone (set_epoch resumes a run there). The last,
 // uneven global batch of m < G observations is dropped when partial = false; otherwise it is
 // padded with the epoch's first observations to a multiple of comm.size() and split evenly, so
 // every rank runs the same number of equally sized steps.
@@ -28,12 +29,13 @@ struct DataLoaderOptions {
 };
 
 namespace detail {
-/// Observation order for one epoch (a fresh permutation when shuffling).
-std::vector<int64_t> epoch_order(int64_t n, bool shuffle);
+/// 0, 1, ..., n-1: the order of every epoch without shuffling.
+std::vector<int64_t> identity_order(int64_t n);
 /// Rows `order[begin:end]` of x (a view when they are consecutive).
 Tensor take_rows(const Tensor& x, const std::vector<int64_t>& order, int64_t begin, int64_t end, bool consecutive);
 void check_loader(const Tensor* data, size_t count, const DataLoaderOptions& o);
-/// The shuffling seed every rank of o.shard shares (rank 0's draw); 0 without sharding.
+/// The shuffling seed, drawn from the global generator when shuffling (every rank of o.shard shares
+/// rank 0's draw); 0 without shuffling.
 uint64_t shared_shuffle_seed(int64_t nobs, const DataLoaderOptions& o);
 /// Epoch `epoch`'s permutation of 0..n-1 from `seed` (the same on every rank).
 std::vector<int64_t> seeded_order(int64_t n, uint64_t seed, int64_t epoch);
@@ -91,9 +93,18 @@ template <size_t N> class DataLoader {
   /// The observation order of the next epoch (a fresh permutation when shuffling; each call starts
   /// an epoch).
   std::vector<int64_t> epoch_order() const {
-    if (options_.shard.size() > 1 && options_.shuffle) return detail::seeded_order(nobs(), seed_, epoch_++);
-    return detail::epoch_order(nobs(), options_.shuffle);
+    if (options_.shuffle) return detail::seeded_order(nobs(), seed_, epoch_++);
+    ++epoch_;
+    return detail::identity_order(nobs());
   }
+  /// The next epoch begin() starts is epoch e (0-based, as counted since the loader was made), with
+  /// that epoch's order: train() calls it to resume a run mid-way (PyTorch's sampler.set_epoch).
+  void set_epoch(int64_t e) const {
+    if (e < 0) detail::fail("[DataLoader::set_epoch] the epoch must be >= 0, got ", e);
+    epoch_ = e;
+  }
+  /// The number of epochs begin() has started (the next one's index).
+  int64_t epoch() const { return epoch_; }
 
   /// Batch number i of the epoch with observation order `order` (this rank's shard of it).
   Batch batch(const std::vector<int64_t>& order, int64_t i) const {

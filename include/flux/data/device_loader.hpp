@@ -69,6 +69,9 @@ template <size_t N> class DeviceLoader {
   const DataLoader<N>& loader() const { return *loader_; }
   /// Batches per epoch.
   int64_t size() const { return loader_->size(); }
+  /// DataLoader::set_epoch / epoch of the loader inside (the epoch the next begin() starts).
+  void set_epoch(int64_t e) const { loader_->set_epoch(e); }
+  int64_t epoch() const { return loader_->epoch(); }
   /// False when the data already lives on the device: batches are the DataLoader's own (no copy,
   /// no thread).
   bool moves() const { return moves_; }

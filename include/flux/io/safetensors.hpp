@@ -61,12 +61,17 @@ Metadata load_metadata(const std::string& path);
 
 /// Writes the model, the optimiser state (moment buffers and step counts) and `metadata` to one file.
 /// Tensors are named "model.<pytorch name>" and "optimiser.<leaf>.[children.<k>.]buffers.<j>";
-/// step counts are I64 scalars "optimiser.<leaf>.[...]t"; metadata gains "flux.format" and "flux.rule".
+/// step counts are I64 scalars "optimiser.<leaf>.[...]t"; metadata gains "flux.format", "flux.rule",
+/// and what resuming needs: "flux.steps" (opt_state.steps) and "flux.random_state" (random_state() at
+/// the save, see random_state.hpp).
 template <class M>
 void save_checkpoint(const std::string& path, const M& model, const optimisers::State& opt_state,
                      const Metadata& metadata = {});
 /// Restores `model` and `opt_state` (made by optimisers::setup with the same rule) from a checkpoint;
-/// returns its metadata. Training then resumes with bit-identical steps on the CPU.
+/// returns its metadata. It also restores opt_state.steps and the random generators (set_random_state),
+/// so `train(..., {.start_step = opt_state.steps})` continues the saved run bit for bit, its shuffles
+/// and dropout masks included (make the DataLoader before loading, as the first run made it before
+/// training: its shuffle seed is drawn when it is made).
 template <class M> Metadata load_checkpoint(const std::string& path, M& model, optimisers::State& opt_state);
 /// With a loss scaler (Float16 training): its state is saved as "grad_scaler.scale", ".growth_tracker",
 /// ".growth_factor", ".backoff_factor", ".growth_interval" (PyTorch GradScaler's state_dict), and
@@ -108,6 +113,8 @@ Metadata load_into(const std::string& api, const std::string& path, const Target
 void save_named(const std::string& api, const std::string& path, const Targets& tensors, const Metadata& metadata);
 void add_optimiser_state(const optimisers::State& s, Targets& out);
 void add_grad_scaler_state(const optimisers::GradScaler& scaler, Targets& out);
+/// What a run resumes from: "flux.steps" (opt_state.steps) and "flux.random_state" (random_state()).
+void add_resume_state(const optimisers::State& s, Metadata& meta);
 /// scaler: null when the caller has none (the file must then hold no scaler state).
 Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_targets, optimisers::State& s,
                                  optimisers::GradScaler* scaler = nullptr);
@@ -141,6 +148,7 @@ void save_checkpoint_with(const std::string& path, const M& model, const optimis
   Metadata meta = metadata;
   meta["flux.format"] = "checkpoint/1";
   if (opt_state.rule) meta["flux.rule"] = opt_state.rule->name();
+  add_resume_state(opt_state, meta);
   save_named("save_checkpoint", path, all, meta);
 }
 }  // namespace io_detail

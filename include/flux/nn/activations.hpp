@@ -20,6 +20,7 @@ Tensor relu_op(const Tensor& x);
 Tensor leakyrelu_op(const Tensor& x, double a);
 Tensor elu_op(const Tensor& x, double a);
 Tensor gelu_op(const Tensor& x);
+Tensor gelu_erf_op(const Tensor& x);
 Tensor softplus_op(const Tensor& x);
 Tensor swish_op(const Tensor& x);
 }  // namespace detail
@@ -36,7 +37,11 @@ FLUX_ACTIVATION_(Identity, identity, "identity", x)
 FLUX_ACTIVATION_(Relu, relu, "relu", detail::relu_op(x))
 FLUX_ACTIVATION_(Sigmoid, sigmoid, "sigmoid", detail::sigmoid_op(x))
 FLUX_ACTIVATION_(Tanh, tanh_act, "tanh", detail::tanh_op(x))
+// gelu is NNlib's `gelu` (= `gelu_tanh`): x σ(2√(2/π) (x + 0.044715 x³)), PyTorch's
+// nn.GELU(approximate="tanh"). gelu_erf is the exact form x Φ(x) = x (1 + erf(x / √2)) / 2: NNlib's
+// `gelu_erf`, PyTorch's default nn.GELU(); composed of recorded ops (ONNX: Erf, Mul, Add).
 FLUX_ACTIVATION_(Gelu, gelu, "gelu", detail::gelu_op(x))
+FLUX_ACTIVATION_(GeluErf, gelu_erf, "gelu_erf", detail::gelu_erf_op(x))
 FLUX_ACTIVATION_(Softplus, softplus, "softplus", detail::softplus_op(x))
 FLUX_ACTIVATION_(Swish, swish, "swish", detail::swish_op(x))
 #undef FLUX_ACTIVATION_

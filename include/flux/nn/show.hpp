@@ -5,7 +5,7 @@
 //     LayerNorm(64),                      # 128 parameters
 //     Dense(64 => 64),                    # 4_160 parameters
 //   )                   # Total: 4 arrays, 4_288 parameters, 16.750 KiB.
-// and on one line, `Scale(4-element Tensor{Float32, CPU})`, when its fields are tensors and values
+// and on one line, `Scale(weight = 4-element Tensor{Float32, CPU})`, when its fields are tensors and values
 // only (and always inside repr()). An operator<< of the user's own for it is used instead (found by
 // argument-dependent lookup). Callables that are not layers print readably: an activation by its
 // name (`leakyrelu(0.2)` with its slope), a function by its symbol (`my_act`, from the dynamic symbol
@@ -145,11 +145,20 @@ template <class F> std::string field_line(const F& f) {
   }
 }
 
+/// A field inside a user's layer: a tensor with its field's name ("weight = 4-element Tensor{...}"),
+/// since a bare summary does not say which field it is; layers and values as field_line.
+template <class F> std::string named_field_line(const char* name, const F& f) {
+  if constexpr (std::is_base_of_v<Tensor, F>)
+    return std::string(name) + " = " + field_line(f);
+  else
+    return field_line(f);
+}
+
 /// A FLUX_LAYER type as Flux shows a @layer struct: "Name(field, field, ...)".
 template <class L> std::string fields_line(const L& layer) {
   std::string s = std::string(flux_layer_name(&layer)) + "(";
   bool first = true;
-  flux_fields(layer, [&](const char*, const auto& field) { s += (first ? "" : ", ") + field_line(field), first = false; });
+  flux_fields(layer, [&](const char* name, const auto& field) { s += (first ? "" : ", ") + named_field_line(name, field), first = false; });
   return s + ")";
 }
 
@@ -218,7 +227,12 @@ template <class L> void big_show(std::ostream& os, const L& layer, int indent) {
       leaf_show(os, layer, own, indent);
     } else if (expands(layer)) {  // a field holds a layer: its fields one level deeper, in FLUX_LAYER's order
       nested_show(os, std::string(flux_layer_name(&layer)) + "(", ")", indent, [&](int in) {
-        flux_fields(layer, [&](const char*, const auto& field) { big_show(os, field, in); });
+        flux_fields(layer, [&](const char* name, const auto& field) {
+          if constexpr (std::is_base_of_v<Tensor, std::remove_cvref_t<decltype(field)>>)
+            leaf_show(os, field, named_field_line(name, field), in);
+          else
+            big_show(os, field, in);
+        });
       });
     } else {
       leaf_show(os, layer, fields_line(layer), indent);
@@ -281,7 +295,7 @@ template <class L> std::ostream& print_layer(std::ostream& os, const L& layer) {
     os << layer_string(layer);
   } else {
     // A user's FLUX_LAYER struct without an operator<< of its own, as Flux shows a @layer struct: a
-    // tree when a field holds a layer, else one line, "Scale(4-element Tensor{Float32, CPU})".
+    // tree when a field holds a layer, else one line, "Scale(weight = 4-element Tensor{Float32, CPU})".
     if (auto* probe = dynamic_cast<ProbeStream*>(&os)) {
       probe->reached_flux_layer = true;
       return os;

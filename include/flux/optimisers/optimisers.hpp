@@ -166,11 +166,14 @@ struct OptimiserChain : Rule {
 struct State {
   std::shared_ptr<Rule> rule;
   std::vector<LeafState> leaves;
+  /// Updates made with this state (update() calls); save_checkpoint stores it and load_checkpoint
+  /// restores it, so a resumed train() starts at {.start_step = state.steps}.
+  int64_t steps = 0;
 };
 
 /// Makes the state for `model` (moment buffers on the arrays' devices).
 template <class M> State setup(const Rule& rule, const M& model) {
-  State s{rule.clone(), {}};
+  State s{rule.clone(), {}, 0};
   for (const Tensor& x : params(model)) {
     s.leaves.emplace_back();
     s.rule->init(s.leaves.back(), x);

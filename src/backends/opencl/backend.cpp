@@ -190,6 +190,26 @@ void note_kernel_compile(DeviceState& dev) {
   });
 }
 
+CompileWatch::CompileWatch(const DeviceState& dev, std::string what) {
+  if (compile_noted.load()) return;  // said already: no thread
+  watcher_ = std::thread([this, name = dev.name, what = std::move(what)] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (done_cv_.wait_for(lock, std::chrono::seconds(2), [this] { return done_; })) return;
+    say_compile("OpenCL (" + name + "): compiling " + what + " (not in the kernel cache yet); this call waits for " +
+                "it, once per program, and later runs load it from the cache");
+  });
+}
+
+CompileWatch::~CompileWatch() {
+  if (!watcher_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+  }
+  done_cv_.notify_one();
+  watcher_.join();
+}
+
 DeviceState::KernelEntry& kernel(DeviceState& dev, const char* family, const char* source, const std::string& options,
                                  const char* name) {
   std::string key = std::string(family) + "|" + options + "|" + name;
@@ -213,15 +233,11 @@ DeviceState::KernelEntry& kernel(DeviceState& dev, const char* family, const cha
     cl_program p = clCreateProgramWithSource(dev.context, 2, sources, nullptr, &err);
     check(err, "clCreateProgramWithSource", std::string(" for program ") + family);
     note_kernel_compile(dev);
-    const auto start = std::chrono::steady_clock::now();
-    err = clBuildProgram(p, 1, &dev.id, options.c_str(), nullptr, nullptr);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    // Another driver's cold cache (or PoCL's, where the folder check could not tell): said after the fact.
-    if (err == CL_SUCCESS && seconds > 2.0 && !compile_noted.load()) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.1f", seconds);
-      say_compile("OpenCL (" + dev.name + "): building the " + family + " kernels took " + buf +
-                  " s, a cold compiler cache; later runs reuse the driver's cache");
+    {
+      // A build that stalls is said while it runs (a partly warm cache, or a driver whose cache the
+      // folder check cannot see), not only when the cache folder is empty.
+      CompileWatch watch(dev, std::string("the ") + family + " kernels");
+      err = clBuildProgram(p, 1, &dev.id, options.c_str(), nullptr, nullptr);
     }
     if (err != CL_SUCCESS) {
       size_t n = 0;

@@ -63,7 +63,11 @@ template <class T> void clblast_gemm(DeviceState& dev, backend::Buffer a, backen
   std::atomic<bool>& ready = dev.gemm_ready[sizeof(T) == 8 ? 1 : 0];
   if (ready.load(std::memory_order_acquire)) return run();
   std::lock_guard<std::mutex> lock(dev.gemm_first_mutex);
-  run();
+  if (ready.load(std::memory_order_acquire)) return run();  // another thread's first call finished meanwhile
+  {
+    CompileWatch watch(dev, std::string("CLBlast's ") + (sizeof(T) == 8 ? "Float64" : "Float32") + " GEMM");
+    run();
+  }
   ready.store(true, std::memory_order_release);
 }
 

@@ -8,14 +8,16 @@
 #include <CL/cl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "flux/backend.hpp"
@@ -83,6 +85,22 @@ std::string type_options(DeviceState& dev, DType t, const char* api);
 /// Called before a program build (and CLBlast's first GEMM): on PoCL with an empty kernel cache, prints
 /// one "[ Info: ..." line saying the first run compiles the kernels, once per process.
 void note_kernel_compile(DeviceState& dev);
+/// While alive, watches a step that may compile (a program build, CLBlast's first GEMM of a dtype):
+/// if it takes longer than two seconds, one info line says the device is compiling `what` and that
+/// later runs reuse the cache, once per process, whether the cache looked cold or not.
+class CompileWatch {
+ public:
+  CompileWatch(const DeviceState& dev, std::string what);
+  ~CompileWatch();
+  CompileWatch(const CompileWatch&) = delete;
+  CompileWatch& operator=(const CompileWatch&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread watcher_;
+};
 
 /// The kernel `name` of program `family` built from `source` with `options` for this device.
 /// The program is built once; a build failure throws with the compiler's log.
