@@ -479,6 +479,21 @@ Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_t
   // The scaler's entries are read and checked once the file is known to match and before anything is
   // copied: a corrupt scaler state leaves the model and the optimiser state as they were.
   optimisers::GradScaler::SavedState st{};
+  // The step counts are read and checked before anything is copied: a count below 0 (a corrupt or
+  // hand-made file) would make Adam's bias correction divide by a negative or zero factor.
+  auto read_steps = [&] {
+    std::map<const TensorImpl*, std::string> step_names;
+    for (const auto& [name, t] : all) step_names.emplace(t.impl(), name);
+    DeviceSync sync;
+    for (auto& [dst, t] : steps)
+      for (const safetensors::Entry& e : reader.layout.entries)
+        if (e.name == step_names.at(t.impl())) copy_entry_into(reader, e, t, sync);
+    sync.wait();
+    for (auto& [dst, t] : steps)
+      if (int64_t n = t.item<int64_t>(); n < 0)
+        detail::fail(context, ": '", step_names.at(t.impl()), "' (a step count) is ", n,
+                     "; expected >= 0 (nothing was loaded)");
+  };
   auto read_scaler = [&] {
     DeviceSync sync;
     for (auto& [name, t] : scaler_targets)
@@ -496,7 +511,10 @@ Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_t
       detail::fail(context, ": the checkpoint's GradScaler state is invalid (nothing was loaded): ", e.what());
     }
   };
-  load_from(context, reader, all, nullptr, scaler ? std::function<void()>(read_scaler) : std::function<void()>());
+  load_from(context, reader, all, nullptr, [&] {
+    read_steps();
+    if (scaler) read_scaler();
+  });
   for (auto& [dst, t] : steps) *dst = t.item<int64_t>();
   if (scaler) scaler->load_saved_state(st);  // checked above
   s.steps = saved_steps;
