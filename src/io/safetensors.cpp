@@ -260,11 +260,23 @@ Metadata load_from(const std::string& context, const Reader& reader, const io_de
   // Check everything before copying anything, so a bad file leaves the model as it was.
   std::vector<std::string> missing, extra, mismatched, retyped;
   std::set<std::string> wanted;
+  std::vector<Tensor> zeroed;  // BatchNorm counters absent from a model file
   const bool convert = options && options->convert_dtypes;
   for (const auto& [name, t] : targets) {
     wanted.insert(name);
     auto it = in_file.find(name);
     if (it == in_file.end()) {
+      // A state_dict of PyTorch before 0.4.1, or converted weights, has no BatchNorm step counter;
+      // load_state_dict fills it in (0 then; PyTorch 2 keeps the module's own value, 0 when fresh):
+      // a model file (load, not checkpoints) without it loads with the count 0.
+      const std::string counter = "num_batches_tracked";
+      const bool is_counter = name.size() >= counter.size() &&
+                              name.compare(name.size() - counter.size(), counter.size(), counter) == 0 &&
+                              (name.size() == counter.size() || name[name.size() - counter.size() - 1] == '.');
+      if (options && is_counter && t.dtype() == DType::i64 && t.numel() == 1) {
+        zeroed.push_back(t);
+        continue;
+      }
       missing.push_back(name);
       continue;
     }
@@ -304,10 +316,12 @@ Metadata load_from(const std::string& context, const Reader& reader, const io_de
   if (before_copy) before_copy();
   DeviceSync sync;
   for (const auto& [name, t] : targets) {
+    if (!in_file.count(name)) continue;  // a counter set to 0 below
     Tensor dst = t;
     copy_entry_into(reader, *in_file.at(name), dst, sync);
   }
   sync.wait();
+  for (Tensor dst : zeroed) copy_(dst, Tensor(std::vector<int64_t>{0}, dst.shape()));
   return reader.layout.metadata;
 }
 
