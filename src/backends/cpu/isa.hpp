@@ -11,7 +11,8 @@ enum class Isa : int { baseline = 0, avx2 = 1, avx512 = 2 };
 
 /// The best level this CPU (and its OS) supports: AVX-512 needs F, BW, VL and DQ; AVX2 needs FMA.
 Isa detected_isa();
-/// The level kernels use now: detected_isa(), or lower where force_isa() asked for it.
+/// The level kernels use now: detected_isa() capped by ONEDNN_MAX_CPU_ISA (DNNL_MAX_CPU_ISA) as oneDNN
+/// is, or lower where force_isa() asked for it.
 Isa active_isa();
 /// Tests and benchmarks: run the kernels at `level` (clamped to detected_isa()); returns the old one.
 Isa force_isa(Isa level);
