@@ -14,6 +14,7 @@
 #include "flux/out_of_memory.hpp"
 #include "src/backends/caching_pool.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/dependency_check.hpp"
 #include "src/backends/cpu/float_mode.hpp"
 #include "src/backends/cpu/isa.hpp"
 
@@ -96,7 +97,7 @@ class CpuBackend final : public backend::Backend {
   std::string version_info() override {
     return "  BLAS: " FLUX_BLAS_NAME "; threads: " + std::to_string(num_threads()) + " (FLUX_NUM_THREADS)\n" +
            "  ISA: " + isa_name(active_isa()) + "; bf16/f16 units: " + low_precision_units_text(low_precision_units()) +
-           "\n";
+           "\n  Libraries: " + dependency_line() + "\n";
   }
   // bf16 runs on AVX512-BF16 or AMX-BF16 through oneDNN; oneDNN 2.6 has no f16 compute on the CPU.
   // Autocast asks per low-list op: the answers for each ISA level are made once (the units at a level
