@@ -85,6 +85,7 @@ const char* cpu_isa_name();
 int cpu_force_isa(int level);
 bool cpu_force_kernel(const std::string& site, const std::string& kernel);
 int64_t cpu_gemm_engine_calls(const std::string& engine);
+size_t peak_storage_bytes();  // src/storage_stats.hpp
 }  // namespace flux::detail
 
 using namespace flux;
@@ -415,7 +416,10 @@ void resnet_train_case() {
   std::printf("resnet_hw %lld\nresnet_train_rss_before_mb %.6g\n", (long long)hw, bench::peak_rss_mb());
   double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); },
                                1, 3.0);
-  std::printf("resnet_train_ms %.6g\nresnet_train_peak_rss_mb %.6g\n", 1e3 / r, bench::peak_rss_mb());
+  std::printf("resnet_train_ms %.6g\nresnet_train_peak_rss_mb %.6g\nresnet_train_storage_peak_mb %.6g\n"
+              "resnet_train_pool_reserved_mb %.6g\n",
+              1e3 / r, bench::peak_rss_mb(), double(detail::peak_storage_bytes()) / (1 << 20),
+              double(g_dev.memory().reserved) / (1 << 20));
 }
 #else
 void resnet_case() { std::printf("skipped ResNet-18 (flux/models/resnet.hpp) not built\n"); }
