@@ -4,7 +4,8 @@
 //                                         transformer | encoder | serve | blas | info
 // --autocast=bf16|f16 runs mnist, infer, resnet, resnet_train and encoder under flux's autocast (training:
 // withgradient with .autocast; inference: autocast(dtype, model call)); without it they run in float32.
-// info: the CPU backend's ISA and bf16/f16 units line of versioninfo(), for the table's header.
+// info: the CPU backend's ISA and bf16/f16 units line of versioninfo(), and its libraries line
+// (what OpenBLAS and oneDNN run against the CPU), for the table's header.
 // serve: one testmode model called from 1 and from 2 threads at once (throughput, and whether the outputs
 // are bitwise those of one caller); --seconds=S sets each of its measurements (default 1 s).
 // The *_converged cases time the same steps after kConvergeSteps steps of training (bench_common.hpp),
@@ -83,6 +84,8 @@ namespace flux::detail {
 const char* cpu_isa_name();
 int cpu_force_isa(int level);
 bool cpu_force_kernel(const std::string& site, const std::string& kernel);
+int64_t cpu_gemm_engine_calls(const std::string& engine);
+size_t peak_storage_bytes();  // src/storage_stats.hpp
 }  // namespace flux::detail
 
 using namespace flux;
@@ -413,7 +416,10 @@ void resnet_train_case() {
   std::printf("resnet_hw %lld\nresnet_train_rss_before_mb %.6g\n", (long long)hw, bench::peak_rss_mb());
   double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); },
                                1, 3.0);
-  std::printf("resnet_train_ms %.6g\nresnet_train_peak_rss_mb %.6g\n", 1e3 / r, bench::peak_rss_mb());
+  std::printf("resnet_train_ms %.6g\nresnet_train_peak_rss_mb %.6g\nresnet_train_storage_peak_mb %.6g\n"
+              "resnet_train_pool_reserved_mb %.6g\n",
+              1e3 / r, bench::peak_rss_mb(), double(detail::peak_storage_bytes()) / (1 << 20),
+              double(g_dev.memory().reserved) / (1 << 20));
 }
 #else
 void resnet_case() { std::printf("skipped ResNet-18 (flux/models/resnet.hpp) not built\n"); }
@@ -556,7 +562,11 @@ void info_case() {
   versioninfo(os);
   std::istringstream lines(os.str());
   for (std::string line; std::getline(lines, line);)
-    if (line.find("bf16/f16 units") != std::string::npos) std::printf("units %s\n", line.substr(line.find_first_not_of(' ')).c_str());
+    if (line.find("bf16/f16 units") != std::string::npos) {
+      std::printf("units %s\n", line.substr(line.find_first_not_of(' ')).c_str());
+    } else if (const size_t at = line.find("Libraries: "); at != std::string::npos) {
+      std::printf("libraries %s\n", line.substr(at + 11).c_str());
+    }
 }
 
 // ---- serve: one model loaded once, in testmode, answering requests from several threads (issue 37).
@@ -791,5 +801,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flux_bench: unknown case %s\n", which.c_str());
     return 2;
   }
+  // The engines the case's float32 GEMMs ran on (the table's rows name them).
+  if (device == "cpu" && which != "info")
+    std::printf("flux_gemm_openblas_calls %lld\nflux_gemm_onednn_calls %lld\n",
+                (long long)detail::cpu_gemm_engine_calls("openblas"), (long long)detail::cpu_gemm_engine_calls("onednn"));
   return 0;
 }

@@ -12,8 +12,10 @@
 
 #include "flux/error.hpp"
 #include "flux/out_of_memory.hpp"
+#include "src/backends/best_fit_pool.hpp"
 #include "src/backends/caching_pool.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/dependency_check.hpp"
 #include "src/backends/cpu/float_mode.hpp"
 #include "src/backends/cpu/isa.hpp"
 
@@ -45,35 +47,42 @@ size_t cpu_memory_limit() {
   return size_t(n) * scale;
 }
 
-// 64-byte aligned host blocks through the shared size-class cache. A request the system refuses, or
-// one that would take the pool beyond FLUX_CPU_MEMORY_LIMIT, empties the cache and is tried once
-// more (CachingPool::allocate); then flux::OutOfMemory names the size and the figures.
+// 64-byte aligned host blocks through a caching pool: the size-class cache (caching_pool.hpp, the
+// default) or, with FLUX_CPU_POOL=best_fit, the best-fit pool with splitting and coalescing
+// (best_fit_pool.hpp). A request the system refuses, or one that would take the pool beyond
+// FLUX_CPU_MEMORY_LIMIT, empties the cache and is tried once more; then flux::OutOfMemory names the
+// size and the figures.
 class HostPool {
  public:
   void* allocate(size_t bytes) {
     const size_t limit = limit_once();
-    void* p = pool_.allocate(
-        bytes,
-        [&](size_t r) -> void* {
-          if (limit && pool_.used() + pool_.cached() + r > limit) return nullptr;
-          return std::aligned_alloc(64, r);
-        },
-        std::free);
+    auto system = [&](size_t r) -> void* {
+      if (limit && used() + cached() + r > limit) return nullptr;
+      return std::aligned_alloc(64, r);
+    };
+    void* p = best_fit() ? best_.allocate(bytes, system, std::free) : classes_.allocate(bytes, system, std::free);
     if (!p) {
       struct sysinfo si {};
       sysinfo(&si);
       const size_t total = limit ? limit : size_t(si.totalram) * si.mem_unit;
-      const bool over_limit = limit && pool_.used() + pool_.cached() + pool_.round(bytes) > limit;
-      throw OutOfMemory("CPU", bytes, pool_.used(), pool_.cached(), total,
+      const size_t rounded = best_fit() ? best_.round(bytes) : classes_.round(bytes);
+      const bool over_limit = limit && used() + cached() + rounded > limit;
+      throw OutOfMemory("CPU", bytes, used(), cached(), total,
                         over_limit ? "FLUX_CPU_MEMORY_LIMIT=" + std::string(std::getenv("FLUX_CPU_MEMORY_LIMIT")) + " would be exceeded"
                                    : std::string("the system refused the allocation"));
     }
     return p;
   }
-  void deallocate(void* p, size_t bytes) { pool_.deallocate(p, bytes, std::free); }
-  void release() { pool_.release(std::free); }
-  size_t used() { return pool_.used(); }
-  size_t cached() { return pool_.cached(); }
+  void deallocate(void* p, size_t bytes) {
+    if (best_fit()) best_.deallocate(p, bytes, std::free);
+    else classes_.deallocate(p, bytes, std::free);
+  }
+  void release() {
+    if (best_fit()) best_.release(std::free);
+    else classes_.release(std::free);
+  }
+  size_t used() { return best_fit() ? best_.used() : classes_.used(); }
+  size_t cached() { return best_fit() ? best_.cached() : classes_.cached(); }
   /// The pool's limit (FLUX_CPU_MEMORY_LIMIT, read once), 0 for none.
   size_t limit_once() {
     static const size_t limit = cpu_memory_limit();
@@ -81,7 +90,18 @@ class HostPool {
   }
 
  private:
-  backends::CachingPool<void*> pool_{64};
+  /// FLUX_CPU_POOL=best_fit (read once): the best-fit pool; unset or size_classes: the size classes.
+  static bool best_fit() {
+    static const bool yes = [] {
+      const char* v = std::getenv("FLUX_CPU_POOL");
+      if (!v || !*v || std::strcmp(v, "size_classes") == 0) return false;
+      if (std::strcmp(v, "best_fit") != 0) detail::fail("[CPU] FLUX_CPU_POOL='", v, "': expected best_fit or size_classes");
+      return true;
+    }();
+    return yes;
+  }
+  backends::CachingPool<void*> classes_{64};
+  backends::BestFitPool best_;
 };
 
 // Every kernel that does float arithmetic runs under FloatModeScope: flush-to-zero for the dtypes the
@@ -96,7 +116,7 @@ class CpuBackend final : public backend::Backend {
   std::string version_info() override {
     return "  BLAS: " FLUX_BLAS_NAME "; threads: " + std::to_string(num_threads()) + " (FLUX_NUM_THREADS)\n" +
            "  ISA: " + isa_name(active_isa()) + "; bf16/f16 units: " + low_precision_units_text(low_precision_units()) +
-           "\n";
+           "\n  Libraries: " + dependency_line() + "\n";
   }
   // bf16 runs on AVX512-BF16 or AMX-BF16 through oneDNN; oneDNN 2.6 has no f16 compute on the CPU.
   // Autocast asks per low-list op: the answers for each ISA level are made once (the units at a level

@@ -62,6 +62,9 @@ bool matmul_low_precision(DType t, const void* a, const void* b, void* c, const 
 /// t = bf16 (every array bf16): oneDNN's bf16 matmul where bf16_kernels_enabled(), else false.
 bool linear_forward(DType t, const void* x, const void* w, backend::PreparedCache* cache, const void* bias, void* y,
                     int64_t n, int64_t in, int64_t out, bool relu);
+/// Tests and benchmarks: float32 GEMM/GEMV library calls run so far by `engine` (openblas or onednn;
+/// linear_forward's prepared-weight kernels not included).
+int64_t gemm_engine_calls(Kernel engine);
 /// Tests: the kernel linear_forward runs for this call shape at the present thread count.
 Kernel linear_kernel(int64_t n, int64_t in, int64_t out, bool bias, bool relu);
 /// linear_forward's panel kernel for other kernels (matmul.cpp): w (out, in) packed into
