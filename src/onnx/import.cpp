@@ -20,6 +20,7 @@
 #include "flux/backend.hpp"
 #include "flux/nn/activations.hpp"
 #include "flux/onnx.hpp"
+#include "flux/out_of_memory.hpp"
 #include "flux/ops.hpp"
 #include "src/internal.hpp"
 #include "src/onnx/onnx_common.hpp"
@@ -95,6 +96,12 @@ std::vector<int64_t> attr_ints(const ::onnx::NodeProto& n, const char* name, std
 
 std::string where(const ::onnx::NodeProto& n) { return "node '" + n.name() + "' (" + n.op_type() + ")"; }
 
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
 // ---- tensors ----
 Tensor host_tensor(Shape shape, DType t, const void* data, size_t bytes) {
   Tensor out = Tensor::empty(shape, t);
@@ -104,9 +111,12 @@ Tensor host_tensor(Shape shape, DType t, const void* data, size_t bytes) {
 
 /// A TensorProto's tensor (on the CPU), its data checked against its shape: the data must be in the
 /// file, so what is allocated is bounded by the file's size.
-/// The bytes of a tensor kept in an external data file (ONNX's external_data: location relative to the
-/// model's folder, offset, length), checked against the file's size before anything is allocated.
-std::string external_bytes(const ::onnx::TensorProto& p, const std::string& folder, size_t bytes, const std::string& what) {
+/// A tensor kept in an external data file (ONNX's external_data: location relative to the model's
+/// folder, offset, length), checked against the file's size and against the memory the CPU can give
+/// (a sparse file may declare terabytes) before it is allocated, then read straight into the tensor.
+Tensor external_tensor(const ::onnx::TensorProto& p, const std::string& folder, const Shape& shape, DType t,
+                       const std::string& what) {
+  const size_t bytes = size_t(shape.numel()) * dtype_size(t);
   if (folder.empty())
     fail(what, " keeps its data in an external file: load the model with onnx::load(path), which knows its folder");
   std::string location;
@@ -130,9 +140,22 @@ std::string external_bytes(const ::onnx::TensorProto& p, const std::string& fold
   const auto size = int64_t(f.tellg());
   if (size < 0 || offset > size || int64_t(bytes) > size - offset)
     fail(what, ": external data file '", file, "' holds ", size, " bytes; the tensor needs ", bytes, " at offset ", offset);
-  std::string out(bytes, '\0');
+  const backend::MemoryInfo m = Device().memory();
+  if (bytes > m.total - std::min(m.total, m.used))
+    fail(what, ": its shape ", to_string(shape), " and type ", dtype_name(t), " need ", OutOfMemory::bytes_text(bytes),
+         "; the CPU can give at most ", OutOfMemory::bytes_text(m.total - std::min(m.total, m.used)),
+         " (its memory or FLUX_CPU_MEMORY_LIMIT, less what tensors hold)");
+  Tensor out = Tensor::empty(shape, t);  // flux::OutOfMemory where the system refuses
   f.seekg(offset);
-  if (!f.read(out.data(), std::streamsize(bytes))) fail(what, ": cannot read its external data from '", file, "'");
+  std::string chunk;
+  backend::Buffer dst = flux::detail::buffer_of(out);
+  for (size_t done = 0; done < bytes;) {
+    const size_t n = std::min(bytes - done, size_t(64) << 20);
+    chunk.resize(n);
+    if (!f.read(chunk.data(), std::streamsize(n))) fail(what, ": cannot read its external data from '", file, "'");
+    out.backend().copy_from_host(0, {dst.handle, dst.offset + done}, chunk.data(), n);
+    done += n;
+  }
   return out;
 }
 
@@ -153,10 +176,7 @@ Tensor from_proto(const ::onnx::TensorProto& p, const std::string& context, cons
   }
   const Shape shape(dims);
   const size_t size = dtype_size(t), bytes = size_t(numel) * size;
-  if (external) {
-    const std::string data = external_bytes(p, folder, bytes, what);
-    return host_tensor(shape, t, data.data(), bytes);
-  }
+  if (external) return external_tensor(p, folder, shape, t, what);
   if (p.has_raw_data()) {
     if (p.raw_data().size() != bytes)
       fail(what, " holds ", p.raw_data().size(), " bytes of data; its shape ", to_string(shape), " and type ",
@@ -378,6 +398,30 @@ std::vector<Tensor> recurrent(const ::onnx::NodeProto& n, const std::vector<Tens
   return {y.reshape({steps, 1, batch, h}), y.slice(steps - 1, steps)};
 }
 
+/// The shape Unsqueeze (insert) or Squeeze (remove) makes of `shape` with `axes`; a repeated axis, one
+/// out of range, or a squeezed axis whose length is not 1 is an error (the ONNX spec's).
+Shape squeezed_shape(const Shape& shape, const std::vector<int64_t>& axes, bool insert, const ::onnx::NodeProto& n) {
+  const int rank = int(shape.size()) + (insert ? int(axes.size()) : 0);
+  std::vector<int> a;
+  for (int64_t v : axes) a.push_back(norm_axis(v, rank, n));
+  std::sort(a.begin(), a.end());
+  if (std::adjacent_find(a.begin(), a.end()) != a.end())
+    fail("[onnx] ", where(n), ": axes [", join(axes), "] name an axis twice (rank ", rank, ")");
+  std::vector<int64_t> out(shape.begin(), shape.end());
+  if (insert) {
+    for (int v : a) out.insert(out.begin() + v, 1);  // ascending: each position is final
+    return Shape(out);
+  }
+  if (axes.empty())
+    for (int i = 0; i < int(shape.size()); ++i)
+      if (shape[i] == 1) a.push_back(i);
+  for (auto it = a.rbegin(); it != a.rend(); ++it) {
+    if (out[size_t(*it)] != 1) fail("[onnx] ", where(n), ": cannot squeeze axis ", *it, " of shape ", to_string(shape));
+    out.erase(out.begin() + *it);
+  }
+  return Shape(out);
+}
+
 Tensor binary_op(const std::string& op, Tensor a, Tensor b) {
   const Device d = device_of({a, b});
   a = on(a, d), b = on(b, d);
@@ -467,26 +511,7 @@ std::vector<Tensor> run_node(const ::onnx::NodeProto& n, const std::vector<Tenso
   if (op == "Unsqueeze" || op == "Squeeze") {
     const Tensor& x = need(0);
     std::vector<int64_t> axes = in.size() > 1 && in[1].defined() ? host_ints(in[1], n, "axes") : std::vector<int64_t>{};
-    std::vector<int64_t> shape(x.shape().begin(), x.shape().end());
-    if (op == "Unsqueeze") {
-      const int r = x.ndim() + int(axes.size());
-      std::vector<int> a;
-      for (int64_t v : axes) a.push_back(norm_axis(v, r, n));
-      std::sort(a.begin(), a.end());
-      for (int v : a) shape.insert(shape.begin() + v, 1);
-    } else {
-      std::vector<int> a;
-      for (int64_t v : axes) a.push_back(norm_axis(v, x.ndim(), n));
-      if (axes.empty())
-        for (int i = 0; i < x.ndim(); ++i)
-          if (x.shape()[i] == 1) a.push_back(i);
-      std::sort(a.rbegin(), a.rend());
-      for (int v : a) {
-        if (shape[size_t(v)] != 1) fail("[onnx] ", where(n), ": cannot squeeze axis ", v, " of shape ", to_string(x.shape()));
-        shape.erase(shape.begin() + v);
-      }
-    }
-    return {x.reshape(Shape(shape))};
+    return {x.reshape(squeezed_shape(x.shape(), axes, op == "Unsqueeze", n))};
   }
   if (op == "Concat") {
     const Device d = device_of(in);
@@ -639,6 +664,22 @@ std::vector<Tensor> run_node(const ::onnx::NodeProto& n, const std::vector<Tenso
   fail("[onnx] ", where(n), ": no implementation");  // load() refused such nodes already
 }
 
+/// run_node with every failure a flux::Error naming the node: the ops' own errors (which name the op
+/// and shapes, not the node) get the node's name in front; a standard exception (std::bad_alloc,
+/// std::out_of_range, ...) from anywhere beneath becomes one. flux::OutOfMemory passes unchanged.
+std::vector<Tensor> run_checked(const ::onnx::NodeProto& n, const std::vector<Tensor>& in) {
+  try {
+    return run_node(n, in);
+  } catch (const OutOfMemory&) {
+    throw;
+  } catch (const Error& e) {
+    if (std::strstr(e.what(), "[onnx] node '")) throw;
+    fail("[onnx] ", where(n), ": ", e.what());
+  } catch (const std::exception& e) {
+    fail("[onnx] ", where(n), ": ", e.what(), " (a C++ exception inside the importer: please report it)");
+  }
+}
+
 /// The operators run_node implements, and a load-time check of each node's attributes ("" when fine).
 const std::map<std::string, std::string (*)(const ::onnx::NodeProto&)>& operators() {
   static const auto* ops = [] {
@@ -733,7 +774,20 @@ Model parse(const std::string& bytes, const std::string& context, const std::str
 Model load_from_bytes(const std::string& bytes, const std::string& context) { return parse(bytes, context, ""); }
 
 namespace {
+Model parse_unchecked(const std::string& bytes, const std::string& context, const std::string& folder);
+
+/// parse_unchecked with any standard exception from beneath (protobuf, the allocator) a flux::Error.
 Model parse(const std::string& bytes, const std::string& context, const std::string& folder) {
+  try {
+    return parse_unchecked(bytes, context, folder);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail("[onnx::load] ", context, ": ", e.what(), " while reading the model");
+  }
+}
+
+Model parse_unchecked(const std::string& bytes, const std::string& context, const std::string& folder) {
   auto g = std::make_shared<detail::Graph>();
   g->context = context;
   const std::string api = "[onnx::load] " + context;
@@ -779,6 +833,7 @@ Model parse(const std::string& bytes, const std::string& context, const std::str
     return g->nslots++;
   };
   Model model;
+  if (graph.sparse_initializer_size()) fail(api, ": sparse initialisers are not supported");
   std::set<std::string> statistics;  // BatchNormalization's mean and var: NonTrainable
   for (const auto& n : graph.node())
     if (n.op_type() == "BatchNormalization")
@@ -794,7 +849,6 @@ Model parse(const std::string& bytes, const std::string& context, const std::str
       g->buffer_slots.push_back(s);
     }
   }
-  if (graph.sparse_initializer_size()) fail(api, ": sparse initialisers are not supported");
   for (const auto& v : graph.input()) {
     if (slot.count(v.name())) continue;  // an initialiser listed as an input (older exporters)
     g->input_slots.push_back(define(v.name(), "graph input"));
@@ -909,7 +963,7 @@ std::vector<Tensor> Model::forward(const std::vector<Tensor>& inputs) const {
       out = {detail::fused_conv(g, *step.node, in, step.bn, bn, step.relu,
                                 step.residual >= 0 ? v[size_t(step.residual)] : Tensor(), step.relu_after)};
     } else {
-      out = detail::run_node(*step.node, in);
+      out = detail::run_checked(*step.node, in);
     }
     for (size_t k = 0; k < step.out.size(); ++k) {
       if (step.out[k] < 0) continue;

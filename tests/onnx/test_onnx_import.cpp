@@ -61,6 +61,34 @@ std::string error_of(const std::string& bytes) {
   return m;
 }
 
+/// One node `op` reading the graph input "x" and the int64 initialiser "axes" (when given), output "y".
+::onnx::ModelProto one_node(const std::string& op, const std::vector<int64_t>& axes, int64_t opset = 17) {
+  ::onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(opset);
+  auto* g = m.mutable_graph();
+  g->add_input()->set_name("x");
+  auto* n = g->add_node();
+  n->set_op_type(op), n->set_name(op + "_node"), n->add_input("x"), n->add_output("y");
+  if (!axes.empty()) {
+    auto* a = g->add_initializer();
+    a->set_name("axes"), a->set_data_type(::onnx::TensorProto::INT64), a->add_dims(int64_t(axes.size()));
+    for (int64_t v : axes) a->add_int64_data(v);
+    n->add_input("axes");
+  }
+  g->add_output()->set_name("y");
+  return m;
+}
+
+std::string run_error(const ::onnx::ModelProto& m, const Tensor& x) {
+  try {
+    flux::onnx::load_from_bytes(m.SerializeAsString(), "test model")(x);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 class OnnxImport : public ::testing::TestWithParam<Device> {
  protected:
   void SetUp() override {
@@ -300,6 +328,51 @@ TEST(OnnxImportErrors, TruncatedCorruptAndInconsistentFiles) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/flux.onnx"), std::string::npos);
+  }
+}
+
+// Issue 49: a repeated Squeeze axis crashed (heap corruption), a repeated Unsqueeze axis was accepted
+// or inserted past the end; each is now an error naming the node and the axes.
+TEST(OnnxImportErrors, RepeatedSqueezeAndUnsqueezeAxes) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  std::string msg = run_error(one_node("Squeeze", {1, -1}), ones({4, 1}));
+  EXPECT_NE(msg.find("node 'Squeeze_node' (Squeeze): axes [1, -1] name an axis twice"), std::string::npos) << msg;
+  msg = run_error(one_node("Unsqueeze", {0, 0}), ones({3}));
+  EXPECT_NE(msg.find("node 'Unsqueeze_node' (Unsqueeze): axes [0, 0] name an axis twice"), std::string::npos) << msg;
+  msg = run_error(one_node("Unsqueeze", {2, 2}), ones({3}));
+  EXPECT_NE(msg.find("axes [2, 2] name an axis twice"), std::string::npos) << msg;
+  msg = run_error(one_node("Unsqueeze", {3}), ones({3}));
+  EXPECT_NE(msg.find("axis 3 is out of range for rank 2"), std::string::npos) << msg;
+  // What is well-formed still works: (4, 1) squeezed at -1, (3,) unsqueezed at [0, 2].
+  EXPECT_EQ(flux::onnx::load_from_bytes(one_node("Squeeze", {-1}).SerializeAsString())(ones({4, 1})).shape(), Shape({4}));
+  EXPECT_EQ(flux::onnx::load_from_bytes(one_node("Unsqueeze", {0, 2}).SerializeAsString())(ones({3})).shape(),
+            Shape({1, 3, 1}));
+}
+
+// Issue 49: an initialiser declaring 2^38 floats in a sparse external data file (1 TiB, no blocks)
+// threw std::bad_alloc; the size is checked against what the CPU can give first.
+TEST(OnnxImportErrors, ExternalDataLargerThanMemoryIsRefusedByName) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  const std::string dir = temp_dir();
+  const int64_t n = int64_t(1) << 38;
+  {
+    std::ofstream data(dir + "/huge.onnx.data", std::ios::binary);
+    ASSERT_TRUE(data.good());
+  }
+  ASSERT_EQ(::truncate((dir + "/huge.onnx.data").c_str(), off_t(n * 4)), 0);  // sparse: no disk used
+  ::onnx::ModelProto m = small_model();
+  auto* big = m.mutable_graph()->add_initializer();
+  big->set_name("huge_weight"), big->set_data_type(::onnx::TensorProto::FLOAT), big->add_dims(n);
+  big->set_data_location(::onnx::TensorProto::EXTERNAL);
+  auto* kv = big->add_external_data();
+  kv->set_key("location"), kv->set_value("huge.onnx.data");
+  std::ofstream(dir + "/huge.onnx", std::ios::binary) << m.SerializeAsString();
+  try {
+    flux::onnx::load(dir + "/huge.onnx");
+    FAIL() << "loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'huge_weight'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the CPU can give at most"), std::string::npos) << e.what();
   }
 }
 
