@@ -279,20 +279,29 @@ TEST(OnnxImportErrors, EveryUnsupportedOperatorIsListedWithItsNode) {
   auto* lstm = g->add_node();
   lstm->set_op_type("LSTM"), lstm->set_name("bi");
   auto* a = lstm->add_attribute();
-  a->set_name("direction"), a->set_type(::onnx::AttributeProto::STRING), a->set_s("bidirectional");
+  a->set_name("layout"), a->set_type(::onnx::AttributeProto::INT), a->set_i(1);
   std::string msg = error_of(m.SerializeAsString());
   EXPECT_NE(msg.find("3 node(s)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("Foo (node 'first_foo'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("Bar (node 'the_bar'"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("LSTM (node 'bi': direction bidirectional"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("LSTM (node 'bi': layout 1"), std::string::npos) << msg;
 }
 
 TEST(OnnxImportErrors, NewerOpsetNamesBothVersions) {
   if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
-  std::string msg = error_of(small_model(18).SerializeAsString());
-  EXPECT_NE(msg.find("opset 18 is newer"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("opset 17"), std::string::npos) << msg;
-  EXPECT_EQ(error_of(small_model(17).SerializeAsString()), "");
+  std::string msg = error_of(small_model(22).SerializeAsString());
+  EXPECT_NE(msg.find("opset 22 is newer than this importer reads (opsets 11 to 21)"), std::string::npos) << msg;
+  for (int64_t opset : {11, 13, 17, 18, 20, 21}) EXPECT_EQ(error_of(small_model(opset).SerializeAsString()), "") << opset;
+  ::onnx::ModelProto m = small_model(21);
+  m.set_ir_version(11);
+  msg = error_of(m.SerializeAsString());
+  EXPECT_NE(msg.find("IR version 11 is newer than this importer reads (up to 10)"), std::string::npos) << msg;
+  m.set_ir_version(10);
+  EXPECT_EQ(error_of(m.SerializeAsString()), "");
+  // An operator newer than the file's opset is refused naming both.
+  m = one_node("Gelu", {}, 18);
+  msg = error_of(m.SerializeAsString());
+  EXPECT_NE(msg.find("Gelu (node 'Gelu_node': this importer reads it in opsets 20 to 21; the file's is 18)"), std::string::npos) << msg;
 }
 
 TEST(OnnxImportErrors, TruncatedCorruptAndInconsistentFiles) {
