@@ -1,0 +1,81 @@
+// Imports every DIR/NAME.onnx that has a DIR/NAME.safetensors (input.K, output.K: the oracle's
+// outputs, from ONNX Runtime or PyTorch) and compares flux's outputs with them on every test device
+// (the CPU and OpenCL:0 on PoCL where built), within TOL absolute plus TOL relative. One line per case
+// and device with the largest difference; exit status 1 when any case fails.
+//     onnx_compare DIR [TOL]     (tests/onnx.cmake: onnx_import.ops, onnx_import.torch113, ...)
+#include <dirent.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "flux/flux.hpp"
+#include "flux/io/safetensors.hpp"
+#include "flux/onnx.hpp"
+#include "test_devices.hpp"
+
+using namespace flux;
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: onnx_compare DIR [TOL]\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  const double tol = argc > 2 ? std::atof(argv[2]) : 1e-5;
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string f = e->d_name;
+      if (f.size() > 5 && f.substr(f.size() - 5) == ".onnx") names.push_back(f.substr(0, f.size() - 5));
+    }
+    closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  if (names.empty()) {
+    std::printf("FAIL: no .onnx files in %s\n", dir.c_str());
+    return 1;
+  }
+  int failures = 0, cases = 0;
+  for (const std::string& name : names) {
+    try {
+      TensorMap ref = load_state(dir + "/" + name + ".safetensors");
+      onnx::Model net = onnx::load(dir + "/" + name + ".onnx");
+      std::vector<Tensor> inputs, want;
+      for (size_t k = 0; ref.count("input." + std::to_string(k)); ++k) inputs.push_back(ref["input." + std::to_string(k)]);
+      for (size_t k = 0; ref.count("output." + std::to_string(k)); ++k) want.push_back(ref["output." + std::to_string(k)]);
+      for (const Device& dev : flux::testing::test_devices()) {
+        ++cases;
+        auto m = net | dev;
+        std::vector<Tensor> xs;
+        for (const Tensor& x : inputs) xs.push_back(to(x, dev));
+        std::vector<Tensor> got = m.forward(xs);
+        double worst = 0;
+        std::string why;
+        for (size_t k = 0; k < want.size() && why.empty(); ++k) {
+          if (k >= got.size() || got[k].shape() != want[k].shape()) {
+            why = "output " + std::to_string(k) + " shape " + (k < got.size() ? to_string(got[k].shape()) : "missing") +
+                  ", expected " + to_string(want[k].shape());
+            break;
+          }
+          std::vector<double> g = to(got[k], Device()).to_vector<double>(), w = want[k].to_vector<double>();
+          for (size_t i = 0; i < g.size(); ++i) {
+            const double e = std::abs(g[i] - w[i]);
+            worst = std::max(worst, std::isfinite(e) ? e : INFINITY);
+            if (!(e <= tol + tol * std::abs(w[i]))) why = "output " + std::to_string(k) + " differs beyond " + std::to_string(tol);
+          }
+        }
+        if (!why.empty()) ++failures;
+        std::printf("%s %s on %s: max difference %.3g%s%s\n", why.empty() ? "ok  " : "FAIL", name.c_str(), to_string(dev).c_str(),
+                    worst, why.empty() ? "" : "; ", why.c_str());
+      }
+    } catch (const Error& e) {
+      ++failures, ++cases;
+      std::printf("FAIL %s: %s\n", name.c_str(), e.what());
+    }
+  }
+  std::printf("%d of %d case-device pairs failed\n", failures, cases);
+  return failures ? 1 : 0;
+}
