@@ -82,6 +82,16 @@ py=$('${CMAKE_CURRENT_SOURCE_DIR}/onnx/ensure_venv.sh' '${FLUX_ONNX_VENV}') || e
 set_tests_properties(onnx_import.ops PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS onnx
   ENVIRONMENT "POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache")
 
+# onnx_import.torch113: held-out models exported by Debian's torch 1.13 at opset 17
+# (tests/onnx/torch113_heldout.py, system Python): PyTorch's outputs within 1e-5 of their scale.
+set(t113_dir ${CMAKE_CURRENT_BINARY_DIR}/onnx-import-torch113)
+add_test(NAME onnx_import.torch113
+  COMMAND sh -c "rm -rf '${t113_dir}' && mkdir -p '${t113_dir}' && \
+/usr/bin/python3 '${CMAKE_CURRENT_SOURCE_DIR}/onnx/torch113_heldout.py' '${t113_dir}' || exit $?; \
+'$<TARGET_FILE:onnx_compare>' '${t113_dir}'")
+set_tests_properties(onnx_import.torch113 PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS "onnx;interop"
+  ENVIRONMENT "POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache")
+
 # examples/onnx_roundtrip.cpp: trains, exports, imports, compares; ONNX Runtime through the test venv.
 if(TARGET onnx_roundtrip)
   set(ex_dir ${CMAKE_CURRENT_BINARY_DIR}/onnx-roundtrip-example)
