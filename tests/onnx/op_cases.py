@@ -5,9 +5,7 @@ output.K. Runs in the tests' venv (onnx, onnxruntime, numpy from PyPI).
     op_cases.py DIR
 
 Each case names the opset whose form it tests (ReduceMean's axes attribute at 17, input at 18, ...)."""
-import json
 import os
-import struct
 import sys
 
 import numpy as np
@@ -15,24 +13,12 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+sys.path.insert(0, os.path.dirname(__file__))
+from op_cases_io import save_safetensors  # noqa: E402
+
 out = sys.argv[1]
 rng = np.random.default_rng(48)
-TYPES = {np.dtype("float32"): ("F32", TensorProto.FLOAT), np.dtype("int64"): ("I64", TensorProto.INT64),
-         np.dtype("bool"): ("BOOL", TensorProto.BOOL)}
-
-
-def save_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        b = a.tobytes()
-        header[name] = {"dtype": TYPES[a.dtype][0], "shape": list(a.shape), "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+TYPES = {np.dtype("float32"): TensorProto.FLOAT, np.dtype("int64"): TensorProto.INT64, np.dtype("bool"): TensorProto.BOOL}
 
 
 def randn(*shape):
@@ -46,7 +32,7 @@ def const(name, value):
 def case(name, nodes, inputs, inits=(), opset=17, outputs=("y",), otype=TensorProto.FLOAT):
     """inputs: {name: array}; inits: initialiser TensorProtos; every output is compared."""
     graph = helper.make_graph(
-        nodes, name, [helper.make_tensor_value_info(k, TYPES[v.dtype][1], list(v.shape)) for k, v in inputs.items()],
+        nodes, name, [helper.make_tensor_value_info(k, TYPES[v.dtype], list(v.shape)) for k, v in inputs.items()],
         [helper.make_tensor_value_info(o, otype, None) for o in outputs], list(inits))
     ir = 10 if opset >= 21 else 9 if opset >= 19 else 8
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir)
