@@ -385,6 +385,22 @@ TEST(OnnxImportErrors, ExternalDataLargerThanMemoryIsRefusedByName) {
   }
 }
 
+// The fuzz target's seeds (tests/fuzz/make_onnx_seeds.py: one per operator family, opsets 17 to 21)
+// are models the importer reads: mutations start from every runner's inputs and attributes.
+TEST(OnnxImportErrors, EveryFuzzSeedLoads) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  const std::string dir = std::string(FLUX_SOURCE_DIR) + "/tests/fuzz/corpus/onnx_load";
+  int loaded = 0;
+  for (const char* name : {"cnn", "convtranspose", "expand_tile_slice", "gelu_hard", "groupnorm_einsum", "gru_bidirectional", "lstm",
+                           "mlp", "pad_resize", "pool_ceil", "shapes", "split_reduce", "trilu_where_range"}) {
+    SCOPED_TRACE(name);
+    auto net = flux::onnx::load(dir + "/" + name + ".onnx");
+    EXPECT_FALSE(net.summary().empty());
+    ++loaded;
+  }
+  EXPECT_EQ(loaded, 13);
+}
+
 TEST(OnnxImportErrors, WrongInputCountAndEmptyModel) {
   if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
   auto net = flux::onnx::load_from_bytes(small_model().SerializeAsString());
