@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
         std::vector<Tensor> xs;
         for (const Tensor& x : inputs) xs.push_back(to(x, dev));
         std::vector<Tensor> got = m.forward(xs);
-        double worst = 0;
+        double worst = 0, out_scale = 0;
         std::string why;
         for (size_t k = 0; k < want.size() && why.empty(); ++k) {
           if (k >= got.size() || got[k].shape() != want[k].shape()) {
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
           }
           std::vector<double> g = to(got[k], Device()).to_vector<double>(), w = want[k].to_vector<double>();
           double scale = 1;  // the tolerance is relative to the output's scale (its largest magnitude, at least 1)
-          for (double v : w) scale = std::max(scale, std::abs(v));
+          for (double v : w) scale = std::max(scale, std::abs(v)), out_scale = std::max(out_scale, std::abs(v));
           for (size_t i = 0; i < g.size(); ++i) {
             const double e = std::abs(g[i] - w[i]);
             worst = std::max(worst, std::isfinite(e) ? e : INFINITY);
@@ -71,8 +71,8 @@ int main(int argc, char** argv) {
           }
         }
         if (!why.empty()) ++failures;
-        std::printf("%s %s on %s: max difference %.3g%s%s\n", why.empty() ? "ok  " : "FAIL", name.c_str(), to_string(dev).c_str(),
-                    worst, why.empty() ? "" : "; ", why.c_str());
+        std::printf("%s %s on %s: max difference %.3g (largest output %.3g)%s%s\n", why.empty() ? "ok  " : "FAIL", name.c_str(),
+                    to_string(dev).c_str(), worst, out_scale, why.empty() ? "" : "; ", why.c_str());
         if (!ref.count("seed_grad") || !why.empty()) continue;
         // Fine-tuning: one SGD step as PyTorch took it, then the output again. Reported, not failed:
         // files whose exporter folded BatchNorm into the convolutions cannot match (FINE_TUNE_MISMATCH).
