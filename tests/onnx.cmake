@@ -65,6 +65,45 @@ py=$('${CMAKE_CURRENT_SOURCE_DIR}/onnx/ensure_venv.sh' '${FLUX_ONNX_VENV}') || e
 set_tests_properties(onnx_import.torch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS "onnx;interop"
   ENVIRONMENT "POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache")
 
+# onnx_compare DIR: every DIR/NAME.onnx against the outputs in DIR/NAME.safetensors, on every device.
+add_executable(onnx_compare ${CMAKE_CURRENT_SOURCE_DIR}/onnx/onnx_compare.cpp)
+target_link_libraries(onnx_compare PRIVATE flux GTest::gtest)
+target_include_directories(onnx_compare PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_compile_options(onnx_compare PRIVATE ${FLUX_WARNINGS})
+add_dependencies(flux_tests onnx_compare)
+# onnx_import.ops: one small model per operator form (opsets 11 to 21), ONNX Runtime as the oracle
+# (tests/onnx/op_cases.py in the venv).
+set(ops_dir ${CMAKE_CURRENT_BINARY_DIR}/onnx-import-ops)
+add_test(NAME onnx_import.ops
+  COMMAND sh -c "rm -rf '${ops_dir}' && mkdir -p '${ops_dir}' && \
+py=$('${CMAKE_CURRENT_SOURCE_DIR}/onnx/ensure_venv.sh' '${FLUX_ONNX_VENV}') || exit $?; \
+\"$py\" '${CMAKE_CURRENT_SOURCE_DIR}/onnx/op_cases.py' '${ops_dir}' || exit $?; \
+'$<TARGET_FILE:onnx_compare>' '${ops_dir}'")
+set_tests_properties(onnx_import.ops PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS onnx
+  ENVIRONMENT "POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache")
+
+# onnx_import.torch113: held-out models exported by Debian's torch 1.13 at opset 17
+# (tests/onnx/torch113_heldout.py, system Python): PyTorch's outputs within 1e-5 of their scale.
+set(t113_dir ${CMAKE_CURRENT_BINARY_DIR}/onnx-import-torch113)
+add_test(NAME onnx_import.torch113
+  COMMAND sh -c "rm -rf '${t113_dir}' && mkdir -p '${t113_dir}' && \
+/usr/bin/python3 '${CMAKE_CURRENT_SOURCE_DIR}/onnx/torch113_heldout.py' '${t113_dir}' || exit $?; \
+'$<TARGET_FILE:onnx_compare>' '${t113_dir}'")
+set_tests_properties(onnx_import.torch113 PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS "onnx;interop"
+  FIXTURES_SETUP onnx_torch113_files ENVIRONMENT "POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache")
+# onnx_import.opset20: the same files rewritten as today's exporters write them (ONNX's version
+# converter to opset 20, IR 10, weights in NAME.onnx.data: tests/onnx/upgrade_models.py in the venv),
+# ONNX Runtime's outputs as the oracle. PyPI's torch 2.x wheels need the CUDA libraries (gigabytes)
+# even to import on a CPU, which CI cannot afford; this covers their file format instead.
+set(o20_dir ${CMAKE_CURRENT_BINARY_DIR}/onnx-import-opset20)
+add_test(NAME onnx_import.opset20
+  COMMAND sh -c "rm -rf '${o20_dir}' && mkdir -p '${o20_dir}' && \
+py=$('${CMAKE_CURRENT_SOURCE_DIR}/onnx/ensure_venv.sh' '${FLUX_ONNX_VENV}') || exit $?; \
+\"$py\" '${CMAKE_CURRENT_SOURCE_DIR}/onnx/upgrade_models.py' '${t113_dir}' '${o20_dir}' 20 || exit $?; \
+'$<TARGET_FILE:onnx_compare>' '${o20_dir}'")
+set_tests_properties(onnx_import.opset20 PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS "onnx;interop"
+  FIXTURES_REQUIRED onnx_torch113_files ENVIRONMENT "POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache")
+
 # examples/onnx_roundtrip.cpp: trains, exports, imports, compares; ONNX Runtime through the test venv.
 if(TARGET onnx_roundtrip)
   set(ex_dir ${CMAKE_CURRENT_BINARY_DIR}/onnx-roundtrip-example)

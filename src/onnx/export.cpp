@@ -204,17 +204,25 @@ class Exporter {
     for (int64_t x : v) t->add_int64_data(x);
     return name;
   }
-  /// A scalar of dtype t (the dtype of the tensor it meets).
-  std::string const_scalar(double v, DType t) {
-    Tensor s = Tensor::scalar(v, t);
-    std::string name = fresh("const");
-    tensor_proto(s, name, graph_->add_initializer());
+  std::string const_i64_scalar(int64_t v) {
+    std::string name = fresh("const_i64");
+    auto* t = graph_->add_initializer();
+    t->set_name(name);
+    t->set_data_type(::onnx::TensorProto::INT64);
+    t->add_int64_data(v);
     return name;
   }
+  /// A scalar of dtype t (the dtype of the tensor it meets).
+  std::string const_scalar(double v, DType t) { return const_tensor(Tensor::scalar(v, t)); }
+  /// A Constant node, not an initialiser: importers (onnx::load too) make initialisers trainable
+  /// parameters, and what the forward computed (an attention scale, GELU's constants) is not one.
   std::string const_tensor(const Tensor& x) {
-    std::string name = fresh("const");
-    tensor_proto(x, name, graph_->add_initializer());
-    return name;
+    auto* n = node("Constant", {}, {fresh("const")});
+    auto* a = n->add_attribute();
+    a->set_name("value");
+    a->set_type(::onnx::AttributeProto::TENSOR);
+    tensor_proto(x, "", a->mutable_t());
+    return n->output(0);
   }
 
   // ---- dynamic dimensions ----
@@ -228,6 +236,8 @@ class Exporter {
 
   // ---- conversion ----
   std::string value_of(const Ref& r, const Ref& r2, const Tensor& t1, const Tensor& t2, size_t user_event);
+  std::optional<std::string> shaped_constant(const Tensor& t1, const Tensor& t2);
+  std::string scalar_dim(int64_t v1, int64_t v2);
   void convert(size_t k, const trace::Event& e, const trace::Event& e2, const std::vector<std::string>& in,
                const std::string& out);
   void recurrent(const trace::Event& e, const std::vector<std::string>& in, const std::string& out);
@@ -324,22 +334,33 @@ std::string Exporter::shape_value(const char* api, const Shape& s1, const Shape&
 }
 
 std::string Exporter::near_param(size_t k) const {
-  // The nearest parameter read by op k or the ops before it on its inputs: its layer path.
+  // The layer path of the nearest parameter: read by op k or the ops before it on its inputs, else by
+  // the first op after it that its value reaches (an op on the inputs alone, before any layer).
+  auto layer = [&](const Ref& r) {
+    const std::string& name = params_[size_t(r.index)].first;
+    size_t dot = name.rfind('.');
+    return dot == std::string::npos ? std::string("the model's top level") : "layer '" + name.substr(0, dot) + "'";
+  };
   std::vector<size_t> todo{k};
   std::set<size_t> seen;
   for (size_t i = 0; i < todo.size() && i < 64; ++i) {
     size_t e = todo[i];
     if (!seen.insert(e).second) continue;
     for (const Ref& r : r1_->event_inputs[e]) {
-      if (r.kind == Ref::param) {
-        const std::string& name = params_[size_t(r.index)].first;
-        size_t dot = name.rfind('.');
-        return dot == std::string::npos ? "the model's top level" : "layer '" + name.substr(0, dot) + "'";
-      }
+      if (r.kind == Ref::param) return layer(r);
       if (r.kind == Ref::event) todo.push_back(size_t(r.index));
     }
   }
-  return "";
+  std::set<size_t> reached{k};
+  for (size_t e = k + 1; e < r1_->event_inputs.size(); ++e) {
+    bool reads = false;
+    for (const Ref& r : r1_->event_inputs[e]) reads = reads || (r.kind == Ref::event && reached.count(size_t(r.index)));
+    if (!reads) continue;
+    for (const Ref& r : r1_->event_inputs[e])
+      if (r.kind == Ref::param) return "before " + layer(r);
+    reached.insert(e);
+  }
+  return "the model's top level, on its inputs alone";
 }
 
 std::string Exporter::value_of(const Ref& r, const Ref& r2, const Tensor& t1, const Tensor& t2, size_t user) {
@@ -376,10 +397,16 @@ std::string Exporter::value_of(const Ref& r, const Ref& r2, const Tensor& t1, co
     bool uniform = !a.empty() && !b.empty();
     for (double v : a) uniform = uniform && (v == a[0] || (std::isnan(v) && std::isnan(a[0])));
     for (double v : b) uniform = uniform && (v == a[0] || (std::isnan(v) && std::isnan(a[0])));
-    if (!uniform)
+    if (!uniform) {
+      if (auto made = shaped_constant(t1, t2)) {
+        constant_names_[r.index] = *made;
+        return *made;
+      }
       fail("[onnx::save] the op '", e.op, "' (", near_param(user), ") reads a tensor of shape ", shape_text(t1.shape()),
            " (", shape_text(t2.shape()), " at the second traced size) made outside flux's ops from the input's size "
-           "with varying values; only constant-filled tensors (zeros, full) may follow the input's size");
+           "with varying values; only constant-filled tensors (zeros, full), positions (arange) and triangular "
+           "masks (causal_mask) may follow the input's size");
+    }
     std::string shape = shape_value("constant", t1.shape(), t2.shape(), false);
     auto* n = node("ConstantOfShape", {shape}, {fresh("filled")});
     auto* at = n->add_attribute();
@@ -390,6 +417,85 @@ std::string Exporter::value_of(const Ref& r, const Ref& r2, const Tensor& t1, co
   }
   constant_names_[r.index] = name;
   return name;
+}
+
+std::string Exporter::scalar_dim(int64_t v1, int64_t v2) {
+  auto d = solve(v1, v2);
+  if (!d) fail("[onnx::save] a length ", v1, " (", v2, " at the second traced size) is no simple function of the inputs' dynamic axes");
+  return node1("Squeeze", {dim_value(*d)});
+}
+
+/// Tensors made outside flux's ops whose shape and values follow the input's size, in the two forms
+/// models build from a length: positions (a + i d, arange) and triangular masks over the last two axes
+/// (value A where j - i <= m, or >= m, else B; m fixed or offset by cols - rows, as causal_mask), written
+/// as Range and comparison nodes so the graph computes them at any size. nullopt for anything else.
+std::optional<std::string> Exporter::shaped_constant(const Tensor& t1, const Tensor& t2) {
+  const DType t = t1.dtype();
+  std::vector<double> a = to(t1, Device()).cast(DType::f64).to_vector<double>();
+  std::vector<double> b = to(t2, Device()).cast(DType::f64).to_vector<double>();
+  if (t1.ndim() != t2.ndim() || a.empty() || b.empty()) return std::nullopt;
+  if (t1.ndim() == 1 && t != DType::boolean) {
+    const double start = a[0], step = a.size() > 1 ? a[1] - a[0] : b.size() > 1 ? b[1] - b[0] : 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i] != start + double(i) * step) return std::nullopt;
+    for (size_t i = 0; i < b.size(); ++i)
+      if (b[i] != start + double(i) * step) return std::nullopt;
+    auto* range = node("Range", {const_i64_scalar(0), scalar_dim(t1.size(0), t2.size(0)), const_i64_scalar(1)}, {fresh("range")});
+    auto* cast = node("Cast", {range->output(0)}, {fresh("positions")});
+    attr_i(cast, "to", onnx_dtype(t));
+    std::string v = cast->output(0);
+    if (step != 1) v = node1("Mul", {v, const_scalar(step, t)});
+    if (start != 0) v = node1("Add", {v, const_scalar(start, t)});
+    return v;
+  }
+  const int nd = t1.ndim();
+  if (nd < 2) return std::nullopt;
+  for (int i = 0; i < nd - 2; ++i)
+    if (t1.shape()[i] != 1 || t2.shape()[i] != 1) return std::nullopt;
+  // Per trace: the form (lower: A where j - i <= m; upper: A where j - i >= m) and m.
+  auto form = [](const std::vector<double>& v, int64_t rows, int64_t cols, bool lower, int64_t* m) {
+    const double on = v[0];
+    bool found = false;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        if (v[size_t(i * cols + j)] == on) *m = found ? (lower ? std::max(*m, j - i) : std::min(*m, j - i)) : j - i, found = true;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const bool want_on = lower ? j - i <= *m : j - i >= *m;
+        if ((v[size_t(i * cols + j)] == on) != want_on) return false;
+      }
+    return true;
+  };
+  const int64_t r1 = t1.shape()[nd - 2], c1 = t1.shape()[nd - 1], r2 = t2.shape()[nd - 2], c2 = t2.shape()[nd - 1];
+  // Exactly two values, the one at (0, 0) ("on") and another.
+  double off_value = a[0];
+  for (double v : a)
+    if (v != a[0]) off_value = v;
+  bool two = b[0] == a[0];
+  for (const auto* v : {&a, &b})
+    for (double x : *v) two = two && (x == a[0] || x == off_value);
+  if (!two) return std::nullopt;
+  for (bool lower : {true, false}) {
+    int64_t m1 = 0, m2 = 0;
+    if (!form(a, r1, c1, lower, &m1) || !form(b, r2, c2, lower, &m2)) continue;
+    const bool relative = m1 != m2;  // m = k0 + (cols - rows)
+    const int64_t k0 = relative ? m1 - (c1 - r1) : m1;
+    if (relative && m2 - (c2 - r2) != k0) continue;
+    const std::string rows = scalar_dim(r1, r2), cols = scalar_dim(c1, c2);
+    auto arange = [&](const std::string& n) { return node1("Range", {const_i64_scalar(0), n, const_i64_scalar(1)}); };
+    std::string diff = node1("Sub", {node1("Unsqueeze", {arange(cols), const_i64({0})}), node1("Unsqueeze", {arange(rows), const_i64({1})})});
+    std::string m = const_i64_scalar(k0);
+    if (relative) m = node1("Add", {node1("Sub", {cols, rows}), m});
+    std::string cond = node1(lower ? "LessOrEqual" : "GreaterOrEqual", {diff, m});
+    std::string v = node1("Where", {cond, const_scalar(a[0], t), const_scalar(off_value, t)});
+    if (nd > 2) {
+      std::vector<int64_t> lead;
+      for (int i = 0; i < nd - 2; ++i) lead.push_back(i);
+      v = node1("Unsqueeze", {v, const_i64(lead)});
+    }
+    return v;
+  }
+  return std::nullopt;
 }
 
 void Exporter::recurrent(const trace::Event& e, const std::vector<std::string>& in, const std::string& out) {
@@ -676,7 +782,7 @@ std::string unsupported_reason(const std::string& op) {
     bool same = a.op == b.op && a.inputs.size() == b.inputs.size();
     for (size_t j = 0; same && j < a.inputs.size(); ++j) same = same_ref(r1.event_inputs[k][j], r2.event_inputs[k2][j]);
     if (!same)
-      fail(api, " op ", k, " ('", a.op, "') reads different tensors at the two traced input sizes ('", b.op,
+      fail(api, " op ", k, " ('", a.op, "', ", near_param(k), ") reads different tensors at the two traced input sizes ('", b.op,
            "' there): export needs a forward whose ops do not depend on the input sizes");
     for (size_t j = 0; j < a.attrs.size(); ++j) {
       const std::string name = a.attrs[j].name;
@@ -692,7 +798,7 @@ std::string unsupported_reason(const std::string& op) {
     std::string why = unsupported_reason(t1.events[k].op);
     if (why.empty()) continue;
     std::string where = near_param(k);
-    bad << (nbad++ ? "; " : "") << "'" << t1.events[k].op << "' (" << why << (where.empty() ? "" : ", after " + where) << ")";
+    bad << (nbad++ ? "; " : "") << "'" << t1.events[k].op << "' (" << why << ", " << where << ")";
   }
   if (nbad) fail(api, " the model runs ", nbad, " op(s) with no ONNX form: ", bad.str());
 
@@ -727,11 +833,17 @@ std::string unsupported_reason(const std::string& op) {
   for (size_t k : l1) {
     const size_t k2 = partner[k];
     const trace::Event &e = t1.events[k], &e2 = t2.events[k2];
-    std::vector<std::string> in;
-    for (size_t j = 0; j < e.inputs.size(); ++j)
-      in.push_back(value_of(r1.event_inputs[k][j], r2.event_inputs[k2][j], e.inputs[j], e2.inputs[j], k));
-    event_names_[k] = "t" + std::to_string(k) + "_" + e.op;
-    convert(k, e, e2, in, event_names_[k]);
+    try {  // every error names the layer path of the op it met
+      std::vector<std::string> in;
+      for (size_t j = 0; j < e.inputs.size(); ++j)
+        in.push_back(value_of(r1.event_inputs[k][j], r2.event_inputs[k2][j], e.inputs[j], e2.inputs[j], k));
+      event_names_[k] = "t" + std::to_string(k) + "_" + e.op;
+      convert(k, e, e2, in, event_names_[k]);
+    } catch (const Error& err) {
+      const std::string msg = err.what();
+      if (msg.find("layer '") != std::string::npos || msg.find("top level") != std::string::npos) throw;
+      fail(msg, " (the op '", e.op, "', ", near_param(k), ")");
+    }
   }
   for (size_t i = 0; i < t1.outputs.size(); ++i) {
     std::string name = i < opts_.output_names.size() ? opts_.output_names[i] : (i ? "output_" + std::to_string(i) : "output");

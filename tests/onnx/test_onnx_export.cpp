@@ -166,6 +166,45 @@ TEST_P(OnnxExport, ZeroStateFollowsTheBatchAndSequenceAxesCanBeDynamic) {
   EXPECT_EQ(out.dim(2).dim_value(), 5);
 }
 
+/// A decoder block whose masks come from the input's length, as users write them: MultiHeadAttention
+/// with .causal (causal_mask(T, T)) and a second attention masked by positions from arange(T).
+struct CausalBlock {
+  MultiHeadAttention self_attn = MultiHeadAttention(16, {.nheads = 4, .causal = true});
+  MultiHeadAttention cross = MultiHeadAttention(16, {.nheads = 2});
+  LayerNorm norm = LayerNorm(16);
+  Tensor operator()(const Tensor& x) const {
+    const int64_t t = x.size(1);
+    Tensor pos = arange(0, double(t), 1, DType::f32, x.device());            // (T,), made from the length
+    Tensor mask = le(pos.reshape({1, t}), pos.reshape({t, 1}) + 1.0);         // key j <= query i + 1
+    Tensor h = x + self_attn(norm(x));
+    return h + cross.forward(h, h, h, mask).output * gelu_erf(h);
+  }
+};
+FLUX_LAYER(CausalBlock, self_attn, cross, norm)
+
+// Issue 48: causal attention and masks from a dynamic sequence length export (Range and comparison
+// nodes compute them), and the file read back equals the model at two batch sizes and two lengths,
+// with the same parameter count (the exporter's float constants come back non-trainable).
+TEST_P(OnnxExport, CausalMasksFromTheDynamicLengthExportAndRoundTrip) {
+  const Device dev = GetParam();
+  seed(7);
+  CausalBlock block;
+  for (auto& [name, t] : state(block)) copy_(t, rand(t.shape()) - 0.5);  // biases and norms not all equal
+  auto model = block | dev;
+  const std::string dir = temp_dir(), path = dir + "/causal.onnx";
+  flux::onnx::save(path, model, to(rand({2, 5, 16}), dev), {.dynamic_axes = {{0, 1}}});
+  auto ops = op_types(read(path));
+  EXPECT_TRUE(ops.count("Range")) << "positions and the causal mask computed in the graph";
+  auto net = flux::onnx::load(path) | dev;
+  EXPECT_EQ(parameter_count(net), parameter_count(model));
+  for (auto [n, t] : {std::pair<int64_t, int64_t>{2, 5}, {3, 7}, {1, 4}}) {
+    Tensor x = to(rand({n, t, 16}), dev);
+    std::vector<double> got = to(net(x), Device()).to_vector<double>(), want = to(model(x), Device()).to_vector<double>();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5) << "batch " << n << ", length " << t << ", [" << i << "]";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, OnnxExport, ::testing::ValuesIn(test_devices()), device_test_name);
 
 TEST(OnnxExportErrors, OpsetNewerThanSupportedNamesBoth) {
@@ -238,6 +277,17 @@ TEST(OnnxExportErrors, ShapeDependentTensorsMadeOutsideOpsAreRefused) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("outside flux's ops"), std::string::npos) << e.what();
+  }
+  // A shape-following tensor of no known form (random values per length) names the layer whose
+  // parameter reads it downstream, never "()".
+  auto model2 = Chain(
+      [](const Tensor& x) { return x * to(rand({x.size(0), x.size(1)}), x.device()); }, Dense(3, 2));
+  try {
+    flux::onnx::save(temp_dir() + "/y.onnx", model2, rand({2, 3}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 'layers.1'"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("()"), std::string::npos) << e.what();
   }
 }
 
