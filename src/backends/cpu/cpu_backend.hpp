@@ -109,37 +109,50 @@ bool conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, con
 /// Tests: the kernel a forward of g runs (affine: conv_forward_affine's); Kernel(-1) where none takes it.
 Kernel conv_forward_kernel(const backend::ConvGeometry& g, bool affine);
 
-/// What a conv call computes, and the buffers it passes the kernels in this order: forward(_relu) x w
-/// [bias] y; forward_affine x w scale shift y (+ the residual apart); backward_data dy w dx;
-/// backward_weight x dy dw [dbias].
+/// What a conv call computes: forward (y = conv(x, w) then its epilogue), forward_relu (the same with
+/// relu(conv + bias) in one oneDNN post-op), forward_affine (the fused inference conv + BatchNorm
+/// (+ residual) of conv_forward_affine), backward_data, backward_weight.
 enum class ConvKind : int64_t { forward, forward_relu, forward_affine, backward_data, backward_weight };
-/// forward_affine's post-ops after conv * scale + shift.
-struct ConvPostOps {
-  bool relu = false, residual = false, relu_after = false;
+/// The arrays of one conv call, by name (null: not part of the call): forwards read x, w and write y;
+/// backward_data reads dy, w and writes dx; backward_weight reads x, dy and writes dw and dbias
+/// (null: no bias). A forward's other arrays are its epilogue's.
+struct ConvArrays {
+  void* x = nullptr;
+  void* w = nullptr;
+  void* y = nullptr;
+  void* dy = nullptr;
+  void* dx = nullptr;
+  void* dw = nullptr;
+  void* dbias = nullptr;
+};
+/// What a forward does to conv(x, w) before y is written, the one description every forward kernel
+/// reads: y = relu_after?(relu?(conv(x, w) * scale + shift) + residual).
+///   scale (O,) float32, null: 1 (forward_affine: the folded BatchNorm's scale);
+///   shift (O,), null: none: the conv's bias (the activations' dtype) or forward_affine's shift (float32);
+///   residual (y's shape and dtype), null: none. relu, residual and relu_after: forward_affine only;
+///   forward_relu sets relu.
+struct ConvEpilogue {
+  const void* scale = nullptr;
+  const void* shift = nullptr;
+  bool relu = false;
+  const void* residual = nullptr;
+  bool relu_after = false;
 };
 /// oneDNN's convolution (conv_onednn.cpp); false where oneDNN declines the case or is not built in.
 /// dt f32, or bf16 (activations, weights, bias and gradients bf16; a forward_affine's scale and shift
 /// float32), float32 accumulation.
-bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const std::vector<void*>& buffers,
-                 const ConvPostOps& ep = {}, void* residual = nullptr, DType dt = DType::f32);
-/// flux's few-pixel forward (conv_own.cpp): dense, C / G * prod(kernel) >= 64, at most 32 output pixels
-/// over the batch; forward kinds only.
+bool onednn_conv(ConvKind kind, const backend::ConvGeometry& g, const ConvArrays& a, const ConvEpilogue& ep = {},
+                 DType dt = DType::f32);
+/// flux's few-pixel forward (conv_own.cpp), float32: dense, C / G * prod(kernel) >= 64, at most 32
+/// output pixels over the batch.
 bool few_pixel_fits(const backend::ConvGeometry& g);
-void few_pixel_forward(ConvKind kind, bool bias, const backend::ConvGeometry& g, const std::vector<void*>& buffers,
-                       const ConvPostOps& ep, const void* residual);
-/// Winograd F(2x2, 3x3) forwards (winograd.cpp): 2-D, 3x3, stride 1, no dilation or groups, channels
-/// multiples of 8 (16 and up). y (N, O, OH, OW) = relu_after?(relu?(conv(x, w) * scale + shift) +
-/// residual); null scale: 1, null shift or residual: none. The transformed weights are kept in
-/// g.weight_cache (null: made for the call).
-struct WinogradEpilogue {
-  const float* scale = nullptr;
-  const float* shift = nullptr;
-  bool relu = false;
-  const float* residual = nullptr;
-  bool relu_after = false;
-};
+void few_pixel_forward(const float* x, const float* w, const backend::ConvGeometry& g, const ConvEpilogue& ep,
+                       float* y);
+/// Winograd F(2x2, 3x3) forwards (winograd.cpp), float32: 2-D, 3x3, stride 1, no dilation or groups,
+/// channels multiples of 8 (16 and up). The transformed weights are kept in g.weight_cache (null: made
+/// for the call).
 bool winograd_fits(const backend::ConvGeometry& g);
-void winograd_forward(const float* x, const float* w, const backend::ConvGeometry& g, const WinogradEpilogue& ep,
+void winograd_forward(const float* x, const float* w, const backend::ConvGeometry& g, const ConvEpilogue& ep,
                       float* y);
 /// Pooling over (N, C, spatial...) (pooling.cpp): y from x; dx (pre-filled) += the adjoint of dy.
 void pool_forward(backend::PoolOp op, DType t, const void* x, void* y, const backend::ConvGeometry& g);

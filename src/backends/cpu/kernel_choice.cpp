@@ -76,7 +76,7 @@ Kernel linear_rule(const Query&, Candidates c) {
 // but the 4x4 stage at batch 1 (16 pixels, the largest weights, read from memory in the network)
 // runs faster on the few-pixel kernel. Then the few-pixel kernel wherever it fits (at most 32
 // output pixels over the batch: weight-bound, see conv_own.cpp); oneDNN otherwise. With AVX-512, where
-// oneDNN's direct kernels are stronger and this session could not measure, no Winograd.
+// oneDNN's direct kernels are stronger, no Winograd (not yet measured there).
 Kernel conv_rule(const Query& q, Candidates c) {
   const int64_t pixels = q.dims[1] * q.dims[5] * q.dims[6] * q.dims[7];  // batch x in (= out for 3x3 s1 "same")
   if (has(c, Kernel::winograd) && active_isa() != Isa::avx512 && pixels >= 48) return Kernel::winograd;

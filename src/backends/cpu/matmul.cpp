@@ -83,7 +83,7 @@ void blas_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double
 }
 
 // OpenBLAS runs on one thread: its own threads sched_yield()-spin between calls and fought our
-// pool's (futex + sched_yield ~80% of a 2-thread MNIST run's time in strace -c -f). GEMMs large
+// pool's (bench/results/2026-12-06-notes-from-comments.md). GEMMs large
 // enough to split are cut over our pool instead (gemm_split below). Set once, when libflux loads.
 // OpenBLAS (pthreads build) has started its server threads by then, and they sched_yield()-spin for
 // its thread timeout (2^28 cycles, ~0.1 s of a core) before sleeping for good: they are stopped
@@ -243,8 +243,8 @@ double time_gemm(const Query& q, Kernel kernel, int reps) {
 // ---- Products with one row or one column of C: BLAS GEMV ----
 // OpenBLAS's sgemm packs both operands before its kernel runs; with one row (a batch-1 Dense
 // forward: C (1, n) = x (1, k) W^T) the packing of W is as much memory traffic as the product, and
-// sgemm ran at ~11 GB/s of weights where sgemv streams them at ~40 (784x512 + 512x512 + 512x10 MLP at
-// batch 1, 1 AVX2 core: 248 -> see bench/README.md). gemm_loops above is the reference these match.
+// sgemv streams the weights several times faster (bench/results/2026-12-06-notes-from-comments.md).
+// gemm_loops above is the reference these match.
 void blas_gemv(bool trans, int rows, int cols, float alpha, const float* a, int lda, const float* x, int incx,
                float beta, float* y, int incy) {
   count_call(Kernel::openblas);
@@ -475,7 +475,7 @@ FLUX_CPU_INLINE void panel_columns(const float* x, int64_t n, int64_t in, const 
       b = bias16;
     }
     // One call site (each inlines every block size) and no lambda: a lambda does not inherit this
-    // function's target, and its kernel was baseline code (6.4 ms instead of 1.5 for MNIST at batch 128).
+    // function's target, and its kernel was baseline code (bench/results/2026-12-06-notes-from-comments.md).
     for (int64_t r0 = 0; r0 < n;) {
       const int64_t left = n - r0, rows = left >= 2 * R ? R : left > R ? (left + 1) / 2 : left;
       panel_tile<Vec, R, V>(x, in, panel, b, relu, r0, rows, cols, y, out, c, tile);
