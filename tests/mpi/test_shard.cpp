@@ -279,7 +279,8 @@ TEST(ShardCheckpoint, SaveOrResume) {
     auto [model, state] = distributed::shard(comm, start, optimisers::setup(*make_rule("ClipNormAdam"), start), {.stage = 2});
     std::vector<double> got = sharded_run(comm, model, state, d, 0, rows / 4, 5, dev, true);
     for (size_t s = 0; s < 5; ++s) EXPECT_NEAR(got[s], want[s], 2e-6) << "step " << s;
-    std::filesystem::remove_all(dir);
+    if (comm.rank() == 0) std::filesystem::remove_all(dir);
+    distributed::barrier(comm);
     distributed::save_checkpoint(dir, model, state);
     return;
   }
