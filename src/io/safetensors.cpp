@@ -24,6 +24,7 @@
 #include "flux/backend.hpp"
 #include "flux/ops.hpp"
 #include "flux/random_state.hpp"
+#include "src/io/sharded_checkpoint.hpp"
 #include "src/internal.hpp"
 #include "src/io/safetensors_format.hpp"
 #include "src/optimisers/grad_scaler_internal.hpp"
@@ -443,6 +444,7 @@ void add_resume_state(const optimisers::State& s, Metadata& meta) {
 
 Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_targets, optimisers::State& s,
                                  optimisers::GradScaler* scaler) {
+  if (is_sharded_checkpoint(path)) return load_sharded_gathered(path, model_targets, s, scaler);
   // One open and one header parse: errors name load_checkpoint, and the metadata checked below belong to
   // the tensors loaded (a save replacing the file in between cannot mix two files).
   const std::string context = context_of("load_checkpoint", path);
