@@ -18,6 +18,7 @@
 #include "src/backends/cpu/dependency_check.hpp"
 #include "src/backends/cpu/float_mode.hpp"
 #include "src/backends/cpu/isa.hpp"
+#include "src/backends/cpu/pass_count.hpp"
 
 #ifndef FLUX_BLAS_NAME
 #define FLUX_BLAS_NAME "unknown BLAS"
@@ -169,80 +170,100 @@ class CpuBackend final : public backend::Backend {
     return true;
   }
   void synchronize(int) override {}
-  void fill(int, DType t, backend::Buffer dst, int64_t n, double v) override { cpu_backend::fill(t, ptr(dst), n, v); }
+  void fill(int, DType t, backend::Buffer dst, int64_t n, double v) override {
+    pass_count::kernel();
+    cpu_backend::fill(t, ptr(dst), n, v);
+  }
   void cast(int, DType from, backend::Buffer src, DType to, backend::Buffer dst, int64_t n) override {
+    pass_count::cast(from, to, n);
     cpu_backend::cast(from, ptr(src), to, ptr(dst), n);
   }
   void strided_copy(int, DType t, backend::Buffer src, backend::Buffer dst, const backend::StridedCopy& p) override {
+    pass_count::kernel();
     cpu_backend::strided_copy(t, ptr(src), ptr(dst), p);
   }
   void unary(int, backend::UnaryOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t n, double alpha) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::unary(op, t, ptr(src), ptr(dst), n, alpha);
   }
   void binary(int, backend::BinaryOp op, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer out,
               const backend::Broadcast& p) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::binary(op, t, ptr(a), ptr(b), ptr(out), p);
   }
   // Half storage, float32 arithmetic under float32's floating-point mode (half_elementwise.cpp).
   bool unary_half(int, backend::UnaryOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t n,
                   double alpha) override {
+    pass_count::kernel();
     FloatModeScope mode(DType::f32);
     return cpu_backend::unary_half(op, t, ptr(src), ptr(dst), n, alpha);
   }
   bool binary_half(int, backend::BinaryOp op, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer out,
                    const backend::Broadcast& p) override {
+    pass_count::kernel();
     FloatModeScope mode(DType::f32);
     return cpu_backend::binary_half(op, t, ptr(a), ptr(b), ptr(out), p);
   }
   void where(int, DType t, backend::Buffer c, backend::Buffer a, backend::Buffer b, backend::Buffer out,
              const backend::Broadcast& p) override {
+    pass_count::kernel();
     cpu_backend::where(t, ptr(c), ptr(a), ptr(b), ptr(out), p);
   }
   void reduce(int, backend::ReduceOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer,
               int64_t len, int64_t inner) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::reduce(op, t, ptr(src), ptr(dst), outer, len, inner);
   }
   void matmul(int, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer c, const backend::Gemm& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::matmul(t, ptr(a), ptr(b), ptr(c), g);
   }
   bool matmul_low_precision(int, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer c,
                             const backend::Gemm& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::matmul_low_precision(t, ptr(a), ptr(b), ptr(c), g);
   }
   void softmax(int, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer, int64_t len, int64_t inner,
                bool log) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::softmax(t, ptr(src), ptr(dst), outer, len, inner, log);
   }
   void gather(int, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer, int64_t len,
               int64_t inner, int64_t nidx) override {
+    pass_count::kernel();
     cpu_backend::gather(t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len, inner, nidx);
   }
   void scatter_add(int, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer,
                    int64_t len, int64_t inner, int64_t nidx) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::scatter_add(t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len, inner, nidx);
   }
   void adam_step(int, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer m, backend::Buffer v, int64_t n,
                  const backend::AdamStep& s) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::adam_step(t, ptr(x), ptr(g), ptr(m), ptr(v), n, s);
   }
   bool unscale_and_check(int, DType t, backend::Buffer g, backend::Buffer out, int64_t n, double inv_scale,
                          backend::Buffer found) override {
+    pass_count::kernel();
     FloatModeScope mode(is_floating(t) && t != DType::f64 ? DType::f32 : t);
     return cpu_backend::unscale_and_check(t, ptr(g), ptr(out), n, inv_scale, static_cast<float*>(ptr(found)));
   }
   void random_uniform(int, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
+    pass_count::kernel();
     cpu_backend::random_uniform(t, ptr(dst), n, seed, offset);
   }
   bool batchnorm_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
                          backend::Buffer mean, backend::Buffer var, int64_t n, int64_t c, int64_t s, double eps) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::batchnorm_forward(t, ptr(x), w.handle ? ptr(w) : nullptr, b.handle ? ptr(b) : nullptr, ptr(y), ptr(mean),
                                   ptr(var), n, c, s, eps);
@@ -250,33 +271,39 @@ class CpuBackend final : public backend::Backend {
   bool batchnorm_backward(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w, backend::Buffer mean,
                           backend::Buffer var, backend::Buffer dx, backend::Buffer dw, backend::Buffer db, int64_t n,
                           int64_t c, int64_t s, double eps) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::batchnorm_backward(t, ptr(x), ptr(dy), w.handle ? ptr(w) : nullptr, ptr(mean), ptr(var), ptr(dx),
                                    dw.handle ? ptr(dw) : nullptr, db.handle ? ptr(db) : nullptr, n, c, s, eps);
   }
   bool channel_affine(int, DType t, backend::Buffer x, backend::Buffer scale, backend::Buffer shift, backend::Buffer y,
                       int64_t n, int64_t c, int64_t s) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::channel_affine(t, ptr(x), ptr(scale), shift.handle ? ptr(shift) : nullptr, ptr(y), n, c, s);
   }
   bool unary_backward(int, backend::UnaryOp op, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer dx,
                       int64_t n) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::unary_backward(op, t, ptr(x), ptr(g), ptr(dx), n);
   }
   bool softmax_backward(int, DType t, backend::Buffer y, backend::Buffer g, backend::Buffer dx, int64_t outer,
                         int64_t len, int64_t inner, bool log) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::softmax_backward(t, ptr(y), ptr(g), ptr(dx), outer, len, inner, log);
   }
   bool rownorm_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
                        backend::Buffer mean, backend::Buffer rstd, int64_t r, int64_t d, double eps) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::rownorm_forward(t, ptr(x), or_null(w), or_null(b), ptr(y), ptr(mean), ptr(rstd), r, d, eps);
   }
   bool rownorm_backward(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w, backend::Buffer mean,
                         backend::Buffer rstd, backend::Buffer dx, backend::Buffer dw, backend::Buffer db, int64_t r,
                         int64_t d) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::rownorm_backward(t, ptr(x), ptr(dy), or_null(w), ptr(mean), ptr(rstd), ptr(dx), or_null(dw), or_null(db),
                                  r, d);
@@ -284,6 +311,7 @@ class CpuBackend final : public backend::Backend {
   bool recurrent_forward(int, backend::RecurrentCell cell, DType t, backend::Buffer xg, backend::Buffer hg,
                          backend::Buffer b_hh, backend::Buffer h_prev, backend::Buffer c_prev, backend::Buffer h,
                          backend::Buffer c, backend::Buffer saved, int64_t n, int64_t hidden) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::recurrent_forward(cell, t, ptr(xg), ptr(hg), or_null(b_hh), ptr(h_prev), or_null(c_prev), ptr(h),
                                   or_null(c), or_null(saved), n, hidden);
@@ -292,29 +320,35 @@ class CpuBackend final : public backend::Backend {
                           backend::Buffer dc, backend::Buffer saved, backend::Buffer c_prev, backend::Buffer c,
                           backend::Buffer h_prev, backend::Buffer h, backend::Buffer dxg, backend::Buffer dhg, int64_t n,
                           int64_t hidden) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::recurrent_backward(cell, t, ptr(dy), ptr(dh_next), or_null(dc), or_null(saved), or_null(c_prev),
                                    or_null(c), ptr(h_prev), ptr(h), ptr(dxg), or_null(dhg), n, hidden);
   }
   void im2col(int, DType t, backend::Buffer x, backend::Buffer col, const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     cpu_backend::im2col(t, ptr(x), ptr(col), g);
   }
   void col2im(int, DType t, backend::Buffer col, backend::Buffer dx, const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::col2im(t, ptr(col), ptr(dx), g);
   }
   bool conv_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g);
   }
   bool conv_forward_relu(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
                          const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g, true);
   }
   bool linear_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::PreparedCache* w_cache,
                       backend::Buffer bias, backend::Buffer y, int64_t n, int64_t in, int64_t out, bool relu) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::linear_forward(t, ptr(x), ptr(w), w_cache, bias.handle ? ptr(bias) : nullptr, ptr(y), n, in,
                                        out, relu);
@@ -325,27 +359,32 @@ class CpuBackend final : public backend::Backend {
   bool conv_forward_affine(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer scale,
                            backend::Buffer shift, backend::Buffer residual, backend::Buffer y,
                            const backend::ConvGeometry& g, bool relu, bool relu_after) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::conv_forward_affine(t, ptr(x), ptr(w), ptr(scale), ptr(shift),
                                            residual.handle ? ptr(residual) : nullptr, ptr(y), g, relu, relu_after);
   }
   bool conv_backward_data(int, DType t, backend::Buffer dy, backend::Buffer w, backend::Buffer dx,
                           const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::conv_backward_data(t, ptr(dy), ptr(w), ptr(dx), g);
   }
   bool conv_backward_weight(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer dw,
                             backend::Buffer dbias, const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::conv_backward_weight(t, ptr(x), ptr(dy), ptr(dw), dbias.handle ? ptr(dbias) : nullptr, g);
   }
   void pool_forward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::pool_forward(op, t, ptr(x), ptr(y), g);
   }
   void pool_backward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y, backend::Buffer dy,
                      backend::Buffer dx, const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::pool_backward(op, t, ptr(x), ptr(y), ptr(dy), ptr(dx), g);
   }
@@ -362,3 +401,12 @@ backend::Backend& instance() {
 }
 
 }  // namespace flux::cpu_backend
+
+namespace flux::detail {
+// For bench/flux_bench.cpp (--passes): the CPU backend's pass counts (pass_count.hpp) and their reset.
+void cpu_pass_counts(int64_t* conversions, int64_t* conversion_bytes, int64_t* kernels) {
+  const cpu_backend::PassCounts c = cpu_backend::pass_counts();
+  *conversions = c.conversions, *conversion_bytes = c.conversion_bytes, *kernels = c.kernels;
+}
+void cpu_reset_pass_counts() { cpu_backend::reset_pass_counts(); }
+}  // namespace flux::detail

@@ -23,14 +23,22 @@ int num_threads();
 void fill(DType t, void* dst, int64_t n, double value);
 void cast(DType from, const void* src, DType to, void* dst, int64_t n);
 /// float32 -> bf16/f16 storage and back (half_cast.cpp, cast's kernels for these pairs): round to
-/// nearest even, NaN as src/half_bits.hpp; AVX2 (+F16C for f16) where the active ISA allows, bitwise
-/// equal to the scalar references beside them.
+/// nearest even, NaN as src/half_bits.hpp; AVX512-BF16, AVX-512 or AVX2 (+F16C for f16) where the CPU
+/// and the active ISA allow, bitwise equal to the scalar references beside them.
 void float_to_half_storage(DType to, const float* src, uint16_t* dst, int64_t n);
 void half_storage_to_float(DType from, const uint16_t* src, float* dst, int64_t n);
 void float_to_half_storage_reference(DType to, const float* src, uint16_t* dst, int64_t n);
 void half_storage_to_float_reference(DType from, const uint16_t* src, float* dst, int64_t n);
 /// Tests and benchmarks: whether the vector kernels run for bf16/f16 at the active ISA level.
 bool half_cast_vectorised(DType t);
+/// The conversion code paths, slowest first (AVX512-BF16 is bf16's float32 -> bf16 only).
+enum class HalfCastPath : int { scalar = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3 };
+/// The path the conversions of `t` take now; the best this CPU has at the active ISA level.
+HalfCastPath half_cast_path(DType t);
+HalfCastPath half_cast_best_path(DType t);
+/// Tests and benchmarks: the conversions take no path above `cap` (never above the best); returns the old cap.
+HalfCastPath cap_half_cast_path(HalfCastPath cap);
+const char* half_cast_path_name(HalfCastPath p);
 /// unary / binary on bf16/f16 storage in one pass with float32 arithmetic (half_elementwise.cpp): bitwise
 /// the cast up, the f32 kernel and the cast down. binary: dense operands of the output's shape, or one
 /// of them a single element; comparisons write Bool. false where t is not bf16/f16 or the plan is

@@ -143,6 +143,11 @@ bool has_f16c() {
 #endif
 }
 
+bool has_avx512_bf16_instructions() {
+  static const bool yes = cpuid_units().avx512_bf16;
+  return yes;
+}
+
 namespace {
 std::atomic<bool> g_bypass_bf16_units{false};
 }  // namespace

@@ -34,6 +34,9 @@ std::string low_precision_units_text(const LowPrecisionUnits& u);
 
 /// Whether the CPU has F16C (vcvtps2ph/vcvtph2ps: the f16 casts of half_cast.cpp), by CPUID.
 bool has_f16c();
+/// Whether the CPU has AVX512-BF16 (vcvtneps2bf16: the bf16 casts of half_cast.cpp), by CPUID and the
+/// OS's AVX-512 state, whatever ONEDNN_MAX_CPU_ISA says (that caps oneDNN's kernels, not ours).
+bool has_avx512_bf16_instructions();
 
 /// Whether the bf16 library kernels (oneDNN: matmul_low_precision, linear_forward, conv_*) run: the
 /// CPU's bf16 units (AVX512-BF16 or AMX-BF16, as low_precision_units) and oneDNN built in. Elsewhere
