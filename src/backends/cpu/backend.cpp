@@ -294,6 +294,19 @@ class CpuBackend final : public backend::Backend {
     FloatModeScope mode(t);
     return cpu_backend::softmax_backward(t, ptr(y), ptr(g), ptr(dx), outer, len, inner, log);
   }
+  bool attention_forward(int, DType t, backend::Buffer q, backend::Buffer k, backend::Buffer v, backend::Buffer mask,
+                         backend::Buffer out, backend::Buffer lse, const backend::Attention& a) override {
+    FloatModeScope mode(DType::f32);
+    return cpu_backend::attention_forward(t, ptr(q), ptr(k), ptr(v), static_cast<const bool*>(or_null(mask)), ptr(out),
+                                          static_cast<float*>(ptr(lse)), a);
+  }
+  bool attention_backward(int, DType t, backend::Buffer q, backend::Buffer k, backend::Buffer v, backend::Buffer mask,
+                          backend::Buffer out, backend::Buffer dout, backend::Buffer lse, backend::Buffer dq,
+                          backend::Buffer dk, backend::Buffer dv, const backend::Attention& a) override {
+    FloatModeScope mode(DType::f32);
+    return cpu_backend::attention_backward(t, ptr(q), ptr(k), ptr(v), static_cast<const bool*>(or_null(mask)), ptr(out),
+                                           ptr(dout), static_cast<const float*>(ptr(lse)), ptr(dq), ptr(dk), ptr(dv), a);
+  }
   bool rownorm_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
                        backend::Buffer mean, backend::Buffer rstd, int64_t r, int64_t d, double eps) override {
     pass_count::kernel();

@@ -62,6 +62,16 @@ bool reduce_half(backend::ReduceOp op, DType t, const uint16_t* src, void* dst, 
                  int64_t inner);
 bool softmax_half(DType t, const uint16_t* src, float* dst, int64_t outer, int64_t len, int64_t inner, bool log);
 void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm& g);
+/// One f32 GEMM C (m, n) = alpha op(A) op(B) + beta C, row-major, on the calling thread by the engine
+/// the kernel-choice seam picks for its shape (for kernels that cut their own work over the pool).
+void gemm_on_this_thread(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                         const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+/// Fused attention (attention.cpp; backend.hpp's attention_forward/backward): t f32, bf16 or f16,
+/// false for other dtypes.
+bool attention_forward(DType t, const void* q, const void* k, const void* v, const bool* mask, void* out, float* lse,
+                       const backend::Attention& a);
+bool attention_backward(DType t, const void* q, const void* k, const void* v, const bool* mask, const void* out,
+                        const void* dout, const float* lse, void* dq, void* dk, void* dv, const backend::Attention& a);
 /// Backend::matmul_low_precision: bf16 a, b, c through oneDNN's bf16 matmul (float32 accumulation)
 /// where bf16_kernels_enabled() (isa.hpp); false where not, or where oneDNN declines (C untouched).
 bool matmul_low_precision(DType t, const void* a, const void* b, void* c, const backend::Gemm& g);

@@ -809,6 +809,11 @@ void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm&
   }
 }
 
+void gemm_on_this_thread(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                         const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  piece_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 }  // namespace flux::cpu_backend
 
 namespace flux::detail {
