@@ -206,6 +206,7 @@ bool debug() { return std::getenv("FLUX_DEBUG_BACKENDS") != nullptr; }
 /// current; cudnnCreate fails without a GPU (the plugin must still load): the portable path there.
 struct CudnnLibrary {
   using Handle = cudnnHandle_t;
+  using Stream = cuda_backend::Stream;
   static Handle create(int device) {
     cudnnHandle_t h = nullptr;
     const cudnnStatus_t st = cudnnCreate(&h);

@@ -6,20 +6,20 @@
 // at once. A handle is rebound only when its stream changes. Handles are never destroyed: the pools
 // live as long as the process, as the backend does.
 //
-// Library supplies: `using Handle`; `static Handle create(int device)` (run with the device current;
-// null where the library cannot start there, remembered for the device; may throw);
+// Library supplies: `using Handle`, `using Stream`; `static Handle create(int device)` (run with the
+// device current; null where the library cannot start there, remembered for the device; may throw);
 // `static void bind(Handle, Stream, int device)` (set the handle's stream; throws on failure).
+// Nothing here calls the GPU runtime, so tests/test_handle_pool.cpp checks it with a fake library.
 #pragma once
 #include <mutex>
 #include <vector>
-
-#include "src/backends/cuda/gpu_runtime.hpp"
 
 namespace flux::cuda_backend {
 
 template <class Library> class HandlePool {
  public:
   using Handle = typename Library::Handle;
+  using Stream = typename Library::Stream;
 
   /// This thread's handle for `device`, bound to `s`; null where the library cannot start there.
   static Handle get(int device, Stream s) {

@@ -84,6 +84,7 @@ void check_blas(cublasStatus_t st, const char* what) {
 /// on first use with that device current (a failed cublasCreate throws, on every call).
 struct CublasLibrary {
   using Handle = cublasHandle_t;
+  using Stream = cuda_backend::Stream;
   static Handle create(int) {
     cublasHandle_t h = nullptr;
     check_blas(cublasCreate(&h), "cublasCreate");
