@@ -75,12 +75,17 @@ TEST(BestFitPool, SplitsOneSegmentAndReusesTheBestFit) {
   // Holes of 1024 and 128 bytes (b's neighbours are in use): 100 bytes go to the 128-byte hole.
   void* d = pool.allocate(64, sys.a(), sys.f());  // keeps c's tail in use next to c
   pool.deallocate(a, 1000, sys.f());
-  pool.deallocate(b, 100, sys.f());  // merges with a's hole: one 1152-byte block
+  pool.deallocate(b, 100, sys.f());
+  pool.flush_thread_cache();  // from the thread's front blocks to the arena: b merges with a's hole
   EXPECT_EQ(pool.allocate(1100, sys.a(), sys.f()), a) << "the merged hole fits 1100 bytes";
   void* e = pool.allocate(64, sys.a(), sys.f());
   EXPECT_EQ(at(e), at(d) + 64) << "the hole was an exact fit: no rest there";
   EXPECT_EQ(sys.allocs.load(), 1);
-  for (void* p : {c, d, e, a}) pool.deallocate(p, 0, sys.f());
+  pool.deallocate(c, 5000, sys.f());
+  pool.deallocate(d, 64, sys.f());
+  pool.deallocate(e, 64, sys.f());
+  pool.deallocate(a, 1100, sys.f());
+  pool.flush_thread_cache();
   EXPECT_EQ(pool.used(), 0u);
   EXPECT_EQ(pool.free_blocks(), 1u) << "every block merged back into the whole segment";
   pool.release(sys.f());
@@ -93,8 +98,10 @@ TEST(BestFitPool, BestFitPicksTheSmallestHoleThatFits) {
   BestFitPool pool;
   // Blocks of 512, 64 (kept), 256, 64 (kept), 128, 64 (kept): freeing 512, 256 and 128 leaves three holes.
   std::vector<void*> p;
-  for (size_t n : {512, 64, 256, 64, 128, 64}) p.push_back(pool.allocate(n, sys.a(), sys.f()));
-  for (int i : {0, 2, 4}) pool.deallocate(p[size_t(i)], 0, sys.f());
+  const size_t sizes[] = {512, 64, 256, 64, 128, 64};
+  for (size_t n : sizes) p.push_back(pool.allocate(n, sys.a(), sys.f()));
+  for (int i : {0, 2, 4}) pool.deallocate(p[size_t(i)], sizes[i], sys.f());
+  pool.flush_thread_cache();
   EXPECT_EQ(pool.allocate(100, sys.a(), sys.f()), p[4]);
   EXPECT_EQ(pool.allocate(200, sys.a(), sys.f()), p[2]);
   EXPECT_EQ(pool.allocate(300, sys.a(), sys.f()), p[0]);
@@ -106,7 +113,7 @@ TEST(BestFitPool, LargeRequestsSplitOnlyAMegabyteOrMore) {
   BestFitPool pool;
   void* big = pool.allocate(5 * MiB, sys.a(), sys.f());  // a segment of its own, rounded to 64 KiB
   EXPECT_EQ(sys.live.load(), 5 * MiB);
-  pool.deallocate(big, 0, sys.f());
+  pool.deallocate(big, 5 * MiB, sys.f());
   void* x = pool.allocate(3 * MiB, sys.a(), sys.f());  // the freed 5 MiB: the 2 MiB rest is split off
   EXPECT_EQ(x, big);
   void* y = pool.allocate(3 * MiB / 2, sys.a(), sys.f());  // the 2 MiB rest; its 0.5 MiB rest is not split
@@ -117,10 +124,12 @@ TEST(BestFitPool, LargeRequestsSplitOnlyAMegabyteOrMore) {
   EXPECT_EQ(sys.live.load(), 6 * MiB + 64 * 1024);
   void* small = pool.allocate(1000, sys.a(), sys.f());  // small requests never take large segments' blocks
   EXPECT_EQ(sys.allocs.load(), 3);
-  pool.deallocate(x, 0, sys.f());
-  pool.deallocate(y, 0, sys.f());
+  pool.deallocate(x, 3 * MiB, sys.f());
+  pool.deallocate(y, 3 * MiB / 2, sys.f());
   EXPECT_EQ(pool.allocate(5 * MiB, sys.a(), sys.f()), big) << "x and y merged back into the whole segment";
-  for (void* q : {big, z, small}) pool.deallocate(q, 0, sys.f());
+  pool.deallocate(big, 5 * MiB, sys.f());
+  pool.deallocate(z, MiB + 64, sys.f());
+  pool.deallocate(small, 1000, sys.f());
   pool.release(sys.f());
   EXPECT_EQ(sys.live.load(), 0u);
   EXPECT_EQ(sys.frees.load(), 3);
@@ -171,7 +180,7 @@ TEST(BestFitPool, OutOfMemoryReleasesFreeSegmentsAndRetriesOnce) {
   BestFitPool pool;
   void* a = pool.allocate(3 * MiB, sys.a(), sys.f());  // a 3 MiB segment
   void* b = pool.allocate(MiB, sys.a(), sys.f());      // small: a 2 MiB segment
-  pool.deallocate(b, 0, sys.f());                      // its segment is free, still held
+  pool.deallocate(b, MiB, sys.f());                    // its segment is free, still held
   EXPECT_EQ(sys.live.load(), 5 * MiB);
   // 3 MiB more is over the limit (5 + 3 > 7) until the free small segment goes back (3 + 3 <= 7).
   void* c = pool.allocate(3 * MiB, sys.a(), sys.f());
@@ -180,17 +189,45 @@ TEST(BestFitPool, OutOfMemoryReleasesFreeSegmentsAndRetriesOnce) {
   EXPECT_EQ(pool.cached(), 0u);
   EXPECT_EQ(pool.allocate(2 * MiB, sys.a(), sys.f()), nullptr) << "nothing left to release";
   EXPECT_EQ(pool.used(), 6 * MiB) << "a failed request changes nothing";
-  pool.deallocate(a, 0, sys.f());
-  pool.deallocate(c, 0, sys.f());
+  pool.deallocate(a, 3 * MiB, sys.f());
+  pool.deallocate(c, 3 * MiB, sys.f());
   pool.release(sys.f());
   EXPECT_EQ(sys.live.load(), 0u);
+}
+
+// Blocks of up to 4 KiB wait in their thread's front (16 at most) and serve the next request of their
+// size without a lock; a thread's front goes back to the arenas when it exits, and with release().
+TEST(BestFitPool, SmallBlocksComeBackFromTheThreadsFront) {
+  System sys;
+  BestFitPool pool;
+  void* a = pool.allocate(256, sys.a(), sys.f());
+  pool.deallocate(a, 256, sys.f());
+  EXPECT_EQ(pool.used(), 0u);
+  EXPECT_EQ(pool.cached(), 2 * MiB);
+  EXPECT_EQ(pool.free_blocks(), 1u) << "a waits in front; the arena holds the segment's tail";
+  EXPECT_EQ(pool.allocate(200, sys.a(), sys.f()), a) << "the same rounded size, from the front";
+  std::vector<void*> held;
+  for (int i = 0; i < 17; ++i) held.push_back(pool.allocate(64, sys.a(), sys.f()));
+  for (void* p : held) pool.deallocate(p, 64, sys.f());  // 16 to the front, the 17th to the arena,
+  EXPECT_EQ(pool.free_blocks(), 1u);                      // where it merges with the segment's tail
+  EXPECT_EQ(pool.allocate(64, sys.a(), sys.f()), held[15]) << "the front's most recent first";
+  pool.deallocate(held[15], 64, sys.f());
+  pool.deallocate(a, 200, sys.f());  // the front is full: to the arena
+  std::thread([&] {
+    void* q = pool.allocate(1000, sys.a(), sys.f());
+    pool.deallocate(q, 1000, sys.f());
+  }).join();
+  EXPECT_EQ(pool.used(), 0u);
+  pool.release(sys.f());
+  EXPECT_EQ(sys.live.load(), 0u) << "every front block came back: every segment was free";
+  EXPECT_EQ(pool.cached(), 0u);
 }
 
 TEST(BestFitPool, KeepsAtMostMaxCachedFreeBytes) {
   System sys;
   BestFitPool pool(0);
   void* a = pool.allocate(3 * MiB, sys.a(), sys.f());
-  pool.deallocate(a, 0, sys.f());
+  pool.deallocate(a, 3 * MiB, sys.f());
   EXPECT_EQ(sys.live.load(), 0u) << "a wholly free segment beyond max_cached goes back at once";
   EXPECT_EQ(pool.cached(), 0u);
 }

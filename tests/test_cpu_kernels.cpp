@@ -21,6 +21,7 @@
 // Not flux/flux.hpp: its flux::cpu (the mover) would hide the backend namespace flux::cpu_backend.
 #include "flux/backend.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/dependency_check.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/kernel_choice.hpp"
 
@@ -624,7 +625,8 @@ TEST(CpuGemm, ChoiceIsTheRuleAndEveryCallGivesTheSameBits) {
     EXPECT_EQ(cpu_backend::rule(q, both), Kernel::onednn) << "a thin product: oneDNN";
   }
   q.dims = {512, 512, 128, 0, 1, 128, 128, 512, 0};
-  EXPECT_EQ(cpu_backend::rule(q, both), Kernel::openblas);
+  // OpenBLAS, unless it runs kernels below this CPU (dependency_check.hpp; tests/blas_below_cpu.cmake).
+  EXPECT_EQ(cpu_backend::rule(q, both), cpu_backend::blas_below_cpu() ? Kernel::onednn : Kernel::openblas);
   EXPECT_EQ(cpu_backend::rule(q, cpu_backend::bit(Kernel::onednn)), Kernel::onednn) << "only candidates are chosen";
   const int64_t m = 96, n = 160, k = 200;
   std::vector<float> a = random_floats(size_t(m * k), -1, 1, 41), b = random_floats(size_t(k * n), -1, 1, 42);

@@ -7,7 +7,10 @@
 // bytes instead of the sum of every size class's own peak (caching_pool.hpp, the simple reference).
 // No process-wide lock: blocks live in arenas, each with its own mutex; a thread allocates from the
 // arena it was given at its first request (threads take arenas round-robin) and a block goes back to
-// the arena it came from. Same interface as CachingPool.
+// the arena it came from. In front of the arenas, each thread keeps its last few freed blocks of up to
+// 4 KiB (16 at most) and serves requests of their size from them without any lock: the small tensors
+// of a training step come and go in that pattern. Same interface as CachingPool; deallocate must be
+// given the bytes that allocate was.
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -29,10 +32,17 @@ class BestFitPool {
 
   /// At most `max_cached` free bytes are kept: a freed block that empties its segment beyond that goes
   /// back to the system.
-  explicit BestFitPool(size_t max_cached = size_t(1) << 30) : max_cached_(max_cached) {}
+  explicit BestFitPool(size_t max_cached = size_t(1) << 30) : max_cached_(max_cached) {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    registry().emplace(id_, this);
+  }
   BestFitPool(const BestFitPool&) = delete;
   BestFitPool& operator=(const BestFitPool&) = delete;
   ~BestFitPool() {
+    {
+      std::lock_guard<std::mutex> lock(registry_mutex());
+      registry().erase(id_);  // threads' front blocks of this pool are dropped from now on
+    }
     for (Arena& a : arenas_) {
       for (auto& [p, b] : a.live) delete b;
       for (Block* b : a.free_small) delete b;
@@ -49,6 +59,18 @@ class BestFitPool {
   /// more for the request alone (null again is returned).
   template <class Alloc, class Free> void* allocate(size_t bytes, Alloc alloc, Free free) {
     const size_t r = round(bytes);
+    if (r <= kFrontMax) {
+      Front& f = front();
+      if (f.pool == id_)
+        for (int i = f.n - 1; i >= 0; --i)
+          if (f.size[i] == r) {
+            void* p = f.ptr[i];
+            f.ptr[i] = f.ptr[f.n - 1], f.size[i] = f.size[f.n - 1], --f.n;
+            cached_.fetch_sub(r, std::memory_order_relaxed);
+            used_.fetch_add(r, std::memory_order_relaxed);
+            return p;
+          }
+    }
     Arena& a = arenas_[arena_index()];
     std::unique_lock<std::mutex> lock(a.m);
     if (Block* b = take(a, r)) return b->ptr;
@@ -75,36 +97,37 @@ class BestFitPool {
     return t->ptr;
   }
 
-  /// Gives p's block back to its arena, merged with its free neighbours; a segment left wholly free
+  /// Gives p's block (of `bytes`, as allocated) back: to this thread's front blocks when it is small
+  /// and there is room, else to its arena, merged with its free neighbours; a segment left wholly free
   /// goes back to the system with free() when the pool already holds max_cached free bytes.
-  template <class Free> void deallocate(void* p, size_t /*bytes*/, Free free) {
-    const int own = arena_index();
-    for (int i = 0; i < kArenas; ++i) {  // the block's arena: this thread's own, almost always
-      Arena& a = arenas_[(own + i) % kArenas];
-      std::lock_guard<std::mutex> lock(a.m);
-      auto it = a.live.find(p);
-      if (it == a.live.end()) continue;
-      Block* b = it->second;
-      a.live.erase(it);
-      used_.fetch_sub(b->size, std::memory_order_relaxed);
-      cached_.fetch_add(b->size, std::memory_order_relaxed);
-      b->allocated = false;
-      if (b->prev && !b->prev->allocated) b = merge(a, b->prev, b);
-      if (b->next && !b->next->allocated) b = merge(a, b, b->next);
-      if (!b->prev && !b->next && cached_.load(std::memory_order_relaxed) > max_cached_) {
-        cached_.fetch_sub(b->size, std::memory_order_relaxed);
-        void* segment = b->ptr;
-        delete b;
-        free(segment);
+  template <class Free> void deallocate(void* p, size_t bytes, Free free) {
+    const size_t r = round(bytes);
+    if (r <= kFrontMax) {
+      Front& f = front();
+      if (f.pool != id_) {
+        flush(f);
+        f.pool = id_;
+      }
+      if (f.n < kFrontSlots) {
+        f.ptr[f.n] = p, f.size[f.n] = r, ++f.n;
+        used_.fetch_sub(r, std::memory_order_relaxed);
+        cached_.fetch_add(r, std::memory_order_relaxed);
         return;
       }
-      insert_free(a, b);
-      return;
     }
+    give_back(p, &free, false);
+  }
+
+  /// The calling thread's front blocks go back to their arenas (release() does it too; a thread's
+  /// are given back when it exits).
+  void flush_thread_cache() {
+    Front& f = front();
+    if (f.pool == id_) return_front(f);
   }
 
   /// Gives every wholly free segment back with free() (blocks in use keep their segments).
   template <class Free> void release(Free free) {
+    flush_thread_cache();
     for (Arena& a : arenas_) {
       std::lock_guard<std::mutex> lock(a.m);
       for (auto* set : {&a.free_small, &a.free_large})
@@ -176,6 +199,80 @@ class BestFitPool {
       free(seg);
     }
   }
+  // p's block back to its arena (it must be one of this pool's, handed out): merged with its free
+  // neighbours; a wholly free segment beyond max_cached goes back with (*free) unless keep.
+  template <class Free> void give_back(void* p, Free* free, bool keep) {
+    const int own = arena_index();
+    for (int i = 0; i < kArenas; ++i) {  // the block's arena: this thread's own, almost always
+      Arena& a = arenas_[(own + i) % kArenas];
+      std::lock_guard<std::mutex> lock(a.m);
+      auto it = a.live.find(p);
+      if (it == a.live.end()) continue;
+      Block* b = it->second;
+      a.live.erase(it);
+      used_.fetch_sub(b->size, std::memory_order_relaxed);
+      cached_.fetch_add(b->size, std::memory_order_relaxed);
+      b->allocated = false;
+      if (b->prev && !b->prev->allocated) b = merge(a, b->prev, b);
+      if (b->next && !b->next->allocated) b = merge(a, b, b->next);
+      if (!keep && free && !b->prev && !b->next && cached_.load(std::memory_order_relaxed) > max_cached_) {
+        cached_.fetch_sub(b->size, std::memory_order_relaxed);
+        void* segment = b->ptr;
+        delete b;
+        (*free)(segment);
+        return;
+      }
+      insert_free(a, b);
+      return;
+    }
+  }
+
+  // A thread's front blocks: freed blocks of one pool (by id), still in that pool's live table but
+  // counted as cached.
+  static constexpr size_t kFrontMax = 4096;
+  static constexpr int kFrontSlots = 16;
+  struct Front {
+    uint64_t pool = 0;
+    int n = 0;
+    void* ptr[kFrontSlots];
+    size_t size[kFrontSlots];
+    ~Front() { flush(*this); }  // thread exit
+  };
+  static Front& front() {
+    thread_local Front f;
+    return f;
+  }
+  // f's blocks back to this pool's arenas (f.pool == id_).
+  void return_front(Front& f) {
+    for (int i = 0; i < f.n; ++i) {
+      used_.fetch_add(f.size[i], std::memory_order_relaxed);  // give_back counts it as freed again
+      cached_.fetch_sub(f.size[i], std::memory_order_relaxed);
+      give_back(f.ptr[i], static_cast<void (**)(void*)>(nullptr), true);
+    }
+    f.n = 0;
+  }
+  // f's blocks back to whichever pool they belong to, if it still exists (else they are dropped).
+  static void flush(Front& f) {
+    if (f.n) {
+      std::lock_guard<std::mutex> lock(registry_mutex());
+      auto it = registry().find(f.pool);
+      if (it != registry().end()) it->second->return_front(f);
+    }
+    f.n = 0;
+  }
+  static std::mutex& registry_mutex() {
+    static auto* m = new std::mutex();  // never destroyed: threads exit after static destructors run
+    return *m;
+  }
+  static std::unordered_map<uint64_t, BestFitPool*>& registry() {
+    static auto* r = new std::unordered_map<uint64_t, BestFitPool*>();
+    return *r;
+  }
+  static uint64_t fresh_id() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+
   static FreeSet& set_of(Arena& a, const Block* b) { return b->small ? a.free_small : a.free_large; }
   void insert_free(Arena& a, Block* b) { set_of(a, b).insert(b); }
 
@@ -222,6 +319,7 @@ class BestFitPool {
     return index;
   }
 
+  const uint64_t id_ = fresh_id();
   size_t max_cached_;
   std::atomic<size_t> used_{0}, cached_{0};
   Arena arenas_[kArenas];

@@ -48,9 +48,9 @@ size_t cpu_memory_limit() {
   return size_t(n) * scale;
 }
 
-// 64-byte aligned host blocks through a caching pool: the size-class cache (caching_pool.hpp, the
-// default) or, with FLUX_CPU_POOL=best_fit, the best-fit pool with splitting and coalescing
-// (best_fit_pool.hpp). A request the system refuses, or one that would take the pool beyond
+// 64-byte aligned host blocks through a caching pool: the best-fit pool with splitting and coalescing
+// (best_fit_pool.hpp), or with FLUX_CPU_POOL=size_classes the size-class cache it replaced
+// (caching_pool.hpp, kept as the simple reference). A request the system refuses, or one that would take the pool beyond
 // FLUX_CPU_MEMORY_LIMIT, empties the cache and is tried once more; then flux::OutOfMemory names the
 // size and the figures.
 class HostPool {
@@ -91,13 +91,13 @@ class HostPool {
   }
 
  private:
-  /// FLUX_CPU_POOL=best_fit (read once): the best-fit pool; unset or size_classes: the size classes.
+  /// FLUX_CPU_POOL (read once): unset or best_fit, the best-fit pool; size_classes, the size classes.
   static bool best_fit() {
     static const bool yes = [] {
       const char* v = std::getenv("FLUX_CPU_POOL");
-      if (!v || !*v || std::strcmp(v, "size_classes") == 0) return false;
-      if (std::strcmp(v, "best_fit") != 0) detail::fail("[CPU] FLUX_CPU_POOL='", v, "': expected best_fit or size_classes");
-      return true;
+      if (!v || !*v || std::strcmp(v, "best_fit") == 0) return true;
+      if (std::strcmp(v, "size_classes") != 0) detail::fail("[CPU] FLUX_CPU_POOL='", v, "': expected best_fit or size_classes");
+      return false;
     }();
     return yes;
   }

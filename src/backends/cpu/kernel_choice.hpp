@@ -1,6 +1,7 @@
 // The one place where the CPU backend decides which kernel runs a shape (OpenBLAS or oneDNN for a
 // GEMM piece; oneDNN or flux's panels for a Dense inference; oneDNN, Winograd or the few-pixel kernel
-// for a conv forward). The decision is a pure function of the shape, the thread count and the CPU:
+// for a conv forward). The decision is a pure function of the shape, the thread count and the CPU
+// (its ISA, and the level each library runs at there: dependency_check.hpp):
 // a forced choice (tests, benchmarks), else a tuned table made by flux-tune for this CPU model
 // (tuned_table.hpp), else the rules in kernel_choice.cpp. Nothing is timed on a first call, so the
 // same program gives the same bits in every run.
