@@ -279,3 +279,19 @@ TEST(FusedAttention, FallsBackWhereItCannotFuse) {
   detail::set_library_kernels(true);
   EXPECT_TRUE(fused(c, x32, Tensor()).defined());
 }
+
+TEST(FusedAttention, DropoutInTrainingRunsComposed) {
+  // Dropout acts on the attention weights, which the fused kernel never holds: in training the layer
+  // composes (some weights dropped: the output moves); in test mode it fuses and equals the composition.
+  seed(11);
+  MultiHeadAttention mha(16, {.nheads = 2, .dropout = 0.5, .causal = true});
+  Tensor x = uniform_tensor(Shape{2, 9, 16}, 12, -1, 1).f32();
+  mha.active = false;
+  Tensor eval = mha(x);
+  std::vector<double> composed = mha.forward(x).output.to_vector<double>();
+  EXPECT_LT(max_rel_error(eval, composed), 2e-6);
+  mha.active = true;
+  Tensor train = mha(x);
+  EXPECT_TRUE(std::isfinite(sum(train).item<double>()));
+  EXPECT_GT(max_rel_error(train, composed), 1e-3);
+}
