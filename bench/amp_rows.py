@@ -18,7 +18,9 @@ Environments: flux_env / peer_env / torch_env of run_bench.py, ONE wait setting 
 A target applies only where the CPU has bf16 units (flux_bench info, /proc/cpuinfo); elsewhere the
 target column says "n/a (no bf16 units)".
 """
-CASES = ["mnist", "infer", "resnet", "resnet_train", "encoder"]
+CASES = ["mnist", "infer", "resnet", "resnet_train", "encoder", "decoder"]
+# Cases the LibTorch C++ programs (torch_bench.cpp) do not have: flux and PyTorch 2.x only.
+PYTHON_ONLY_CASES = ("decoder",)
 # Extra flux_bench arguments per case: the inference cases at the rows' batch only.
 FLUX_ARGS = {"infer": ["--batch=128"], "resnet": ["--batch=32"]}
 ORT_CASES = ("infer", "resnet")
@@ -30,6 +32,9 @@ ROWS = {
     "resnet_infer": ("ResNet-18 112x112, batch 32, inference", "resnet", "resnet32_ms", 1.0),
     "enc_train": ("transformer encoder D 256, T 128, 4 layers, batch 16, training step", "encoder", "encoder_train_ms", 1.0),
     "enc_infer": ("transformer encoder, batch 16, inference", "encoder", "encoder_infer_ms", 1.0),
+    "dec_train": ("GPT-style causal decoder D 768, 12 heads, T 512, 4 layers, batch 4, training step", "decoder",
+                  "decoder_train_ms", 1.0),
+    "dec_infer": ("GPT-style causal decoder, batch 4, inference", "decoder", "decoder_infer_ms", 1.0),
 }
 RSS = ("resnet_train_peak_rss_mb", "resnet_train_rss_before_mb")
 # column key -> heading; "{units}" is filled with what flux's bf16 column computes on this CPU.
@@ -69,10 +74,10 @@ def jobs_for(rb, peers, flux, case, t, has_units):
     if "py2" in peers.present:
         cmd = peers.command("py2", case, t)
         jobs += [("py2", cmd, rb.peer_env(t, quiet)), ("py2_bf16", cmd + ["--autocast=bf16"], rb.peer_env(t, quiet))]
-    if "lt2" in peers.present:
+    if "lt2" in peers.present and case not in PYTHON_ONLY_CASES:
         cmd = peers.command("lt2", case, t)
         jobs += [("lt2", cmd, rb.peer_env(t, quiet)), ("lt2_bf16", cmd + ["--bf16"], rb.peer_env(t, quiet))]
-    if "lt113" in peers.present:
+    if "lt113" in peers.present and case not in PYTHON_ONLY_CASES:
         cmd = peers.command("lt113", case, t)
         jobs.append(("lt113", cmd, rb.torch_env(t, True)))
         if has_units:
@@ -138,6 +143,8 @@ def run(rb, args, peers, info, flux, threads):
             needs = []  # (text, ratio, required)
             if row in ("resnet_train", "enc_train"):
                 needs = [("≥ 1.5× flux f32", own, 1.5), ("≥ 1.2× PyTorch bf16", vs_py, 1.2)]
+            elif row in ("dec_train", "dec_infer"):
+                needs = [("≥ 1.2× PyTorch bf16", vs_py, 1.2)]
             elif row == "mlp_train":
                 needs = [("≥ 1.2× flux f32 (never slower)", own, 1.2)]
             elif row == "resnet_infer":

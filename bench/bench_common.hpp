@@ -86,6 +86,16 @@ constexpr int64_t kEncBatch = 16, kEncLen = 128, kEncDim = 256, kEncLayers = 4, 
 constexpr int64_t kEncParameters =
     kEncLayers * (4 * kEncDim * kEncDim + 4 * kEncDim + 4 * kEncDim + 2 * kEncDim * kEncFfn + kEncFfn + kEncDim) +
     2 * kEncDim;
+// decoder: a GPT-style pre-norm decoder stack on x (kDecBatch, kDecLen, kDecDim), kDecLayers layers of
+// [x + causal MHA(LayerNorm(x)) with kDecHeads heads, x + Dense(F => D)(relu(Dense(D => F)(LayerNorm(x))))],
+// F = kDecFfn, then LayerNorm(D); PyTorch: the same block with F.scaled_dot_product_attention(is_causal=True).
+// Training step: mse against a target of x's shape, Adam(1e-3); inference: the forward.
+constexpr int64_t kDecBatch = 4, kDecLen = 512, kDecDim = 768, kDecLayers = 4, kDecHeads = 12, kDecFfn = 3072;
+constexpr int64_t kDecParameters =
+    kDecLayers * (4 * kDecDim * kDecDim + 4 * kDecDim + 4 * kDecDim + 2 * kDecDim * kDecFfn + kDecFfn + kDecDim) +
+    2 * kDecDim;
+// attention_memory: one causal MultiHeadAttention(kDecDim, kDecHeads) at batch kMemBatch, forward and backward.
+constexpr int64_t kMemBatch = 4;
 
 // The serve case (issue 37): one model in testmode called from 1 and from 2 threads at once: the MNIST
 // MLP at batch kServeMlpBatch, ResNet-18 (kResnetSize, batch 1 and 32), and an LSTM(kServeLstmIn =>

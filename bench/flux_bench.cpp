@@ -1,8 +1,8 @@
 // One benchmark case with flux-cpp; prints "key value" lines for bench/run_bench.py.
 // Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | mnist_converged | wide | overhead | infer | sgemm | lenet |
 //                                         fmnist | resnet | resnet_train | onnx_resnet | lstm | lstm_converged |
-//                                         transformer | encoder | passes | serve | blas | info
-// --autocast=bf16|f16 runs mnist, infer, resnet, resnet_train and encoder under flux's autocast (training:
+//                                         transformer | encoder | decoder | attention_memory | passes | serve | blas | info
+// --autocast=bf16|f16 runs mnist, infer, resnet, resnet_train, encoder and decoder under flux's autocast (training:
 // withgradient with .autocast; inference: autocast(dtype, model call)); without it they run in float32.
 // info: the CPU backend's ISA and bf16/f16 units line of versioninfo(), and its libraries line
 // (what OpenBLAS and oneDNN run against the CPU), for the table's header.
@@ -77,6 +77,7 @@ bool library_kernels();
 #include <sstream>
 
 #include "bench_common.hpp"
+#include "src/storage_stats.hpp"
 
 // From src/backends/cpu (not installed): the CPU kernels' ISA level and a cap on it (FLUX_BENCH_MAX_ISA,
 // set by run_bench.py --max-isa), and the GEMM engine override (--gemm=auto|openblas|onednn; auto, the
@@ -601,6 +602,73 @@ void passes_case() {
   count_passes("encoder", model, x, y, [](const Tensor& a, const Tensor& b) { return mse(a, b); });
 }
 
+// decoder (issue 44): bench_common.hpp's GPT-style causal decoder; inference and a training step as
+// the encoder's. FLUX_FUSED_ATTENTION=0 runs the composed attention for the side-by-side row.
+auto decoder_layer() {
+  using namespace bench;
+  return Chain(
+      SkipConnection(Chain(LayerNorm(kDecDim), MultiHeadAttention(kDecDim, {.nheads = kDecHeads, .causal = true})), plus),
+      SkipConnection(Chain(LayerNorm(kDecDim), Dense(kDecDim, kDecFfn, relu), Dense(kDecFfn, kDecDim)), plus));
+}
+
+void decoder_case() {
+  using namespace bench;
+  static_assert(kDecLayers == 4, "decoder_case builds 4 layers");
+  auto model = Chain(decoder_layer(), decoder_layer(), decoder_layer(), decoder_layer(), LayerNorm(kDecDim)) | g_dev;
+  check_parameters("decoder", parameter_count(model), kDecParameters);
+  std::printf("decoder_fused_attention %d\n", int(detail::fused_attention_enabled()));
+  Tensor x = to(rand({kDecBatch, kDecLen, kDecDim}), g_dev), y = to(rand({kDecBatch, kDecLen, kDecDim}), g_dev);
+  auto run = [&] {
+    Tensor out = forward(model, x);
+    g_dev.synchronize();
+    return 0.f;
+  };
+  run();
+  // Also the process's CPU time per call (all threads): on shared, loaded cores it moves far less
+  // than the wall time, as train_cpu_ms_per_step.
+  rusage r0{}, r1{};
+  getrusage(RUSAGE_SELF, &r0);
+  Timer t;
+  const double rate = bench::rate(run, 3.0), calls = rate * t.seconds();
+  getrusage(RUSAGE_SELF, &r1);
+  auto secs = [](const timeval& a, const timeval& b) { return double(b.tv_sec - a.tv_sec) + 1e-6 * double(b.tv_usec - a.tv_usec); };
+  std::printf("decoder_infer_ms %.6g\ndecoder_infer_cpu_ms %.6g\n", 1e3 / rate,
+              1e3 * (secs(r0.ru_utime, r1.ru_utime) + secs(r0.ru_stime, r1.ru_stime)) / calls);
+  double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return mse(a, b); }, 1, 6.0);
+  std::printf("decoder_train_ms %.6g\n", 1e3 / r);
+  std::printf("decoder_peak_rss_mb %.6g\n", bench::peak_rss_mb());
+}
+
+// attention_memory (issue 44): peak tensor storage of one causal MultiHeadAttention's forward and
+// backward beyond its input and parameters, fused and composed, at T = 256, 512, 1024; and the
+// process CPU time of that forward + backward (best of 3).
+void attention_memory_case() {
+  using namespace bench;
+  MultiHeadAttention mha = MultiHeadAttention(kDecDim, {.nheads = kDecHeads, .causal = true}) | g_dev;
+  for (int64_t t : {256, 512, 1024}) {
+    Tensor x = to(rand({kMemBatch, t, kDecDim}), g_dev);
+    for (bool fused : {true, false}) {
+      detail::set_fused_attention(fused);
+      const size_t before = detail::live_storage_bytes();
+      detail::reset_peak_storage_bytes();
+      double best = 1e30;
+      for (int rep = 0; rep < 3; ++rep) {
+        rusage r0{}, r1{};
+        getrusage(RUSAGE_SELF, &r0);
+        auto g = gradient([&](const MultiHeadAttention& m, const Tensor& v) { return sum(m(v)); }, mha, x);
+        getrusage(RUSAGE_SELF, &r1);
+        auto secs = [](const timeval& a, const timeval& b) { return double(b.tv_sec - a.tv_sec) + 1e-6 * double(b.tv_usec - a.tv_usec); };
+        best = std::min(best, secs(r0.ru_utime, r1.ru_utime) + secs(r0.ru_stime, r1.ru_stime));
+      }
+      const double mb = double(detail::peak_storage_bytes() - before) / 1e6;
+      const char* how = fused ? "fused" : "composed";
+      std::printf("attention_memory_T%lld_%s_mb %.6g\n", (long long)t, how, mb);
+      std::printf("attention_train_T%lld_%s_cpu_ms %.6g\n", (long long)t, how, 1e3 * best);
+    }
+  }
+  detail::set_fused_attention(true);
+}
+
 // info: the CPU backend's lines of versioninfo() that name the ISA and the bf16/f16 units.
 void info_case() {
   std::ostringstream os;
@@ -725,7 +793,7 @@ void serve_case() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: flux_bench seed|mnist|mnist_converged|wide|overhead|infer|sgemm|lenet|fmnist|resnet|resnet_train|onnx_resnet|lstm|lstm_converged|transformer|encoder|passes|serve|blas|info [cpu|opencl] [--autocast=bf16|f16]\n");
+    std::fprintf(stderr, "usage: flux_bench seed|mnist|mnist_converged|wide|overhead|infer|sgemm|lenet|fmnist|resnet|resnet_train|onnx_resnet|lstm|lstm_converged|transformer|encoder|decoder|attention_memory|passes|serve|blas|info [cpu|opencl] [--autocast=bf16|f16]\n");
     return 2;
   }
   std::string which = argv[1], device = argc > 2 ? argv[2] : "cpu";
@@ -837,6 +905,8 @@ int main(int argc, char** argv) {
   else if (which == "resnet_train") resnet_train_case();
   else if (which == "encoder") encoder_case();
   else if (which == "passes") passes_case();
+  else if (which == "decoder") decoder_case();
+  else if (which == "attention_memory") attention_memory_case();
   else if (which == "info") info_case();
   else if (which == "onnx_resnet") onnx_resnet_case();
   else if (which == "lstm") lstm_case();

@@ -3,8 +3,8 @@
 
 Usage: torch_bench.py CASE [THREADS] [--autocast=bf16|f16]
   CASE: seed | mnist | mnist_converged | wide | overhead | infer | lenet | fmnist | resnet | resnet_train |
-        lstm | lstm_converged | transformer | encoder | versions
---autocast: mnist, infer, resnet, resnet_train and encoder run under torch.autocast("cpu", dtype) (training:
+        lstm | lstm_converged | transformer | encoder | decoder | versions
+--autocast: mnist, infer, resnet, resnet_train, encoder and decoder run under torch.autocast("cpu", dtype) (training:
 forward and loss inside it, backward and the Adam step outside, as PyTorch's recipe; inference: the forward).
 The *_converged cases time the same steps after bench_common.hpp's k*ConvergeSteps steps of training.
 Prints "key value" lines for bench/run_bench.py, the same keys as flux_bench and torch_bench. Runs in
@@ -31,6 +31,9 @@ LSTM_PARAMETERS, TRANSFORMER_PARAMETERS = 343_614, 112_190
 RESNET_TRAIN_BATCH = 32
 ENC_BATCH, ENC_LEN, ENC_DIM, ENC_LAYERS, ENC_HEADS, ENC_FFN = 16, 128, 256, 4, 4, 1024
 ENC_PARAMETERS = ENC_LAYERS * (4 * ENC_DIM * ENC_DIM + 8 * ENC_DIM + 2 * ENC_DIM * ENC_FFN + ENC_FFN + ENC_DIM) + 2 * ENC_DIM
+# bench_common.hpp's decoder row: batch, length, dim, layers, heads, FFN width and parameter count.
+DEC_BATCH, DEC_LEN, DEC_DIM, DEC_LAYERS, DEC_HEADS, DEC_FFN = 4, 512, 768, 4, 12, 3072
+DEC_PARAMETERS = DEC_LAYERS * (4 * DEC_DIM * DEC_DIM + 8 * DEC_DIM + 2 * DEC_DIM * DEC_FFN + DEC_FFN + DEC_DIM) + 2 * DEC_DIM
 AUTOCAST = None  # --autocast=bf16|f16: the low dtype of torch.autocast("cpu", ...); None: float32
 
 
@@ -87,7 +90,11 @@ def train_steps_per_s(model, x, y, loss, warmup, seconds):
 
     for _ in range(warmup):
         step()
-    return rate(step, seconds)
+    # Also the process's CPU time per step (all threads), as flux_bench's train_cpu_ms_per_step.
+    c0, t0 = time.process_time(), time.perf_counter()
+    r = rate(step, seconds)
+    print(f"train_cpu_ms_per_step {1e3 * (time.process_time() - c0) / (r * (time.perf_counter() - t0)):.6g}")
+    return r
 
 
 def class_targets(batch):
@@ -257,6 +264,46 @@ def encoder_case():
     print(f"encoder_train_ms {1e3 / train_steps_per_s(model, x, y, F.mse_loss, 1, 3.0):.6g}")
 
 
+class DecoderBlock(nn.Module):
+    """bench_common.hpp's GPT-style pre-norm block: x + proj(sdpa(qkv(LayerNorm(x)), causal)), then
+    x + fc2(relu(fc1(LayerNorm(x))))."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(DEC_DIM), nn.LayerNorm(DEC_DIM)
+        self.qkv, self.proj = nn.Linear(DEC_DIM, 3 * DEC_DIM), nn.Linear(DEC_DIM, DEC_DIM)
+        self.fc1, self.fc2 = nn.Linear(DEC_DIM, DEC_FFN), nn.Linear(DEC_FFN, DEC_DIM)
+
+    def forward(self, x):
+        n, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(n, t, 3, DEC_HEADS, d // DEC_HEADS).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(n, t, d))
+        return x + self.fc2(F.relu(self.fc1(self.ln2(x))))
+
+
+def decoder_case():
+    """bench_common.hpp's decoder: 4 causal pre-norm blocks + LayerNorm on x (N, T, D); inference and a
+    training step (mse against a target of x's shape, Adam), as the encoder's."""
+    model = nn.Sequential(*[DecoderBlock() for _ in range(DEC_LAYERS)], nn.LayerNorm(DEC_DIM))
+    check_parameters("decoder", model, DEC_PARAMETERS)
+    x, y = torch.rand(DEC_BATCH, DEC_LEN, DEC_DIM), torch.rand(DEC_BATCH, DEC_LEN, DEC_DIM)
+    model.eval()
+    with torch.inference_mode(), amp():
+        def run():
+            model(x)
+            return 0.0
+
+        run()
+        c0, t0 = time.process_time(), time.perf_counter()
+        r = rate(run, 3.0)
+        calls = r * (time.perf_counter() - t0)
+        print(f"decoder_infer_ms {1e3 / r:.6g}\ndecoder_infer_cpu_ms {1e3 * (time.process_time() - c0) / calls:.6g}")
+    model.train()
+    print(f"decoder_train_ms {1e3 / train_steps_per_s(model, x, y, F.mse_loss, 1, 6.0):.6g}")
+    print(f"decoder_peak_rss_mb {peak_rss_mb():.6g}")
+
+
 def seq_ids(shift):
     """bench::seq_ids: (SEQ_BATCH, SEQ_LEN) symbol ids."""
     i = torch.arange(SEQ_BATCH * SEQ_LEN, dtype=torch.long) + shift
@@ -348,7 +395,7 @@ def versions_case():
 CASES = {"seed": seed_case, "mnist": mnist_case, "mnist_converged": lambda: mnist_case(MNIST_CONVERGE_STEPS),
          "wide": wide_case, "overhead": overhead_case, "infer": infer_case,
          "lenet": lenet_case, "fmnist": fmnist_case, "resnet": resnet_case, "resnet_train": resnet_train_case,
-         "encoder": encoder_case, "lstm": lstm_case,
+         "encoder": encoder_case, "decoder": decoder_case, "lstm": lstm_case,
          "lstm_converged": lambda: lstm_case(LSTM_CONVERGE_STEPS),
          "transformer": transformer_case, "versions": versions_case}
 

@@ -2,8 +2,9 @@
 // attention.cpp) against the composed path (matmul, softmax, matmul) in float64: outputs and the
 // gradients into q, k and v, read in place from projection-shaped rows (N, T, H * d) as
 // MultiHeadAttention passes them, with causal and padding masks, lengths that are not multiples of
-// the tiles, T = 1, Float32 and bf16/f16 operands; the functional op and MultiHeadAttention on every
-// device (the OpenCL backend composes); storage that grows with T, not T².
+// the tiles, T = 1, Float32 and bf16/f16 operands; the functional op on every device (the OpenCL
+// backend composes; MultiHeadAttention's device suites are in test_attention*.cpp); storage that grows
+// with T, not T².
 #include <cmath>
 #include <limits>
 
@@ -167,9 +168,13 @@ TEST(FusedAttention, RowsWithoutVisibleKeysAreNaNAsComposed) {
   }
 }
 
-TEST(FusedAttention, FunctionalOpFusesAndMatchesComposition) {
-  // dot_product_attention with 3-D and 4-D operands, masks broadcast over some batch axes: the fused
-  // result (library kernels on) against the float64 composition and the composed Float32 result.
+class FusedAttentionDevices : public ::testing::TestWithParam<Device> {};
+
+TEST_P(FusedAttentionDevices, FunctionalOpMatchesFloat64Composition) {
+  // dot_product_attention with 3-D and 4-D operands, masks broadcast over some batch axes, in Float32
+  // on the device (the CPU fuses; OpenCL composes) against the float64 CPU composition.
+  const Device dev = GetParam();
+  auto on = [&](const Tensor& t) { return to(t.dtype() == DType::boolean ? t : t.f32(), dev); };
   struct Shapes {
     Shape q, k, v, mask;
   };
@@ -195,14 +200,21 @@ TEST(FusedAttention, FunctionalOpFusesAndMatchesComposition) {
       return sum(y * y);
     };
     auto want_grads = gradient(loss, q, k, v);
-    Tensor y = dot_product_attention(q.f32(), k.f32(), v.f32(), mask);
+    Tensor md = mask.defined() ? on(mask) : Tensor();
+    Tensor y = dot_product_attention(on(q), on(k), on(v), md);
     EXPECT_LT(max_rel_error(y, want), 2e-5);
-    auto grads = gradient(loss, q.f32(), k.f32(), v.f32());
+    auto loss_on = [&](const Tensor& a, const Tensor& b, const Tensor& c) {
+      Tensor o = dot_product_attention(a, b, c, md);
+      return sum(o * o);
+    };
+    auto grads = gradient(loss_on, on(q), on(k), on(v));
     EXPECT_LT(max_rel_error(std::get<0>(grads), std::get<0>(want_grads).to_vector<double>()), 1e-4);
     EXPECT_LT(max_rel_error(std::get<1>(grads), std::get<1>(want_grads).to_vector<double>()), 1e-4);
     EXPECT_LT(max_rel_error(std::get<2>(grads), std::get<2>(want_grads).to_vector<double>()), 1e-4);
   }
 }
+
+FLUX_DEVICE_SUITE(FusedAttentionDevices);
 
 TEST(FusedAttention, StorageGrowsWithTNotTSquared) {
   // One forward and backward of causal self-attention through MultiHeadAttention: the peak storage
@@ -266,4 +278,20 @@ TEST(FusedAttention, FallsBackWhereItCannotFuse) {
   EXPECT_FALSE(fused(c, x32, Tensor()).defined());  // FLUX_LIBRARY_KERNELS=0
   detail::set_library_kernels(true);
   EXPECT_TRUE(fused(c, x32, Tensor()).defined());
+}
+
+TEST(FusedAttention, DropoutInTrainingRunsComposed) {
+  // Dropout acts on the attention weights, which the fused kernel never holds: in training the layer
+  // composes (some weights dropped: the output moves); in test mode it fuses and equals the composition.
+  seed(11);
+  MultiHeadAttention mha(16, {.nheads = 2, .dropout = 0.5, .causal = true});
+  Tensor x = uniform_tensor(Shape{2, 9, 16}, 12, -1, 1).f32();
+  mha.active = false;
+  Tensor eval = mha(x);
+  std::vector<double> composed = mha.forward(x).output.to_vector<double>();
+  EXPECT_LT(max_rel_error(eval, composed), 2e-6);
+  mha.active = true;
+  Tensor train = mha(x);
+  EXPECT_TRUE(std::isfinite(sum(train).item<double>()));
+  EXPECT_GT(max_rel_error(train, composed), 1e-3);
 }

@@ -1,6 +1,8 @@
 // MultiHeadAttention: the input projections (one GEMM for self-attention when the weights are
-// stacked), heads split by reshape/permute, the attention scores and their product with the values
-// (src/ops/attention.cpp), heads joined, out_proj.
+// stacked), then the backend's fused attention reading the heads in place from the projection rows
+// and writing the rows out_proj takes (detail::fused_attention); where it cannot fuse (the scores
+// asked for, dropout, no kernel), heads split by reshape/permute, the attention scores and their
+// product with the values (src/ops/attention.cpp), heads joined. Then out_proj.
 // Shapes: N batch, Tq/Tk time, H = nheads, Dq = qk / H, Dv = v / H.
 #include "flux/nn/attention.hpp"
 

@@ -18,6 +18,8 @@ patterns=(
   'softmax_rows_avx2<float const\*'
   'adam_range_avx2<float\*'
   'few_pixel_avx2<'
+  'online_softmax_avx2<'
+  'probabilities_avx2<'
   'arith_range_avx2<float const\*, float const\*, float\*, long, long, int, std::integral_constant<flux::backend::BinaryOp, \(flux::backend::BinaryOp\)[0-3]>'
 )
 syms=$(nm "$lib" | awk '$2 ~ /^[tTwW]$/ && $3 ~ /_avx2/ {print $3}')
