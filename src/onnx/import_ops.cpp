@@ -158,15 +158,9 @@ Tensor index_tensor(const std::vector<int64_t>& idx, const Device& d) {
   return on(Tensor(idx, Shape{int64_t(idx.size())}), d);
 }
 
-/// Axes given as an input (opset >= since_input) or as the attribute "axes" (before); `given` says
-/// whether any were.
-std::vector<int64_t> axes_of(const Node& n, const std::vector<Tensor>& in, size_t k, int64_t since_input, bool* given = nullptr) {
-  if (n.opset >= since_input) {
-    if (given) *given = has(in, k);
-    return has(in, k) ? host_ints(in[k], n.proto, "axes") : std::vector<int64_t>{};
-  }
-  const auto* a = attr(n.proto, "axes", ::onnx::AttributeProto::INTS);
-  if (given) *given = a != nullptr;
+/// Axes given as input k (opset >= since_input) or as the attribute "axes" (before).
+std::vector<int64_t> axes_of(const Node& n, const std::vector<Tensor>& in, size_t k, int64_t since_input) {
+  if (n.opset >= since_input) return has(in, k) ? host_ints(in[k], n.proto, "axes") : std::vector<int64_t>{};
   return attr_ints(n.proto, "axes");
 }
 
@@ -896,8 +890,7 @@ std::vector<Tensor> run_instancenorm(const Node& n, const std::vector<Tensor>& i
 std::vector<Tensor> run_reduce(const Node& n, const std::vector<Tensor>& in) {
   const std::string& op = n.proto.op_type();
   Tensor x = need(n, in, 0);
-  bool given = false;
-  std::vector<int64_t> axes = axes_of(n, in, 1, op == "ReduceSum" ? 13 : 18, &given);
+  std::vector<int64_t> axes = axes_of(n, in, 1, op == "ReduceSum" ? 13 : 18);
   const bool keep = attr_i(n.proto, "keepdims", 1);
   if (axes.empty() && attr_i(n.proto, "noop_with_empty_axes", 0)) return {x};
   std::vector<int> a = distinct_axes(axes, x.ndim(), n.proto);
