@@ -1,10 +1,12 @@
 // One benchmark case with flux-cpp; prints "key value" lines for bench/run_bench.py.
 // Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | mnist_converged | wide | overhead | infer | sgemm | lenet |
 //                                         fmnist | resnet | resnet_train | onnx_resnet | lstm | lstm_converged |
-//                                         transformer | encoder | serve | blas | info
+//                                         transformer | encoder | passes | serve | blas | info
 // --autocast=bf16|f16 runs mnist, infer, resnet, resnet_train and encoder under flux's autocast (training:
 // withgradient with .autocast; inference: autocast(dtype, model call)); without it they run in float32.
-// info: the CPU backend's ISA and bf16/f16 units line of versioninfo(), for the table's header.
+// info: the CPU backend's ISA and bf16/f16 units line of versioninfo(), and its libraries line
+// (what OpenBLAS and oneDNN run against the CPU), for the table's header.
+// passes: the CPU backend's full-tensor conversion passes and kernel calls in one step (see passes_case).
 // serve: one testmode model called from 1 and from 2 threads at once (throughput, and whether the outputs
 // are bitwise those of one caller); --seconds=S sets each of its measurements (default 1 s).
 // The *_converged cases time the same steps after kConvergeSteps steps of training (bench_common.hpp),
@@ -82,7 +84,11 @@ bool library_kernels();
 namespace flux::detail {
 const char* cpu_isa_name();
 int cpu_force_isa(int level);
+void cpu_pass_counts(int64_t* conversions, int64_t* conversion_bytes, int64_t* kernels);  // backend.cpp
+void cpu_reset_pass_counts();
 bool cpu_force_kernel(const std::string& site, const std::string& kernel);
+int64_t cpu_gemm_engine_calls(const std::string& engine);
+size_t peak_storage_bytes();  // src/storage_stats.hpp
 }  // namespace flux::detail
 
 using namespace flux;
@@ -413,7 +419,10 @@ void resnet_train_case() {
   std::printf("resnet_hw %lld\nresnet_train_rss_before_mb %.6g\n", (long long)hw, bench::peak_rss_mb());
   double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); },
                                1, 3.0);
-  std::printf("resnet_train_ms %.6g\nresnet_train_peak_rss_mb %.6g\n", 1e3 / r, bench::peak_rss_mb());
+  std::printf("resnet_train_ms %.6g\nresnet_train_peak_rss_mb %.6g\nresnet_train_storage_peak_mb %.6g\n"
+              "resnet_train_pool_reserved_mb %.6g\n",
+              1e3 / r, bench::peak_rss_mb(), double(detail::peak_storage_bytes()) / (1 << 20),
+              double(g_dev.memory().reserved) / (1 << 20));
 }
 #else
 void resnet_case() { std::printf("skipped ResNet-18 (flux/models/resnet.hpp) not built\n"); }
@@ -550,13 +559,59 @@ void encoder_case() {
   std::printf("encoder_train_ms %.6g\n", 1e3 / r);
 }
 
+// passes: the CPU backend's passes over memory (src/backends/cpu/pass_count.hpp) in one training step
+// (after a warm-up step) and one forward of ResNet-18 (b32) and of the encoder: full-tensor float32 <->
+// bf16/f16 conversions (count and MB) and kernel calls.
+template <class M, class L> void count_passes(const std::string& name, M& model, const Tensor& x, const Tensor& y, L loss) {
+  auto opt = optimisers::setup(optimisers::Adam(1e-3), model);
+  auto step = [&] {
+    auto [l, grads] = value_and_gradient([&](auto& m) { return loss(m(x), y); }, model);
+    optimisers::update(opt, model, grads);
+    return l.template item<float>();
+  };
+  auto counted = [&](const std::string& what, const auto& run) {
+    run();  // warm-up: caches and prepared weights as in the timed cases
+    detail::cpu_reset_pass_counts();
+    run();
+    int64_t conversions = 0, bytes = 0, kernels = 0;
+    detail::cpu_pass_counts(&conversions, &bytes, &kernels);
+    std::printf("%s_%s_conversion_passes %lld\n%s_%s_conversion_mb %.4g\n%s_%s_kernel_calls %lld\n", name.c_str(),
+                what.c_str(), (long long)conversions, name.c_str(), what.c_str(), double(bytes) / 1e6, name.c_str(),
+                what.c_str(), (long long)kernels);
+  };
+  counted("train", step);
+  counted("infer", [&] {
+    Tensor out = forward(model, x);
+    g_dev.synchronize();
+  });
+}
+
+void passes_case() {
+#ifndef FLUX_BENCH_LOCAL_RESNET
+  {
+    auto model = models::ResNet18() | g_dev;
+    const int64_t n = bench::kResnetTrainBatch, hw = bench::kResnetSize;
+    Tensor x = to(rand({n, 3, hw, hw}), g_dev), y = onehot_targets(n, 1000);
+    count_passes("resnet", model, x, y, [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); });
+  }
+#endif
+  using namespace bench;
+  auto model = Chain(encoder_layer(), encoder_layer(), encoder_layer(), encoder_layer(), LayerNorm(kEncDim)) | g_dev;
+  Tensor x = to(rand({kEncBatch, kEncLen, kEncDim}), g_dev), y = to(rand({kEncBatch, kEncLen, kEncDim}), g_dev);
+  count_passes("encoder", model, x, y, [](const Tensor& a, const Tensor& b) { return mse(a, b); });
+}
+
 // info: the CPU backend's lines of versioninfo() that name the ISA and the bf16/f16 units.
 void info_case() {
   std::ostringstream os;
   versioninfo(os);
   std::istringstream lines(os.str());
   for (std::string line; std::getline(lines, line);)
-    if (line.find("bf16/f16 units") != std::string::npos) std::printf("units %s\n", line.substr(line.find_first_not_of(' ')).c_str());
+    if (line.find("bf16/f16 units") != std::string::npos) {
+      std::printf("units %s\n", line.substr(line.find_first_not_of(' ')).c_str());
+    } else if (const size_t at = line.find("Libraries: "); at != std::string::npos) {
+      std::printf("libraries %s\n", line.substr(at + 11).c_str());
+    }
 }
 
 // ---- serve: one model loaded once, in testmode, answering requests from several threads (issue 37).
@@ -670,7 +725,7 @@ void serve_case() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: flux_bench seed|mnist|mnist_converged|wide|overhead|infer|sgemm|lenet|fmnist|resnet|resnet_train|onnx_resnet|lstm|lstm_converged|transformer|encoder|serve|blas|info [cpu|opencl] [--autocast=bf16|f16]\n");
+    std::fprintf(stderr, "usage: flux_bench seed|mnist|mnist_converged|wide|overhead|infer|sgemm|lenet|fmnist|resnet|resnet_train|onnx_resnet|lstm|lstm_converged|transformer|encoder|passes|serve|blas|info [cpu|opencl] [--autocast=bf16|f16]\n");
     return 2;
   }
   std::string which = argv[1], device = argc > 2 ? argv[2] : "cpu";
@@ -781,6 +836,7 @@ int main(int argc, char** argv) {
   else if (which == "resnet") resnet_case();
   else if (which == "resnet_train") resnet_train_case();
   else if (which == "encoder") encoder_case();
+  else if (which == "passes") passes_case();
   else if (which == "info") info_case();
   else if (which == "onnx_resnet") onnx_resnet_case();
   else if (which == "lstm") lstm_case();
@@ -791,5 +847,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flux_bench: unknown case %s\n", which.c_str());
     return 2;
   }
+  // The engines the case's float32 GEMMs ran on (the table's rows name them).
+  if (device == "cpu" && which != "info")
+    std::printf("flux_gemm_openblas_calls %lld\nflux_gemm_onednn_calls %lld\n",
+                (long long)detail::cpu_gemm_engine_calls("openblas"), (long long)detail::cpu_gemm_engine_calls("onednn"));
   return 0;
 }

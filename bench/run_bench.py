@@ -414,6 +414,9 @@ def main():
         f"; in the user environment (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')}): {user_core}"
     print(f"- BLAS: {blas.get('blas_config', 'OpenBLAS ?')}, core type {core} (detected: flux and the 'best' peer "
           f"columns){user_note}")
+    libraries = dict(run_text([flux, "info"], flux_env(1))).get("libraries")
+    if libraries:
+        print(f"- flux's libraries (versioninfo): {libraries.strip()}")
     for p in peers.present:
         v, cfg = info.get(p, ("?", []))
         name = {"lt113": "LibTorch (Debian libtorch-dev)", "lt2": "LibTorch C++ (PyPI torch wheel)",
@@ -436,6 +439,7 @@ def main():
         print()
 
     results = {}  # (impl, threads) -> metric -> value
+    engines = {}  # (case, threads) -> float32 GEMM calls of flux on (OpenBLAS, oneDNN)
     variants = {}  # (column, threads) -> impl keys whose best figure the column shows
     for t in threads:
         for case in cases:
@@ -499,7 +503,10 @@ def main():
                     jobs.append(("opencl", [flux, case, "opencl"], e))
                 k = rep % len(jobs)
                 for impl, cmd, env in jobs[k:] + jobs[:k]:  # rotate the order between repetitions
-                    merge(results, (impl, t), run(cmd, env))
+                    res = run(cmd, env)
+                    if impl == "flux":  # the engines its float32 GEMMs ran on, counted per process
+                        engines[(case, t)] = (res.get("flux_gemm_openblas_calls", 0), res.get("flux_gemm_onednn_calls", 0))
+                    merge(results, (impl, t), res)
 
     end_load = loadavg()
 
@@ -535,6 +542,15 @@ def main():
     for (impl, t), res in results.items():
         hw = hw or res.get("resnet_hw")
     hw_text = f"{int(hw)}x{int(hw)}" if hw else ""
+
+    def engine(t, m):
+        """' [GEMMs: oneDNN]' and the like: the engines flux's float32 GEMMs ran on in the row's case."""
+        n_blas, n_dnn = engines.get((CASE_OF[m], t), (0, 0))
+        if not n_blas and not n_dnn:
+            return ""
+        if not n_dnn or not n_blas:
+            return f" [GEMMs: {'OpenBLAS' if n_blas else 'oneDNN'}]"
+        return f" [GEMMs: oneDNN {100 * n_dnn / (n_blas + n_dnn):.0f}% of calls, OpenBLAS the rest]"
 
     def cell(c, t, m):
         if (c == "ort" and CASE_OF[m] not in ORT_CASES) or \
@@ -574,7 +590,7 @@ def main():
             if m.endswith("_scaling") and f is not None:
                 need = SERVE_SCALING_TARGET.get(t, 1.0)
                 target, met = f"≥ {need:.1f}×", "yes" if f >= need else "**no**"
-            lines.append(f"| {label} ({unit}) | {t} | {fmt(f)} | " + " | ".join(cell(c, t, m) for c in columns) +
+            lines.append(f"| {label}{engine(t, m)} ({unit}) | {t} | {fmt(f)} | " + " | ".join(cell(c, t, m) for c in columns) +
                          f" | {ratio_text} | {target} | {met} |")
         blank = " | ".join("—" for _ in columns)
         if CASE_OF[m] in CNN_CASES:

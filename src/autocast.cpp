@@ -2,7 +2,6 @@
 #include "flux/autocast.hpp"
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -13,7 +12,6 @@
 #include "src/autocast.hpp"
 #include "src/autodiff_state.hpp"
 #include "src/internal.hpp"
-#include "src/ops/ops_internal.hpp"
 #include "src/storage_cache.hpp"
 
 namespace flux {
@@ -21,7 +19,7 @@ namespace flux {
 namespace {
 thread_local std::optional<DType> t_low;
 std::atomic<int> g_emulate{-1};  // -1: not yet read from FLUX_AUTOCAST_EMULATE
-std::atomic<bool> g_warned_bf16{false}, g_warned_f16{false};
+std::atomic<bool> g_warned_bf16{false}, g_warned_f16{false};  // a flag before the log's lock: ops ask on every call
 
 void check_low(DType t) {
   if (t != DType::f16 && t != DType::bf16)
@@ -54,7 +52,10 @@ bool autocast_emulation() {
 namespace detail {
 
 bool autocast_active() { return t_low.has_value(); }
-void reset_autocast_warnings() { g_warned_bf16 = g_warned_f16 = false; }
+void reset_autocast_warnings() {
+  g_warned_bf16 = g_warned_f16 = false;
+  forget_logged_warnings();
+}
 
 namespace {
 // Whether x's device runs autocast in `low`: always, except a CPU without units for it (then once
@@ -64,13 +65,11 @@ bool device_runs(const Tensor& x, DType low) {
   const backend::LowPrecisionSupport s = x.backend().low_precision_support(x.device().index(), low);
   if (s.units) return true;
   std::atomic<bool>& warned = low == DType::bf16 ? g_warned_bf16 : g_warned_f16;
-  if (!warned.exchange(true)) {
-    const std::string message = std::string("[autocast] ") + dtype_name(low) + " autocast on the CPU computes in Float32: " +
-                                s.detail + ".\n│   Low precision without units would be slower than Float32; " +
-                                "set_autocast_emulation(true) or FLUX_AUTOCAST_EMULATE=1 computes in " + dtype_name(low) +
-                                " anyway (to check a model's numerics). This warning is shown once.";
-    std::fprintf(stderr, "┌ Warning: %s\n└ @ flux\n", message.c_str());  // the house's warning format
-  }
+  if (!warned.exchange(true))
+    log_warning_once(std::string("[autocast] ") + dtype_name(low) + " autocast on the CPU computes in Float32: " +
+                     s.detail + ".\n│   Low precision without units would be slower than Float32; " +
+                     "set_autocast_emulation(true) or FLUX_AUTOCAST_EMULATE=1 computes in " + dtype_name(low) +
+                     " anyway (to check a model's numerics). This warning is shown once.");
   return false;
 }
 }  // namespace
@@ -105,30 +104,37 @@ struct CastEntry final : backend::Prepared {
 }  // namespace
 
 namespace {
-// The key of w's cast to t in w's storage cache; false when w has too many axes to have one.
+// The key of w's cast to t in w's storage cache: the core's cast entry, then dtype, offset and shape;
+// false when w has too many axes to have one.
 bool cast_key(const Tensor& w, DType t, backend::PreparedKey& key) {
   key = backend::PreparedKey{};
   if (w.ndim() > int(key.size()) - 4) return false;
-  // The core's keys are negative (backend.hpp): -2 names a cast, then dtype, offset and shape.
-  key[0] = -2, key[1] = int64_t(t), key[2] = int64_t(w.impl()->offset), key[3] = w.ndim();
+  key[0] = int64_t(CoreEntry::cast), key[1] = int64_t(t), key[2] = int64_t(w.impl()->offset), key[3] = w.ndim();
   for (int i = 0; i < w.ndim(); ++i) key[size_t(4 + i)] = w.shape()[i];
   return true;
+}
+
+// w in t, never recorded (the callers record what they need): Tensor::cast with the tape off.
+Tensor unrecorded_cast(const Tensor& w, DType t) {
+  autodiff::NoGrad no_grad;
+  return w.cast(t);
 }
 }  // namespace
 
 Tensor cached_raw_cast(const Tensor& w, DType t) {
   if (w.dtype() == t) return w;
-  autodiff::NoGrad no_grad;
   backend::PreparedKey key;
-  if (!cast_key(w, t, key)) return raw_cast(w, t);
+  if (!cast_key(w, t, key)) return unrecorded_cast(w, t);
   StorageCache& cache = storage_cache(w);
   if (auto found = cache.find(key)) return static_cast<const CastEntry&>(*found).value;
-  Tensor value = raw_cast(w, t);
+  Tensor value = unrecorded_cast(w, t);
   cache.insert(key, std::make_shared<CastEntry>(value));
   return value;
 }
 
-Tensor f32_weight(const Tensor& w) { return inference_call() ? cached_raw_cast(w, DType::f32) : raw_cast(w, DType::f32); }
+Tensor f32_weight(const Tensor& w) {
+  return inference_call() ? cached_raw_cast(w, DType::f32) : unrecorded_cast(w, DType::f32);
+}
 
 Tensor cached_cast(const Tensor& w, DType t) {
   if (w.dtype() == t) return w;

@@ -162,6 +162,12 @@ void Tape::backward(const Tensor& output, double seed) {
   }
 }
 
+void Tape::release_grad(const Tensor& t) {
+  if (!t.defined()) return;
+  int64_t id = t.impl()->tape_id;
+  if (t.impl()->tape_generation == generation_ && id >= 0 && id < int64_t(grads_.size())) grads_[id] = Tensor();
+}
+
 Tensor Tape::grad(const Tensor& t) const {
   if (!t.defined()) return t;
   int64_t id = t.impl()->tape_id;

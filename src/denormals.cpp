@@ -1,5 +1,6 @@
 // The process-wide subnormal policy (flux/denormals.hpp). The CPU backend applies it around each
-// kernel (src/backends/cpu/float_mode.hpp); plugins read it through flux_denormal_flush_mask below.
+// kernel and says whether the CPU can flush (src/denormals.hpp); plugins read it through
+// flux_denormal_flush_mask below.
 #include "flux/denormals.hpp"
 
 #include <atomic>
@@ -7,7 +8,7 @@
 #include <cstring>
 
 #include "flux/error.hpp"
-#include "src/backends/cpu/float_mode.hpp"
+#include "src/denormals.hpp"
 
 namespace flux {
 
@@ -27,13 +28,13 @@ int initial_mode() {
 }
 
 std::atomic<int>& mode() {
-  static std::atomic<int> m{cpu_backend::can_flush_denormals() ? initial_mode() : 0};
+  static std::atomic<int> m{detail::can_flush_denormals() ? initial_mode() : 0};
   return m;
 }
 }  // namespace
 
 bool flush_denormals(bool on, bool float64) {
-  if (on && !cpu_backend::can_flush_denormals()) {
+  if (on && !detail::can_flush_denormals()) {
     mode().store(0);
     return false;
   }

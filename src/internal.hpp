@@ -24,6 +24,13 @@ void mark_written(const Tensor& t);
 /// for keys of values the core derives from several tensors.
 uint64_t content_version(const Tensor& t);
 
+/// The first entry of the keys under which the core keeps its own values in a storage's cache
+/// (src/storage_cache.hpp): negative, apart from the backends' keys (backend::PreparedKey, from 0 up).
+enum class CoreEntry : int64_t {
+  folded_batchnorm = -1,  // a BatchNorm folded into the conv before it (src/nn/conv.cpp)
+  cast = -2,              // a weight cast for autocast or a Float32 fallback (src/autocast.cpp)
+};
+
 /// t's buffer for the library's own reads, and writes into tensors it allocated: unlike the public
 /// Tensor::buffer(), not a write to the content (nothing derived from it is dropped).
 backend::Buffer buffer_of(const Tensor& t);
@@ -46,6 +53,8 @@ void set_host_generator(const std::mt19937_64& g);
 /// The library's log (src/device/device.cpp), on stderr in Julia's style: a warning printed once per
 /// process per distinct message ("┌ Warning: ..." / "└ @ flux"), and an info line ("[ Info: ...").
 void log_warning_once(const std::string& message);
+/// Tests: log_warning_once shows every message again.
+void forget_logged_warnings();
 void log_info(const std::string& message);
 /// Where the preferences file (LocalPreferences.toml) is looked for: $FLUX_PREFERENCES (a .toml file
 /// or its folder), else the current folder (src/device/device.cpp).

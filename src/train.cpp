@@ -54,4 +54,9 @@ void non_finite_loss(double loss, int epoch, int64_t batch) {
        "; stopping (as Flux's train!); the model holds the update of the previous batch");
 }
 
+void invalid_learning_rate(double eta, int64_t step, int epoch, int64_t batch) {
+  fail("[train] the schedule gives the learning rate ", eta, " at step ", step, " (epoch ", epoch, ", batch ", batch,
+       "); a rate must be finite and >= 0. Stopping before this step: the model holds the update of the previous one");
+}
+
 }  // namespace flux::detail

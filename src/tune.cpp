@@ -4,6 +4,7 @@
 #include "flux/tune.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
@@ -15,6 +16,7 @@
 #include <sstream>
 
 #include "flux/error.hpp"
+#include "src/backends/cpu/conv_query.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/kernel_choice.hpp"
 #include "src/backends/cpu/tuned_table.hpp"
@@ -38,20 +40,21 @@ std::string describe(const Query& q) {
     case Site::linear:  // n in out bias relu
       os << "n " << d[0] << " in " << d[1] << " out " << d[2] << (d[3] ? " bias" : "") << (d[4] ? " relu" : "");
       break;
-    case Site::conv_forward: {  // spatial batch C O groups in[3] kernel[3] stride[3] dilation[3] affine
-      const int64_t spatial = std::clamp<int64_t>(d[0], 1, 3);
-      auto triple = [&](int first) {
+    case Site::conv_forward: {
+      const cpu_backend::ConvQuery c = cpu_backend::ConvQuery::from(q);
+      const int64_t spatial = std::clamp<int64_t>(c.spatial, 1, 3);
+      auto axes = [&](const std::array<int64_t, 3>& v) {
         std::string s;
         for (int64_t i = 0; i < spatial; ++i) {
           if (i) s += 'x';
-          s += std::to_string(d[size_t(first + i)]);
+          s += std::to_string(v[size_t(i)]);
         }
         return s;
       };
-      os << d[0] << "d N " << d[1] << " C " << d[2] << " O " << d[3] << " in " << triple(5) << " k " << triple(8)
-         << " s " << triple(11) << " d " << triple(14);
-      if (d[4] != 1) os << " groups " << d[4];
-      if (d[17]) os << " affine";
+      os << c.spatial << "d N " << c.batch << " C " << c.in_channels << " O " << c.out_channels << " in " << axes(c.in)
+         << " k " << axes(c.kernel) << " s " << axes(c.stride) << " d " << axes(c.dilation);
+      if (c.groups != 1) os << " groups " << c.groups;
+      if (c.affine) os << " affine";
       break;
     }
   }

@@ -27,6 +27,32 @@ add_test(NAME mpi.without_mpirun COMMAND $<TARGET_FILE:flux_mpi_tests>)
 set_tests_properties(mpi.np2 mpi.np3 mpi.without_mpirun PROPERTIES ENVIRONMENT "${FLUX_MPI_ENV}" TIMEOUT 300 LABELS mpi RUN_SERIAL TRUE
                      FAIL_REGULAR_EXPRESSION "FAILED|Running 0 tests")
 
+# Sharded training (issue 47): parity with one process at np 2, 3 and 4 (oversubscribed), then a
+# checkpoint written at np 4 loaded at np 2 and in one process.
+add_executable(flux_shard_tests ${CMAKE_CURRENT_SOURCE_DIR}/mpi/test_shard.cpp)
+target_link_libraries(flux_shard_tests PRIVATE flux GTest::gtest GTest::gmock)
+target_include_directories(flux_shard_tests PRIVATE ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+target_compile_options(flux_shard_tests PRIVATE ${FLUX_WARNINGS})
+if(TARGET flux-opencl)
+  add_dependencies(flux_shard_tests flux-opencl)
+endif()
+add_test(NAME mpi.shard.np2 COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -np 2 $<TARGET_FILE:flux_shard_tests> --gtest_filter=-ShardCheckpoint.*)
+add_test(NAME mpi.shard.np3 COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -np 3 --oversubscribe $<TARGET_FILE:flux_shard_tests> --gtest_filter=-ShardCheckpoint.*)
+add_test(NAME mpi.shard.np4 COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -np 4 --oversubscribe $<TARGET_FILE:flux_shard_tests> --gtest_filter=-ShardCheckpoint.*)
+add_test(NAME mpi.shard.without_mpirun COMMAND $<TARGET_FILE:flux_shard_tests> --gtest_filter=-ShardCheckpoint.*)
+set(FLUX_SHARD_CKPT ${CMAKE_CURRENT_BINARY_DIR}/shard_checkpoint_np4)
+add_test(NAME mpi.shard_checkpoint.save_np4 COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -x FLUX_SHARD_CHECKPOINT -x FLUX_SHARD_CHECKPOINT_MODE -np 4 --oversubscribe $<TARGET_FILE:flux_shard_tests> --gtest_filter=ShardCheckpoint.*)
+add_test(NAME mpi.shard_checkpoint.resume_np2 COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -x FLUX_SHARD_CHECKPOINT -x FLUX_SHARD_CHECKPOINT_MODE -np 2 $<TARGET_FILE:flux_shard_tests> --gtest_filter=ShardCheckpoint.*)
+add_test(NAME mpi.shard_checkpoint.resume_np1 COMMAND $<TARGET_FILE:flux_shard_tests> --gtest_filter=ShardCheckpoint.*)
+set_tests_properties(mpi.shard.np2 mpi.shard.np3 mpi.shard.np4 mpi.shard.without_mpirun PROPERTIES ENVIRONMENT "${FLUX_MPI_ENV}"
+                     TIMEOUT 300 LABELS mpi RUN_SERIAL TRUE FAIL_REGULAR_EXPRESSION "FAILED|Running 0 tests")
+set_tests_properties(mpi.shard_checkpoint.save_np4 PROPERTIES FIXTURES_SETUP flux_shard_checkpoint
+                     ENVIRONMENT "${FLUX_MPI_ENV};FLUX_SHARD_CHECKPOINT=${FLUX_SHARD_CKPT};FLUX_SHARD_CHECKPOINT_MODE=save")
+set_tests_properties(mpi.shard_checkpoint.resume_np2 mpi.shard_checkpoint.resume_np1 PROPERTIES FIXTURES_REQUIRED flux_shard_checkpoint
+                     ENVIRONMENT "${FLUX_MPI_ENV};FLUX_SHARD_CHECKPOINT=${FLUX_SHARD_CKPT};FLUX_SHARD_CHECKPOINT_MODE=resume")
+set_tests_properties(mpi.shard_checkpoint.save_np4 mpi.shard_checkpoint.resume_np2 mpi.shard_checkpoint.resume_np1 PROPERTIES
+                     TIMEOUT 120 LABELS mpi RUN_SERIAL TRUE FAIL_REGULAR_EXPRESSION "FAILED|Running 0 tests|SKIPPED")
+
 # Faults, with a 3 s timeout: each entry must end well inside its ctest TIMEOUT (no hang).
 set(FLUX_MPI_FAULT_ENV "OPENBLAS_NUM_THREADS=1;FLUX_NUM_THREADS=1;FLUX_DISTRIBUTED_TIMEOUT=3")
 # A rank that stops answering mid-run: rank 0 reports the timeout, then the job is aborted.
@@ -41,7 +67,11 @@ set_tests_properties(mpi.fault.rank_never_joins PROPERTIES PASS_REGULAR_EXPRESSI
 add_test(NAME mpi.fault.rank_killed COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -np 2 $<TARGET_FILE:flux_mpi_fault> kill)
 set_tests_properties(mpi.fault.rank_killed PROPERTIES PASS_REGULAR_EXPRESSION
   "rank 1 with PID [0-9]+ on node [^ ]+ exited on signal 9|no answer from the other ranks within 3 s")
-set_tests_properties(mpi.fault.rank_hangs mpi.fault.rank_never_joins mpi.fault.rank_killed PROPERTIES
+# The same in sharded training (stage 2): the gradient reduce-scatter reports the missing rank.
+add_test(NAME mpi.fault.shard_rank_hangs COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -np 2 $<TARGET_FILE:flux_mpi_fault> shard-hang)
+set_tests_properties(mpi.fault.shard_rank_hangs PROPERTIES PASS_REGULAR_EXPRESSION
+  "rank 0: error: \\[distributed::withgradient\\] no answer from the other ranks within 3 s: a rank died, hangs or never joined")
+set_tests_properties(mpi.fault.rank_hangs mpi.fault.rank_never_joins mpi.fault.rank_killed mpi.fault.shard_rank_hangs PROPERTIES
   ENVIRONMENT "${FLUX_MPI_FAULT_ENV}" TIMEOUT 45 LABELS mpi)
 
 # The example under mpirun: 2 ranks, 4,000 images, one epoch (~3 s of training here; 0.755 measured).

@@ -26,6 +26,7 @@
 #include "src/backends/cpu/kernel_choice.hpp"
 #include "src/backends/cpu/float_mode.hpp"
 #include "src/backends/cpu/isa.hpp"
+#include "src/denormals.hpp"
 
 namespace {
 
@@ -61,7 +62,7 @@ std::vector<cpu_backend::Isa> usable_isas() {
 
 // Runs `check(flush)` with flushing on (float32) and off, at every ISA level the CPU has.
 template <class F> void both_modes(F check) {
-  if (!cpu_backend::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
+  if (!detail::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
   PolicyGuard guard;
   for (cpu_backend::Isa level : usable_isas())
     for (bool flush : {true, false}) {
@@ -83,11 +84,11 @@ backend::Broadcast elementwise(int64_t n) {
 
 TEST(Denormals, PolicyDefaultsAndSwitch) {
   PolicyGuard guard;
-  if (const char* env = std::getenv("FLUX_FLUSH_DENORMALS"); (!env || !*env) && cpu_backend::can_flush_denormals()) {
+  if (const char* env = std::getenv("FLUX_FLUSH_DENORMALS"); (!env || !*env) && detail::can_flush_denormals()) {
     EXPECT_TRUE(flushes_denormals(DType::f32)) << "the default: float32 flushes";
     EXPECT_FALSE(flushes_denormals(DType::f64)) << "the default: float64 keeps IEEE subnormals";
   }
-  if (cpu_backend::can_flush_denormals()) {
+  if (detail::can_flush_denormals()) {
     EXPECT_TRUE(flush_denormals(true));
     EXPECT_TRUE(flushes_denormals(DType::f32));
     EXPECT_TRUE(flushes_denormals(DType::f16));
@@ -279,7 +280,7 @@ TEST(Denormals, WinogradReadsSubnormalsAsZero) {
 
 // float64 keeps IEEE subnormals by default, even with float32 flushing, and flushes when asked.
 TEST(Denormals, Float64KeepsSubnormalsUnlessAsked) {
-  if (!cpu_backend::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
+  if (!detail::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
   PolicyGuard guard;
   const double tiny = 1e-310;  // a float64 subnormal
   for (bool f64 : {false, true}) {
@@ -300,7 +301,7 @@ TEST(Denormals, Float64KeepsSubnormalsUnlessAsked) {
 // The caller's mode is the same after a kernel, flushing or not; a caller that flushes itself keeps
 // flushing (also through a float64 kernel, which then runs in the caller's mode).
 TEST(Denormals, CallersModeIsRestored) {
-  if (!cpu_backend::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
+  if (!detail::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
   PolicyGuard guard;
   ASSERT_TRUE(flush_denormals(true));
   const uint64_t before = cpu_backend::float_control();
@@ -326,7 +327,7 @@ TEST(Denormals, CallersModeIsRestored) {
 // The pool's workers run each region in the mode of the thread that started it: flushing inside a
 // FloatModeScope, IEEE outside, whichever thread takes which piece.
 TEST(Denormals, PoolThreadsTakeTheCallersMode) {
-  if (!cpu_backend::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
+  if (!detail::can_flush_denormals()) GTEST_SKIP() << "this CPU has no flush-to-zero mode flux can set";
   PolicyGuard guard;
   ASSERT_TRUE(flush_denormals(true));
   const int64_t n = 1 << 16;

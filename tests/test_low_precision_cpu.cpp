@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -41,6 +42,24 @@ struct IsaGuard {
   ~IsaGuard() { cpu_backend::force_isa(old); }
 };
 
+using cpu_backend::HalfCastPath;
+struct PathGuard {
+  HalfCastPath old = cpu_backend::cap_half_cast_path(HalfCastPath::avx512_bf16);
+  ~PathGuard() { cpu_backend::cap_half_cast_path(old); }
+};
+// Every conversion path this CPU can run for t (the best and all below it), each taken in turn by
+// capping; the paths above the CPU are named on stdout as skipped.
+std::vector<HalfCastPath> runnable_paths(DType t) {
+  std::vector<HalfCastPath> paths;
+  const HalfCastPath best = cpu_backend::half_cast_best_path(t);
+  for (HalfCastPath p : {HalfCastPath::scalar, HalfCastPath::avx2, HalfCastPath::avx512, HalfCastPath::avx512_bf16}) {
+    if (p == HalfCastPath::avx512_bf16 && t != DType::bf16) continue;
+    if (int(p) <= int(best)) paths.push_back(p);
+    else std::printf("[ skipped  ] %s conversion path %s: this CPU lacks it\n", dtype_name(t), cpu_backend::half_cast_path_name(p));
+  }
+  return paths;
+}
+
 // Floats that probe every rounding case of a 16-bit format whose values are the floats with the low
 // `drop` bits zero (bf16: 16; f16 is handled through its own values below): specials, every
 // representable value, its float neighbours, the exact midpoints (ties) and their neighbours.
@@ -74,14 +93,22 @@ TEST_P(HalfCast, EveryPatternToFloatMatchesReferenceBitwise) {
   for (size_t i = 0; i < h.size(); ++i) h[i] = uint16_t(i);
   std::vector<float> ref(h.size()), got(h.size());
   cpu_backend::half_storage_to_float_reference(t, h.data() + 3, ref.data(), int64_t(h.size() - 3));
-  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
+  PathGuard paths;
+  for (HalfCastPath path : runnable_paths(t)) {
+    cpu_backend::cap_half_cast_path(path);
+    ASSERT_EQ(cpu_backend::half_cast_path(t), path);
+    std::fill(got.begin(), got.end(), 0.f);
+    cpu_backend::half_storage_to_float(t, h.data() + 3, got.data(), int64_t(h.size() - 3));
+    for (size_t i = 0; i + 3 < h.size(); ++i)
+      ASSERT_EQ(bits_of(got[i]), bits_of(ref[i])) << dtype_name(t) << " pattern 0x" << std::hex << h[i + 3] << " on "
+                                                  << cpu_backend::half_cast_path_name(path);
+  }
+  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {  // the ISA level caps the path too
     if (int(isa) > int(cpu_backend::detected_isa())) continue;
     cpu_backend::force_isa(isa);
     std::fill(got.begin(), got.end(), 0.f);
     cpu_backend::half_storage_to_float(t, h.data() + 3, got.data(), int64_t(h.size() - 3));
-    for (size_t i = 0; i + 3 < h.size(); ++i)
-      ASSERT_EQ(bits_of(got[i]), bits_of(ref[i])) << dtype_name(t) << " pattern 0x" << std::hex << h[i + 3] << " at "
-                                                  << cpu_backend::isa_name(isa);
+    ASSERT_EQ(std::memcmp(got.data(), ref.data(), (h.size() - 3) * 4), 0) << cpu_backend::isa_name(isa);
   }
   // The reference against the format's definition: sign, exponent and mantissa of every pattern.
   for (uint32_t p = 0; p < 65536; ++p) {
@@ -106,16 +133,25 @@ TEST_P(HalfCast, FromFloatMatchesReferenceBitwiseWithTiesNaNAndSubnormals) {
   const std::vector<float> f = probe_floats(t);
   std::vector<uint16_t> ref(f.size()), got(f.size());
   cpu_backend::float_to_half_storage_reference(t, f.data(), ref.data(), int64_t(f.size()));
-  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
-    if (int(isa) > int(cpu_backend::detected_isa())) continue;
-    cpu_backend::force_isa(isa);
+  PathGuard paths;
+  for (HalfCastPath path : runnable_paths(t)) {
+    cpu_backend::cap_half_cast_path(path);
+    ASSERT_EQ(cpu_backend::half_cast_path(t), path);
     for (size_t start : {size_t(0), size_t(5)}) {  // an unaligned start and a tail
       std::fill(got.begin(), got.end(), uint16_t(0xdead));
       cpu_backend::float_to_half_storage(t, f.data() + start, got.data() + start, int64_t(f.size() - start - 3));
       for (size_t i = start; i + 3 < f.size(); ++i)
-        ASSERT_EQ(got[i], ref[i]) << dtype_name(t) << " from float bits 0x" << std::hex << bits_of(f[i]) << " at "
-                                  << cpu_backend::isa_name(isa);
+        ASSERT_EQ(got[i], ref[i]) << dtype_name(t) << " from float bits 0x" << std::hex << bits_of(f[i]) << " on "
+                                  << cpu_backend::half_cast_path_name(path);
+      ASSERT_EQ(got[f.size() - 3], uint16_t(0xdead)) << "wrote past the end on " << cpu_backend::half_cast_path_name(path);
     }
+    // Blocks of 16 with one subnormal among normal values (AVX512-BF16's fix-up lanes), every lane.
+    std::vector<float> block(16 * 17, 1.5f);
+    for (int k = 0; k < 16; ++k) block[size_t(16 * k + k)] = float_of(k & 1 ? 0x80000041u + uint32_t(k) : 0x00008000u + uint32_t(k));
+    std::vector<uint16_t> bref(block.size()), bgot(block.size());
+    cpu_backend::float_to_half_storage_reference(t, block.data(), bref.data(), int64_t(block.size()));
+    cpu_backend::float_to_half_storage(t, block.data(), bgot.data(), int64_t(block.size()));
+    ASSERT_EQ(bgot, bref) << cpu_backend::half_cast_path_name(path);
   }
   // The reference against double arithmetic: round to nearest, ties to even, NaN quiet with its sign.
   for (size_t i = 0; i < f.size(); ++i) {
@@ -158,14 +194,18 @@ TEST_P(HalfCast, DenormalModeDoesNotChangeTheBits) {
   cpu_backend::half_storage_to_float_reference(t, h.data(), ref.data(), int64_t(h.size()));
   std::vector<uint16_t> back_ref(h.size()), back(h.size());
   cpu_backend::float_to_half_storage_reference(t, ref.data(), back_ref.data(), int64_t(h.size()));
-  const unsigned saved = __builtin_ia32_stmxcsr();
-  __builtin_ia32_ldmxcsr(saved | 0x8040u);  // FTZ and DAZ
-  cpu_backend::half_storage_to_float(t, h.data(), got.data(), int64_t(h.size()));
-  cpu_backend::float_to_half_storage(t, ref.data(), back.data(), int64_t(h.size()));
-  __builtin_ia32_ldmxcsr(saved);
-  for (size_t i = 0; i < h.size(); ++i) {
-    ASSERT_EQ(bits_of(got[i]), bits_of(ref[i])) << std::hex << i;
-    ASSERT_EQ(back[i], back_ref[i]) << std::hex << i;
+  PathGuard paths;
+  for (HalfCastPath path : runnable_paths(t)) {
+    cpu_backend::cap_half_cast_path(path);
+    const unsigned saved = __builtin_ia32_stmxcsr();
+    __builtin_ia32_ldmxcsr(saved | 0x8040u);  // FTZ and DAZ
+    cpu_backend::half_storage_to_float(t, h.data(), got.data(), int64_t(h.size()));
+    cpu_backend::float_to_half_storage(t, ref.data(), back.data(), int64_t(h.size()));
+    __builtin_ia32_ldmxcsr(saved);
+    for (size_t i = 0; i < h.size(); ++i) {
+      ASSERT_EQ(bits_of(got[i]), bits_of(ref[i])) << std::hex << i << " on " << cpu_backend::half_cast_path_name(path);
+      ASSERT_EQ(back[i], back_ref[i]) << std::hex << i << " on " << cpu_backend::half_cast_path_name(path);
+    }
   }
 #else
   GTEST_SKIP() << "x86-64 only (MXCSR)";
@@ -179,11 +219,21 @@ TEST_P(HalfCast, VectorCodeRunsWhereTheCpuHasIt) {
   const DType t = GetParam();
   cpu_backend::force_isa(Isa::baseline);
   EXPECT_FALSE(cpu_backend::half_cast_vectorised(t));
+  EXPECT_EQ(cpu_backend::half_cast_path(t), HalfCastPath::scalar);
   cpu_backend::force_isa(cpu_backend::detected_isa());
 #if defined(__x86_64__) && defined(__GNUC__)
   if (int(cpu_backend::detected_isa()) >= int(Isa::avx2) && (t == DType::bf16 || cpu_backend::has_f16c())) {
     EXPECT_TRUE(cpu_backend::half_cast_vectorised(t));
   }
+  // The best path follows CPUID: AVX512-BF16's vcvtneps2bf16 wherever the CPU has it (bf16 only).
+  const HalfCastPath want = cpu_backend::detected_isa() == Isa::avx512
+                                ? (t == DType::bf16 && cpu_backend::has_avx512_bf16_instructions() ? HalfCastPath::avx512_bf16
+                                                                                                   : HalfCastPath::avx512)
+                                : cpu_backend::detected_isa() == Isa::avx2 && (t == DType::bf16 || cpu_backend::has_f16c())
+                                      ? HalfCastPath::avx2
+                                      : HalfCastPath::scalar;
+  EXPECT_EQ(cpu_backend::half_cast_path(t), want) << cpu_backend::half_cast_path_name(cpu_backend::half_cast_path(t));
+  std::printf("%s conversions on this CPU: %s\n", dtype_name(t), cpu_backend::half_cast_path_name(want));
 #endif
 }
 

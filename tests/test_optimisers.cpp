@@ -335,3 +335,96 @@ TEST(OptimiserRules, Errors) {
   EXPECT_THAT([&] { update(sc, m, Param{Tensor({NAN, 1, 1, 1})}); },
               ::testing::ThrowsMessage<Error>(HasSubstr("[ClipNorm]")));
 }
+
+// Every hyper-parameter is checked where it is set, by the rule's validate(): constructors, setup(),
+// adjust() and update() (fields are public), with PyTorch's limits and a message naming the rule.
+TEST(OptimiserRules, HyperParametersAreValidatedWhereTheyAreSet) {
+  auto refused = [](const std::function<void()>& f, const std::string& fragment) {
+    EXPECT_THAT(f, ::testing::ThrowsMessage<Error>(HasSubstr(fragment))) << fragment;
+  };
+  refused([] { (void)Adam(NAN); }, "[Adam] invalid learning rate: nan (must be finite and >= 0)");
+  refused([] { (void)Adam(-1e-3); }, "[Adam] invalid learning rate: -0.001 (must be finite and >= 0)");
+  refused([] { (void)Adam(INFINITY); }, "[Adam] invalid learning rate: inf");
+  refused([] { (void)Adam({.beta = {1.0, 0.999}}); }, "[Adam] invalid beta parameter at index 0: 1 (must be in [0, 1))");
+  refused([] { (void)Adam(1e-3, 0.9, -0.5); }, "[Adam] invalid beta parameter at index 1: -0.5");
+  refused([] { (void)Adam(1e-3, 0.9, 0.999, -1e-8); }, "[Adam] invalid epsilon: -1e-08");
+  refused([] { (void)AdamW({.lambda = -1}); }, "[AdamW] invalid weight decay lambda: -1");
+  refused([] { (void)AdamW({.eps = NAN}); }, "[AdamW] invalid epsilon: nan");
+  refused([] { (void)Descent(-0.1); }, "[Descent] invalid learning rate: -0.1");
+  refused([] { (void)Momentum(0.01, 1.0); }, "[Momentum] invalid momentum rho: 1 (must be in [0, 1))");
+  refused([] { (void)Nesterov({.rho = NAN}); }, "[Nesterov] invalid momentum rho: nan");
+  refused([] { (void)RMSProp(0.001, 0.9, -1); }, "[RMSProp] invalid epsilon: -1");
+  refused([] { (void)RMSProp({.rho = 2}); }, "[RMSProp] invalid rho: 2");
+  refused([] { (void)WeightDecay(NAN); }, "[WeightDecay] invalid weight decay lambda: nan");
+  refused([] { (void)ClipGrad(-1); }, "[ClipGrad] invalid delta: -1");
+  refused([] { (void)ClipNorm(NAN); }, "[ClipNorm] invalid omega: nan");
+  refused([] { (void)ClipNorm(1, 0); }, "[ClipNorm] invalid norm p: 0");
+  // limits that are allowed: zero rates, no clipping, the max norm
+  EXPECT_NO_THROW((void)Adam(0.0));
+  EXPECT_NO_THROW((void)ClipGrad(INFINITY));
+  EXPECT_NO_THROW((void)ClipNorm(1, INFINITY));
+
+  Param m = param_on(kX, Device());
+  State s = setup(Adam(1e-3), m);
+  // adjust: refused, and the rate stays what it was
+  refused([&] { adjust(s, NAN); }, "[Adam] invalid learning rate: nan");
+  refused([&] { adjust(s, -1e-3); }, "[Adam] invalid learning rate: -0.001");
+  EXPECT_EQ(static_cast<Adam&>(*s.rule).eta, 1e-3);
+  State chain = setup(OptimiserChain(ClipGrad(1), WeightDecay()), m);
+  refused([&] { adjust(chain, NAN); }, "invalid learning rate: nan");
+  // a field set to nonsense after construction: setup() and update() refuse it, the weights stay
+  Adam raw;
+  raw.eta = NAN;
+  refused([&] { setup(raw, m); }, "[Adam] invalid learning rate: nan");
+  static_cast<Adam&>(*s.rule).beta1 = 1.5;
+  std::vector<float> w = m.w.to_vector<float>();
+  refused([&] { update(s, m, m); }, "[Adam] invalid beta parameter at index 0: 1.5");
+  EXPECT_EQ(m.w.to_vector<float>(), w);
+}
+
+// save_checkpoint refuses a state of another model before writing; load_checkpoint refuses a negative
+// step count before copying; a failed save leaves the previous file loadable.
+TEST(OptimiserRules, CheckpointStateMustMatchTheModel) {
+  const std::string path = ::testing::TempDir() + "flux_ckpt_match.safetensors";
+  auto model = Chain(Dense(3, 4), Dense(4, 2));
+  auto s = setup(Adam(), model);
+  save_checkpoint(path, model, s);
+  auto check_kept = [&] {
+    auto again = Chain(Dense(3, 4), Dense(4, 2));
+    auto s2 = setup(Adam(), again);
+    EXPECT_NO_THROW(load_checkpoint(path, again, s2));
+    EXPECT_EQ(pytorch_state(again)[0].second.to_vector<float>(), pytorch_state(model)[0].second.to_vector<float>());
+  };
+  auto other = Chain(Dense(3, 5), Dense(5, 2));
+  auto other_state = setup(Adam(), other);
+  EXPECT_THAT([&] { save_checkpoint(path, model, other_state); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("[save_checkpoint] the optimiser state of array 0 (buffer 0: 5×3")));
+  check_kept();
+  auto fewer = setup(Adam(), Chain(Dense(3, 4)));
+  EXPECT_THAT([&] { save_checkpoint(path, model, fewer); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("[save_checkpoint] the model has 4 arrays but the optimiser state was set up for 2")));
+  auto desc = setup(Descent(), model);
+  desc.rule = Adam().clone();  // a rule that keeps buffers, a state made without them
+  EXPECT_THAT([&] { save_checkpoint(path, model, desc); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("has 0 buffers but Adam(0.001, (0.9, 0.999), 1e-08) keeps 2")));
+  auto f64_state = setup(Adam(), f64(model));
+  EXPECT_THAT([&] { save_checkpoint(path, model, f64_state); }, ::testing::ThrowsMessage<Error>(HasSubstr("does not match its array")));
+  auto negative = setup(Adam(), model);
+  negative.leaves[1].t = -5;
+  EXPECT_THAT([&] { save_checkpoint(path, model, negative); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("[save_checkpoint] the optimiser state of array 1 has step count -5")));
+  check_kept();
+  // a file whose step count is -5 (hand-made or corrupt) is refused at load, nothing changed
+  TensorMap t = load_state(path);
+  t["optimiser.0.t"] = Tensor(std::vector<int64_t>{-5}, Shape{});
+  save_state(path + ".bad", t, load_metadata(path));
+  auto target = Chain(Dense(3, 4), Dense(4, 2));
+  auto target_state = setup(Adam(), target);
+  auto w = pytorch_state(target)[0].second.to_vector<float>();
+  EXPECT_THAT([&] { load_checkpoint(path + ".bad", target, target_state); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("'optimiser.0.t' (a step count) is -5; expected >= 0 (nothing was loaded)")));
+  EXPECT_EQ(pytorch_state(target)[0].second.to_vector<float>(), w);
+  EXPECT_EQ(target_state.leaves[0].t, 0);
+  std::remove(path.c_str());
+  std::remove((path + ".bad").c_str());
+}

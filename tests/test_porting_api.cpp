@@ -263,6 +263,44 @@ TEST_P(TrainLoop, NonFiniteLossStopsWithTheBatch) {
               HasSubstr("[train] the loss is nan at epoch 1, batch 2; stopping"));
 }
 
+TEST_P(TrainLoop, NonFiniteLearningRateStopsAtItsStepEmptyEpochHasNaNLoss) {
+  const Device dev = GetParam();
+  auto model = Chain(Dense(2, 1)) | dev;
+  auto s = optimisers::setup(optimisers::Adam(), model);
+  std::vector<std::array<Tensor, 2>> data{{to(ones({2, 2}), dev), to(ones({2, 1}), dev)},
+                                          {to(ones({2, 2}), dev), to(ones({2, 1}), dev)}};
+  auto loss = [](auto& m, const Tensor& x, const Tensor& y) { return mse(m(x), y); };
+  auto before = pytorch_state(model);
+  std::vector<std::vector<float>> kept;
+  int64_t steps_seen = 0;
+  for (double bad : std::vector<double>{NAN, INFINITY, -1e-3}) {
+    EXPECT_THAT(error_of([&] {
+                  train(loss, model, data, s,
+                        {.progress = false,
+                         .callback = [&](const TrainEvent&) {
+                           kept.clear();
+                           for (auto& [n, t] : pytorch_state(model)) kept.push_back(t.to_vector<float>());
+                           ++steps_seen;
+                         },
+                         .schedule = [bad](int64_t t) { return t == 1 ? bad : 1e-3; }});
+                }),
+                HasSubstr("[train] the schedule gives the learning rate " + (std::isnan(bad) ? std::string("nan") : std::isinf(bad) ? std::string("inf") : std::string("-0.001")) + " at step 1 (epoch 1, batch 2)"));
+    // the step that met the rate changed nothing: the model holds the first step's update
+    size_t i = 0;
+    for (auto& [n, t] : pytorch_state(model)) {
+      for (float v : t.to_vector<float>()) EXPECT_TRUE(std::isfinite(v)) << n;
+      EXPECT_EQ(t.to_vector<float>(), kept[i++]) << n;
+    }
+  }
+  EXPECT_EQ(steps_seen, 3);
+  // an epoch without batches has no mean loss: NaN, never 0
+  std::vector<std::array<Tensor, 2>> none;
+  TrainResult r = train(loss, model, none, s, {.epochs = 2, .progress = false});
+  ASSERT_EQ(r.epoch_loss.size(), 2u);
+  EXPECT_TRUE(std::isnan(r.epoch_loss[0]) && std::isnan(r.epoch_loss[1]));
+  EXPECT_EQ(r.steps, 0);
+}
+
 FLUX_DEVICE_SUITE(TrainLoop);
 
 // ---- chunk, batchseq ----

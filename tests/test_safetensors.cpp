@@ -542,6 +542,34 @@ TEST_F(SafetensorsBadInput, MissingExtraAndMismatchedNamesAgainstTheModel) {
   EXPECT_EQ(model_bytes(model), before);
 }
 
+// A state_dict without BatchNorm's num_batches_tracked (PyTorch before 0.4.1, converted weights)
+// loads with the count 0, as load_state_dict fills it in; every other missing name is still an error,
+// and a checkpoint (flux's own files) must hold it.
+TEST_F(SafetensorsBadInput, BatchNormCounterMayBeAbsentFromAModelFile) {
+  auto src = Chain(Dense(3, 4), BatchNorm(4));
+  src.get<1>().num_batches_tracked = Tensor(std::vector<int64_t>{7}, Shape{});
+  src.get<1>().running_mean = Tensor(std::vector<float>{1, 2, 3, 4}, Shape{4});
+  TensorMap state;
+  for (auto& [name, t] : pytorch_state(src)) state[name] = t;
+  state.erase("1.num_batches_tracked");
+  save_state(path, state);
+  auto model = Chain(Dense(3, 4), BatchNorm(4));
+  model.get<1>().num_batches_tracked = Tensor(std::vector<int64_t>{5}, Shape{});
+  load(path, model);
+  EXPECT_EQ(model.get<1>().num_batches_tracked.item<int64_t>(), 0);
+  EXPECT_EQ(model.get<1>().running_mean.to_vector<float>(), std::vector<float>({1, 2, 3, 4}));
+  state.erase("1.running_var");
+  save_state(path, state);
+  expect_error([&] { load(path, model); }, {"missing from the file: '1.running_var'"});
+  // checkpoints are flux's own files: the counter must be there
+  auto opt = optimisers::setup(optimisers::Adam(), model);
+  save_checkpoint(path, model, opt);
+  TensorMap ck = load_state(path);
+  ck.erase("model.1.num_batches_tracked");
+  save_state(path, ck, load_metadata(path));
+  expect_error([&] { load_checkpoint(path, model, opt); }, {"missing from the file: 'model.1.num_batches_tracked'"});
+}
+
 TEST_F(SafetensorsBadInput, NotAFile) {
   expect_error([&] { load_state(dir.file("absent.safetensors")); }, {"[load_state]", dir.file("absent.safetensors"), "cannot open"});
   expect_error([&] { load_state(dir.path()); }, {"[load_state]", dir.path(), "not a regular file"});

@@ -30,6 +30,9 @@ class Tape {
   void backward(const Tensor& output, double seed = 1);
   /// The gradient of a tracked tensor (zeros of its shape when it did not influence the output).
   Tensor grad(const Tensor& tracked) const;
+  /// Drops the tape's reference to a final gradient (grad() then gives zeros): sharded training frees
+  /// each gradient once its bucket has been sent.
+  void release_grad(const Tensor& tracked);
   /// During backward(), calls f(tape_id) once per leaf as soon as its gradient is final (no op left
   /// to add to it; grad() then holds it): leaves that did not influence the output first, the
   /// others as backward passes their first use. Lets communication overlap the rest of backward.

@@ -12,7 +12,7 @@
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 12;
+inline constexpr int kBackendAbiVersion = 13;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
@@ -42,6 +42,20 @@ struct Broadcast {
   int64_t shape[kMaxDims] = {};
   int64_t stride[3][kMaxDims] = {};  // operand 0, 1, 2 (a, b, c / cond, a, b)
   bool contiguous = false;           // all operands have the output's shape: a flat loop suffices
+};
+
+/// Scaled dot-product attention over two leading axes (b0, b1) (N, H): q (b0, b1, tq, d), k (b0, b1, tk, d),
+/// v (b0, b1, tk, dv), out (b0, b1, tq, dv) at the element strides below over (b0, b1, row), each row
+/// contiguous (a head's columns inside (N, T, H * d) rows, or a contiguous (..., T, d)); dout is laid
+/// out as out, dq, dk, dv as q, k, v (in arrays of their own); lse (b0, b1, tq) is contiguous. Key j is
+/// visible to query i when mask[b0, b1, i, j] (Bool at mask_stride, 0 on broadcast axes; a null
+/// handle: no mask) and, when causal, j <= i + (tk - tq) (causal_mask's alignment).
+struct Attention {
+  int64_t b0 = 1, b1 = 1, tq = 0, tk = 0, d = 0, dv = 0;
+  int64_t q_stride[3] = {}, k_stride[3] = {}, v_stride[3] = {}, o_stride[3] = {};  // (b0, b1, row)
+  int64_t mask_stride[4] = {};                                                     // (b0, b1, row, column)
+  bool causal = false;
+  double scale = 1.0;
 };
 
 /// Batched row-major C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b]; strides in elements (0 broadcasts).
@@ -387,6 +401,25 @@ class Backend {
   /// binary for a, b of dtype t (f16/bf16); out of dtype t, Bool for comparisons.
   virtual bool binary_half(int device, BinaryOp op, DType t, Buffer a, Buffer b, Buffer out, const Broadcast& plan) {
     (void)device, (void)op, (void)t, (void)a, (void)b, (void)out, (void)plan;
+    return false;
+  }
+
+  // ---- fused attention (src/backends/<name>/attention): softmax(q kᵀ scale | mask) v without the
+  // (tq, tk) scores in memory; false = the core composes matmul, softmax, matmul. t is f32, bf16 or
+  // f16 for every array but lse (Float32); scores and softmax in Float32. A row with no visible key
+  // gives NaN, as the composition. ----
+  /// out and lse[i] = log Σ_j exp(s_ij) over the visible keys (what the backward recomputes p from).
+  virtual bool attention_forward(int device, DType t, Buffer q, Buffer k, Buffer v, Buffer mask, Buffer out,
+                                 Buffer lse, const Attention& a) {
+    (void)device, (void)t, (void)q, (void)k, (void)v, (void)mask, (void)out, (void)lse, (void)a;
+    return false;
+  }
+  /// dq, dk, dv (overwritten) from dout, with p recomputed per tile from q, k and lse:
+  /// dv = pᵀ dout, ds = p (dout vᵀ - rowsum(dout out)), dq = ds k scale, dk = dsᵀ q scale.
+  virtual bool attention_backward(int device, DType t, Buffer q, Buffer k, Buffer v, Buffer mask, Buffer out,
+                                  Buffer dout, Buffer lse, Buffer dq, Buffer dk, Buffer dv, const Attention& a) {
+    (void)device, (void)t, (void)q, (void)k, (void)v, (void)mask, (void)out, (void)dout, (void)lse, (void)dq,
+        (void)dk, (void)dv, (void)a;
     return false;
   }
 

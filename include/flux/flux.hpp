@@ -13,6 +13,7 @@
 #include "flux/data/text.hpp"
 #include "flux/device.hpp"
 #include "flux/distributed.hpp"
+#include "flux/distributed/shard.hpp"
 #include "flux/dtype.hpp"
 #include "flux/error.hpp"
 #include "flux/functor.hpp"

@@ -13,6 +13,7 @@
 #include <functional>
 #include <iostream>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -40,7 +41,8 @@ struct TrainOptions {
   bool progress = true;
   std::function<void(const TrainEvent&)> callback = nullptr;
   /// The learning rate for step t (0-based), set with optimisers::adjust before each update; e.g. a
-  /// schedule from flux/schedules.hpp (schedules::CosAnneal, ...).
+  /// schedule from flux/schedules.hpp (schedules::CosAnneal, ...). A rate that is not finite and >= 0
+  /// stops training with an error naming the step, before that step changes anything.
   std::function<double(int64_t)> schedule = nullptr;
   std::ostream* out = &std::cerr;
   /// Resumes a run at this global step (0-based; opt_state.steps after load_checkpoint): `epochs` still
@@ -50,8 +52,8 @@ struct TrainOptions {
   int64_t start_step = 0;
 };
 
-/// Mean loss of every epoch this call ran (a resumed epoch: of its batches run here), and the global
-/// step reached (start_step + the steps taken).
+/// Mean loss of every epoch this call ran (a resumed epoch: of its batches run here; NaN for an epoch
+/// that ran no batch), and the global step reached (start_step + the steps taken).
 struct TrainResult {
   std::vector<double> epoch_loss;
   int64_t steps = 0;
@@ -80,6 +82,8 @@ class TrainProgress {
 };
 /// Throws the error train() gives for a non-finite loss.
 [[noreturn]] void non_finite_loss(double loss, int epoch, int64_t batch);
+/// Throws the error train() gives for a schedule's rate that is NaN, infinite or negative.
+[[noreturn]] void invalid_learning_rate(double eta, int64_t step, int epoch, int64_t batch);
 }  // namespace detail
 
 template <class Loss, class M, class Data>
@@ -111,7 +115,12 @@ TrainResult train(Loss&& loss, M& model, Data&& data, optimisers::State& opt_sta
     skip = 0;
     for (; it != end; ++it) {
       auto&& b = *it;
-      if (o.schedule) optimisers::adjust(opt_state, o.schedule(result.steps));
+      if (o.schedule) {
+        const double eta = o.schedule(result.steps);
+        // Before the step: a NaN or negative rate would write NaN into (or move uphill) every weight.
+        if (!(std::isfinite(eta) && eta >= 0)) detail::invalid_learning_rate(eta, result.steps, epoch, batch + 1);
+        optimisers::adjust(opt_state, eta);
+      }
       auto [value, grads] = withgradient(
           [&](auto& m) -> Tensor {
             using B = std::remove_cvref_t<decltype(b)>;
@@ -131,7 +140,10 @@ TrainResult train(Loss&& loss, M& model, Data&& data, optimisers::State& opt_sta
       if (o.callback) o.callback(TrainEvent{epoch, batch, batches, result.steps, l, total / double(ran)});
       ++result.steps;
     }
-    result.epoch_loss.push_back(ran ? total / double(ran) : 0.0);
+    // An epoch without batches has no mean loss: NaN, not 0, which would read as a perfect fit
+    // (not an error: a resumed run whose step ends an epoch, or a loader that is empty this epoch,
+    // is legitimate, and the caller can test std::isnan).
+    result.epoch_loss.push_back(ran ? total / double(ran) : std::numeric_limits<double>::quiet_NaN());
     progress.end_epoch(epoch, batch, result.epoch_loss.back());
   }
   return result;

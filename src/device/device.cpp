@@ -44,11 +44,20 @@ template <class... Args> void debug(const Args&... args) {
   std::fprintf(stderr, "[flux:backends] %s\n", os.str().c_str());
 }
 
+// The warnings shown so far (each once per process).
+struct Said {
+  std::mutex mutex;
+  std::set<std::string> messages;
+};
+Said& said() {
+  static Said* s = new Said();  // never destroyed: late warnings at exit
+  return *s;
+}
+
 void warn_once(const std::string& message) {
-  static std::mutex m;
-  static std::set<std::string> said;
-  std::lock_guard<std::mutex> lock(m);
-  if (said.insert(message).second) std::fprintf(stderr, "┌ Warning: %s\n└ @ flux\n", message.c_str());
+  Said& s = said();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.messages.insert(message).second) std::fprintf(stderr, "┌ Warning: %s\n└ @ flux\n", message.c_str());
 }
 
 void info(const std::string& message) { std::fprintf(stderr, "[ Info: %s\n", message.c_str()); }
@@ -257,6 +266,11 @@ bool usable_gpu(backend::Backend* b, int& index) {
 
 namespace detail {
 void log_warning_once(const std::string& message) { warn_once(message); }
+void forget_logged_warnings() {
+  Said& s = said();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.messages.clear();
+}
 void log_info(const std::string& message) { info(message); }
 std::string preferences_file() { return preferences_path().string(); }
 }  // namespace detail

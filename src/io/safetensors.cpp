@@ -24,6 +24,7 @@
 #include "flux/backend.hpp"
 #include "flux/ops.hpp"
 #include "flux/random_state.hpp"
+#include "src/io/sharded_checkpoint.hpp"
 #include "src/internal.hpp"
 #include "src/io/safetensors_format.hpp"
 #include "src/optimisers/grad_scaler_internal.hpp"
@@ -260,11 +261,23 @@ Metadata load_from(const std::string& context, const Reader& reader, const io_de
   // Check everything before copying anything, so a bad file leaves the model as it was.
   std::vector<std::string> missing, extra, mismatched, retyped;
   std::set<std::string> wanted;
+  std::vector<Tensor> zeroed;  // BatchNorm counters absent from a model file
   const bool convert = options && options->convert_dtypes;
   for (const auto& [name, t] : targets) {
     wanted.insert(name);
     auto it = in_file.find(name);
     if (it == in_file.end()) {
+      // A state_dict of PyTorch before 0.4.1, or converted weights, has no BatchNorm step counter;
+      // load_state_dict fills it in (0 then; PyTorch 2 keeps the module's own value, 0 when fresh):
+      // a model file (load, not checkpoints) without it loads with the count 0.
+      const std::string counter = "num_batches_tracked";
+      const bool is_counter = name.size() >= counter.size() &&
+                              name.compare(name.size() - counter.size(), counter.size(), counter) == 0 &&
+                              (name.size() == counter.size() || name[name.size() - counter.size() - 1] == '.');
+      if (options && is_counter && t.dtype() == DType::i64 && t.numel() == 1) {
+        zeroed.push_back(t);
+        continue;
+      }
       missing.push_back(name);
       continue;
     }
@@ -304,10 +317,12 @@ Metadata load_from(const std::string& context, const Reader& reader, const io_de
   if (before_copy) before_copy();
   DeviceSync sync;
   for (const auto& [name, t] : targets) {
+    if (!in_file.count(name)) continue;  // a counter set to 0 below
     Tensor dst = t;
     copy_entry_into(reader, *in_file.at(name), dst, sync);
   }
   sync.wait();
+  for (Tensor dst : zeroed) copy_(dst, Tensor(std::vector<int64_t>{0}, dst.shape()));
   return reader.layout.metadata;
 }
 
@@ -429,6 +444,7 @@ void add_resume_state(const optimisers::State& s, Metadata& meta) {
 
 Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_targets, optimisers::State& s,
                                  optimisers::GradScaler* scaler) {
+  if (is_sharded_checkpoint(path)) return load_sharded_gathered(path, model_targets, s, scaler);
   // One open and one header parse: errors name load_checkpoint, and the metadata checked below belong to
   // the tensors loaded (a save replacing the file in between cannot mix two files).
   const std::string context = context_of("load_checkpoint", path);
@@ -479,6 +495,21 @@ Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_t
   // The scaler's entries are read and checked once the file is known to match and before anything is
   // copied: a corrupt scaler state leaves the model and the optimiser state as they were.
   optimisers::GradScaler::SavedState st{};
+  // The step counts are read and checked before anything is copied: a count below 0 (a corrupt or
+  // hand-made file) would make Adam's bias correction divide by a negative or zero factor.
+  auto read_steps = [&] {
+    std::map<const TensorImpl*, std::string> step_names;
+    for (const auto& [name, t] : all) step_names.emplace(t.impl(), name);
+    DeviceSync sync;
+    for (auto& [dst, t] : steps)
+      for (const safetensors::Entry& e : reader.layout.entries)
+        if (e.name == step_names.at(t.impl())) copy_entry_into(reader, e, t, sync);
+    sync.wait();
+    for (auto& [dst, t] : steps)
+      if (int64_t n = t.item<int64_t>(); n < 0)
+        detail::fail(context, ": '", step_names.at(t.impl()), "' (a step count) is ", n,
+                     "; expected >= 0 (nothing was loaded)");
+  };
   auto read_scaler = [&] {
     DeviceSync sync;
     for (auto& [name, t] : scaler_targets)
@@ -496,7 +527,10 @@ Metadata load_checkpoint_tensors(const std::string& path, const Targets& model_t
       detail::fail(context, ": the checkpoint's GradScaler state is invalid (nothing was loaded): ", e.what());
     }
   };
-  load_from(context, reader, all, nullptr, scaler ? std::function<void()>(read_scaler) : std::function<void()>());
+  load_from(context, reader, all, nullptr, [&] {
+    read_steps();
+    if (scaler) read_scaler();
+  });
   for (auto& [dst, t] : steps) *dst = t.item<int64_t>();
   if (scaler) scaler->load_saved_state(st);  // checked above
   s.steps = saved_steps;

@@ -5,6 +5,7 @@
 #include "flux/nn/attention.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "flux/autodiff.hpp"
@@ -101,20 +102,35 @@ Tensor split_heads(const Tensor& x, int64_t n, int64_t t, int64_t h, int64_t d) 
 }  // namespace
 
 AttentionOutput MultiHeadAttention::forward(const Tensor& x, const Tensor& mask_or_kv) const {
+  return attend(x, mask_or_kv, true);
+}
+Tensor MultiHeadAttention::operator()(const Tensor& x, const Tensor& mask_or_kv) const {
+  return attend(x, mask_or_kv, false).output;
+}
+AttentionOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                            const Tensor& mask) const {
+  return attend(query, key, value, mask, true);
+}
+Tensor MultiHeadAttention::operator()(const Tensor& query, const Tensor& key, const Tensor& value,
+                                      const Tensor& mask) const {
+  return attend(query, key, value, mask, false).output;
+}
+
+AttentionOutput MultiHeadAttention::attend(const Tensor& x, const Tensor& mask_or_kv, bool scores) const {
   // A floating-point 3-d second tensor is Flux's mha(q, kv) (N, Tk, k_in); masks are Bool, so the
   // dtype decides (anything else goes to the mask's checks, which name what a mask must be).
   if (mask_or_kv.defined() && is_floating(mask_or_kv.dtype()) && mask_or_kv.ndim() == 3)
-    return forward(x, mask_or_kv, mask_or_kv, Tensor());
+    return attend(x, mask_or_kv, mask_or_kv, Tensor(), scores);
   const MultiHeadAttentionDims d = dims();
   if (out_proj.weight.defined() && (d.k_in != d.in || d.v_in != d.in))
     detail::fail("[MultiHeadAttention] self-attention mha(x) needs the key and value input widths to equal the query's; ",
                  layer_string(*this), " has in = ", d.in, ", k_in = ", d.k_in, ", v_in = ", d.v_in,
                  ": call mha(q, k, v) or mha(q, kv)");
-  return forward(x, x, x, mask_or_kv);
+  return attend(x, x, x, mask_or_kv, scores);
 }
 
-AttentionOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value_or_mask,
-                                            const Tensor& mask_in) const {
+AttentionOutput MultiHeadAttention::attend(const Tensor& query, const Tensor& key, const Tensor& value_or_mask,
+                                           const Tensor& mask_in, bool want_scores) const {
   if (!out_proj.weight.defined()) detail::fail("[MultiHeadAttention] the layer is empty (default-constructed)");
   // mha(q, kv, mask): a Bool third tensor is the mask, the key tensor the values too.
   const bool kv_form = value_or_mask.defined() && value_or_mask.dtype() == DType::boolean;
@@ -145,25 +161,20 @@ AttentionOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& k
     detail::fail("[MultiHeadAttention] query ", to_string(query.shape()), ", key ", to_string(key.shape()), " and value ",
                  to_string(value.shape()), " must share N, and key and value their length Tk");
   const int64_t h = nheads, dq = dm.qk / h, dv = dm.v / h;
-  Tensor q, k, v;
-  if (in_proj_weight.defined() && query.impl() == key.impl() && key.impl() == value.impl()) {  // self-attention: one GEMM
-    Tensor qkv = project(query.reshape(Shape{n * tq, dm.in}), in_proj_weight, in_proj_bias);  // (N*T, 2 qk + v)
-    if (dm.qk == dm.v) {
-      Tensor heads = permute(qkv.reshape(Shape{n, tq, 3, h, dq}), {2, 0, 3, 1, 4});  // (3, N, H, T, D)
-      q = heads[0], k = heads[1], v = heads[2];
-    } else {
-      q = split_heads(slice(qkv, 1, 0, dm.qk), n, tq, h, dq);
-      k = split_heads(slice(qkv, 1, dm.qk, 2 * dm.qk), n, tq, h, dq);
-      v = split_heads(slice(qkv, 1, 2 * dm.qk, 2 * dm.qk + dm.v), n, tq, h, dv);
-    }
+  // The projections, (N * T, width) rows with the heads side by side: one GEMM for self-attention
+  // (qkv: [q | k | v] per row), else one per input.
+  const bool self = in_proj_weight.defined() && query.impl() == key.impl() && key.impl() == value.impl();
+  Tensor qkv, qp, kp, vp;
+  if (self) {
+    qkv = project(query.reshape(Shape{n * tq, dm.in}), in_proj_weight, in_proj_bias);  // (N*T, 2 qk + v)
   } else {
     const int64_t starts[4] = {0, dm.qk, 2 * dm.qk, 2 * dm.qk + dm.v};
-    auto part = [&](const Tensor& in, int i, int64_t len, int64_t width, const Tensor& separate) {
+    auto part = [&](const Tensor& in, int i, int64_t len, const Tensor& separate) {
       Tensor w = in_proj_weight.defined() ? slice(in_proj_weight, 0, starts[i], starts[i + 1]) : separate;
       Tensor b = in_proj_bias.defined() ? slice(in_proj_bias, 0, starts[i], starts[i + 1]) : Tensor();
-      return split_heads(project(in.reshape(Shape{n * len, widths[i]}), w, b), n, len, h, width);
+      return project(in.reshape(Shape{n * len, widths[i]}), w, b);
     };
-    q = part(query, 0, tq, dq, q_proj_weight), k = part(key, 1, tk, dq, k_proj_weight), v = part(value, 2, tk, dv, v_proj_weight);
+    qp = part(query, 0, tq, q_proj_weight), kp = part(key, 1, tk, k_proj_weight), vp = part(value, 2, tk, v_proj_weight);
   }
   Tensor m;  // Bool (Tq, Tk) or (N, 1, Tq, Tk) or (N, H, Tq, Tk)
   if (mask.defined()) {
@@ -180,11 +191,47 @@ AttentionOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& k
                    to_string(query.device()), "; move one with to() or | dev");
     m = s.size() == 3 ? mask.reshape(Shape{n, 1, tq, tk}) : mask;
   }
+  const double p = training() ? dropout : 0.0;
+  // Fused (the backend's attention kernel; no (Tq, Tk) matrix) unless the scores are asked for or
+  // dropout acts on them: the heads are read in place from the projections' rows and the output is
+  // written as the (N * Tq, v) rows out_proj takes, so no head split or join is copied either.
+  if (!want_scores && p == 0) {
+    backend::Attention a;
+    a.b0 = n, a.b1 = h, a.tq = tq, a.tk = tk, a.d = dq, a.dv = dv, a.causal = causal;
+    a.scale = 1.0 / std::sqrt(double(dq));
+    if (m.defined()) {
+      const Shape& s = m.shape();
+      a.mask_stride[0] = s.size() == 4 ? s[1] * tq * tk : 0;
+      a.mask_stride[1] = s.size() == 4 && s[1] == h ? tq * tk : 0;
+      a.mask_stride[2] = tk, a.mask_stride[3] = 1;
+    }
+    a.o_stride[0] = tq * dm.v, a.o_stride[1] = dv, a.o_stride[2] = dm.v;
+    detail::AttentionView vq, vk, vv;
+    if (self) {
+      const int64_t w = 2 * dm.qk + dm.v;
+      vq = {qkv, 0, {tq * w, dq, w}}, vk = {qkv, dm.qk, {tq * w, dq, w}}, vv = {qkv, 2 * dm.qk, {tq * w, dv, w}};
+    } else {
+      vq = {qp, 0, {tq * dm.qk, dq, dm.qk}}, vk = {kp, 0, {tk * dm.qk, dq, dm.qk}}, vv = {vp, 0, {tk * dm.v, dv, dm.v}};
+    }
+    Tensor joined = detail::fused_attention(vq, vk, vv, m, a, Shape{n * tq, dm.v});
+    if (joined.defined()) return {out_proj(joined).reshape(Shape{n, tq, dm.out}), Tensor()};
+  }
+  // Composed: heads split by permute (N, H, T, D), the scores (N, H, Tq, Tk) in memory.
+  Tensor q, k, v;
+  if (self && dm.qk == dm.v) {
+    Tensor heads = permute(qkv.reshape(Shape{n, tq, 3, h, dq}), {2, 0, 3, 1, 4});  // (3, N, H, T, D)
+    q = heads[0], k = heads[1], v = heads[2];
+  } else if (self) {
+    q = split_heads(slice(qkv, 1, 0, dm.qk), n, tq, h, dq);
+    k = split_heads(slice(qkv, 1, dm.qk, 2 * dm.qk), n, tq, h, dq);
+    v = split_heads(slice(qkv, 1, 2 * dm.qk, 2 * dm.qk + dm.v), n, tq, h, dv);
+  } else {
+    q = split_heads(qp, n, tq, h, dq), k = split_heads(kp, n, tk, h, dq), v = split_heads(vp, n, tk, h, dv);
+  }
   if (causal) {
     Tensor c = causal_mask(tq, tk, query.device());
     m = m.defined() ? minimum(m, c) : c;  // logical and of Bool masks
   }
-  const double p = training() ? dropout : 0.0;
   Tensor scores = dot_product_attention_scores(q, k, m, 0, p);           // (N, H, Tq, Tk)
   Tensor o = matmul(scores, v);                                         // (N, H, Tq, Dv)
   Tensor joined = permute(o, {0, 2, 1, 3}).reshape(Shape{n * tq, dm.v});  // (N*Tq, v)

@@ -166,7 +166,7 @@ std::pair<Tensor, Tensor> folded_batchnorm(const Conv& conv, const BatchNorm& bn
   const Tensor& var = static_cast<const Tensor&>(bn.running_var);
   const Tensor* parts[] = {&var, &bn.weight, &static_cast<const Tensor&>(bn.running_mean), &bn.bias, &conv.bias};
   backend::PreparedKey key{};
-  key[0] = -1;  // the core's own entry: backends key theirs from 0 up
+  key[0] = int64_t(detail::CoreEntry::folded_batchnorm);
   for (size_t i = 0; i < 5; ++i) {
     key[1 + 2 * i] = int64_t(detail::content_version(*parts[i]));
     key[2 + 2 * i] = parts[i]->defined() ? int64_t(parts[i]->impl()->offset) : -1;

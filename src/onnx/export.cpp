@@ -147,6 +147,8 @@ struct DynAxis {
 
 std::string shape_text(const Shape& s) { return to_string(s); }
 
+void check_single_assignment(const ::onnx::GraphProto& g);
+
 class Exporter {
  public:
   Exporter(const std::vector<std::pair<std::string, Tensor>>& state, const SaveOptions& o) : opts_(o) {
@@ -240,6 +242,7 @@ class Exporter {
                const std::string& out);
   void recurrent(const trace::Event& e, const std::vector<std::string>& in, const std::string& out);
   std::string near_param(size_t k) const;
+  void check_user_names(size_t n_inputs) const;
 
   SaveOptions opts_;
   std::vector<std::pair<std::string, Tensor>> params_;
@@ -722,6 +725,7 @@ std::string unsupported_reason(const std::string& op) {
     std::string name = i < opts_.input_names.size() ? opts_.input_names[i] : (i ? "input_" + std::to_string(i) : "input");
     input_names_.push_back(name);
   }
+  check_user_names(inputs.size());
   // The second trace's inputs: every dynamic axis grown by its rank in the list plus one (1 for the
   // first, 2 for the second, ...), so that two dynamic axes of equal size still differ there.
   std::vector<Tensor> grown;
@@ -852,7 +856,46 @@ std::string unsupported_reason(const std::string& op) {
     node1("Identity", {v}, name);
     value_info(graph_->add_output(), name, t1.outputs[i], t2.outputs[i]);
   }
+  if (opts_.output_names.size() > t1.outputs.size())
+    fail(api, " output_names lists ", opts_.output_names.size(), " names but the model returns ", t1.outputs.size(),
+         " tensor(s)");
+  check_single_assignment(*graph_);
   return model;
+}
+
+// Names the user chose (SaveOptions::input_names, output_names) against each other and the weights',
+// before anything is traced or written: onnx::load refuses a graph where one name means two values.
+void Exporter::check_user_names(size_t n_inputs) const {
+  const char* api = "[onnx::save]";
+  if (opts_.input_names.size() > n_inputs)
+    fail(api, " input_names lists ", opts_.input_names.size(), " names but the model is called with ", n_inputs,
+         " input(s)");
+  std::map<std::string, std::string> taken;  // name -> what it names
+  for (const auto& [name, t] : params_) taken.emplace(name, "the model's weight '" + name + "'");
+  auto claim = [&](const std::string& name, const std::string& what, const char* option) {
+    if (name.empty()) fail(api, " ", option, " gives ", what, " an empty name");
+    auto [it, fresh] = taken.emplace(name, what);
+    if (!fresh)
+      fail(api, " ", option, ": '", name, "' would name both ", it->second, " and ", what,
+           "; every input, output and weight needs its own name (nothing was written)");
+  };
+  for (size_t i = 0; i < n_inputs; ++i) claim(input_names_[i], "input " + std::to_string(i), "input_names");
+  for (size_t i = 0; i < opts_.output_names.size(); ++i)
+    claim(opts_.output_names[i], "output " + std::to_string(i), "output_names");
+}
+
+// Every value of an ONNX graph is produced once (a graph input, an initialiser or one node output).
+// The user's names are checked above; this catches a user name meeting a generated one ("const_3").
+void check_single_assignment(const ::onnx::GraphProto& g) {
+  std::map<std::string, int> produced;
+  for (const auto& v : g.input()) ++produced[v.name()];
+  for (const auto& t : g.initializer()) ++produced[t.name()];
+  for (const auto& n : g.node())
+    for (const auto& o : n.output()) ++produced[o];
+  for (const auto& [name, count] : produced)
+    if (count > 1)
+      fail("[onnx::save] the name '", name, "' would name ", count, " values of the graph (an input or output name ",
+           "meets one the exporter generates); choose other input_names/output_names (nothing was written)");
 }
 
 }  // namespace

@@ -54,4 +54,20 @@ bool library_kernels();
 Tensor conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& shift, const Tensor& residual,
                    const ConvParams& p, bool relu, bool relu_after);
 
+/// One operand of fused_attention: base's elements from `offset`, at element strides `stride` over its
+/// (b0, b1, row) axes, each row of the op's width contiguous (src/ops/attention.cpp).
+struct AttentionView {
+  Tensor base;
+  int64_t offset = 0;
+  int64_t stride[3] = {};
+};
+/// softmax(q kᵀ scale | mask, causal) v by the backend's fused kernel (backend::Attention; the strides
+/// of `a` are taken from the views), recorded with its backward into the views' bases (each once): out
+/// is a fresh tensor of out_shape holding (b0, b1, tq, dv) at a.o_stride. mask: Bool at a.mask_stride,
+/// undefined for none. Under autocast the operands run in its low dtype. Undefined when it cannot run
+/// fused (library kernels or fused attention off (flux/nn/attention.hpp), an ONNX trace, dtypes other
+/// than one of f32/bf16/f16, or a backend without the kernel); the caller then composes the ops.
+Tensor fused_attention(const AttentionView& q, const AttentionView& k, const AttentionView& v, const Tensor& mask,
+                       backend::Attention a, const Shape& out_shape);
+
 }  // namespace flux::detail

@@ -18,12 +18,79 @@ std::string num(double v) {
   os << v;
   return os.str();
 }
+// The limits of each hyper-parameter, PyTorch's (torch/optim: "Invalid learning rate: ...") where it
+// has one. One check per kind of parameter; each rule's validate() lists its parameters.
+[[noreturn]] void invalid(const char* rule, const char* what, double v, const char* allowed) {
+  flux::detail::fail("[", rule, "] invalid ", what, ": ", num(v), " (must be ", allowed, ")");
+}
+void learning_rate(const char* rule, double eta) {
+  if (!(std::isfinite(eta) && eta >= 0)) invalid(rule, "learning rate", eta, "finite and >= 0");
+}
+// Decay factors (Adam's betas, momentum, RMSProp's rho): 1 would never forget, above 1 diverges.
+void decay(const char* rule, const char* what, double v) {
+  if (!(v >= 0 && v < 1)) invalid(rule, what, v, "in [0, 1)");
+}
+void nonnegative(const char* rule, const char* what, double v) {
+  if (!(std::isfinite(v) && v >= 0)) invalid(rule, what, v, "finite and >= 0");
+}
+// A clipping bound: infinity means no clipping, NaN or a negative bound has no meaning.
+void bound(const char* rule, const char* what, double v) {
+  if (!(v >= 0)) invalid(rule, what, v, ">= 0 (infinity: no clipping)");
+}
 void init_buffers(LeafState& s, const Tensor& x, int n) {
   s.buffers.clear();
   for (int i = 0; i < n; ++i) s.buffers.push_back(zeros_like(x));
   s.t = 0;
 }
 }  // namespace
+
+void Descent::validate() const { learning_rate("Descent", eta); }
+void Momentum::validate() const {
+  learning_rate("Momentum", eta);
+  decay("Momentum", "momentum rho", rho);
+}
+void Nesterov::validate() const {
+  learning_rate("Nesterov", eta);
+  decay("Nesterov", "momentum rho", rho);
+}
+void RMSProp::validate() const {
+  learning_rate("RMSProp", eta);
+  decay("RMSProp", "rho", rho);
+  nonnegative("RMSProp", "epsilon", eps);
+}
+void Adam::validate() const {
+  learning_rate("Adam", eta);
+  decay("Adam", "beta parameter at index 0", beta1);
+  decay("Adam", "beta parameter at index 1", beta2);
+  nonnegative("Adam", "epsilon", eps);
+}
+void AdamW::validate() const {
+  learning_rate("AdamW", eta);
+  decay("AdamW", "beta parameter at index 0", beta1);
+  decay("AdamW", "beta parameter at index 1", beta2);
+  nonnegative("AdamW", "weight decay lambda", lambda);
+  nonnegative("AdamW", "epsilon", eps);
+}
+void WeightDecay::validate() const { nonnegative("WeightDecay", "weight decay lambda", lambda); }
+void ClipGrad::validate() const { bound("ClipGrad", "delta", delta); }
+void ClipNorm::validate() const {
+  bound("ClipNorm", "omega", omega);
+  if (!(p > 0)) invalid("ClipNorm", "norm p", p, "> 0 (infinity: the max norm)");
+}
+void OptimiserChain::validate() const {
+  for (const auto& r : rules) {
+    if (!r) flux::detail::fail("[OptimiserChain] a rule is null");
+    r->validate();
+  }
+}
+
+// adjust() checks the new rate before storing it, so a refused rate leaves the rule unchanged.
+void Descent::adjust(double e) { learning_rate("Descent", e), eta = e; }
+void Momentum::adjust(double e) { learning_rate("Momentum", e), eta = e; }
+void Nesterov::adjust(double e) { learning_rate("Nesterov", e), eta = e; }
+void RMSProp::adjust(double e) { learning_rate("RMSProp", e), eta = e; }
+void Adam::adjust(double e) { learning_rate("Adam", e), eta = e; }
+void AdamW::adjust(double e) { learning_rate("AdamW", e), eta = e; }
 
 std::string Descent::name() const { return "Descent(" + num(eta) + ")"; }
 Tensor Descent::apply(LeafState&, const Tensor&, const Tensor& dx) const { return dx * eta; }
@@ -137,12 +204,14 @@ Tensor OptimiserChain::apply(LeafState& s, const Tensor& x, const Tensor& dx) co
   return d;
 }
 void OptimiserChain::adjust(double eta) {
+  learning_rate("OptimiserChain", eta);  // before any rule changes: all or nothing
   for (auto& r : rules) r->adjust(eta);
 }
 
 void adjust(State& state, double eta) {
   if (!state.rule) flux::detail::fail("[adjust] the optimiser state is empty; make it with setup(rule, model)");
   state.rule->adjust(eta);
+  learning_rate("adjust", eta);  // rules without a rate (WeightDecay, ClipGrad) must not hide a NaN
 }
 
 namespace detail {
@@ -209,8 +278,45 @@ bool is_updating(const Tensor& t) {
   return updating().count(t.impl()->storage.get()) != 0;
 }
 
+namespace {
+void check_leaf_matches(const std::string& api, const Rule& rule, const LeafState& s, const Tensor& x,
+                        const std::string& where) {
+  if (s.t < 0) flux::detail::fail("[", api, "] the optimiser state of ", where, " has step count ", s.t, " (must be >= 0)");
+  if (auto* chain = dynamic_cast<const OptimiserChain*>(&rule)) {
+    if (s.children.size() != chain->rules.size())
+      flux::detail::fail("[", api, "] the optimiser state of ", where, " has ", s.children.size(), " parts but ",
+                         rule.name(), " has ", chain->rules.size(), " rules; make it with setup(rule, model)");
+    for (size_t k = 0; k < s.children.size(); ++k)
+      check_leaf_matches(api, *chain->rules[k], s.children[k], x, where + " (rule " + std::to_string(k) + ")");
+    return;
+  }
+  if (!is_floating(x.dtype())) return;  // integer arrays are not trained; their state is not read
+  if (s.buffers.size() != rule.buffer_count())
+    flux::detail::fail("[", api, "] the optimiser state of ", where, " has ", s.buffers.size(), " buffers but ",
+                       rule.name(), " keeps ", rule.buffer_count(), "; make it with setup(rule, model)");
+  for (size_t j = 0; j < s.buffers.size(); ++j) {
+    const Tensor& b = s.buffers[j];
+    if (!b.defined() || b.shape() != x.shape() || b.dtype() != x.dtype() || b.device() != x.device())
+      flux::detail::fail("[", api, "] the optimiser state of ", where, " (buffer ", j, ": ",
+                         b.defined() ? summary(b) : std::string("undefined"), ") does not match its array (",
+                         summary(x), "); the state belongs to another model: make it with setup(rule, model)");
+  }
+}
+}  // namespace
+
+void check_state_matches(const std::string& api, const State& s, const std::vector<Tensor>& xs) {
+  if (!s.rule) flux::detail::fail("[", api, "] the optimiser state is empty; make it with setup(rule, model)");
+  s.rule->validate();
+  if (s.steps < 0) flux::detail::fail("[", api, "] the optimiser state's step count is ", s.steps, " (must be >= 0)");
+  if (xs.size() != s.leaves.size())
+    flux::detail::fail("[", api, "] the model has ", xs.size(), " arrays but the optimiser state was set up for ",
+                       s.leaves.size(), "; the state belongs to another model: make it with setup(rule, model)");
+  for (size_t i = 0; i < xs.size(); ++i) check_leaf_matches(api, *s.rule, s.leaves[i], xs[i], "array " + std::to_string(i));
+}
+
 void update_arrays(State& state, std::vector<Tensor> xs, const std::vector<Tensor>& dxs) {
   if (!state.rule) flux::detail::fail("[update] the optimiser state is empty; make it with setup(rule, model)");
+  state.rule->validate();  // fields are public: a NaN set after setup() must not reach the weights
   if (xs.size() != state.leaves.size())
     flux::detail::fail("[update] the model has ", xs.size(), " arrays but the optimiser state was set up for ",
                        state.leaves.size(), "; call setup(rule, model) for this model");

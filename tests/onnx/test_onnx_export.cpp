@@ -255,6 +255,41 @@ TEST(OnnxExportErrors, BadDynamicAxesAndMissingFolder) {
   }
 }
 
+// Names that would mean two values in the graph (which onnx::load then refuses) are refused at save
+// time, naming them, and nothing is written: a good file already at the path stays as it was.
+TEST(OnnxExportErrors, CollidingNamesAreRefusedBeforeWriting) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  const std::string dir = temp_dir(), path = dir + "/x.onnx";
+  auto model = Dense(2, 2);
+  flux::onnx::save(path, model, rand({1, 2}));
+  const std::string good = read(path).SerializeAsString();
+  auto two = [](const Tensor& a, const Tensor& b) { return a + b; };
+  auto refused = [&](const std::function<void()>& f, const std::string& fragment) {
+    try {
+      f();
+      ADD_FAILURE() << "no error for " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(read(path).SerializeAsString(), good);
+    EXPECT_EQ(files_in(dir).size(), 1u);
+  };
+  refused([&] { flux::onnx::save(path, two, std::array<Tensor, 2>{rand({1, 2}), rand({1, 2})}, {.input_names = {"a", "a"}}); },
+          "[onnx::save] input_names: 'a' would name both input 0 and input 1");
+  refused([&] { flux::onnx::save(path, model, rand({1, 2}), {.input_names = {"weight"}}); },
+          "'weight' would name both the model's weight 'weight' and input 0");
+  refused([&] { flux::onnx::save(path, model, rand({1, 2}), {.input_names = {"x"}, .output_names = {"x"}}); },
+          "[onnx::save] output_names: 'x' would name both input 0 and output 0");
+  refused([&] { flux::onnx::save(path, model, rand({1, 2}), {.output_names = {"y", "z"}}); },
+          "output_names lists 2 names but the model returns 1 tensor(s)");
+  refused([&] { flux::onnx::save(path, model, rand({1, 2}), {.input_names = {"x", "y"}}); },
+          "input_names lists 2 names but the model is called with 1 input(s)");
+  refused([&] { flux::onnx::save(path, model, rand({1, 2}), {.input_names = {""}}); }, "input_names gives input 0 an empty name");
+  // a user name meeting a generated one: one value per name, whatever produced it
+  refused([&] { flux::onnx::save(path, [](const Tensor& x) { return x * 2.0f; }, rand({1, 2}), {.output_names = {"const_0"}}); },
+          "the name 'const_0' would name 2 values of the graph");
+}
+
 TEST(OnnxExportErrors, ShapeDependentTensorsMadeOutsideOpsAreRefused) {
   if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
   // A tensor built on the host from the input's values cannot be computed by the graph.

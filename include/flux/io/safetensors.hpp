@@ -59,7 +59,10 @@ TensorMap load_state(const std::string& path, const Device& device = Device());
 /// The "__metadata__" of `path` (empty when absent), without reading tensor data.
 Metadata load_metadata(const std::string& path);
 
-/// Writes the model, the optimiser state (moment buffers and step counts) and `metadata` to one file.
+/// Writes the model, the optimiser state (moment buffers and step counts) and `metadata` to one file,
+/// atomically, after checking that `opt_state` was made for `model` (one leaf per array, buffers of
+/// its shape, dtype and device, valid hyper-parameters and step counts): on any error the file at
+/// `path` is left as it was.
 /// Tensors are named "model.<pytorch name>" and "optimiser.<leaf>.[children.<k>.]buffers.<j>";
 /// step counts are I64 scalars "optimiser.<leaf>.[...]t"; metadata gains "flux.format", "flux.rule",
 /// and what resuming needs: "flux.steps" (opt_state.steps) and "flux.random_state" (random_state() at
@@ -141,6 +144,8 @@ namespace io_detail {
 template <class M>
 void save_checkpoint_with(const std::string& path, const M& model, const optimisers::State& opt_state,
                           const optimisers::GradScaler* scaler, const Metadata& metadata) {
+  // Before anything is written: a state of another model would make a file that loads into neither.
+  optimisers::detail::check_state_matches("save_checkpoint", opt_state, params(model));
   Targets all;
   for (auto& [name, t] : pytorch_state(model)) all.emplace_back("model." + name, t);
   add_optimiser_state(opt_state, all);

@@ -74,13 +74,13 @@ struct MultiHeadAttention {
 
   /// Self-attention x (N, T, in) -> (N, T, out), with an optional Bool mask; or, when the second
   /// tensor is floating-point, Flux's mha(q, kv): queries over keys = values = kv (N, Tk, k_in).
-  Tensor operator()(const Tensor& x, const Tensor& mask_or_kv = Tensor()) const { return forward(x, mask_or_kv).output; }
+  /// Runs the backend's fused attention where it has one (no (Tq, Tk) scores in memory; see README).
+  Tensor operator()(const Tensor& x, const Tensor& mask_or_kv = Tensor()) const;
   /// Attention of queries (N, Tq, in) over keys (N, Tk, k_in) and values (N, Tk, v_in) -> (N, Tq, out);
   /// mha(q, kv, mask) when the third tensor is a Bool mask.
-  Tensor operator()(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& mask = Tensor()) const {
-    return forward(query, key, value, mask).output;
-  }
-  /// As the calls above, returning Flux's (y, α): `auto [y, scores] = mha.forward(x, mask);`.
+  Tensor operator()(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& mask = Tensor()) const;
+  /// As the calls above, returning Flux's (y, α): `auto [y, scores] = mha.forward(x, mask);` (the
+  /// scores are materialised, so this runs the composed matmul, softmax, matmul).
   AttentionOutput forward(const Tensor& x, const Tensor& mask_or_kv = Tensor()) const;
   AttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& mask = Tensor()) const;
 
@@ -90,6 +90,11 @@ struct MultiHeadAttention {
   MultiHeadAttentionDims dims() const;
   /// Whether dropout acts on the next call.
   bool training() const;
+
+ private:
+  AttentionOutput attend(const Tensor& x, const Tensor& mask_or_kv, bool scores) const;
+  AttentionOutput attend(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& mask,
+                         bool scores) const;
 };
 FLUX_LAYER(MultiHeadAttention, in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, out_proj)
 
@@ -99,5 +104,12 @@ FLUX_LAYER(MultiHeadAttention, in_proj_weight, q_proj_weight, k_proj_weight, v_p
 std::string layer_string(const MultiHeadAttention& m);
 /// With the parameter count: "MultiHeadAttention(64; nheads=8, bias=true)  # 16_640 parameters".
 std::ostream& operator<<(std::ostream& os, const MultiHeadAttention& m);
+
+namespace detail {
+/// Whether attention may run the backend's fused kernel (default true; FLUX_FUSED_ATTENTION=0 or
+/// FLUX_LIBRARY_KERNELS=0 disable it; for tests and benchmarks: the composed path's figures).
+void set_fused_attention(bool enabled);
+bool fused_attention_enabled();
+}  // namespace detail
 
 }  // namespace flux

@@ -27,6 +27,12 @@
 
 namespace flux::optimisers {
 
+namespace detail {
+/// update() unqualified: a sharded state (distributed/shard.hpp) finds its overload by argument-dependent
+/// lookup (inside GradScaler the name would find the member update()).
+template <class S, class M, class G> void step_update(S& state, M& model, const G& grads) { update(state, model, grads); }
+}  // namespace detail
+
 /// PyTorch's GradScaler defaults.
 struct GradScalerOptions {
   double init_scale = 65536.0;  // 2^16
@@ -55,8 +61,9 @@ class GradScaler {
 
   /// The optimiser step, skipped when a gradient is inf/NaN: unscales `grads` first unless unscale()
   /// was called since the last update() (then `grads` must be what it returned). True when the
-  /// model was updated. At most once between two update() calls.
-  template <class M> bool step(State& state, M& model, const M& grads);
+  /// model was updated. At most once between two update() calls. Also takes a sharded model, its
+  /// ShardedState and gradient chunks (distributed/shard.hpp).
+  template <class S, class M, class G> bool step(S& state, M& model, const G& grads);
 
   /// Ends the iteration: scale *= backoff_factor and the growth tracker resets after an overflow;
   /// otherwise the tracker counts the finite step and, at growth_interval, scale *= growth_factor.
@@ -119,17 +126,17 @@ template <class G> G GradScaler::unscale(const G& grads) {
   return out;
 }
 
-template <class M> bool GradScaler::step(State& state, M& model, const M& grads) {
+template <class S, class M, class G> bool GradScaler::step(S& state, M& model, const G& grads) {
   if (!options_.enabled) {
-    optimisers::update(state, model, grads);
+    detail::step_update(state, model, grads);
     return true;
   }
   begin_step();  // fails when step() already ran in this iteration
-  std::optional<M> unscaled;
+  std::optional<G> unscaled;
   if (stage_ == Stage::ready) unscaled.emplace(unscale(grads));
   stage_ = Stage::stepped;
   if (*found_inf_) return false;
-  optimisers::update(state, model, unscaled ? *unscaled : grads);
+  detail::step_update(state, model, unscaled ? *unscaled : grads);
   return true;
 }
 

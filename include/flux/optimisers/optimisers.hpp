@@ -28,13 +28,21 @@ class Rule {
   virtual Tensor apply(LeafState& s, const Tensor& x, const Tensor& dx) const = 0;
   /// Updates x in place in one pass when the rule can (Adam, AdamW); false = use apply().
   virtual bool apply_fused(LeafState& s, Tensor& x, const Tensor& dx) const { (void)s; (void)x; (void)dx; return false; }
+  /// Sets the learning rate; a rule with one checks it first (as validate()) and keeps the old one on error.
   virtual void adjust(double eta) { (void)eta; }
+  /// Throws flux::Error naming the rule and the first invalid hyper-parameter, with PyTorch's limits
+  /// ("[Adam] invalid learning rate: -0.001 (must be finite and >= 0)"). Run by every constructor,
+  /// setup(), adjust() and update(), so a value changed through the public fields is caught too.
+  virtual void validate() const {}
+  /// Moment buffers this rule keeps per array (Adam: 2); save_checkpoint checks states against it.
+  virtual size_t buffer_count() const { return 0; }
 };
 
 #define FLUX_RULE_(Type)                                                                     \
   std::shared_ptr<Rule> clone() const override { return std::make_shared<Type>(*this); }     \
   std::string name() const override;                                                         \
-  Tensor apply(LeafState& s, const Tensor& x, const Tensor& dx) const override;
+  Tensor apply(LeafState& s, const Tensor& x, const Tensor& dx) const override;              \
+  void validate() const override;
 
 /// x -= eta * dx.
 struct DescentOptions {
@@ -42,11 +50,11 @@ struct DescentOptions {
 };
 struct Descent : Rule {
   double eta;
-  explicit Descent(double eta = 0.1) : eta(eta) {}
+  explicit Descent(double eta = 0.1) : eta(eta) { validate(); }
   /// By name: Descent({.eta = 0.05}).
-  explicit Descent(DescentOptions o) : eta(o.eta) {}
+  explicit Descent(DescentOptions o) : eta(o.eta) { validate(); }
   FLUX_RULE_(Descent)
-  void adjust(double e) override { eta = e; }
+  void adjust(double e) override;
 };
 /// v = rho v + eta dx; x -= v.
 struct MomentumOptions {
@@ -54,11 +62,12 @@ struct MomentumOptions {
 };
 struct Momentum : Rule {
   double eta, rho;
-  explicit Momentum(double eta = 0.01, double rho = 0.9) : eta(eta), rho(rho) {}
-  explicit Momentum(MomentumOptions o) : eta(o.eta), rho(o.rho) {}
+  explicit Momentum(double eta = 0.01, double rho = 0.9) : eta(eta), rho(rho) { validate(); }
+  explicit Momentum(MomentumOptions o) : eta(o.eta), rho(o.rho) { validate(); }
   FLUX_RULE_(Momentum)
+  size_t buffer_count() const override { return 1; }
   void init(LeafState& s, const Tensor& x) const override;
-  void adjust(double e) override { eta = e; }
+  void adjust(double e) override;
 };
 /// Nesterov momentum, as Optimisers.jl.
 struct NesterovOptions {
@@ -66,11 +75,12 @@ struct NesterovOptions {
 };
 struct Nesterov : Rule {
   double eta, rho;
-  explicit Nesterov(double eta = 0.001, double rho = 0.9) : eta(eta), rho(rho) {}
-  explicit Nesterov(NesterovOptions o) : eta(o.eta), rho(o.rho) {}
+  explicit Nesterov(double eta = 0.001, double rho = 0.9) : eta(eta), rho(rho) { validate(); }
+  explicit Nesterov(NesterovOptions o) : eta(o.eta), rho(o.rho) { validate(); }
   FLUX_RULE_(Nesterov)
+  size_t buffer_count() const override { return 1; }
   void init(LeafState& s, const Tensor& x) const override;
-  void adjust(double e) override { eta = e; }
+  void adjust(double e) override;
 };
 /// RMSProp (not centred): a = rho a + (1 - rho) dx²; step = eta dx / (sqrt(a) + eps).
 struct RMSPropOptions {
@@ -78,11 +88,12 @@ struct RMSPropOptions {
 };
 struct RMSProp : Rule {
   double eta, rho, eps;
-  explicit RMSProp(double eta = 0.001, double rho = 0.9, double eps = 1e-8) : eta(eta), rho(rho), eps(eps) {}
-  explicit RMSProp(RMSPropOptions o) : eta(o.eta), rho(o.rho), eps(o.eps) {}
+  explicit RMSProp(double eta = 0.001, double rho = 0.9, double eps = 1e-8) : eta(eta), rho(rho), eps(eps) { validate(); }
+  explicit RMSProp(RMSPropOptions o) : eta(o.eta), rho(o.rho), eps(o.eps) { validate(); }
   FLUX_RULE_(RMSProp)
+  size_t buffer_count() const override { return 1; }
   void init(LeafState& s, const Tensor& x) const override;
-  void adjust(double e) override { eta = e; }
+  void adjust(double e) override;
 };
 /// Adam with bias correction; the step is fused into one pass per array.
 /// Optimisers.jl's keywords: Adam({.eta = 3e-4, .beta = {0.9, 0.999}}).
@@ -94,12 +105,13 @@ struct AdamOptions {
 struct Adam : Rule {
   double eta, beta1, beta2, eps;
   explicit Adam(double eta = 0.001, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8)
-      : eta(eta), beta1(beta1), beta2(beta2), eps(eps) {}
+      : eta(eta), beta1(beta1), beta2(beta2), eps(eps) { validate(); }
   explicit Adam(AdamOptions o) : Adam(o.eta, o.beta.first, o.beta.second, o.eps) {}
   FLUX_RULE_(Adam)
+  size_t buffer_count() const override { return 2; }
   void init(LeafState& s, const Tensor& x) const override;
   bool apply_fused(LeafState& s, Tensor& x, const Tensor& dx) const override;
-  void adjust(double e) override { eta = e; }
+  void adjust(double e) override;
 };
 /// Adam with decoupled weight decay scaled by eta (PyTorch's AdamW; Optimisers.jl's couple = true).
 struct AdamWOptions {
@@ -110,13 +122,14 @@ struct AdamWOptions {
 struct AdamW : Rule {
   double eta, beta1, beta2, lambda, eps;
   explicit AdamW(double eta = 0.001, double beta1 = 0.9, double beta2 = 0.999, double lambda = 0.0, double eps = 1e-8)
-      : eta(eta), beta1(beta1), beta2(beta2), lambda(lambda), eps(eps) {}
+      : eta(eta), beta1(beta1), beta2(beta2), lambda(lambda), eps(eps) { validate(); }
   /// AdamW({.eta = 1e-3, .lambda = 1e-4}).
   explicit AdamW(AdamWOptions o) : AdamW(o.eta, o.beta.first, o.beta.second, o.lambda, o.eps) {}
   FLUX_RULE_(AdamW)
+  size_t buffer_count() const override { return 2; }
   void init(LeafState& s, const Tensor& x) const override;
   bool apply_fused(LeafState& s, Tensor& x, const Tensor& dx) const override;
-  void adjust(double e) override { eta = e; }
+  void adjust(double e) override;
 };
 /// dx + lambda x (L2 penalty on the gradient).
 struct WeightDecayOptions {
@@ -124,8 +137,8 @@ struct WeightDecayOptions {
 };
 struct WeightDecay : Rule {
   double lambda;
-  explicit WeightDecay(double lambda = 5e-4) : lambda(lambda) {}
-  explicit WeightDecay(WeightDecayOptions o) : lambda(o.lambda) {}
+  explicit WeightDecay(double lambda = 5e-4) : lambda(lambda) { validate(); }
+  explicit WeightDecay(WeightDecayOptions o) : lambda(o.lambda) { validate(); }
   FLUX_RULE_(WeightDecay)
 };
 /// clamp(dx, -delta, delta).
@@ -134,8 +147,8 @@ struct ClipGradOptions {
 };
 struct ClipGrad : Rule {
   double delta;
-  explicit ClipGrad(double delta = 10.0) : delta(delta) {}
-  explicit ClipGrad(ClipGradOptions o) : delta(o.delta) {}
+  explicit ClipGrad(double delta = 10.0) : delta(delta) { validate(); }
+  explicit ClipGrad(ClipGradOptions o) : delta(o.delta) { validate(); }
   FLUX_RULE_(ClipGrad)
 };
 /// Rescales dx so that its p-norm is at most omega; errors on a non-finite norm.
@@ -144,8 +157,8 @@ struct ClipNormOptions {
 };
 struct ClipNorm : Rule {
   double omega, p;
-  explicit ClipNorm(double omega = 10.0, double p = 2.0) : omega(omega), p(p) {}
-  explicit ClipNorm(ClipNormOptions o) : omega(o.omega), p(o.p) {}
+  explicit ClipNorm(double omega = 10.0, double p = 2.0) : omega(omega), p(p) { validate(); }
+  explicit ClipNorm(ClipNormOptions o) : omega(o.omega), p(o.p) { validate(); }
   FLUX_RULE_(ClipNorm)
 };
 #undef FLUX_RULE_
@@ -159,6 +172,7 @@ struct OptimiserChain : Rule {
   void init(LeafState& s, const Tensor& x) const override;
   Tensor apply(LeafState& s, const Tensor& x, const Tensor& dx) const override;
   void adjust(double eta) override;
+  void validate() const override;
 };
 
 /// The optimiser state of one model: the rule and one LeafState per distinct trainable array, in
@@ -173,6 +187,7 @@ struct State {
 
 /// Makes the state for `model` (moment buffers on the arrays' devices).
 template <class M> State setup(const Rule& rule, const M& model) {
+  rule.validate();
   State s{rule.clone(), {}, 0};
   for (const Tensor& x : params(model)) {
     s.leaves.emplace_back();
@@ -182,6 +197,10 @@ template <class M> State setup(const Rule& rule, const M& model) {
 }
 
 namespace detail {
+/// Checks that `s` was made by setup(s.rule, model) for a model with these arrays: one leaf per
+/// array, buffers of the array's shape, dtype and device, the rule's number of buffers and children,
+/// step counts >= 0. Throws flux::Error prefixed "[api]" naming the first mismatch.
+void check_state_matches(const std::string& api, const State& s, const std::vector<Tensor>& xs);
 void update_arrays(State& state, std::vector<Tensor> xs, const std::vector<Tensor>& dxs);
 }
 
@@ -192,7 +211,8 @@ template <class M> void update(State& state, M& model, const M& grads) {
   detail::update_arrays(state, params(model), params(grads));
 }
 
-/// Sets the learning rate of every rule in the state.
+/// Sets the learning rate of every rule in the state; an invalid one (NaN, infinite, negative) is an
+/// error and leaves the state as it was.
 void adjust(State& state, double eta);
 
 }  // namespace flux::optimisers

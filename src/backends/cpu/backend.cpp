@@ -12,10 +12,13 @@
 
 #include "flux/error.hpp"
 #include "flux/out_of_memory.hpp"
+#include "src/backends/best_fit_pool.hpp"
 #include "src/backends/caching_pool.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/dependency_check.hpp"
 #include "src/backends/cpu/float_mode.hpp"
 #include "src/backends/cpu/isa.hpp"
+#include "src/backends/cpu/pass_count.hpp"
 
 #ifndef FLUX_BLAS_NAME
 #define FLUX_BLAS_NAME "unknown BLAS"
@@ -45,35 +48,42 @@ size_t cpu_memory_limit() {
   return size_t(n) * scale;
 }
 
-// 64-byte aligned host blocks through the shared size-class cache. A request the system refuses, or
-// one that would take the pool beyond FLUX_CPU_MEMORY_LIMIT, empties the cache and is tried once
-// more (CachingPool::allocate); then flux::OutOfMemory names the size and the figures.
+// 64-byte aligned host blocks through a caching pool: the size-class cache (caching_pool.hpp, the
+// default) or, with FLUX_CPU_POOL=best_fit, the best-fit pool with splitting and coalescing
+// (best_fit_pool.hpp). A request the system refuses, or one that would take the pool beyond
+// FLUX_CPU_MEMORY_LIMIT, empties the cache and is tried once more; then flux::OutOfMemory names the
+// size and the figures.
 class HostPool {
  public:
   void* allocate(size_t bytes) {
     const size_t limit = limit_once();
-    void* p = pool_.allocate(
-        bytes,
-        [&](size_t r) -> void* {
-          if (limit && pool_.used() + pool_.cached() + r > limit) return nullptr;
-          return std::aligned_alloc(64, r);
-        },
-        std::free);
+    auto system = [&](size_t r) -> void* {
+      if (limit && used() + cached() + r > limit) return nullptr;
+      return std::aligned_alloc(64, r);
+    };
+    void* p = best_fit() ? best_.allocate(bytes, system, std::free) : classes_.allocate(bytes, system, std::free);
     if (!p) {
       struct sysinfo si {};
       sysinfo(&si);
       const size_t total = limit ? limit : size_t(si.totalram) * si.mem_unit;
-      const bool over_limit = limit && pool_.used() + pool_.cached() + pool_.round(bytes) > limit;
-      throw OutOfMemory("CPU", bytes, pool_.used(), pool_.cached(), total,
+      const size_t rounded = best_fit() ? best_.round(bytes) : classes_.round(bytes);
+      const bool over_limit = limit && used() + cached() + rounded > limit;
+      throw OutOfMemory("CPU", bytes, used(), cached(), total,
                         over_limit ? "FLUX_CPU_MEMORY_LIMIT=" + std::string(std::getenv("FLUX_CPU_MEMORY_LIMIT")) + " would be exceeded"
                                    : std::string("the system refused the allocation"));
     }
     return p;
   }
-  void deallocate(void* p, size_t bytes) { pool_.deallocate(p, bytes, std::free); }
-  void release() { pool_.release(std::free); }
-  size_t used() { return pool_.used(); }
-  size_t cached() { return pool_.cached(); }
+  void deallocate(void* p, size_t bytes) {
+    if (best_fit()) best_.deallocate(p, bytes, std::free);
+    else classes_.deallocate(p, bytes, std::free);
+  }
+  void release() {
+    if (best_fit()) best_.release(std::free);
+    else classes_.release(std::free);
+  }
+  size_t used() { return best_fit() ? best_.used() : classes_.used(); }
+  size_t cached() { return best_fit() ? best_.cached() : classes_.cached(); }
   /// The pool's limit (FLUX_CPU_MEMORY_LIMIT, read once), 0 for none.
   size_t limit_once() {
     static const size_t limit = cpu_memory_limit();
@@ -81,7 +91,18 @@ class HostPool {
   }
 
  private:
-  backends::CachingPool<void*> pool_{64};
+  /// FLUX_CPU_POOL=best_fit (read once): the best-fit pool; unset or size_classes: the size classes.
+  static bool best_fit() {
+    static const bool yes = [] {
+      const char* v = std::getenv("FLUX_CPU_POOL");
+      if (!v || !*v || std::strcmp(v, "size_classes") == 0) return false;
+      if (std::strcmp(v, "best_fit") != 0) detail::fail("[CPU] FLUX_CPU_POOL='", v, "': expected best_fit or size_classes");
+      return true;
+    }();
+    return yes;
+  }
+  backends::CachingPool<void*> classes_{64};
+  backends::BestFitPool best_;
 };
 
 // Every kernel that does float arithmetic runs under FloatModeScope: flush-to-zero for the dtypes the
@@ -96,7 +117,7 @@ class CpuBackend final : public backend::Backend {
   std::string version_info() override {
     return "  BLAS: " FLUX_BLAS_NAME "; threads: " + std::to_string(num_threads()) + " (FLUX_NUM_THREADS)\n" +
            "  ISA: " + isa_name(active_isa()) + "; bf16/f16 units: " + low_precision_units_text(low_precision_units()) +
-           "\n";
+           "\n  Libraries: " + dependency_line() + "\n";
   }
   // bf16 runs on AVX512-BF16 or AMX-BF16 through oneDNN; oneDNN 2.6 has no f16 compute on the CPU.
   // Autocast asks per low-list op: the answers for each ISA level are made once (the units at a level
@@ -149,80 +170,100 @@ class CpuBackend final : public backend::Backend {
     return true;
   }
   void synchronize(int) override {}
-  void fill(int, DType t, backend::Buffer dst, int64_t n, double v) override { cpu_backend::fill(t, ptr(dst), n, v); }
+  void fill(int, DType t, backend::Buffer dst, int64_t n, double v) override {
+    pass_count::kernel();
+    cpu_backend::fill(t, ptr(dst), n, v);
+  }
   void cast(int, DType from, backend::Buffer src, DType to, backend::Buffer dst, int64_t n) override {
+    pass_count::cast(from, to, n);
     cpu_backend::cast(from, ptr(src), to, ptr(dst), n);
   }
   void strided_copy(int, DType t, backend::Buffer src, backend::Buffer dst, const backend::StridedCopy& p) override {
+    pass_count::kernel();
     cpu_backend::strided_copy(t, ptr(src), ptr(dst), p);
   }
   void unary(int, backend::UnaryOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t n, double alpha) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::unary(op, t, ptr(src), ptr(dst), n, alpha);
   }
   void binary(int, backend::BinaryOp op, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer out,
               const backend::Broadcast& p) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::binary(op, t, ptr(a), ptr(b), ptr(out), p);
   }
   // Half storage, float32 arithmetic under float32's floating-point mode (half_elementwise.cpp).
   bool unary_half(int, backend::UnaryOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t n,
                   double alpha) override {
+    pass_count::kernel();
     FloatModeScope mode(DType::f32);
     return cpu_backend::unary_half(op, t, ptr(src), ptr(dst), n, alpha);
   }
   bool binary_half(int, backend::BinaryOp op, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer out,
                    const backend::Broadcast& p) override {
+    pass_count::kernel();
     FloatModeScope mode(DType::f32);
     return cpu_backend::binary_half(op, t, ptr(a), ptr(b), ptr(out), p);
   }
   void where(int, DType t, backend::Buffer c, backend::Buffer a, backend::Buffer b, backend::Buffer out,
              const backend::Broadcast& p) override {
+    pass_count::kernel();
     cpu_backend::where(t, ptr(c), ptr(a), ptr(b), ptr(out), p);
   }
   void reduce(int, backend::ReduceOp op, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer,
               int64_t len, int64_t inner) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::reduce(op, t, ptr(src), ptr(dst), outer, len, inner);
   }
   void matmul(int, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer c, const backend::Gemm& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::matmul(t, ptr(a), ptr(b), ptr(c), g);
   }
   bool matmul_low_precision(int, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer c,
                             const backend::Gemm& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::matmul_low_precision(t, ptr(a), ptr(b), ptr(c), g);
   }
   void softmax(int, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer, int64_t len, int64_t inner,
                bool log) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::softmax(t, ptr(src), ptr(dst), outer, len, inner, log);
   }
   void gather(int, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer, int64_t len,
               int64_t inner, int64_t nidx) override {
+    pass_count::kernel();
     cpu_backend::gather(t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len, inner, nidx);
   }
   void scatter_add(int, DType t, backend::Buffer src, backend::Buffer idx, backend::Buffer dst, int64_t outer,
                    int64_t len, int64_t inner, int64_t nidx) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::scatter_add(t, ptr(src), static_cast<const int64_t*>(ptr(idx)), ptr(dst), outer, len, inner, nidx);
   }
   void adam_step(int, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer m, backend::Buffer v, int64_t n,
                  const backend::AdamStep& s) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::adam_step(t, ptr(x), ptr(g), ptr(m), ptr(v), n, s);
   }
   bool unscale_and_check(int, DType t, backend::Buffer g, backend::Buffer out, int64_t n, double inv_scale,
                          backend::Buffer found) override {
+    pass_count::kernel();
     FloatModeScope mode(is_floating(t) && t != DType::f64 ? DType::f32 : t);
     return cpu_backend::unscale_and_check(t, ptr(g), ptr(out), n, inv_scale, static_cast<float*>(ptr(found)));
   }
   void random_uniform(int, DType t, backend::Buffer dst, int64_t n, uint64_t seed, uint64_t offset) override {
+    pass_count::kernel();
     cpu_backend::random_uniform(t, ptr(dst), n, seed, offset);
   }
   bool batchnorm_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
                          backend::Buffer mean, backend::Buffer var, int64_t n, int64_t c, int64_t s, double eps) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::batchnorm_forward(t, ptr(x), w.handle ? ptr(w) : nullptr, b.handle ? ptr(b) : nullptr, ptr(y), ptr(mean),
                                   ptr(var), n, c, s, eps);
@@ -230,33 +271,52 @@ class CpuBackend final : public backend::Backend {
   bool batchnorm_backward(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w, backend::Buffer mean,
                           backend::Buffer var, backend::Buffer dx, backend::Buffer dw, backend::Buffer db, int64_t n,
                           int64_t c, int64_t s, double eps) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::batchnorm_backward(t, ptr(x), ptr(dy), w.handle ? ptr(w) : nullptr, ptr(mean), ptr(var), ptr(dx),
                                    dw.handle ? ptr(dw) : nullptr, db.handle ? ptr(db) : nullptr, n, c, s, eps);
   }
   bool channel_affine(int, DType t, backend::Buffer x, backend::Buffer scale, backend::Buffer shift, backend::Buffer y,
                       int64_t n, int64_t c, int64_t s) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::channel_affine(t, ptr(x), ptr(scale), shift.handle ? ptr(shift) : nullptr, ptr(y), n, c, s);
   }
   bool unary_backward(int, backend::UnaryOp op, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer dx,
                       int64_t n) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::unary_backward(op, t, ptr(x), ptr(g), ptr(dx), n);
   }
   bool softmax_backward(int, DType t, backend::Buffer y, backend::Buffer g, backend::Buffer dx, int64_t outer,
                         int64_t len, int64_t inner, bool log) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::softmax_backward(t, ptr(y), ptr(g), ptr(dx), outer, len, inner, log);
   }
+  bool attention_forward(int, DType t, backend::Buffer q, backend::Buffer k, backend::Buffer v, backend::Buffer mask,
+                         backend::Buffer out, backend::Buffer lse, const backend::Attention& a) override {
+    FloatModeScope mode(DType::f32);
+    return cpu_backend::attention_forward(t, ptr(q), ptr(k), ptr(v), static_cast<const bool*>(or_null(mask)), ptr(out),
+                                          static_cast<float*>(ptr(lse)), a);
+  }
+  bool attention_backward(int, DType t, backend::Buffer q, backend::Buffer k, backend::Buffer v, backend::Buffer mask,
+                          backend::Buffer out, backend::Buffer dout, backend::Buffer lse, backend::Buffer dq,
+                          backend::Buffer dk, backend::Buffer dv, const backend::Attention& a) override {
+    FloatModeScope mode(DType::f32);
+    return cpu_backend::attention_backward(t, ptr(q), ptr(k), ptr(v), static_cast<const bool*>(or_null(mask)), ptr(out),
+                                           ptr(dout), static_cast<const float*>(ptr(lse)), ptr(dq), ptr(dk), ptr(dv), a);
+  }
   bool rownorm_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y,
                        backend::Buffer mean, backend::Buffer rstd, int64_t r, int64_t d, double eps) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::rownorm_forward(t, ptr(x), or_null(w), or_null(b), ptr(y), ptr(mean), ptr(rstd), r, d, eps);
   }
   bool rownorm_backward(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w, backend::Buffer mean,
                         backend::Buffer rstd, backend::Buffer dx, backend::Buffer dw, backend::Buffer db, int64_t r,
                         int64_t d) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::rownorm_backward(t, ptr(x), ptr(dy), or_null(w), ptr(mean), ptr(rstd), ptr(dx), or_null(dw), or_null(db),
                                  r, d);
@@ -264,6 +324,7 @@ class CpuBackend final : public backend::Backend {
   bool recurrent_forward(int, backend::RecurrentCell cell, DType t, backend::Buffer xg, backend::Buffer hg,
                          backend::Buffer b_hh, backend::Buffer h_prev, backend::Buffer c_prev, backend::Buffer h,
                          backend::Buffer c, backend::Buffer saved, int64_t n, int64_t hidden) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::recurrent_forward(cell, t, ptr(xg), ptr(hg), or_null(b_hh), ptr(h_prev), or_null(c_prev), ptr(h),
                                   or_null(c), or_null(saved), n, hidden);
@@ -272,29 +333,35 @@ class CpuBackend final : public backend::Backend {
                           backend::Buffer dc, backend::Buffer saved, backend::Buffer c_prev, backend::Buffer c,
                           backend::Buffer h_prev, backend::Buffer h, backend::Buffer dxg, backend::Buffer dhg, int64_t n,
                           int64_t hidden) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::recurrent_backward(cell, t, ptr(dy), ptr(dh_next), or_null(dc), or_null(saved), or_null(c_prev),
                                    or_null(c), ptr(h_prev), ptr(h), ptr(dxg), or_null(dhg), n, hidden);
   }
   void im2col(int, DType t, backend::Buffer x, backend::Buffer col, const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     cpu_backend::im2col(t, ptr(x), ptr(col), g);
   }
   void col2im(int, DType t, backend::Buffer col, backend::Buffer dx, const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::col2im(t, ptr(col), ptr(dx), g);
   }
   bool conv_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g);
   }
   bool conv_forward_relu(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer bias, backend::Buffer y,
                          const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::conv_forward(t, ptr(x), ptr(w), bias.handle ? ptr(bias) : nullptr, ptr(y), g, true);
   }
   bool linear_forward(int, DType t, backend::Buffer x, backend::Buffer w, backend::PreparedCache* w_cache,
                       backend::Buffer bias, backend::Buffer y, int64_t n, int64_t in, int64_t out, bool relu) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::linear_forward(t, ptr(x), ptr(w), w_cache, bias.handle ? ptr(bias) : nullptr, ptr(y), n, in,
                                        out, relu);
@@ -305,27 +372,32 @@ class CpuBackend final : public backend::Backend {
   bool conv_forward_affine(int, DType t, backend::Buffer x, backend::Buffer w, backend::Buffer scale,
                            backend::Buffer shift, backend::Buffer residual, backend::Buffer y,
                            const backend::ConvGeometry& g, bool relu, bool relu_after) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::conv_forward_affine(t, ptr(x), ptr(w), ptr(scale), ptr(shift),
                                            residual.handle ? ptr(residual) : nullptr, ptr(y), g, relu, relu_after);
   }
   bool conv_backward_data(int, DType t, backend::Buffer dy, backend::Buffer w, backend::Buffer dx,
                           const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::conv_backward_data(t, ptr(dy), ptr(w), ptr(dx), g);
   }
   bool conv_backward_weight(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer dw,
                             backend::Buffer dbias, const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::conv_backward_weight(t, ptr(x), ptr(dy), ptr(dw), dbias.handle ? ptr(dbias) : nullptr, g);
   }
   void pool_forward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::pool_forward(op, t, ptr(x), ptr(y), g);
   }
   void pool_backward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y, backend::Buffer dy,
                      backend::Buffer dx, const backend::ConvGeometry& g) override {
+    pass_count::kernel();
     FloatModeScope mode(t);
     cpu_backend::pool_backward(op, t, ptr(x), ptr(y), ptr(dy), ptr(dx), g);
   }
@@ -342,3 +414,12 @@ backend::Backend& instance() {
 }
 
 }  // namespace flux::cpu_backend
+
+namespace flux::detail {
+// For bench/flux_bench.cpp (--passes): the CPU backend's pass counts (pass_count.hpp) and their reset.
+void cpu_pass_counts(int64_t* conversions, int64_t* conversion_bytes, int64_t* kernels) {
+  const cpu_backend::PassCounts c = cpu_backend::pass_counts();
+  *conversions = c.conversions, *conversion_bytes = c.conversion_bytes, *kernels = c.kernels;
+}
+void cpu_reset_pass_counts() { cpu_backend::reset_pass_counts(); }
+}  // namespace flux::detail

@@ -1,12 +1,12 @@
-// The register-blocked product under conv.cpp's few-pixel forwards, matmul.cpp's Dense panels and
+// The register-blocked product under conv_own.cpp's few-pixel forwards, matmul.cpp's Dense panels and
 // (through the panels) winograd.cpp: R rows of y held in registers as R x V vectors over one pass of
 // k, each x value broadcast against the V vectors of b's row. Vec: L floats, the active ISA's vector
 // (4-byte aligned, so loads and stores through Vec* need no alignment). No local's address is taken:
-// that kept GCC from holding acc in registers (it stored all of acc every iteration, and the few-pixel
-// 512 -> 512 conv on 4x4 took 6.9 ms instead of 1.18 on AVX2). x's rows are addressed from base
-// pointers three rows apart (with an array of one pointer a row GCC spilled them: 89 instead of 112
-// GFLOP/s on 128 x 784 -> 512, AVX2). Call it from a function with the ISA's target attribute, not
-// from a lambda (a lambda is compiled for the baseline ISA whatever encloses it).
+// that kept GCC from holding acc in registers (it stored all of acc every iteration). x's rows are
+// addressed from base pointers three rows apart (with an array of one pointer a row GCC spilled
+// them). What each cost: bench/results/2026-12-06-notes-from-comments.md. Call it from a function
+// with the ISA's target attribute, not from a lambda (a lambda is compiled for the baseline ISA
+// whatever encloses it).
 #pragma once
 #include <cstdint>
 

@@ -44,9 +44,10 @@ bool is_forward(ConvKind k) { return k == ConvKind::forward || k == ConvKind::fo
 
 using Key = std::array<int64_t, 32>;
 
-Key make_key(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvPostOps& ep, DType dt) {
+/// The primitive's key: kind, bias, geometry, dtype and which post-ops the epilogue asks (not its arrays).
+Key make_key(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvEpilogue& ep, DType dt) {
   Key k{};
-  k[k.size() - 1] = int64_t(ep.relu) | int64_t(ep.residual) << 1 | int64_t(ep.relu_after) << 2;
+  k[k.size() - 1] = int64_t(ep.relu) | int64_t(ep.residual != nullptr) << 1 | int64_t(ep.relu_after) << 2;
   k[k.size() - 2] = int64_t(dt);
   size_t i = 0;
   k[i++] = int64_t(kind), k[i++] = bias, k[i++] = g.spatial, k[i++] = g.batch, k[i++] = g.in_channels;
@@ -195,7 +196,7 @@ Operand make_operand(int arg, bool input, const memory::desc& plain, const memor
 /// faster than binary mul/add post-ops on the output. Null when the layouts are plain (oneDNN's gemm
 /// kernel) or oneDNN offers a reference kernel only: the core then runs the unfused composition.
 std::unique_ptr<Entry> create_affine(const Descs& plain, const Descs& asked, const backend::ConvGeometry& g,
-                                     const ConvPostOps& ep) {
+                                     const ConvEpilogue& ep) {
   using F = dnnl::convolution_forward;
   if (asked.dst == plain.dst) return nullptr;
   const dnnl::engine& engine = onednn::engine();
@@ -247,7 +248,7 @@ template <class PrimitiveDesc> bool reference_kernel(const PrimitiveDesc& pd) {
   return std::strncmp(pd.impl_info_str(), "ref", 3) == 0;
 }
 
-std::unique_ptr<Entry> create(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvPostOps& ep,
+std::unique_ptr<Entry> create(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvEpilogue& ep,
                               DType dt) {
   const Config& c = config();
   auto e = std::make_unique<Entry>();
@@ -316,7 +317,7 @@ std::unique_ptr<Entry> create(ConvKind kind, bool bias, const backend::ConvGeome
 
 /// The entry for (kind, bias, g), created on first use; null when oneDNN refuses the case (remembered,
 /// so the portable path runs without asking again).
-const Entry* lookup(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvPostOps& ep, DType dt) {
+const Entry* lookup(ConvKind kind, bool bias, const backend::ConvGeometry& g, const ConvEpilogue& ep, DType dt) {
   return entries().get(make_key(kind, bias, g, ep, dt), [&]() -> std::unique_ptr<const Entry> {
     try {
       return create(kind, bias, g, ep, dt);
@@ -343,13 +344,14 @@ struct ConvWeights final : backend::Prepared {
   std::vector<float> scales;
 };
 
-/// op's reorder from `from` into `to`, multiplying in the runtime output scales where it has them.
-void reorder_input(const Entry& e, const Operand& op, memory from, memory to,
-                   const std::vector<void*>& buffers) {
+/// op's reorder from `from` into `to`, multiplying in the runtime output scales (`scales`, the array of
+/// operand op.scales) where it has them.
+void reorder_input(const Entry& e, const Operand& op, memory from, memory to, const void* scales) {
   if (op.scales >= 0)
     op.reorder.execute(onednn::stream(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to},
                                           {DNNL_ARG_ATTR_OUTPUT_SCALES,
-                                           memory(e.operands[size_t(op.scales)].plain, onednn::engine(), buffers[size_t(op.scales)])}});
+                                           memory(e.operands[size_t(op.scales)].plain, onednn::engine(),
+                                                  const_cast<void*>(scales))}});
   else
     op.reorder.execute(onednn::stream(), from, to);
 }
@@ -377,10 +379,10 @@ Bound& bound_of(const Entry& e) {
   return b;
 }
 
-/// Runs entry `e` on this thread over `buffers` (in the order of its operands); `weights`: the
-/// weights already in the kernel's layout (null memory: reorder them now); residual: a fused
+/// Runs entry `e` on this thread over `buffers` (in the order of its operands: operands_of); `weights`:
+/// the weights already in the kernel's layout (null memory: reorder them now); residual: a fused
 /// forward's residual (plain, the destination's shape), or null.
-void execute(const Entry& e, const std::vector<void*>& buffers, void* residual, const memory& weights) {
+void execute(const Entry& e, const std::vector<void*>& buffers, const void* residual, const memory& weights) {
   dnnl::stream& stream = onednn::stream();
   onednn::set_team(config().pool_threading ? 1 : num_threads());
   Bound& b = bound_of(e);
@@ -401,13 +403,13 @@ void execute(const Entry& e, const std::vector<void*>& buffers, void* residual, 
     }
     memory& inner = b.inner[i];
     inner.set_data_handle(onednn::thread_scratch(scratch_of(op.arg), op.inner.get_size()));
-    if (op.input) reorder_input(e, op, user, inner, buffers);
+    if (op.input) reorder_input(e, op, user, inner, op.scales >= 0 ? buffers[size_t(op.scales)] : nullptr);
     if (op.arg == DNNL_ARG_DST) dst = inner;
     args[op.arg] = inner;
   }
   if (e.residual == Residual::sum) {
     const Operand& r = e.residual_operand;
-    b.residual.set_data_handle(residual);
+    b.residual.set_data_handle(const_cast<void*>(residual));
     if (r.reordered) r.reorder.execute(stream, b.residual, dst);
     else std::memcpy(dst.get_data_handle(), residual, r.plain.get_size());  // plain: dst starts as it
   }
@@ -431,19 +433,20 @@ const Operand* operand(const Entry& e, int arg) {
 
 /// The forward weights of `entries` (one per chunk, chunk c from output channel o0[c]) in their
 /// kernels' layouts, from the weight tensor's cache or made now (null: a layout that needs no reorder).
+/// weights: the call's whole weight array; scale: forward_affine's (float32, (O,)), else null.
 std::shared_ptr<const ConvWeights> forward_weights(const std::vector<const Entry*>& chunk_entries,
                                                    const std::vector<int64_t>& o0, const std::vector<void*>& w_of,
-                                                   const std::vector<void*>& buffers, const backend::ConvGeometry& g,
-                                                   const Key& key, DType dt) {
+                                                   const void* weights, const void* scale,
+                                                   const backend::ConvGeometry& g, const Key& key, DType dt) {
   const Operand* w = operand(*chunk_entries[0], DNNL_ARG_WEIGHTS);
   if (!w || !w->reordered) return nullptr;
   const bool scaled = w->scales >= 0;
   // The fused BatchNorm's scale the weights are multiplied by (none: an empty range).
-  const float* scales = scaled ? static_cast<const float*>(buffers[size_t(w->scales)]) : nullptr;
+  const float* scales = scaled ? static_cast<const float*>(scale) : nullptr;
   const int64_t n_scales = scaled ? g.out_channels : 0;
   backend::PreparedKey pk{};
   pk[0] = int64_t(dt == DType::bf16 ? PreparedKind::onednn_conv_bf16 : PreparedKind::onednn_conv);
-  pk[1] = reinterpret_cast<intptr_t>(buffers[1]);
+  pk[1] = reinterpret_cast<intptr_t>(weights);
   pk[2] = int64_t(chunk_entries.size());
   std::copy(key.begin(), key.end(), pk.begin() + 3);
   auto make = [&] {
@@ -454,10 +457,7 @@ std::shared_ptr<const ConvWeights> forward_weights(const std::vector<const Entry
       const Entry& e = *chunk_entries[c];
       const Operand& op = *operand(e, DNNL_ARG_WEIGHTS);
       memory to(op.inner, onednn::engine());
-      std::vector<void*> chunk_buffers = buffers;
-      chunk_buffers[1] = w_of[c];
-      if (scaled) chunk_buffers[size_t(op.scales)] = static_cast<float*>(buffers[size_t(op.scales)]) + o0[c];
-      reorder_input(e, op, memory(op.plain, onednn::engine(), w_of[c]), to, chunk_buffers);
+      reorder_input(e, op, memory(op.plain, onednn::engine(), w_of[c]), to, scaled ? scales + o0[c] : nullptr);
       cw->chunks.push_back(std::move(to));
     }
     onednn::stream().wait();
@@ -473,10 +473,32 @@ std::shared_ptr<const ConvWeights> forward_weights(const std::vector<const Entry
   return made;
 }
 
+/// The call's arrays in the order of its entry's operands (create, create_affine): the one place that
+/// turns the named arrays into the positional list the primitive's arguments are bound from.
+std::vector<void*> operands_of(ConvKind kind, const ConvArrays& a, const ConvEpilogue& ep) {
+  auto input = [](const void* p) { return const_cast<void*>(p); };  // oneDNN's memory takes void*
+  switch (kind) {
+    case ConvKind::forward:
+    case ConvKind::forward_relu:
+      if (ep.shift) return {a.x, a.w, input(ep.shift), a.y};
+      return {a.x, a.w, a.y};
+    case ConvKind::forward_affine: return {a.x, a.w, input(ep.scale), input(ep.shift), a.y};
+    case ConvKind::backward_data: return {a.dy, a.w, a.dx};
+    case ConvKind::backward_weight:
+      if (a.dbias) return {a.x, a.dy, a.dw, a.dbias};
+      return {a.x, a.dy, a.dw};
+  }
+  return {};
+}
+
 }  // namespace
 
-bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const std::vector<void*>& buffers,
-                 const ConvPostOps& ep, void* residual, DType dt) {
+bool onednn_conv(ConvKind kind, const backend::ConvGeometry& g, const ConvArrays& arrays, const ConvEpilogue& epilogue,
+                 DType dt) {
+  // Whether the primitive has a bias operand: a plain forward's bias, a weight gradient's dbias.
+  const bool bias = kind == ConvKind::backward_weight ? arrays.dbias != nullptr
+                    : kind == ConvKind::forward || kind == ConvKind::forward_relu ? epilogue.shift != nullptr
+                                                                                   : false;
   const Config& cfg = config();
   const size_t size = dtype_size(dt);
   int64_t in_size = g.in_channels, out_size = g.out_channels;
@@ -487,10 +509,12 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
   for (int i = 0; i < g.spatial; ++i) weight_size *= g.kernel[i];
   const size_t partial_size = size_t(weight_size + (bias ? g.out_channels : 0));
   // p advanced by `elements` of the activations' dtype (of float32: shift_float, the affine's scale and shift).
-  auto shift = [size](void* p, int64_t elements) {
-    return p ? static_cast<void*>(static_cast<char*>(p) + size_t(elements) * size) : p;
+  auto shift = [size](const void* p, int64_t elements) -> void* {
+    return p ? const_cast<char*>(static_cast<const char*>(p)) + size_t(elements) * size : nullptr;
   };
-  auto shift_float = [](void* p, int64_t elements) { return p ? static_cast<void*>(static_cast<float*>(p) + elements) : p; };
+  auto shift_float = [](const void* p, int64_t elements) -> void* {
+    return p ? const_cast<float*>(static_cast<const float*>(p)) + elements : nullptr;
+  };
   // Before creating primitives too: oneDNN fixes some kernels' thread count when it creates them.
   onednn::set_team(cfg.pool_threading ? 1 : num_threads());
 
@@ -499,8 +523,8 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
   // samples. A chunk per 2^20 FLOPs (2^21 for samples).
   struct Chunk {
     const Entry* entry;
-    std::vector<void*> args;
-    void* residual;
+    ConvArrays a;
+    ConvEpilogue ep;
     int64_t o0;
   };
   std::vector<Chunk> chunks;
@@ -515,14 +539,16 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
       const int64_t o1 = c + 1 == oc_chunks ? g.out_channels : blocks * (c + 1) / oc_chunks * 16;
       backend::ConvGeometry part = g;
       part.out_channels = o1 - o0;
-      const Entry* e = lookup(kind, bias, part, ep, dt);
+      const Entry* e = lookup(kind, bias, part, epilogue, dt);
       if (!e) return false;
-      std::vector<void*> a = buffers;
-      a[1] = shift(a[1], o0 * per_oc_w);
-      if (bias) a[2] = shift(a[2], o0);
-      if (kind == ConvKind::forward_affine) a[2] = shift_float(a[2], o0), a[3] = shift_float(a[3], o0);
-      a.back() = shift(a.back(), o0 * per_oc_y);
-      chunks.push_back({e, std::move(a), shift(residual, o0 * per_oc_y), o0});
+      ConvArrays a = arrays;
+      ConvEpilogue ep = epilogue;
+      a.w = shift(a.w, o0 * per_oc_w);
+      if (bias) ep.shift = shift(ep.shift, o0);
+      if (kind == ConvKind::forward_affine) ep.scale = shift_float(ep.scale, o0), ep.shift = shift_float(ep.shift, o0);
+      a.y = shift(a.y, o0 * per_oc_y);
+      ep.residual = shift(ep.residual, o0 * per_oc_y);
+      chunks.push_back({e, a, ep, o0});
     }
   } else {
     const int64_t n = cfg.pool_threading ? std::min<int64_t>({num_threads(), g.batch, std::max<int64_t>(1, flops >> 21)}) : 1;
@@ -530,17 +556,14 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
       const int64_t b0 = g.batch * c / n, b1 = g.batch * (c + 1) / n;
       backend::ConvGeometry part = g;
       part.batch = b1 - b0;
-      const Entry* e = lookup(kind, bias, part, ep, dt);
+      const Entry* e = lookup(kind, bias, part, epilogue, dt);
       if (!e) return false;
-      std::vector<void*> a = buffers;
-      if (is_forward(kind)) {
-        a[0] = shift(a[0], b0 * in_size), a.back() = shift(a.back(), b0 * out_size);
-      } else if (kind == ConvKind::backward_data) {
-        a[0] = shift(a[0], b0 * out_size), a[2] = shift(a[2], b0 * in_size);
-      } else {
-        a[0] = shift(a[0], b0 * in_size), a[1] = shift(a[1], b0 * out_size);
-      }
-      chunks.push_back({e, std::move(a), shift(residual, b0 * out_size), 0});
+      ConvArrays a = arrays;
+      ConvEpilogue ep = epilogue;
+      a.x = shift(a.x, b0 * in_size), a.y = shift(a.y, b0 * out_size);
+      a.dy = shift(a.dy, b0 * out_size), a.dx = shift(a.dx, b0 * in_size);
+      ep.residual = shift(ep.residual, b0 * out_size);
+      chunks.push_back({e, a, ep, 0});
     }
   }
   // Inference forwards read their weights prepared (kept with the weight tensor).
@@ -549,9 +572,9 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
     std::vector<const Entry*> es;
     std::vector<int64_t> o0;
     std::vector<void*> w_of;
-    for (const Chunk& c : chunks) es.push_back(c.entry), o0.push_back(c.o0), w_of.push_back(c.args[1]);
+    for (const Chunk& c : chunks) es.push_back(c.entry), o0.push_back(c.o0), w_of.push_back(c.a.w);
     if (oc_chunks == 1) es.resize(1), o0.resize(1), w_of.resize(1);  // sample chunks share one set
-    weights = forward_weights(es, o0, w_of, buffers, g, make_key(kind, bias, g, ep, dt), dt);
+    weights = forward_weights(es, o0, w_of, arrays.w, epilogue.scale, g, make_key(kind, bias, g, epilogue, dt), dt);
   }
   auto weights_of = [&](size_t c) {
     if (!weights) return memory();
@@ -568,26 +591,29 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
   for (size_t c = first_row; c < chunks.size() && kind == ConvKind::backward_weight; ++c) {
     std::vector<float>& row = partials[c - first_row];
     row.resize(partial_size);
-    chunks[c].args[2] = row.data();
-    if (bias) chunks[c].args[3] = row.data() + weight_size;
+    chunks[c].a.dw = row.data();
+    if (bias) chunks[c].a.dbias = row.data() + weight_size;
   }
+  auto run = [&](size_t c) {
+    const Chunk& k = chunks[c];
+    execute(*k.entry, operands_of(kind, k.a, k.ep), k.ep.residual, weights_of(c));
+  };
   if (chunks.size() == 1) {
-    execute(*chunks[0].entry, chunks[0].args, chunks[0].residual, weights_of(0));
+    run(0);
   } else {
     parallel_for(int64_t(chunks.size()), 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c)
-        execute(*chunks[size_t(c)].entry, chunks[size_t(c)].args, chunks[size_t(c)].residual, weights_of(size_t(c)));
+      for (int64_t c = begin; c < end; ++c) run(size_t(c));
     });
   }
   if (float_grads) {
     std::vector<float>& sum = partials[0];
     for (size_t c = 1; c < partials.size(); ++c)
       for (size_t i = 0; i < partial_size; ++i) sum[i] += partials[c][i];
-    float_to_half_storage(dt, sum.data(), static_cast<uint16_t*>(buffers[2]), weight_size);
-    if (bias) float_to_half_storage(dt, sum.data() + weight_size, static_cast<uint16_t*>(buffers[3]), g.out_channels);
+    float_to_half_storage(dt, sum.data(), static_cast<uint16_t*>(arrays.dw), weight_size);
+    if (bias) float_to_half_storage(dt, sum.data() + weight_size, static_cast<uint16_t*>(arrays.dbias), g.out_channels);
   } else if (kind == ConvKind::backward_weight) {
-    float* dw = static_cast<float*>(buffers[2]);
-    float* db = bias ? static_cast<float*>(buffers[3]) : nullptr;
+    float* dw = static_cast<float*>(arrays.dw);
+    float* db = bias ? static_cast<float*>(arrays.dbias) : nullptr;
     for (const std::vector<float>& row : partials) {
       for (int64_t i = 0; i < weight_size; ++i) dw[i] += row[size_t(i)];
       for (int64_t i = 0; db && i < g.out_channels; ++i) db[i] += row[size_t(weight_size + i)];
@@ -601,8 +627,7 @@ bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const
 #else  // built without oneDNN (FLUX_ONEDNN=OFF or libdnnl-dev missing)
 
 namespace flux::cpu_backend {
-bool onednn_conv(ConvKind, bool, const backend::ConvGeometry&, const std::vector<void*>&, const ConvPostOps&, void*,
-                 DType) {
+bool onednn_conv(ConvKind, const backend::ConvGeometry&, const ConvArrays&, const ConvEpilogue&, DType) {
   return false;
 }
 }  // namespace flux::cpu_backend

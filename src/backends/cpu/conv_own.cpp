@@ -156,8 +156,8 @@ void few_pixel_columns(const float* x, float* col, int64_t ldc, const backend::C
 
 }  // namespace
 
-void few_pixel_forward(ConvKind kind, bool bias, const backend::ConvGeometry& g, const std::vector<void*>& buffers,
-                       const ConvPostOps& ep, const void* residual) {
+void few_pixel_forward(const float* x, const float* w, const backend::ConvGeometry& g, const ConvEpilogue& ep,
+                       float* y) {
   int64_t P = 1, K = g.in_channels;
   for (int i = 0; i < g.spatial; ++i) P *= g.out[i], K *= g.kernel[i];
   const int64_t O = g.out_channels, NP = g.batch * P, lanes = few_pixel_lanes();
@@ -168,15 +168,11 @@ void few_pixel_forward(ConvKind kind, bool bias, const backend::ConvGeometry& g,
   if (out_buffer.size() < size_t(O * ldc)) out_buffer.resize(size_t(O * ldc));
   float* col = col_buffer.data();
   float* prod = out_buffer.data();
-  few_pixel_columns(static_cast<const float*>(buffers[0]), col, ldc, g);
-  const float* w = static_cast<const float*>(buffers[1]);
-  const bool affine = kind == ConvKind::forward_affine;
-  const float* scale = affine ? static_cast<const float*>(buffers[2]) : nullptr;
-  const float* shift = affine ? static_cast<const float*>(buffers[3]) : bias ? static_cast<const float*>(buffers[2]) : nullptr;
-  const bool relu = kind == ConvKind::forward_relu || (affine && ep.relu);
-  const float* r = affine && ep.residual ? static_cast<const float*>(residual) : nullptr;
-  const bool relu_after = affine && ep.relu_after;
-  float* y = static_cast<float*>(buffers.back());
+  few_pixel_columns(x, col, ldc, g);
+  const auto* scale = static_cast<const float*>(ep.scale);
+  const auto* shift = static_cast<const float*>(ep.shift);
+  const auto* r = static_cast<const float*>(ep.residual);
+  const bool relu = ep.relu, relu_after = ep.relu_after;
   // Rows of W split over the pool in blocks of 16 (a multiple of every kernel's R but AVX2's 6).
   const int64_t blocks = (O + 15) / 16;
   const int64_t chunks = std::min<int64_t>({num_threads(), blocks, std::max<int64_t>(1, (2 * O * K * NP) >> 21)});

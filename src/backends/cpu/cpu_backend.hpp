@@ -23,14 +23,22 @@ int num_threads();
 void fill(DType t, void* dst, int64_t n, double value);
 void cast(DType from, const void* src, DType to, void* dst, int64_t n);
 /// float32 -> bf16/f16 storage and back (half_cast.cpp, cast's kernels for these pairs): round to
-/// nearest even, NaN as src/half_bits.hpp; AVX2 (+F16C for f16) where the active ISA allows, bitwise
-/// equal to the scalar references beside them.
+/// nearest even, NaN as src/half_bits.hpp; AVX512-BF16, AVX-512 or AVX2 (+F16C for f16) where the CPU
+/// and the active ISA allow, bitwise equal to the scalar references beside them.
 void float_to_half_storage(DType to, const float* src, uint16_t* dst, int64_t n);
 void half_storage_to_float(DType from, const uint16_t* src, float* dst, int64_t n);
 void float_to_half_storage_reference(DType to, const float* src, uint16_t* dst, int64_t n);
 void half_storage_to_float_reference(DType from, const uint16_t* src, float* dst, int64_t n);
 /// Tests and benchmarks: whether the vector kernels run for bf16/f16 at the active ISA level.
 bool half_cast_vectorised(DType t);
+/// The conversion code paths, slowest first (AVX512-BF16 is bf16's float32 -> bf16 only).
+enum class HalfCastPath : int { scalar = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3 };
+/// The path the conversions of `t` take now; the best this CPU has at the active ISA level.
+HalfCastPath half_cast_path(DType t);
+HalfCastPath half_cast_best_path(DType t);
+/// Tests and benchmarks: the conversions take no path above `cap` (never above the best); returns the old cap.
+HalfCastPath cap_half_cast_path(HalfCastPath cap);
+const char* half_cast_path_name(HalfCastPath p);
 /// unary / binary on bf16/f16 storage in one pass with float32 arithmetic (half_elementwise.cpp): bitwise
 /// the cast up, the f32 kernel and the cast down. binary: dense operands of the output's shape, or one
 /// of them a single element; comparisons write Bool. false where t is not bf16/f16 or the plan is
@@ -54,6 +62,16 @@ bool reduce_half(backend::ReduceOp op, DType t, const uint16_t* src, void* dst, 
                  int64_t inner);
 bool softmax_half(DType t, const uint16_t* src, float* dst, int64_t outer, int64_t len, int64_t inner, bool log);
 void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm& g);
+/// One f32 GEMM C (m, n) = alpha op(A) op(B) + beta C, row-major, on the calling thread by the engine
+/// the kernel-choice seam picks for its shape (for kernels that cut their own work over the pool).
+void gemm_on_this_thread(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                         const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+/// Fused attention (attention.cpp; backend.hpp's attention_forward/backward): t f32, bf16 or f16,
+/// false for other dtypes.
+bool attention_forward(DType t, const void* q, const void* k, const void* v, const bool* mask, void* out, float* lse,
+                       const backend::Attention& a);
+bool attention_backward(DType t, const void* q, const void* k, const void* v, const bool* mask, const void* out,
+                        const void* dout, const float* lse, void* dq, void* dk, void* dv, const backend::Attention& a);
 /// Backend::matmul_low_precision: bf16 a, b, c through oneDNN's bf16 matmul (float32 accumulation)
 /// where bf16_kernels_enabled() (isa.hpp); false where not, or where oneDNN declines (C untouched).
 bool matmul_low_precision(DType t, const void* a, const void* b, void* c, const backend::Gemm& g);
@@ -62,6 +80,9 @@ bool matmul_low_precision(DType t, const void* a, const void* b, void* c, const 
 /// t = bf16 (every array bf16): oneDNN's bf16 matmul where bf16_kernels_enabled(), else false.
 bool linear_forward(DType t, const void* x, const void* w, backend::PreparedCache* cache, const void* bias, void* y,
                     int64_t n, int64_t in, int64_t out, bool relu);
+/// Tests and benchmarks: float32 GEMM/GEMV library calls run so far by `engine` (openblas or onednn;
+/// linear_forward's prepared-weight kernels not included).
+int64_t gemm_engine_calls(Kernel engine);
 /// Tests: the kernel linear_forward runs for this call shape at the present thread count.
 Kernel linear_kernel(int64_t n, int64_t in, int64_t out, bool bias, bool relu);
 /// linear_forward's panel kernel for other kernels (matmul.cpp): w (out, in) packed into
@@ -106,37 +127,50 @@ bool conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, con
 /// Tests: the kernel a forward of g runs (affine: conv_forward_affine's); Kernel(-1) where none takes it.
 Kernel conv_forward_kernel(const backend::ConvGeometry& g, bool affine);
 
-/// What a conv call computes, and the buffers it passes the kernels in this order: forward(_relu) x w
-/// [bias] y; forward_affine x w scale shift y (+ the residual apart); backward_data dy w dx;
-/// backward_weight x dy dw [dbias].
+/// What a conv call computes: forward (y = conv(x, w) then its epilogue), forward_relu (the same with
+/// relu(conv + bias) in one oneDNN post-op), forward_affine (the fused inference conv + BatchNorm
+/// (+ residual) of conv_forward_affine), backward_data, backward_weight.
 enum class ConvKind : int64_t { forward, forward_relu, forward_affine, backward_data, backward_weight };
-/// forward_affine's post-ops after conv * scale + shift.
-struct ConvPostOps {
-  bool relu = false, residual = false, relu_after = false;
+/// The arrays of one conv call, by name (null: not part of the call): forwards read x, w and write y;
+/// backward_data reads dy, w and writes dx; backward_weight reads x, dy and writes dw and dbias
+/// (null: no bias). A forward's other arrays are its epilogue's.
+struct ConvArrays {
+  void* x = nullptr;
+  void* w = nullptr;
+  void* y = nullptr;
+  void* dy = nullptr;
+  void* dx = nullptr;
+  void* dw = nullptr;
+  void* dbias = nullptr;
+};
+/// What a forward does to conv(x, w) before y is written, the one description every forward kernel
+/// reads: y = relu_after?(relu?(conv(x, w) * scale + shift) + residual).
+///   scale (O,) float32, null: 1 (forward_affine: the folded BatchNorm's scale);
+///   shift (O,), null: none: the conv's bias (the activations' dtype) or forward_affine's shift (float32);
+///   residual (y's shape and dtype), null: none. relu, residual and relu_after: forward_affine only;
+///   forward_relu sets relu.
+struct ConvEpilogue {
+  const void* scale = nullptr;
+  const void* shift = nullptr;
+  bool relu = false;
+  const void* residual = nullptr;
+  bool relu_after = false;
 };
 /// oneDNN's convolution (conv_onednn.cpp); false where oneDNN declines the case or is not built in.
 /// dt f32, or bf16 (activations, weights, bias and gradients bf16; a forward_affine's scale and shift
 /// float32), float32 accumulation.
-bool onednn_conv(ConvKind kind, bool bias, const backend::ConvGeometry& g, const std::vector<void*>& buffers,
-                 const ConvPostOps& ep = {}, void* residual = nullptr, DType dt = DType::f32);
-/// flux's few-pixel forward (conv_own.cpp): dense, C / G * prod(kernel) >= 64, at most 32 output pixels
-/// over the batch; forward kinds only.
+bool onednn_conv(ConvKind kind, const backend::ConvGeometry& g, const ConvArrays& a, const ConvEpilogue& ep = {},
+                 DType dt = DType::f32);
+/// flux's few-pixel forward (conv_own.cpp), float32: dense, C / G * prod(kernel) >= 64, at most 32
+/// output pixels over the batch.
 bool few_pixel_fits(const backend::ConvGeometry& g);
-void few_pixel_forward(ConvKind kind, bool bias, const backend::ConvGeometry& g, const std::vector<void*>& buffers,
-                       const ConvPostOps& ep, const void* residual);
-/// Winograd F(2x2, 3x3) forwards (winograd.cpp): 2-D, 3x3, stride 1, no dilation or groups, channels
-/// multiples of 8 (16 and up). y (N, O, OH, OW) = relu_after?(relu?(conv(x, w) * scale + shift) +
-/// residual); null scale: 1, null shift or residual: none. The transformed weights are kept in
-/// g.weight_cache (null: made for the call).
-struct WinogradEpilogue {
-  const float* scale = nullptr;
-  const float* shift = nullptr;
-  bool relu = false;
-  const float* residual = nullptr;
-  bool relu_after = false;
-};
+void few_pixel_forward(const float* x, const float* w, const backend::ConvGeometry& g, const ConvEpilogue& ep,
+                       float* y);
+/// Winograd F(2x2, 3x3) forwards (winograd.cpp), float32: 2-D, 3x3, stride 1, no dilation or groups,
+/// channels multiples of 8 (16 and up). The transformed weights are kept in g.weight_cache (null: made
+/// for the call).
 bool winograd_fits(const backend::ConvGeometry& g);
-void winograd_forward(const float* x, const float* w, const backend::ConvGeometry& g, const WinogradEpilogue& ep,
+void winograd_forward(const float* x, const float* w, const backend::ConvGeometry& g, const ConvEpilogue& ep,
                       float* y);
 /// Pooling over (N, C, spatial...) (pooling.cpp): y from x; dx (pre-filled) += the adjoint of dy.
 void pool_forward(backend::PoolOp op, DType t, const void* x, void* y, const backend::ConvGeometry& g);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "flux/denormals.hpp"
+#include "src/denormals.hpp"
 
 #if defined(__x86_64__)
 #include <xmmintrin.h>
@@ -39,7 +40,10 @@ uint64_t status_bits(uint64_t) { return 0; }
 #endif
 }  // namespace
 
-bool can_flush_denormals() {
+}  // namespace flux::cpu_backend
+
+// The CPU's answer to the core's policy (src/denormals.hpp).
+bool flux::detail::can_flush_denormals() {
 #if defined(__x86_64__)
   // DAZ exists where FXSAVE's MXCSR_MASK has bit 6 (0 there means the default mask 0xFFBF, no DAZ).
   static const bool daz = [] {
@@ -56,6 +60,8 @@ bool can_flush_denormals() {
   return false;
 #endif
 }
+
+namespace flux::cpu_backend {
 
 uint64_t float_control() { return control_bits(read_control()); }
 

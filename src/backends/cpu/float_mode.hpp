@@ -11,9 +11,6 @@
 
 namespace flux::cpu_backend {
 
-/// Whether this CPU has a flush-to-zero mode that flux can set (x86-64 with DAZ, AArch64).
-bool can_flush_denormals();
-
 /// This thread's floating-point control bits (MXCSR without its status flags; FPCR); 0 elsewhere.
 uint64_t float_control();
 /// Makes this thread's control bits `control` (from float_control() of another thread); keeps its

@@ -1,7 +1,9 @@
 // Run-time ISA detection for the CPU kernels (isa.hpp).
 #include "src/backends/cpu/isa.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -25,6 +27,20 @@ Isa detect() {
   return Isa::baseline;
 }
 std::atomic<int> g_active{-1};
+
+// ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) caps flux's own kernels as it caps oneDNN's, so one
+// variable runs a whole program at a lower level (CI's AVX2 passes on an AVX-512 machine): SSE4.1 and
+// below -> baseline, AVX and AVX2 (with their VNNI/BF16 variants) -> AVX2, anything else -> no cap.
+Isa environment_cap() {
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (!cap || !*cap) cap = std::getenv("DNNL_MAX_CPU_ISA");
+  if (!cap || !*cap) return Isa::avx512;
+  std::string isa(cap);
+  for (char& ch : isa) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+  if (isa.rfind("SSE", 0) == 0) return Isa::baseline;
+  if (isa.rfind("AVX2", 0) == 0 || isa == "AVX") return Isa::avx2;
+  return Isa::avx512;
+}
 }  // namespace
 
 Isa detected_isa() {
@@ -35,7 +51,7 @@ Isa detected_isa() {
 Isa active_isa() {
   int v = g_active.load(std::memory_order_relaxed);
   if (v < 0) {
-    v = int(detected_isa());
+    v = std::min(int(detected_isa()), int(environment_cap()));
     g_active.store(v, std::memory_order_relaxed);
   }
   return Isa(v);
@@ -125,6 +141,11 @@ bool has_f16c() {
 #else
   return false;
 #endif
+}
+
+bool has_avx512_bf16_instructions() {
+  static const bool yes = cpuid_units().avx512_bf16;
+  return yes;
 }
 
 namespace {

@@ -11,7 +11,8 @@ enum class Isa : int { baseline = 0, avx2 = 1, avx512 = 2 };
 
 /// The best level this CPU (and its OS) supports: AVX-512 needs F, BW, VL and DQ; AVX2 needs FMA.
 Isa detected_isa();
-/// The level kernels use now: detected_isa(), or lower where force_isa() asked for it.
+/// The level kernels use now: detected_isa() capped by ONEDNN_MAX_CPU_ISA (DNNL_MAX_CPU_ISA) as oneDNN
+/// is, or lower where force_isa() asked for it.
 Isa active_isa();
 /// Tests and benchmarks: run the kernels at `level` (clamped to detected_isa()); returns the old one.
 Isa force_isa(Isa level);
@@ -33,6 +34,9 @@ std::string low_precision_units_text(const LowPrecisionUnits& u);
 
 /// Whether the CPU has F16C (vcvtps2ph/vcvtph2ps: the f16 casts of half_cast.cpp), by CPUID.
 bool has_f16c();
+/// Whether the CPU has AVX512-BF16 (vcvtneps2bf16: the bf16 casts of half_cast.cpp), by CPUID and the
+/// OS's AVX-512 state, whatever ONEDNN_MAX_CPU_ISA says (that caps oneDNN's kernels, not ours).
+bool has_avx512_bf16_instructions();
 
 /// Whether the bf16 library kernels (oneDNN: matmul_low_precision, linear_forward, conv_*) run: the
 /// CPU's bf16 units (AVX512-BF16 or AMX-BF16, as low_precision_units) and oneDNN built in. Elsewhere

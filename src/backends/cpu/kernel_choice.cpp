@@ -1,7 +1,8 @@
 // The CPU backend's kernel choice (kernel_choice.hpp): forced, tuned, or by the rules below. The
-// rules are a small table of conditions on the shape, the active ISA and the thread count, written
-// from the measurements in bench/results/2026-12-05-kernel-rules.md; a tuned table (flux-tune)
-// replaces them on the CPU it was made on.
+// rules are a small table of conditions on the shape, the active ISA, the level each library runs
+// at (dependency_check.hpp) and the thread count, written from the measurements in
+// bench/results/2026-12-05-kernel-rules.md; a tuned table (flux-tune) replaces them on the CPU it was
+// made on.
 #include "src/backends/cpu/kernel_choice.hpp"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <set>
 #include <tuple>
 
+#include "src/backends/cpu/dependency_check.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/tuned_table.hpp"
 
@@ -48,9 +50,13 @@ bool has(Candidates c, Kernel k) { return (c & bit(k)) != 0; }
 // ---- the rules, one function per site ----
 
 // A GEMM piece: OpenBLAS, except thin products (a side of at most 16: the Dense layers' narrow
-// outputs and small batches), where oneDNN's matmul ran faster on AVX2 and AVX-512.
+// outputs and small batches), where oneDNN's matmul ran faster on AVX2 and AVX-512. Both measured
+// with each library at the CPU's level: where OpenBLAS runs an older core's kernels (it does not know
+// the CPU model), oneDNN; where oneDNN runs below the CPU, OpenBLAS (dependency_check.hpp).
 Kernel gemm_rule(const Query& q, Candidates c) {
   const int64_t m = q.dims[0], n = q.dims[1], k = q.dims[2];
+  if (has(c, Kernel::onednn) && blas_below_cpu()) return Kernel::onednn;
+  if (has(c, Kernel::openblas) && onednn_below_cpu()) return Kernel::openblas;
   if (has(c, Kernel::onednn) && std::min({m, n, k}) <= 16) return Kernel::onednn;
   return has(c, Kernel::openblas) ? Kernel::openblas : first_of(c);
 }
@@ -70,7 +76,7 @@ Kernel linear_rule(const Query&, Candidates c) {
 // but the 4x4 stage at batch 1 (16 pixels, the largest weights, read from memory in the network)
 // runs faster on the few-pixel kernel. Then the few-pixel kernel wherever it fits (at most 32
 // output pixels over the batch: weight-bound, see conv_own.cpp); oneDNN otherwise. With AVX-512, where
-// oneDNN's direct kernels are stronger and this session could not measure, no Winograd.
+// oneDNN's direct kernels are stronger, no Winograd (not yet measured there).
 Kernel conv_rule(const Query& q, Candidates c) {
   const int64_t pixels = q.dims[1] * q.dims[5] * q.dims[6] * q.dims[7];  // batch x in (= out for 3x3 s1 "same")
   if (has(c, Kernel::winograd) && active_isa() != Isa::avx512 && pixels >= 48) return Kernel::winograd;

@@ -19,6 +19,7 @@
 #include <shared_mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -30,6 +31,7 @@
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/onednn_relu.hpp"
 #include "src/backends/cpu/broadcast_rows.hpp"
+#include "src/backends/cpu/dependency_check.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/kernel_choice.hpp"
 #include "src/backends/cpu/onednn.hpp"
@@ -62,9 +64,15 @@ template <class T> void gemm_loops(const T* a, const T* b, T* c, const backend::
 }  // namespace
 
 namespace {
+// Float32 library calls per engine (gemm_engine_calls): relaxed counts, one per call of at least
+// microseconds.
+std::atomic<int64_t> g_f32_calls[2] = {0, 0};  // openblas, onednn
+void count_call(Kernel k) { g_f32_calls[k == Kernel::onednn ? 1 : 0].fetch_add(1, std::memory_order_relaxed); }
+
 // One single-threaded BLAS call, row-major.
 void blas_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
                float beta, float* c, int ldc) {
+  count_call(Kernel::openblas);
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
               b, ldb, beta, c, ldc);
 }
@@ -75,7 +83,7 @@ void blas_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double
 }
 
 // OpenBLAS runs on one thread: its own threads sched_yield()-spin between calls and fought our
-// pool's (futex + sched_yield ~80% of a 2-thread MNIST run's time in strace -c -f). GEMMs large
+// pool's (bench/results/2026-12-06-notes-from-comments.md). GEMMs large
 // enough to split are cut over our pool instead (gemm_split below). Set once, when libflux loads.
 // OpenBLAS (pthreads build) has started its server threads by then, and they sched_yield()-spin for
 // its thread timeout (2^28 cycles, ~0.1 s of a core) before sleeping for good: they are stopped
@@ -163,6 +171,7 @@ void onednn_gemm(const Matmul& e, const void* a, const void* b, void* c) {
 
 // oneDNN is a candidate only for operands of up to 2^20 elements (A + B + C) and a scratchpad of at
 // most 4 MiB: on larger pieces its buffers raised the peak RSS and OpenBLAS was as fast or faster.
+// Where OpenBLAS runs below the CPU (blas_below_cpu) every size is: it was 3-4x slower there.
 constexpr size_t kMaxOnednnScratch = size_t(4) << 20;
 constexpr double kMaxOnednnElements = double(1 << 20);
 
@@ -179,12 +188,17 @@ Query gemm_query(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda,
 void piece_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc, Kernel forced = Kernel(-1)) {
 #if FLUX_HAVE_ONEDNN
-  const bool small = double(m) * double(k) + double(k) * double(n) + double(m) * double(n) <= kMaxOnednnElements;
+  const bool any_size = blas_below_cpu();
+  const bool small =
+      any_size || double(m) * double(k) + double(k) * double(n) + double(m) * double(n) <= kMaxOnednnElements;
   const Candidates candidates = bit(Kernel::openblas) | (small ? bit(Kernel::onednn) : 0);
   const Kernel use = int(forced) >= 0 ? forced : choose(gemm_query(ta, tb, m, n, k, lda, ldb, ldc, beta), candidates);
   if (use == Kernel::onednn && small) {
     const Matmul* e = onednn_matmul(ta, tb, m, n, k, alpha, lda, ldb, beta, ldc);
-    if (e && e->scratch <= kMaxOnednnScratch) return onednn_gemm(*e, a, b, c);
+    if (e && (any_size || e->scratch <= kMaxOnednnScratch)) {
+      count_call(Kernel::onednn);
+      return onednn_gemm(*e, a, b, c);
+    }
   }
 #else
   (void)forced;
@@ -229,10 +243,11 @@ double time_gemm(const Query& q, Kernel kernel, int reps) {
 // ---- Products with one row or one column of C: BLAS GEMV ----
 // OpenBLAS's sgemm packs both operands before its kernel runs; with one row (a batch-1 Dense
 // forward: C (1, n) = x (1, k) W^T) the packing of W is as much memory traffic as the product, and
-// sgemm ran at ~11 GB/s of weights where sgemv streams them at ~40 (784x512 + 512x512 + 512x10 MLP at
-// batch 1, 1 AVX2 core: 248 -> see bench/README.md). gemm_loops above is the reference these match.
+// sgemv streams the weights several times faster (bench/results/2026-12-06-notes-from-comments.md).
+// gemm_loops above is the reference these match.
 void blas_gemv(bool trans, int rows, int cols, float alpha, const float* a, int lda, const float* x, int incx,
                float beta, float* y, int incy) {
+  count_call(Kernel::openblas);
   cblas_sgemv(CblasRowMajor, trans ? CblasTrans : CblasNoTrans, rows, cols, alpha, a, lda, x, incx, beta, y, incy);
 }
 void blas_gemv(bool trans, int rows, int cols, double alpha, const double* a, int lda, const double* x, int incx,
@@ -298,16 +313,32 @@ constexpr double kSplitFlops = double(1 << 20);
 
 // C (m, n) = alpha op(A) op(B) + beta C for one matrix, cut over the pool along the longer of m
 // and n in pieces of multiples of 16 (the kernels' register blocks), each a library call on one thread.
+// Float32 where OpenBLAS runs below the CPU: every product goes to the seam (piece_gemm), GEMVs and
+// small products included, instead of straight to OpenBLAS.
+template <class T> bool to_seam() {
+  if constexpr (std::is_same_v<T, float>) return blas_below_cpu();
+  return false;
+}
+// One whole product on the calling thread: OpenBLAS, or the seam's engine where to_seam().
+template <class T>
+void whole_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (to_seam<T>())
+    piece_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    blas_gemm(ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+
 template <class T>
 void gemm_split(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
                 int64_t ldb, T beta, T* c, int64_t ldc) {
-  if (m == 1 || n == 1) {
+  if ((m == 1 || n == 1) && !to_seam<T>()) {
     gemv_split<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   double flops = 2.0 * double(m) * double(n) * double(k);
   if (flops < kSplitFlops) {
-    blas_gemm(ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+    whole_gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   bool split_n = n >= m;
@@ -339,12 +370,12 @@ template <class T> void gemm_blas(const T* a, const T* b, T* c, const backend::G
     // Many matrices: one whole GEMM per task.
     parallel_for(g.batch, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p)
-        if (g.m == 1 || g.n == 1)  // inside the region: one GEMV on this thread
+        if ((g.m == 1 || g.n == 1) && !to_seam<T>())  // inside the region: one GEMV on this thread
           gemv_split<T>(g.trans_a, g.trans_b, g.m, g.n, g.k, T(g.alpha), a + p * g.stride_a, lda, b + p * g.stride_b,
                         ldb, T(g.beta), c + p * g.stride_c, ldc);
         else
-          blas_gemm(g.trans_a, g.trans_b, int(g.m), int(g.n), int(g.k), T(g.alpha), a + p * g.stride_a, int(lda),
-                    b + p * g.stride_b, int(ldb), T(g.beta), c + p * g.stride_c, int(ldc));
+          whole_gemm<T>(g.trans_a, g.trans_b, g.m, g.n, g.k, T(g.alpha), a + p * g.stride_a, lda, b + p * g.stride_b,
+                        ldb, T(g.beta), c + p * g.stride_c, ldc);
     });
     return;
   }
@@ -444,7 +475,7 @@ FLUX_CPU_INLINE void panel_columns(const float* x, int64_t n, int64_t in, const 
       b = bias16;
     }
     // One call site (each inlines every block size) and no lambda: a lambda does not inherit this
-    // function's target, and its kernel was baseline code (6.4 ms instead of 1.5 for MNIST at batch 128).
+    // function's target, and its kernel was baseline code (bench/results/2026-12-06-notes-from-comments.md).
     for (int64_t r0 = 0; r0 < n;) {
       const int64_t left = n - r0, rows = left >= 2 * R ? R : left > R ? (left + 1) / 2 : left;
       panel_tile<Vec, R, V>(x, in, panel, b, relu, r0, rows, cols, y, out, c, tile);
@@ -737,6 +768,11 @@ bool linear_forward(DType t, const void* x, const void* w, backend::PreparedCach
                     static_cast<float*>(y), n, in, out, relu, use);
 }
 
+int64_t gemm_engine_calls(Kernel engine) {
+  if (engine != Kernel::openblas && engine != Kernel::onednn) return 0;
+  return g_f32_calls[engine == Kernel::onednn ? 1 : 0].load(std::memory_order_relaxed);
+}
+
 Kernel linear_kernel(int64_t n, int64_t in, int64_t out, bool bias, bool relu) {
   const Candidates candidates = bit(Kernel::panels) | (FLUX_HAVE_ONEDNN ? bit(Kernel::onednn) : 0);
   return choose(linear_query(n, in, out, bias, relu), candidates);
@@ -773,6 +809,11 @@ void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm&
   }
 }
 
+void gemm_on_this_thread(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                         const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  piece_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 }  // namespace flux::cpu_backend
 
 namespace flux::detail {
@@ -785,5 +826,10 @@ bool cpu_force_kernel(const std::string& site, const std::string& kernel) {
   if (!s || (!kernel.empty() && !k)) return false;
   cpu_backend::force_kernel(*s, kernel.empty() ? std::nullopt : k);
   return true;
+}
+// For bench/flux_bench.cpp: float32 GEMM/GEMV calls run so far by "openblas" or "onednn".
+int64_t cpu_gemm_engine_calls(const std::string& engine) {
+  const auto k = cpu_backend::kernel_from_name(engine);
+  return k ? cpu_backend::gemm_engine_calls(*k) : 0;
 }
 }  // namespace flux::detail

@@ -1,14 +1,14 @@
 // The CPU backend's one thread pool (FLUX_NUM_THREADS threads, the caller included). It is also the
 // BLAS's: matmul.cpp keeps the BLAS on one thread and splits the GEMM over this pool, and oneDNN runs
-// one OpenMP thread per pool task (conv.cpp), so no second team of threads competes for the cores.
+// one OpenMP thread per pool task (conv_onednn.cpp), so no second team of threads competes for the cores.
 //
 // Hand-off: a region is cut into one piece
 // per thread, and every thread, the caller first, claims pieces from an atomic counter, so a worker
 // that the OS has descheduled delays nothing: the caller takes its piece. An idle worker spins for
 // a short while (kSpin) with a pause instruction, catching the next op of a training step without a
 // system call, then sleeps on a futex (raw FUTEX_WAIT on Linux, a condition variable elsewhere);
-// the caller wakes sleepers only when there are any. The earlier pool slept on a condition variable after every op (a futex pair per op) while
-// OpenBLAS's own threads sched_yield()-spun beside it: 1.3 s of system time in a 1.5 s run.
+// the caller wakes sleepers only when there are any: sleeping after every op costs a futex pair per
+// op in system time (bench/results/2026-12-06-notes-from-comments.md).
 //
 // Several callers (user threads calling models at once) share the pool's threads: a region takes
 // as many threads as the pool has less one per other caller inside a region or in one within the

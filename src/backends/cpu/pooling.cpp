@@ -193,7 +193,7 @@ void fixed_backward(const Axes& a, const T* x, const T* y, const T* dy, T* dx) {
       if constexpr (op == PoolOp::max) {
         // dy goes to the first cell in window order that holds y. Written as selects over the whole
         // window (no data-dependent branch: the cells hit are random, and mispredictions made this
-        // loop ~6x slower than the forward), so the compiler if-converts it.
+        // loop several times slower than the forward), so the compiler if-converts it.
         using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
         const T yv = y[ow];
         const Bits g = std::bit_cast<Bits>(dy[ow]);

@@ -182,9 +182,9 @@ void backward_rows(RecurrentCell cell, const T* dy, T* dh_next, T* dc, const T* 
   }
 }
 
-// Rows per task: enough work to pay for a thread hand-off, about 64k gate values (vectorised, a row of
-// 4H gates costs ~4.5 ns per unit on one AVX-512 core: the char LSTM's 32 x 256 step takes ~37 µs
-// forward, which is not worth two threads' rendezvous, 128 times per training step).
+// Rows per task: enough work to pay for a thread hand-off, about 64k gate values. A small step (the
+// char LSTM's 32 x 256) is then one task: its forward is shorter than two threads' rendezvous, which
+// it would pay 128 times per training step (figures: bench/results/2026-12-06-notes-from-comments.md).
 int64_t row_grain(int64_t hidden) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, 4 * hidden)); }
 
 }  // namespace

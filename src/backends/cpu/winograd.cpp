@@ -8,7 +8,7 @@
 //   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]   G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1]
 //   A^T = [1 1 1 0; 0 1 -1 -1]
 // The input transform reads a zero-padded channels-last copy of one image (8 channels a vector), the
-// output transform writes y (N, O, OH, OW) with the epilogue of conv.cpp's forwards (scale, shift or
+// output transform writes y (N, O, OH, OW) with the forward's ConvEpilogue (cpu_backend.hpp: scale, shift or
 // bias, relu, residual, relu). Images go in chunks of about 128 tiles (so that U is read once per
 // chunk, not per image, when an image has few tiles), one chunk per pool thread; with fewer chunks
 // than threads (batch 1) each step of a chunk is split over the pool instead (input channels, the 16
@@ -157,7 +157,7 @@ FLUX_CPU_INLINE void input_transform(const float* x, const Plan& p, float* image
 /// with scale, shift and relu into `out` (2 TH x 2 TW pixels, O channels-last), then to y through 8 x 8
 /// transposes, adding the residual and the relu after it on the way.
 FLUX_CPU_INLINE void output_transform(const float* m, const Plan& p, int64_t T, int64_t t0, int64_t n,
-                                      const WinogradEpilogue& ep, float* out, float* y, int64_t o_lo, int64_t o_hi) {
+                                      const ConvEpilogue& ep, float* out, float* y, int64_t o_lo, int64_t o_hi) {
   const int64_t O = p.O, plane = p.OH * p.OW, OWp = 2 * p.TW;
   for (int64_t th = 0; th < p.TH; ++th)
     for (int64_t tw = 0; tw < p.TW; ++tw) {
@@ -173,8 +173,8 @@ FLUX_CPU_INLINE void output_transform(const float* m, const Plan& p, int64_t T, 
           s[0][j] = m0 + m1 + m2, s[1][j] = m1 - m2 - m3;
         }
         WVec scale = WVec{} + 1.0f, shift = WVec{};
-        if (ep.scale) scale = *reinterpret_cast<const WVec*>(ep.scale + o0);
-        if (ep.shift) shift = *reinterpret_cast<const WVec*>(ep.shift + o0);
+        if (ep.scale) scale = *reinterpret_cast<const WVec*>(static_cast<const float*>(ep.scale) + o0);
+        if (ep.shift) shift = *reinterpret_cast<const WVec*>(static_cast<const float*>(ep.shift) + o0);
         for (int i = 0; i < 2; ++i) {  // (A^T m) A
           WVec v0 = (s[i][0] + s[i][1] + s[i][2]) * scale + shift;
           WVec v1 = (s[i][1] - s[i][2] - s[i][3]) * scale + shift;
@@ -195,7 +195,8 @@ FLUX_CPU_INLINE void output_transform(const float* m, const Plan& p, int64_t T, 
         transpose8(b);
         for (int k = 0; k < 8; ++k) {
           WVec v = b[k];
-          if (ep.residual) v += *reinterpret_cast<const WVec*>(ep.residual + at + k * plane + col);
+          if (ep.residual)
+            v += *reinterpret_cast<const WVec*>(static_cast<const float*>(ep.residual) + at + k * plane + col);
           if (ep.relu_after) v = v <= WVec{} ? WVec{} : v;
           *reinterpret_cast<WVec*>(y + at + k * plane + col) = v;
         }
@@ -203,7 +204,7 @@ FLUX_CPU_INLINE void output_transform(const float* m, const Plan& p, int64_t T, 
       for (int64_t col = OW8; col < p.OW; ++col)
         for (int64_t k = 0; k < kLanes; ++k) {
           float e = from[col * O + k];
-          if (ep.residual) e += ep.residual[at + k * plane + col];
+          if (ep.residual) e += static_cast<const float*>(ep.residual)[at + k * plane + col];
           if (ep.relu_after) e = e <= 0.0f ? 0.0f : e;
           y[at + k * plane + col] = e;
         }
@@ -232,7 +233,7 @@ FLUX_CPU_INLINE void inputs(const float* x, const Plan* p, int64_t n0, int64_t n
 }
 /// Images [n0, n1): their outputs for channels [o_lo, o_hi).
 FLUX_CPU_INLINE void outputs(const Plan* p, int64_t n0, int64_t n1, int64_t o_lo, int64_t o_hi,
-                             const WinogradEpilogue* ep, float* y, Scratch* s) {
+                             const ConvEpilogue* ep, float* y, Scratch* s) {
   const int64_t T = (n1 - n0) * p->tiles;
   for (int64_t n = n0; n < n1; ++n)
     output_transform(s->m.data(), *p, T, (n - n0) * p->tiles, n, *ep, s->out.data(), y, o_lo, o_hi);
@@ -264,7 +265,7 @@ bool winograd_fits(const backend::ConvGeometry& g) {
   return 16.0 * tiles * double(std::max(g.in_channels, g.out_channels)) * sizeof(float) <= kMaxChunkBytes;
 }
 
-void winograd_forward(const float* x, const float* w, const backend::ConvGeometry& g, const WinogradEpilogue& ep,
+void winograd_forward(const float* x, const float* w, const backend::ConvGeometry& g, const ConvEpilogue& ep,
                       float* y) {
   const Plan p(g);
   const std::shared_ptr<const PreparedFloats> kept = transforms(w, g.weight_cache, p.C, p.O);

@@ -1,4 +1,4 @@
-// Convolution on the GPU (reference: src/backends/cpu/conv.cpp).
+// Convolution on the GPU (reference: src/backends/cpu/conv_reference.cpp and conv.cpp).
 //   im2col / col2im: the primitives of the core's portable path (im2col + batched GEMM), f32 and f64,
 //     over Window3's three spatial axes (1-D and 2-D have leading length-1 axes). col is
 //     (N, G, C/G * K, P) = (N * C, K, P) row blocks: channel c of sample n owns rows (n * C + c) * K...
@@ -13,7 +13,10 @@
 //     with tensor-op math; their bias and bias gradient are our kernels below (float32 sums, one
 //     block per channel: deterministic), not cudnnAddTensor / cudnnConvolutionBackwardBias, whose
 //     bf16 support is not documented.
-//     Handles are created on first use (cudnnCreate fails without a GPU: the plugin must still load).
+//     Each host thread runs on a cuDNN handle of its own per device (handle_pool.hpp), taken on its
+//     first call (cudnnCreate fails without a GPU: the plugin must still load), and a workspace of
+//     its own per call; the plans are shared read-only. No thread waits for another's conv call (the
+//     device's one stream still orders the work on the GPU).
 //     Anything cuDNN cannot do (asymmetric padding, 2^31 elements, no algorithm) returns false and
 //     the core takes the portable path. The AMDGPU build has no MIOpen (Debian 12): always false.
 #include <array>
@@ -23,9 +26,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <vector>
 
 #include "src/backends/cuda/cuda_backend.hpp"
+#include "src/backends/cuda/handle_pool.hpp"
 
 #if defined(FLUX_CUDNN) && !defined(FLUX_HIP)
 #include <cudnn.h>
@@ -160,7 +165,8 @@ Key make_key(int device, DType t, Kind kind, const backend::ConvGeometry& g) {
   return k;
 }
 
-/// The cached descriptors and algorithm of one convolution; ok == false: cuDNN cannot do it.
+/// The descriptors and algorithm of one convolution; ok == false: cuDNN cannot do it. Immutable once
+/// built and shared by every thread that runs the case; the descriptors go with the last holder.
 struct Plan {
   bool ok = false;
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;  // bias: (1, O, 1...) for bias / dbias
@@ -168,6 +174,10 @@ struct Plan {
   cudnnConvolutionDescriptor_t conv = nullptr;
   int algo = 0;
   size_t workspace = 0;
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() { release(); }
   void release() {
     if (x) cudnnDestroyTensorDescriptor(x);
     if (y) cudnnDestroyTensorDescriptor(y);
@@ -178,43 +188,39 @@ struct Plan {
   }
 };
 
-struct Dnn {
-  std::mutex mutex;  // guards the handles and plans and serialises each handle's use
-  std::vector<cudnnHandle_t> handles;
-  std::vector<bool> failed;  // cudnnCreate failed on that device: always the portable path there
-  std::map<Key, std::unique_ptr<Plan>> plans;
+/// Every plan built, by key: lookups share the lock, an insert or a drop takes it alone; no cuDNN
+/// call runs under it.
+struct Plans {
+  std::shared_mutex mutex;
+  std::map<Key, std::shared_ptr<const Plan>> by_key;
 };
 
-Dnn& dnn() {
-  static Dnn* d = new Dnn();  // never destroyed, as the backend
-  return *d;
+Plans& plans() {
+  static Plans* p = new Plans();  // never destroyed, as the backend
+  return *p;
 }
 
 bool debug() { return std::getenv("FLUX_DEBUG_BACKENDS") != nullptr; }
 
-// The device's handle bound to `s`, created on first use with the device current; null if cuDNN
-// cannot start there. Caller holds dnn().mutex.
-cudnnHandle_t handle_for(Dnn& d, int device, Stream s) {
-  if (size_t(device) >= d.handles.size()) {
-    d.handles.resize(size_t(device) + 1, nullptr);
-    d.failed.resize(size_t(device) + 1, false);
+/// cuDNN's side of the per-thread handles (handle_pool.hpp): created on first use with the device
+/// current; cudnnCreate fails without a GPU (the plugin must still load): the portable path there.
+struct CudnnLibrary {
+  using Handle = cudnnHandle_t;
+  using Stream = cuda_backend::Stream;
+  static Handle create(int device) {
+    cudnnHandle_t h = nullptr;
+    const cudnnStatus_t st = cudnnCreate(&h);
+    if (st == CUDNN_STATUS_SUCCESS) return h;
+    if (debug())
+      std::fprintf(stderr, "[flux:backends] CUDA: cudnnCreate on device %d failed (%s): convolutions take the "
+                           "im2col path\n", device, cudnnGetErrorString(st));
+    return nullptr;
   }
-  if (d.failed[device]) return nullptr;
-  if (!d.handles[device]) {
-    cudnnStatus_t st = cudnnCreate(&d.handles[device]);
-    if (st != CUDNN_STATUS_SUCCESS) {
-      d.handles[device] = nullptr;
-      d.failed[device] = true;
-      if (debug())
-        std::fprintf(stderr, "[flux:backends] CUDA: cudnnCreate on device %d failed (%s): convolutions take the "
-                             "im2col path\n", device, cudnnGetErrorString(st));
-      return nullptr;
-    }
+  static void bind(Handle h, Stream s, int device) {
+    if (cudnnSetStream(h, s) != CUDNN_STATUS_SUCCESS) detail::fail("[conv] cudnnSetStream failed on CUDA:", device);
   }
-  if (cudnnSetStream(d.handles[device], s) != CUDNN_STATUS_SUCCESS)
-    detail::fail("[conv] cudnnSetStream failed on CUDA:", device);
-  return d.handles[device];
-}
+};
+using Handles = HandlePool<CudnnLibrary>;
 
 bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
@@ -366,14 +372,24 @@ bool build_plan(Plan& p, cudnnHandle_t h, DType t, Kind kind, const backend::Con
   return true;
 }
 
-// The cached plan (built on first use), or null when cuDNN cannot do the case. Caller holds d.mutex.
-Plan* plan_for(Dnn& d, cudnnHandle_t h, int device, DType t, Kind kind, const backend::ConvGeometry& g) {
-  std::unique_ptr<Plan>& slot = d.plans[make_key(device, t, kind, g)];
-  if (!slot) {
-    slot = std::make_unique<Plan>();
-    build_plan(*slot, h, t, kind, g);
+// The plan for `key` (built on first use with this thread's handle), or null when cuDNN cannot do the
+// case. Two threads may build the same plan at once; the first one kept is used by both.
+std::shared_ptr<const Plan> plan_for(cudnnHandle_t h, const Key& key, DType t, Kind kind,
+                                     const backend::ConvGeometry& g) {
+  Plans& c = plans();
+  {
+    std::shared_lock<std::shared_mutex> lock(c.mutex);
+    auto found = c.by_key.find(key);
+    if (found != c.by_key.end()) return found->second->ok ? found->second : nullptr;
   }
-  return slot->ok ? slot.get() : nullptr;
+  auto built = std::make_shared<Plan>();
+  build_plan(*built, h, t, kind, g);
+  std::shared_ptr<const Plan> kept;
+  {
+    std::unique_lock<std::shared_mutex> lock(c.mutex);
+    kept = c.by_key.emplace(key, std::move(built)).first->second;
+  }
+  return kept->ok ? kept : nullptr;
 }
 
 /// 1 and 0 as cuDNN's scaling factors: double for double data, float otherwise.
@@ -386,13 +402,15 @@ struct Scale {
   const void* zero() const { return dbl ? static_cast<const void*>(&d0) : static_cast<const void*>(&f0); }
 };
 
-// true: done; false: cuDNN reports this case unsupported at run time (the plan is dropped and the
-// core runs the portable path); any other failure throws.
-bool ran(cudnnStatus_t st, Plan& p, const char* what) {
+// true: done; false: cuDNN reports this case unsupported at run time (the key's plan is replaced by
+// a failed one, so later calls take the portable path at once; threads running the old plan keep
+// it until they finish); any other failure throws.
+bool ran(cudnnStatus_t st, const Key& key, const char* what) {
   if (st == CUDNN_STATUS_SUCCESS) return true;
   if (st == CUDNN_STATUS_NOT_SUPPORTED) {
-    p.release();
-    p.ok = false;
+    Plans& c = plans();
+    std::unique_lock<std::shared_mutex> lock(c.mutex);
+    c.by_key[key] = std::make_shared<const Plan>();
     return false;
   }
   detail::fail("[conv] ", what, " failed: ", cudnnGetErrorString(st));
@@ -400,18 +418,20 @@ bool ran(cudnnStatus_t st, Plan& p, const char* what) {
 
 }  // namespace
 
+// Each call runs on this thread's handle and a workspace of its own from the caching allocator, so
+// calls from several threads do not wait for each other (handle_pool.hpp).
 bool conv_forward(backend::Backend& be, int device, Stream s, DType t, const void* x, const void* w, const void* bias,
                   void* y, const backend::ConvGeometry& g) {
-  Dnn& d = dnn();
-  std::lock_guard<std::mutex> lock(d.mutex);
-  cudnnHandle_t h = handle_for(d, device, s);
-  Plan* p = h ? plan_for(d, h, device, t, Kind::forward, g) : nullptr;
+  cudnnHandle_t h = Handles::get(device, s);
+  if (!h) return false;
+  const Key key = make_key(device, t, Kind::forward, g);
+  const std::shared_ptr<const Plan> p = plan_for(h, key, t, Kind::forward, g);
   if (!p) return false;
   Scratch ws(be, device, p->workspace);
   Scale k(t);
   if (!ran(cudnnConvolutionForward(h, k.one(), p->x, x, p->w, w, p->conv, cudnnConvolutionFwdAlgo_t(p->algo), ws.get(),
                                    ws.size(), k.zero(), p->y, y),
-           *p, "cudnnConvolutionForward"))
+           key, "cudnnConvolutionForward"))
     return false;
   if (bias && low_precision(t)) {
     bias_add_low(s, t, y, bias, g);
@@ -424,31 +444,31 @@ bool conv_forward(backend::Backend& be, int device, Stream s, DType t, const voi
 
 bool conv_backward_data(backend::Backend& be, int device, Stream s, DType t, const void* dy, const void* w, void* dx,
                         const backend::ConvGeometry& g) {
-  Dnn& d = dnn();
-  std::lock_guard<std::mutex> lock(d.mutex);
-  cudnnHandle_t h = handle_for(d, device, s);
-  Plan* p = h ? plan_for(d, h, device, t, Kind::backward_data, g) : nullptr;
+  cudnnHandle_t h = Handles::get(device, s);
+  if (!h) return false;
+  const Key key = make_key(device, t, Kind::backward_data, g);
+  const std::shared_ptr<const Plan> p = plan_for(h, key, t, Kind::backward_data, g);
   if (!p) return false;
   Scratch ws(be, device, p->workspace);
   Scale k(t);
   return ran(cudnnConvolutionBackwardData(h, k.one(), p->w, w, p->y, dy, p->conv, cudnnConvolutionBwdDataAlgo_t(p->algo),
                                           ws.get(), ws.size(), k.zero(), p->x, dx),
-             *p, "cudnnConvolutionBackwardData");
+             key, "cudnnConvolutionBackwardData");
 }
 
 bool conv_backward_weight(backend::Backend& be, int device, Stream s, DType t, const void* x, const void* dy, void* dw,
                           void* dbias, const backend::ConvGeometry& g) {
-  Dnn& d = dnn();
-  std::lock_guard<std::mutex> lock(d.mutex);
-  cudnnHandle_t h = handle_for(d, device, s);
-  Plan* p = h ? plan_for(d, h, device, t, Kind::backward_weight, g) : nullptr;
+  cudnnHandle_t h = Handles::get(device, s);
+  if (!h) return false;
+  const Key key = make_key(device, t, Kind::backward_weight, g);
+  const std::shared_ptr<const Plan> p = plan_for(h, key, t, Kind::backward_weight, g);
   if (!p) return false;
   Scratch ws(be, device, p->workspace);
   Scale k(t);
   if (!ran(cudnnConvolutionBackwardFilter(h, k.one(), p->x, x, p->y, dy, p->conv,
                                           cudnnConvolutionBwdFilterAlgo_t(p->algo), ws.get(), ws.size(), k.zero(), p->w,
                                           dw),
-           *p, "cudnnConvolutionBackwardFilter"))
+           key, "cudnnConvolutionBackwardFilter"))
     return false;
   if (dbias && low_precision(t)) {
     bias_grad_low(s, t, dy, dbias, g);
@@ -459,7 +479,6 @@ bool conv_backward_weight(backend::Backend& be, int device, Stream s, DType t, c
   }
   return true;
 }
-
 std::string dnn_version() {
   const size_t v = cudnnGetVersion();
   auto text = [](size_t n) {

@@ -2,12 +2,11 @@
 //   CUDA:   cuBLAS strided-batched S/D GEMM (f16/bf16 through GemmStridedBatchedEx with
 //           CUBLAS_COMPUTE_32F: tensor cores, float32 accumulation, alpha/beta in float32; this is
 //           also matmul_low_precision); row-major C = A B is column-major C^T = B^T A^T, so the
-//           operands are swapped.
+//           operands are swapped. One handle per host thread and device (handle_pool.hpp): threads
+//           never share one, as cuBLAS asks.
 //   AMDGPU: no rocBLAS in Debian 12, so floats use the tiled kernel below, as integers do on both.
-#include <mutex>
-#include <vector>
-
 #include "src/backends/cuda/cuda_backend.hpp"
+#include "src/backends/cuda/handle_pool.hpp"
 
 #ifndef FLUX_HIP
 #include <cublas_v2.h>
@@ -81,21 +80,23 @@ void check_blas(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) detail::fail("[matmul] ", what, " failed: ", cublasGetStatusString(st));
 }
 
-// One cuBLAS handle per device, created on first use with that device current.
-cublasHandle_t handle_for(int device) {
-  static std::mutex m;
-  static std::vector<cublasHandle_t> handles;
-  std::lock_guard<std::mutex> lock(m);
-  if (size_t(device) >= handles.size()) handles.resize(size_t(device) + 1, nullptr);
-  if (!handles[device]) check_blas(cublasCreate(&handles[device]), "cublasCreate");
-  return handles[device];
-}
+/// cuBLAS's side of the per-thread handles (handle_pool.hpp): one per host thread and device, created
+/// on first use with that device current (a failed cublasCreate throws, on every call).
+struct CublasLibrary {
+  using Handle = cublasHandle_t;
+  using Stream = cuda_backend::Stream;
+  static Handle create(int) {
+    cublasHandle_t h = nullptr;
+    check_blas(cublasCreate(&h), "cublasCreate");
+    return h;
+  }
+  static void bind(Handle h, Stream s, int) { check_blas(cublasSetStream(h, s), "cublasSetStream"); }
+};
 
 void cublas_gemm(int device, Stream s, DType t, const void* a, const void* b, void* c, const backend::Gemm& g) {
   for (int64_t v : {g.m, g.n, g.k, g.batch})
     if (v > INT32_MAX) detail::fail("[matmul] dimension ", v, " exceeds cuBLAS's 32-bit sizes");
-  cublasHandle_t h = handle_for(device);
-  check_blas(cublasSetStream(h, s), "cublasSetStream");
+  cublasHandle_t h = HandlePool<CublasLibrary>::get(device, s);
   const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int m = int(g.m), n = int(g.n), k = int(g.k), batch = int(g.batch);
   const int lda = int(g.trans_a ? g.m : g.k), ldb = int(g.trans_b ? g.k : g.n), ldc = int(g.n);

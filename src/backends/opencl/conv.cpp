@@ -1,5 +1,5 @@
 // im2col and col2im on OpenCL devices (the portable convolution path: im2col + CLBlast GEMM), float32
-// and float64. Semantics: include/flux/backend.hpp; the CPU counterpart is src/backends/cpu/conv.cpp.
+// and float64. Semantics: include/flux/backend.hpp; the CPU counterpart is src/backends/cpu/conv_reference.cpp.
 //
 // Shapes: x and dx (N, C, in...), col (N, G, C/G * K, P) with K = prod(kernel), P = prod(out). Since
 // the groups split the channels into consecutive blocks, col is also (N, C, K, P) row-major: groups

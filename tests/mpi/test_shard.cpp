@@ -1,0 +1,331 @@
+// Sharded training (distributed/shard.hpp) under mpirun: tests/mpi.cmake runs this binary at np 2, 3
+// and 4 (oversubscribed) and without mpirun. Every rank runs every test in the same order (the tests
+// are collective). Each rank also trains the one-process reference itself, on the concatenated
+// batches, and the sharded run must match it: losses and parameters to float32 rounding after 20
+// steps. The checkpoint entries: the np 4 run saves FLUX_SHARD_CHECKPOINT, later entries (np 2,
+// without mpirun) load it and continue.
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include <gmock/gmock.h>
+
+#include "flux/distributed/shard.hpp"
+#include "test_devices.hpp"
+
+using namespace flux;
+using flux::testing::error_of;
+using flux::testing::test_devices;
+
+namespace {
+
+distributed::Communicator world() { return distributed::initialize(); }
+
+using Model = Chain<Dense, Dense, Dense>;
+
+Model make_model(const Device& dev, uint64_t seed_value) {
+  seed(seed_value);
+  // 6 -> 10 -> 7 -> 3: arrays of 60, 10, 70, 7, 21 and 3 elements, so that at np 3 and 4 most arrays
+  // leave padding in the last chunk and the last bias (3 elements) leaves rank 3 of 4 nothing.
+  return Chain(Dense(6, 10, tanh_act), Dense(10, 7, relu), Dense(7, 3)) | dev;
+}
+
+std::shared_ptr<optimisers::Rule> make_rule(const std::string& kind) {
+  if (kind == "Adam") return std::make_shared<optimisers::Adam>(0.02);
+  if (kind == "AdamW") return std::make_shared<optimisers::AdamW>(optimisers::AdamWOptions{.eta = 0.02, .lambda = 0.1});
+  if (kind == "ClipNormAdam")  // omega small enough that every step clips
+    return std::make_shared<optimisers::OptimiserChain>(optimisers::ClipNorm(0.05), optimisers::Adam(0.02));
+  return std::make_shared<optimisers::Descent>(0.1);
+}
+
+double max_abs_diff(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::vector<double> x = a[i].to_vector<double>(), y = b[i].to_vector<double>();
+    for (size_t k = 0; k < x.size(); ++k) worst = std::max(worst, std::abs(x[k] - y[k]));
+  }
+  return worst;
+}
+
+double mean_over_ranks(const distributed::Communicator& comm, const Tensor& loss) {
+  return distributed::allreduce(comm, to(loss.f64(), Device()), distributed::ReduceOp::mean).item<double>();
+}
+
+// Data of `steps` batches of b rows per rank.
+struct Data {
+  Tensor X, Y;
+};
+Data make_data(int64_t rows) {
+  seed(11);
+  return {randn({rows, 6}), randn({rows, 3})};
+}
+
+auto loss_of(const Tensor& x, const Tensor& y) {
+  return [x, y](auto& m) { return mse(m(x), y); };
+}
+
+// The one-process reference: `steps` steps on batches of b * p rows; its loss per step.
+std::vector<double> reference_run(Model& model, optimisers::State& opt, const Data& d, int64_t from_row, int64_t rows,
+                                  int64_t steps, const Device& dev, bool schedule) {
+  std::vector<double> losses;
+  for (int64_t s = 0; s < steps; ++s) {
+    Tensor x = to(d.X.slice(from_row + s * rows, from_row + (s + 1) * rows), dev);
+    Tensor y = to(d.Y.slice(from_row + s * rows, from_row + (s + 1) * rows), dev);
+    if (schedule) optimisers::adjust(opt, 0.02 / (1.0 + 0.1 * double(opt.steps)));
+    auto [loss, grads] = withgradient(loss_of(x, y), model);
+    optimisers::update(opt, model, grads);
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+
+// `steps` sharded steps, rank r on rows [from + s b p + r b, ... + b) of step s.
+std::vector<double> sharded_run(const distributed::Communicator& comm, distributed::Sharded<Model>& model,
+                                distributed::ShardedState& state, const Data& d, int64_t from_row, int64_t b, int64_t steps,
+                                const Device& dev, bool schedule, distributed::GradientOptions go = {}) {
+  const int64_t p = comm.size();
+  std::vector<double> losses;
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t at = from_row + s * b * p + comm.rank() * b;
+    Tensor x = to(d.X.slice(at, at + b), dev), y = to(d.Y.slice(at, at + b), dev);
+    if (schedule) optimisers::adjust(state, 0.02 / (1.0 + 0.1 * double(state.steps())));
+    auto [loss, grads] = distributed::withgradient(comm, loss_of(x, y), model, go);
+    optimisers::update(state, model, grads);
+    losses.push_back(mean_over_ranks(comm, loss));
+  }
+  return losses;
+}
+
+std::string clean(std::string s) {
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
+}  // namespace
+
+// ---- parity: every stage, rule and device against one process, 20 steps ----
+struct ShardCase {
+  int stage;
+  std::string rule;
+  bool schedule;
+};
+class ShardParity : public ::testing::TestWithParam<std::tuple<Device, ShardCase>> {};
+INSTANTIATE_TEST_SUITE_P(
+    Stages, ShardParity,
+    ::testing::Combine(::testing::ValuesIn(test_devices()),
+                       ::testing::Values(ShardCase{1, "Adam", false}, ShardCase{2, "Adam", false},
+                                         ShardCase{1, "AdamW", true}, ShardCase{2, "AdamW", true},
+                                         ShardCase{1, "ClipNormAdam", false}, ShardCase{2, "ClipNormAdam", true})),
+    [](const auto& info) {
+      const ShardCase& c = std::get<1>(info.param);
+      return clean(to_string(std::get<0>(info.param)) + "_stage" + std::to_string(c.stage) + "_" + c.rule +
+                   (c.schedule ? "_schedule" : ""));
+    });
+
+TEST_P(ShardParity, TwentyStepsMatchOneProcess) {
+  auto comm = world();
+  const Device dev = std::get<0>(GetParam());
+  const ShardCase sc = std::get<1>(GetParam());
+  const int64_t b = 3, steps = 20, p = comm.size();
+  Data d = make_data(steps * b * p);
+  Model reference = make_model(dev, 3);
+  auto opt_ref = optimisers::setup(*make_rule(sc.rule), reference);
+  std::vector<double> want = reference_run(reference, opt_ref, d, 0, b * p, steps, dev, sc.schedule);
+
+  Model start = distributed::broadcast(comm, make_model(dev, 3), 0);
+  // bucket_bytes 160: several buckets, the first array alone in one
+  auto [model, state] = distributed::shard(comm, start, optimisers::setup(*make_rule(sc.rule), start),
+                                           {.stage = sc.stage, .bucket_bytes = 160});
+  std::vector<double> got = sharded_run(comm, model, state, d, 0, b, steps, dev, sc.schedule);
+  for (int64_t s = 0; s < steps; ++s) EXPECT_NEAR(got[size_t(s)], want[size_t(s)], 2e-6 * (1 + std::abs(want[size_t(s)]))) << "step " << s;
+  const double worst = max_abs_diff(params(model.model), params(reference));
+  EXPECT_LT(worst, 2e-5) << "parameters after 20 steps";
+  EXPECT_EQ(state.steps(), steps);
+  // this rank holds 1/p of the optimiser state (each array padded to a multiple of p)
+  int64_t mine = 0, whole = 0;
+  for (size_t i = 0; i < state.masters.size(); ++i) {
+    mine += state.masters[i].numel();
+    whole += params(reference)[i].numel();
+  }
+  EXPECT_LE(mine, whole / p + int64_t(state.masters.size()));
+  RecordProperty("worst_parameter_difference", std::to_string(worst));
+}
+
+// bf16 on the wire: the gradients are rounded to bf16 before the sum (in float32), so the run follows
+// the reference to bf16's precision, not float32's.
+TEST_P(ShardParity, Bf16WireFollowsOneProcess) {
+  const ShardCase sc = std::get<1>(GetParam());
+  if (sc.rule != "Adam") GTEST_SKIP() << "one rule is enough";
+  auto comm = world();
+  const Device dev = std::get<0>(GetParam());
+  const int64_t b = 3, steps = 10, p = comm.size();
+  Data d = make_data(steps * b * p);
+  Model reference = make_model(dev, 3);
+  auto opt_ref = optimisers::setup(optimisers::Adam(0.02), reference);
+  std::vector<double> want = reference_run(reference, opt_ref, d, 0, b * p, steps, dev, false);
+  Model start = distributed::broadcast(comm, make_model(dev, 3), 0);
+  auto [model, state] = distributed::shard(comm, start, optimisers::setup(optimisers::Adam(0.02), start),
+                                           {.stage = sc.stage, .bucket_bytes = 160, .wire = DType::bf16});
+  std::vector<double> got = sharded_run(comm, model, state, d, 0, b, steps, dev, false);
+  for (int64_t s = 0; s < steps; ++s) EXPECT_NEAR(got[size_t(s)], want[size_t(s)], 1e-2 * (1 + std::abs(want[size_t(s)]))) << "step " << s;
+  EXPECT_LT(max_abs_diff(params(model.model), params(reference)), 2e-2);
+}
+
+// bf16 autocast: float32 model and masters, matmuls in bf16; against one process under autocast.
+TEST_P(ShardParity, AutocastBf16FollowsOneProcess) {
+  const ShardCase sc = std::get<1>(GetParam());
+  if (sc.rule != "Adam") GTEST_SKIP() << "one rule is enough";
+  auto comm = world();
+  const Device dev = std::get<0>(GetParam());
+  const int64_t b = 3, steps = 10, p = comm.size();
+  Data d = make_data(steps * b * p);
+  Model reference = make_model(dev, 3);
+  auto opt_ref = optimisers::setup(optimisers::Adam(0.02), reference);
+  for (int64_t s = 0; s < steps; ++s) {
+    Tensor x = to(d.X.slice(s * b * p, (s + 1) * b * p), dev), y = to(d.Y.slice(s * b * p, (s + 1) * b * p), dev);
+    auto [loss, grads] = withgradient(loss_of(x, y), reference, {.autocast = DType::bf16});
+    optimisers::update(opt_ref, reference, grads);
+  }
+  Model start = distributed::broadcast(comm, make_model(dev, 3), 0);
+  auto [model, state] = distributed::shard(comm, start, optimisers::setup(optimisers::Adam(0.02), start), {.stage = sc.stage});
+  sharded_run(comm, model, state, d, 0, b, steps, dev, false, {.autocast = DType::bf16});
+  for (const Tensor& m : state.masters) EXPECT_EQ(m.dtype(), DType::f32);
+  EXPECT_LT(max_abs_diff(params(model.model), params(reference)), 2e-2);
+}
+
+// GradScaler({.comm}): one rank's chunk holds an inf, every rank skips the step together.
+TEST_P(ShardParity, GradScalerSkipsOnEveryRank) {
+  const ShardCase sc = std::get<1>(GetParam());
+  if (sc.rule != "Adam") GTEST_SKIP() << "one rule is enough";
+  auto comm = world();
+  const Device dev = std::get<0>(GetParam());
+  Model start = distributed::broadcast(comm, make_model(dev, 3), 0);
+  auto [model, state] = distributed::shard(comm, start, optimisers::setup(optimisers::Adam(0.02), start), {.stage = sc.stage});
+  optimisers::GradScaler scaler({.init_scale = 256, .comm = comm});
+  Tensor x = to(randn({2, 6}), dev), y = to(zeros({2, 3}), dev);
+  std::vector<Tensor> before;
+  for (const Tensor& t : params(model.model)) before.push_back(t.contiguous_copy());
+  auto [loss, grads] = distributed::withgradient(comm, [&](auto& m) { return scaler.scale(mse(m(x), y)); }, model);
+  if (comm.rank() == comm.size() - 1) grads[0] = full_like(grads[0], std::numeric_limits<double>::infinity());
+  EXPECT_FALSE(scaler.step(state, model, grads)) << "rank " << comm.rank();
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 128.0);
+  EXPECT_EQ(max_abs_diff(params(model.model), before), 0.0);
+  auto [loss2, grads2] = distributed::withgradient(comm, [&](auto& m) { return scaler.scale(mse(m(x), y)); }, model);
+  EXPECT_TRUE(scaler.step(state, model, grads2));
+  scaler.update();
+  EXPECT_GT(max_abs_diff(params(model.model), before), 0.0);
+}
+
+// Checkpoints at this run's size: the folder loads back sharded (same ranks) and into one process.
+TEST_P(ShardParity, CheckpointRoundTrips) {
+  const ShardCase sc = std::get<1>(GetParam());
+  if (sc.rule != "ClipNormAdam") GTEST_SKIP() << "one rule is enough";
+  auto comm = world();
+  const Device dev = std::get<0>(GetParam());
+  const int64_t b = 3, p = comm.size();
+  Data d = make_data(10 * b * p);
+  Model start = distributed::broadcast(comm, make_model(dev, 3), 0);
+  auto [model, state] = distributed::shard(comm, start, optimisers::setup(*make_rule(sc.rule), start), {.stage = sc.stage});
+  sharded_run(comm, model, state, d, 0, b, 3, dev, false);
+  const std::string dir = "shard_roundtrip_" + clean(to_string(dev)) + "_np" + std::to_string(p);
+  distributed::save_checkpoint(dir, model, state);
+  distributed::save_checkpoint(dir, model, state);  // a second save replaces the first generation's files
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.path().extension() == ".safetensors";
+  EXPECT_EQ(files, p);
+  std::vector<double> after = sharded_run(comm, model, state, d, 3 * b * p, b, 3, dev, false);
+
+  Model other = make_model(dev, 99);  // different values: all must come from the file
+  auto [model2, state2] = distributed::shard(comm, other, optimisers::setup(*make_rule(sc.rule), other), {.stage = sc.stage});
+  distributed::load_checkpoint(dir, model2, state2);
+  EXPECT_EQ(state2.steps(), 3);
+  std::vector<double> again = sharded_run(comm, model2, state2, d, 3 * b * p, b, 3, dev, false);
+  EXPECT_EQ(again, after);
+  EXPECT_EQ(max_abs_diff(params(model2.model), params(model.model)), 0.0);
+
+  Model single = make_model(dev, 98);
+  auto opt = optimisers::setup(*make_rule(sc.rule), single);
+  load_checkpoint(dir, single, opt);  // gathers the chunks
+  EXPECT_EQ(opt.steps, 3);
+  std::vector<double> single_losses = reference_run(single, opt, d, 3 * b * p, b * p, 3, dev, false);
+  for (size_t s = 0; s < 3; ++s) EXPECT_NEAR(single_losses[s], after[s], 2e-6) << "step " << s;
+  EXPECT_LT(max_abs_diff(params(single), params(model.model)), 2e-5);
+  distributed::barrier(comm);
+}
+
+// ---- a checkpoint written at np 4 loads at np 2 and in one process (ctest fixture) ----
+// 5 steps at np 4 (batches of 3 per rank), saved; the loaders continue for 5 steps over the same rows
+// (12 per step) and compare with the one-process reference trained 10 steps here.
+TEST(ShardCheckpoint, SaveOrResume) {
+  const char* dir = std::getenv("FLUX_SHARD_CHECKPOINT");
+  const char* mode = std::getenv("FLUX_SHARD_CHECKPOINT_MODE");
+  if (!dir || !mode) GTEST_SKIP() << "FLUX_SHARD_CHECKPOINT(_MODE) unset (the ctest entries mpi.shard_checkpoint.* set them)";
+  auto comm = world();
+  const Device dev;
+  const int64_t rows = 12;
+  Data d = make_data(10 * rows);
+  Model reference = make_model(dev, 3);
+  auto opt_ref = optimisers::setup(*make_rule("ClipNormAdam"), reference);
+  std::vector<double> want = reference_run(reference, opt_ref, d, 0, rows, 10, dev, true);
+  if (std::string(mode) == "save") {
+    ASSERT_EQ(comm.size(), 4) << "the checkpoint is written at np 4";
+    Model start = distributed::broadcast(comm, make_model(dev, 3), 0);
+    auto [model, state] = distributed::shard(comm, start, optimisers::setup(*make_rule("ClipNormAdam"), start), {.stage = 2});
+    std::vector<double> got = sharded_run(comm, model, state, d, 0, rows / 4, 5, dev, true);
+    for (size_t s = 0; s < 5; ++s) EXPECT_NEAR(got[s], want[s], 2e-6) << "step " << s;
+    if (comm.rank() == 0) std::filesystem::remove_all(dir);
+    distributed::barrier(comm);
+    distributed::save_checkpoint(dir, model, state);
+    return;
+  }
+  ASSERT_EQ(std::string(mode), "resume");
+  ASSERT_TRUE(std::filesystem::exists(std::string(dir) + "/index.json")) << "run mpi.shard_checkpoint.save_np4 first";
+  std::vector<double> got;
+  std::vector<Tensor> final_params;
+  Model model = make_model(dev, 77);
+  if (comm.size() == 1) {
+    auto opt = optimisers::setup(*make_rule("ClipNormAdam"), model);
+    load_checkpoint(dir, model, opt);
+    EXPECT_EQ(opt.steps, 5);
+    got = reference_run(model, opt, d, 5 * rows, rows, 5, dev, true);
+    final_params = params(model);
+  } else {
+    ASSERT_EQ(rows % comm.size(), 0);
+    auto [sharded, state] = distributed::shard(comm, model, optimisers::setup(*make_rule("ClipNormAdam"), model), {.stage = 1});
+    distributed::load_checkpoint(dir, sharded, state);
+    EXPECT_EQ(state.steps(), 5);
+    got = sharded_run(comm, sharded, state, d, 5 * rows, rows / comm.size(), 5, dev, true);
+    final_params = params(sharded.model);
+  }
+  for (size_t s = 0; s < 5; ++s) EXPECT_NEAR(got[s], want[5 + s], 2e-6 * (1 + std::abs(want[5 + s]))) << "step " << 5 + s;
+  EXPECT_LT(max_abs_diff(final_params, params(reference)), 2e-5);
+}
+
+// ---- errors ----
+TEST(Shard, BadOptionsAreNamed) {
+  auto comm = world();
+  Model m = make_model(Device(), 1);
+  auto opt = optimisers::setup(optimisers::Adam(), m);
+  EXPECT_THAT(error_of([&] { distributed::shard(comm, m, opt, {.stage = 3}); }),
+              ::testing::HasSubstr("[distributed::shard] stage 3 (parameters sharded between layers, FSDP) is not implemented"));
+  EXPECT_THAT(error_of([&] { distributed::shard(comm, m, opt, {.stage = 0}); }),
+              ::testing::HasSubstr("[distributed::shard] .stage must be 1 or 2, got 0"));
+  EXPECT_THAT(error_of([&] { distributed::shard(comm, m, opt, {.stage = 1, .wire = DType::f16}); }),
+              ::testing::HasSubstr("[distributed::shard] .wire must be BFloat16"));
+  auto small = Chain(Dense(2, 2));
+  EXPECT_THAT(error_of([&] { distributed::shard(comm, m, optimisers::setup(optimisers::Adam(), small)); }),
+              ::testing::HasSubstr("[distributed::shard] the optimiser state has 2 arrays but the model has 6"));
+  EXPECT_THAT(error_of([&] { load_checkpoint("no_such_sharded_checkpoint", m, opt); }), ::testing::HasSubstr("no_such"));
+}
+
+int main(int argc, char** argv) {
+  distributed::initialize();
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,269 @@
+// The fused attention kernels (Backend::attention_forward/backward; the CPU's src/backends/cpu/
+// attention.cpp) against the composed path (matmul, softmax, matmul) in float64: outputs and the
+// gradients into q, k and v, read in place from projection-shaped rows (N, T, H * d) as
+// MultiHeadAttention passes them, with causal and padding masks, lengths that are not multiples of
+// the tiles, T = 1, Float32 and bf16/f16 operands; the functional op and MultiHeadAttention on every
+// device (the OpenCL backend composes); storage that grows with T, not T².
+#include <cmath>
+#include <limits>
+
+#include <gtest/gtest.h>
+
+#include "sequence_test_support.hpp"
+#include "src/ops/ops_internal.hpp"
+#include "src/storage_stats.hpp"
+
+using namespace flux;
+using namespace flux::testing;
+
+namespace {
+struct Case {
+  int64_t n, h, tq, tk, d, dv;
+  bool causal;
+  int mask;     // 0 none, 1 (Tq, Tk), 2 (N, 1, Tq, Tk) padding, 3 (N, H, Tq, Tk)
+  bool packed;  // q, k, v as one (N * T, 3 H d) projection (self-attention), else three tensors
+};
+
+std::string name(const Case& c) {
+  std::ostringstream os;
+  os << "n" << c.n << " h" << c.h << " tq" << c.tq << " tk" << c.tk << " d" << c.d << " dv" << c.dv
+     << (c.causal ? " causal" : "") << " mask" << c.mask << (c.packed ? " packed" : "");
+  return os.str();
+}
+
+// A mask of the case's shape that leaves every query at least one key (key 0, which causal keeps
+// visible too when tq == tk; padding masks hide a batch element's last keys).
+Tensor make_mask(const Case& c) {
+  if (c.mask == 0) return Tensor();
+  Shape s = c.mask == 1 ? Shape{c.tq, c.tk} : c.mask == 2 ? Shape{c.n, 1, c.tq, c.tk} : Shape{c.n, c.h, c.tq, c.tk};
+  std::vector<double> v(size_t(s.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const int64_t j = int64_t(i) % c.tk, row = int64_t(i) / c.tk, b = row / c.tq;
+    if (c.mask == 2) v[i] = j < c.tk - (b % 3) ? 1 : 0;  // padding: b % 3 keys hidden at the end
+    else v[i] = j == 0 || (int64_t(i) * 7 + 3) % 5 != 0 ? 1 : 0;
+  }
+  return Tensor(v, s) > 0.5;
+}
+
+// The (N, Tq, H dv) output of attention over the projection rows x (packed) or q, k, v, composed in
+// float64 from public ops: heads split by permute, causal_mask and the mask combined.
+Tensor composed(const Case& c, const std::vector<Tensor>& in, const Tensor& mask) {
+  Tensor q, k, v;
+  if (c.packed) {
+    Tensor x = in[0].reshape(Shape{c.n, c.tq, 3, c.h, c.d});
+    Tensor heads = permute(x, {2, 0, 3, 1, 4});
+    q = heads[0], k = heads[1], v = heads[2];
+  } else {
+    q = permute(in[0].reshape(Shape{c.n, c.tq, c.h, c.d}), {0, 2, 1, 3});
+    k = permute(in[1].reshape(Shape{c.n, c.tk, c.h, c.d}), {0, 2, 1, 3});
+    v = permute(in[2].reshape(Shape{c.n, c.tk, c.h, c.dv}), {0, 2, 1, 3});
+  }
+  Tensor m = mask;
+  if (c.causal) {
+    Tensor cm = causal_mask(c.tq, c.tk);
+    m = m.defined() ? minimum(m, cm) : cm;
+  }
+  Tensor o = dot_product_attention(q, k, v, m);
+  return permute(o, {0, 2, 1, 3}).reshape(Shape{c.n * c.tq, c.h * c.dv});
+}
+
+// The same through detail::fused_attention, reading the heads in place; undefined when not fused.
+Tensor fused(const Case& c, const std::vector<Tensor>& in, const Tensor& mask) {
+  backend::Attention a;
+  a.b0 = c.n, a.b1 = c.h, a.tq = c.tq, a.tk = c.tk, a.d = c.d, a.dv = c.dv, a.causal = c.causal;
+  a.scale = 1.0 / std::sqrt(double(c.d));
+  if (mask.defined()) {
+    const Shape& s = mask.shape();
+    a.mask_stride[0] = s.size() == 4 ? s[1] * c.tq * c.tk : 0;
+    a.mask_stride[1] = s.size() == 4 && s[1] == c.h ? c.tq * c.tk : 0;
+    a.mask_stride[2] = c.tk, a.mask_stride[3] = 1;
+  }
+  a.o_stride[0] = c.tq * c.h * c.dv, a.o_stride[1] = c.dv, a.o_stride[2] = c.h * c.dv;
+  detail::AttentionView q, k, v;
+  if (c.packed) {
+    const int64_t w = 3 * c.h * c.d;
+    q = {in[0], 0, {c.tq * w, c.d, w}}, k = {in[0], c.h * c.d, {c.tq * w, c.d, w}};
+    v = {in[0], 2 * c.h * c.d, {c.tq * w, c.d, w}};
+  } else {
+    q = {in[0], 0, {c.tq * c.h * c.d, c.d, c.h * c.d}}, k = {in[1], 0, {c.tk * c.h * c.d, c.d, c.h * c.d}};
+    v = {in[2], 0, {c.tk * c.h * c.dv, c.dv, c.h * c.dv}};
+  }
+  return detail::fused_attention(q, k, v, mask, a, Shape{c.n * c.tq, c.h * c.dv});
+}
+
+std::vector<Tensor> inputs(const Case& c, uint64_t seed_base) {
+  if (c.packed) return {uniform_tensor(Shape{c.n * c.tq, 3 * c.h * c.d}, seed_base, -1.5, 1.5)};
+  return {uniform_tensor(Shape{c.n * c.tq, c.h * c.d}, seed_base, -1.5, 1.5),
+          uniform_tensor(Shape{c.n * c.tk, c.h * c.d}, seed_base + 1, -1.5, 1.5),
+          uniform_tensor(Shape{c.n * c.tk, c.h * c.dv}, seed_base + 2, -1.5, 1.5)};
+}
+
+// Output and gradients of sum(out * r) of the fused kernel in dtype t against the float64 composition.
+void check_case(const Case& c, DType t, double out_tol, double grad_tol) {
+  SCOPED_TRACE(name(c) + " " + dtype_name(t));
+  std::vector<Tensor> x64 = inputs(c, uint64_t(c.tq * 31 + c.tk * 7 + c.d));
+  Tensor mask = make_mask(c);
+  Tensor r = uniform_tensor(Shape{c.n * c.tq, c.h * c.dv}, 99, 0.5, 1.5);
+  auto ref = [&](const std::vector<Tensor>& v) { return sum(composed(c, v, mask) * r); };
+  std::vector<Tensor> want_grads = gradient(ref, x64);
+  std::vector<double> want = composed(c, x64, mask).to_vector<double>();
+
+  std::vector<Tensor> xt;
+  for (const Tensor& x : x64) xt.push_back(x.cast(t));
+  Tensor out = fused(c, xt, mask);
+  ASSERT_TRUE(out.defined()) << "the CPU ran the composition";
+  EXPECT_EQ(out.dtype(), t);
+  EXPECT_LT(max_rel_error(out, want), out_tol);
+  Tensor r32 = r.f32();
+  std::vector<Tensor> grads = gradient([&](const std::vector<Tensor>& v) { return sum(fused(c, v, mask).cast(DType::f32) * r32); }, xt);
+  ASSERT_EQ(grads.size(), xt.size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    EXPECT_EQ(grads[i].dtype(), t);
+    EXPECT_LT(max_rel_error(grads[i], want_grads[i].to_vector<double>()), grad_tol) << "input " << i;
+  }
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      {2, 3, 5, 5, 8, 8, false, 0, true},       // small, self-attention layout
+      {1, 2, 1, 1, 16, 16, true, 0, true},      // T = 1
+      {2, 2, 67, 67, 16, 16, true, 0, true},    // causal, T not a multiple of the tiles
+      {1, 2, 130, 130, 32, 32, false, 2, true}, // padding mask over > 2 query tiles and > 1 key tile
+      {2, 2, 130, 130, 8, 8, true, 2, false},   // causal and padding together
+      {3, 2, 7, 19, 8, 4, false, 1, false},     // cross-attention, Tq < Tk, dv != d, a (Tq, Tk) mask
+      {2, 3, 9, 150, 16, 8, true, 3, false},    // causal with Tq < Tk (aligned at the end), per-head mask
+      {1, 1, 200, 70, 64, 64, false, 0, false}, // Tq > Tk, d = 64
+  };
+  return all;
+}
+}  // namespace
+
+TEST(FusedAttention, FloatMatchesFloat64Composition) {
+  for (const Case& c : cases()) check_case(c, DType::f32, 2e-5, 1e-4);
+}
+
+TEST(FusedAttention, HalfOperandsMatchFloat64Composition) {
+  // bf16/f16 operands (inputs rounded, output and gradients rounded once): scores, softmax and the
+  // accumulators in Float32. The bounds are a few units in the last place of each format.
+  for (const Case& c : cases()) {
+    check_case(c, DType::bf16, 3e-2, 6e-2);
+    check_case(c, DType::f16, 4e-3, 1e-2);
+  }
+}
+
+TEST(FusedAttention, RowsWithoutVisibleKeysAreNaNAsComposed) {
+  // causal with Tq > Tk: the first Tq - Tk queries see no key (causal_mask's alignment at the end)
+  Case c{1, 1, 5, 3, 4, 4, true, 0, false};
+  std::vector<Tensor> x64 = inputs(c, 5), x32;
+  for (const Tensor& x : x64) x32.push_back(x.f32());
+  std::vector<double> want = composed(c, x64, Tensor()).to_vector<double>();
+  std::vector<double> got = fused(c, x32, Tensor()).to_vector<double>();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(std::isnan(got[i]), std::isnan(want[i])) << i;
+    if (!std::isnan(want[i])) {
+      EXPECT_NEAR(got[i], want[i], 1e-5) << i;
+    }
+  }
+}
+
+TEST(FusedAttention, FunctionalOpFusesAndMatchesComposition) {
+  // dot_product_attention with 3-D and 4-D operands, masks broadcast over some batch axes: the fused
+  // result (library kernels on) against the float64 composition and the composed Float32 result.
+  struct Shapes {
+    Shape q, k, v, mask;
+  };
+  const std::vector<Shapes> shapes = {
+      {{3, 70, 8}, {3, 90, 8}, {3, 90, 5}, {}},
+      {{3, 70, 8}, {3, 90, 8}, {3, 90, 5}, {70, 90}},
+      {{2, 3, 33, 16}, {2, 3, 33, 16}, {2, 3, 33, 16}, {2, 1, 1, 33}},  // padding per batch element
+      {{2, 3, 33, 16}, {2, 3, 33, 16}, {2, 3, 33, 16}, {3, 33, 33}},    // per head, broadcast over N
+      {{2, 2, 3, 20, 8}, {2, 2, 3, 20, 8}, {2, 2, 3, 20, 8}, {2, 2, 1, 20, 20}},
+  };
+  for (const Shapes& s : shapes) {
+    SCOPED_TRACE(to_string(s.q) + " mask " + to_string(s.mask));
+    Tensor q = uniform_tensor(s.q, 1, -1, 1), k = uniform_tensor(s.k, 2, -1, 1), v = uniform_tensor(s.v, 3, -1, 1);
+    Tensor mask;
+    if (!s.mask.empty()) {
+      std::vector<double> mv(size_t(s.mask.numel()));
+      for (size_t i = 0; i < mv.size(); ++i) mv[i] = (int64_t(i) % s.mask[s.mask.size() - 1]) == 0 || (i * 5 + 2) % 7 != 0;
+      mask = Tensor(mv, s.mask) > 0.5;
+    }
+    std::vector<double> want = dot_product_attention(q, k, v, mask).to_vector<double>();
+    auto loss = [&](const Tensor& a, const Tensor& b, const Tensor& c) {
+      Tensor y = dot_product_attention(a, b, c, mask);
+      return sum(y * y);
+    };
+    auto want_grads = gradient(loss, q, k, v);
+    Tensor y = dot_product_attention(q.f32(), k.f32(), v.f32(), mask);
+    EXPECT_LT(max_rel_error(y, want), 2e-5);
+    auto grads = gradient(loss, q.f32(), k.f32(), v.f32());
+    EXPECT_LT(max_rel_error(std::get<0>(grads), std::get<0>(want_grads).to_vector<double>()), 1e-4);
+    EXPECT_LT(max_rel_error(std::get<1>(grads), std::get<1>(want_grads).to_vector<double>()), 1e-4);
+    EXPECT_LT(max_rel_error(std::get<2>(grads), std::get<2>(want_grads).to_vector<double>()), 1e-4);
+  }
+}
+
+TEST(FusedAttention, StorageGrowsWithTNotTSquared) {
+  // One forward and backward of causal self-attention through MultiHeadAttention: the peak storage
+  // beyond what lives before, fused (default) and composed (library kernels off), at T and 2T.
+  seed(7);
+  MultiHeadAttention mha(64, {.nheads = 4, .causal = true});
+  auto peak = [&](int64_t t, bool fused_kernels) {
+    detail::set_library_kernels(fused_kernels);
+    Tensor x = uniform_tensor(Shape{2, t, 64}, 8).f32();
+    const size_t before = detail::live_storage_bytes();
+    detail::reset_peak_storage_bytes();
+    auto g = gradient([&](const MultiHeadAttention& m, const Tensor& v) { return sum(m(v)); }, mha, x);
+    (void)g;
+    detail::set_library_kernels(true);
+    return double(detail::peak_storage_bytes() - before);
+  };
+  const double fused256 = peak(256, true), fused512 = peak(512, true);
+  const double composed256 = peak(256, false), composed512 = peak(512, false);
+  // The composition holds (N, H, T, T) scores and weights (2 * 4 * 512² floats = 8 MiB each at 512).
+  EXPECT_GT(composed512, 3.0 * composed256);
+  EXPECT_LT(fused512, 2.3 * fused256);
+  EXPECT_LT(fused512 * 4, composed512);
+}
+
+TEST(FusedAttention, MultiHeadAttentionFusedMatchesScoresPathAndAutocast) {
+  // mha(x) runs fused; mha.forward(x) materialises the scores (composed): the same output. Under
+  // bf16 autocast the fused kernel runs on bf16 projections.
+  seed(9);
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    MultiHeadAttention mha(32, {.nheads = 4, .causal = causal});
+    mha.in_proj_bias = uniform_tensor(Shape{96}, 3, -0.5, 0.5).f32();
+    MultiHeadAttention ref = to_f64_cpu(mha);
+    Tensor x = uniform_tensor(Shape{3, 70, 32}, 10, -1, 1);
+    Tensor padding = make_mask({3, 4, 70, 70, 8, 8, false, 2, true}).reshape(Shape{3, 70, 70});
+    std::vector<double> want = ref(x, padding).to_vector<double>();
+    Tensor x32 = x.f32();
+    EXPECT_LT(max_rel_error(mha(x32, padding), want), 2e-5);
+    auto [y, scores] = mha.forward(x32, padding);
+    EXPECT_TRUE(scores.defined());
+    EXPECT_LT(max_rel_error(y, want), 2e-5);
+    Tensor low;
+    {
+      const bool emulating = autocast_emulation();
+      set_autocast_emulation(true);  // bf16 also on CPUs without bf16 units
+      AutocastScope scope(DType::bf16);
+      low = mha(x32, padding);
+      set_autocast_emulation(emulating);
+    }
+    EXPECT_EQ(low.dtype(), DType::bf16);
+    EXPECT_LT(max_rel_error(low, want), 5e-2);
+  }
+}
+
+TEST(FusedAttention, FallsBackWhereItCannotFuse) {
+  Case c{1, 2, 9, 9, 8, 8, true, 0, true};
+  std::vector<Tensor> x = inputs(c, 3);
+  EXPECT_FALSE(fused(c, x, Tensor()).defined());  // Float64: composed
+  std::vector<Tensor> x32{x[0].f32()};
+  detail::set_library_kernels(false);
+  EXPECT_FALSE(fused(c, x32, Tensor()).defined());  // FLUX_LIBRARY_KERNELS=0
+  detail::set_library_kernels(true);
+  EXPECT_TRUE(fused(c, x32, Tensor()).defined());
+}
