@@ -315,8 +315,13 @@ std::vector<Tensor> run_mod(const Node& n, const std::vector<Tensor>& in) {
   if (a.dtype() != b.dtype()) fail("[onnx] ", where(n.proto), ": A and B differ in type (", dtype_name(a.dtype()), ", ", dtype_name(b.dtype()), ")");
   const bool fmod = attr_i(n.proto, "fmod", 0);
   if (is_floating(a.dtype()) && !fmod) fail("[onnx] ", where(n.proto), ": floating Mod needs fmod = 1 (the spec's rule)");
-  // trunc(a / b) through Int64 (exact for integers, and for floats whose quotient fits).
-  Tensor q = div(a.cast(DType::f64), b.cast(DType::f64)).cast(DType::i64).cast(a.dtype());
+  if (!is_floating(a.dtype()) && sum(eq(b, zeros(Shape{}, b.dtype(), d)).cast(DType::i64)).item<int64_t>() > 0)
+    fail("[onnx] ", where(n.proto), ": integer Mod by zero");
+  // trunc(a / b) through Int64: exact for integers and for floats whose quotient fits; a quotient out of
+  // Int64's range (b = 0 included) is clamped into it and NaN taken as 0 first, so the cast is defined.
+  Tensor qf = clamp(div(a.cast(DType::f64), b.cast(DType::f64)), -4e18, 4e18);
+  qf = where(ne(qf, qf), zeros(Shape{}, DType::f64, d), qf);
+  Tensor q = qf.cast(DType::i64).cast(a.dtype());
   Tensor r = a - b * q;
   if (fmod) return {r};
   Tensor zero = zeros(Shape{}, a.dtype(), d);
