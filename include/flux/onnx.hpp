@@ -41,7 +41,8 @@ namespace flux::onnx {
 struct SaveOptions {
   /// Per input, its dynamic axes; empty (default): axis 0 of every input.
   std::vector<std::vector<int>> dynamic_axes = {};
-  /// The ONNX opset written: 13 to 17 (ONNX 1.12, Debian 12's, knows up to 17; LayerNormalization needs 17).
+  /// The ONNX opset written: 13 to 21; default 17, the newest Debian 12's ONNX 1.12 checker knows (ONNX
+  /// Runtime reads them all; LayerNormalization needs 17, ReduceMax/Min take axes as an input from 18).
   int64_t opset = 17;
   /// Graph input and output names; default "input", "input_1", ... and "output", "output_1", ...
   std::vector<std::string> input_names = {};
@@ -140,8 +141,9 @@ void flux_fields(Self& self, Visit&& visit) {
 inline const char* flux_layer_name(const Model*) { return "onnx::Model"; }
 std::ostream& operator<<(std::ostream& os, const Model& m);
 
-/// Reads and checks an ONNX file. Errors (flux::Error): unreadable, truncated or corrupt files; an opset
-/// newer than this build supports (both named); every unsupported operator at once, each with its node
+/// Reads and checks an ONNX file: opsets 11 to 21, IR versions up to 10, each operator in the form its
+/// opset selects. Errors (flux::Error): unreadable, truncated or corrupt files; an opset or IR version
+/// newer than that (both named); every unsupported operator at once, each with its node
 /// name; malformed graphs (a value used before it is defined, initialisers whose data do not match their
 /// shape). Operators: see README.md ("ONNX").
 Model load(const std::string& path);

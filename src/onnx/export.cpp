@@ -635,9 +635,12 @@ void Exporter::convert(size_t k, const trace::Event& e, const trace::Event& e2, 
       attr_i(n, "keepdims", keep);
     } else {
       static const char* names[] = {"ReduceSum", "ReduceMax", "ReduceMin", "ArgMax", "ArgMin"};
-      auto* n = node(names[int(r)], in, {out});
-      if (r == backend::ReduceOp::argmax || r == backend::ReduceOp::argmin) attr_i(n, "axis", axis);
-      else attr_ints(n, "axes", {axis});
+      const bool arg = r == backend::ReduceOp::argmax || r == backend::ReduceOp::argmin;
+      std::vector<std::string> args = in;
+      if (!arg && opts_.opset >= 18) args.push_back(const_i64({axis}));  // ReduceMax/Min: axes an input from 18
+      auto* n = node(names[int(r)], args, {out});
+      if (arg) attr_i(n, "axis", axis);
+      else if (opts_.opset < 18) attr_ints(n, "axes", {axis});
       attr_i(n, "keepdims", keep);
     }
   } else if (op == "softmax" || op == "logsoftmax") {
@@ -710,9 +713,9 @@ std::string unsupported_reason(const std::string& op) {
 
 ::onnx::ModelProto Exporter::build(const Forward& forward, const std::vector<Tensor>& inputs) {
   const char* api = "[onnx::save]";
-  if (opts_.opset < 13 || opts_.opset > kMaxOpset)
-    fail(api, " opset ", opts_.opset, " is not supported: this build writes opsets 13 to ", kMaxOpset, " (ONNX ",
-         kOnnxVersion, ")");
+  if (opts_.opset < 13 || opts_.opset > kMaxExportOpset)
+    fail(api, " opset ", opts_.opset, " is not supported: this build writes opsets 13 to ", kMaxExportOpset, " (", kMaxOpset,
+         ", the default, is the newest ONNX ", kOnnxVersion, "'s checker knows)");
   if (inputs.empty()) fail(api, " needs at least one example input");
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!inputs[i].defined()) fail(api, " example input ", i, " is an undefined tensor");
@@ -803,7 +806,7 @@ std::string unsupported_reason(const std::string& op) {
   if (nbad) fail(api, " the model runs ", nbad, " op(s) with no ONNX form: ", bad.str());
 
   ::onnx::ModelProto model;
-  model.set_ir_version(::onnx::IR_VERSION);
+  model.set_ir_version(opts_.opset >= 21 ? 10 : opts_.opset >= 19 ? 9 : 8);  // the IR version each opset came with
   model.set_producer_name("flux-cpp");
   model.set_producer_version(kFluxVersion);
   auto* opset = model.add_opset_import();

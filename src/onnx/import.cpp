@@ -1,7 +1,7 @@
-// onnx::load: reads an ONNX file with ONNX's protobuf classes, checks it whole (opset, every operator
-// and its attributes, the graph's wiring, every initialiser's data against its shape) and runs it as a
-// layer: each node becomes flux ops on the device of its data, so autodiff records it like any layer.
-// Integer "shape" values (Shape, Gather on shapes, Concat, ...) are small host tensors on the CPU.
+// onnx::load: reads an ONNX file with ONNX's protobuf classes, checks it whole (opset and IR version,
+// every operator against the one table in import_ops.cpp, the graph's wiring, every initialiser's data
+// against its shape and the memory it needs) and runs it as a layer: each node's runner turns it into
+// flux ops on the device of its data, so autodiff records it like any layer; Conv chains are fused here.
 #include <algorithm>
 #include <array>
 #include <cmath>

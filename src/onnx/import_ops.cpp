@@ -158,15 +158,9 @@ Tensor index_tensor(const std::vector<int64_t>& idx, const Device& d) {
   return on(Tensor(idx, Shape{int64_t(idx.size())}), d);
 }
 
-/// Axes given as an input (opset >= since_input) or as the attribute "axes" (before); `given` says
-/// whether any were.
-std::vector<int64_t> axes_of(const Node& n, const std::vector<Tensor>& in, size_t k, int64_t since_input, bool* given = nullptr) {
-  if (n.opset >= since_input) {
-    if (given) *given = has(in, k);
-    return has(in, k) ? host_ints(in[k], n.proto, "axes") : std::vector<int64_t>{};
-  }
-  const auto* a = attr(n.proto, "axes", ::onnx::AttributeProto::INTS);
-  if (given) *given = a != nullptr;
+/// Axes given as input k (opset >= since_input) or as the attribute "axes" (before).
+std::vector<int64_t> axes_of(const Node& n, const std::vector<Tensor>& in, size_t k, int64_t since_input) {
+  if (n.opset >= since_input) return has(in, k) ? host_ints(in[k], n.proto, "axes") : std::vector<int64_t>{};
   return attr_ints(n.proto, "axes");
 }
 
@@ -321,8 +315,13 @@ std::vector<Tensor> run_mod(const Node& n, const std::vector<Tensor>& in) {
   if (a.dtype() != b.dtype()) fail("[onnx] ", where(n.proto), ": A and B differ in type (", dtype_name(a.dtype()), ", ", dtype_name(b.dtype()), ")");
   const bool fmod = attr_i(n.proto, "fmod", 0);
   if (is_floating(a.dtype()) && !fmod) fail("[onnx] ", where(n.proto), ": floating Mod needs fmod = 1 (the spec's rule)");
-  // trunc(a / b) through Int64 (exact for integers, and for floats whose quotient fits).
-  Tensor q = div(a.cast(DType::f64), b.cast(DType::f64)).cast(DType::i64).cast(a.dtype());
+  if (!is_floating(a.dtype()) && sum(eq(b, zeros(Shape{}, b.dtype(), d)).cast(DType::i64)).item<int64_t>() > 0)
+    fail("[onnx] ", where(n.proto), ": integer Mod by zero");
+  // trunc(a / b) through Int64: exact for integers and for floats whose quotient fits; a quotient out of
+  // Int64's range (b = 0 included) is clamped into it and NaN taken as 0 first, so the cast is defined.
+  Tensor qf = clamp(div(a.cast(DType::f64), b.cast(DType::f64)), -4e18, 4e18);
+  qf = where(ne(qf, qf), zeros(Shape{}, DType::f64, d), qf);
+  Tensor q = qf.cast(DType::i64).cast(a.dtype());
   Tensor r = a - b * q;
   if (fmod) return {r};
   Tensor zero = zeros(Shape{}, a.dtype(), d);
@@ -896,8 +895,7 @@ std::vector<Tensor> run_instancenorm(const Node& n, const std::vector<Tensor>& i
 std::vector<Tensor> run_reduce(const Node& n, const std::vector<Tensor>& in) {
   const std::string& op = n.proto.op_type();
   Tensor x = need(n, in, 0);
-  bool given = false;
-  std::vector<int64_t> axes = axes_of(n, in, 1, op == "ReduceSum" ? 13 : 18, &given);
+  std::vector<int64_t> axes = axes_of(n, in, 1, op == "ReduceSum" ? 13 : 18);
   const bool keep = attr_i(n.proto, "keepdims", 1);
   if (axes.empty() && attr_i(n.proto, "noop_with_empty_axes", 0)) return {x};
   std::vector<int> a = distinct_axes(axes, x.ndim(), n.proto);

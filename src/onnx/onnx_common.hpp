@@ -10,8 +10,10 @@
 
 namespace flux::onnx::detail {
 
-/// The newest opset this build reads and writes (Debian 12's ONNX 1.12 knows up to 17).
+/// The newest opset Debian 12's ONNX 1.12 (its checker) knows: onnx::save's default.
 inline constexpr int64_t kMaxOpset = 17;
+/// The newest opset onnx::save writes on request (ONNX Runtime reads it; ONNX 1.12's checker does not).
+inline constexpr int64_t kMaxExportOpset = 21;
 inline constexpr const char* kOnnxVersion = "1.12";
 inline constexpr const char* kFluxVersion = "0.1.0";
 

@@ -15,5 +15,8 @@ if not names:
     sys.exit(1)
 for f in names:
     model = onnx.load(os.path.join(folder, f))
+    if model.opset_import[0].version > onnx.defs.onnx_opset_version():
+        print(f"skip {f}: opset {model.opset_import[0].version} is newer than onnx {onnx.__version__}'s checker (ONNX Runtime checks it)")
+        continue
     onnx.checker.check_model(model, full_check=True)
     print(f"ok   {f}: opset {model.opset_import[0].version}, {len(model.graph.node)} nodes, onnx {onnx.__version__} checker (full)")

@@ -74,6 +74,22 @@ void export_model(const std::string& dir, const std::string& name, M model, cons
   std::printf("exported %s on %s: output %s\n", name.c_str(), to_string(dev).c_str(), to_string(y2.shape()).c_str());
 }
 
+/// A decoder block whose masks follow the input's length: .causal attention, and a second attention
+/// masked by comparing positions made with arange(T) (exported as Range and comparison nodes).
+struct CausalBlock {
+  MultiHeadAttention self_attn = MultiHeadAttention(16, {.nheads = 4, .causal = true});
+  MultiHeadAttention cross = MultiHeadAttention(16, {.nheads = 2});
+  LayerNorm norm = LayerNorm(16);
+  Tensor operator()(const Tensor& x) const {
+    const int64_t t = x.size(1);
+    Tensor pos = arange(0, double(t), 1, DType::f32, x.device());
+    Tensor mask = le(pos.reshape({1, t}), pos.reshape({t, 1}) + 1.0);
+    Tensor h = x + self_attn(norm(x));
+    return h + cross.forward(h, h, h, mask).output * gelu_erf(h);
+  }
+};
+FLUX_LAYER(CausalBlock, self_attn, cross, norm)
+
 Tensor ids(int64_t n, int64_t t, int64_t vocab) {
   std::vector<int64_t> v;
   for (int64_t i = 0; i < n * t; ++i) v.push_back((i * 7 + 3) % vocab);
@@ -123,5 +139,15 @@ int main(int argc, char** argv) {
                  {.dynamic_axes = {{0, 1}}});
   if (wanted("tiny_transformer"))
     export_model(dir, "tiny_transformer", TinyTransformer(20, 16, 32), dev, [](int64_t n) { return ids(n, 16, 20); });
+  // Masks from a dynamic sequence length: batch 2 with 5 steps, then batch 3 with 6.
+  if (wanted("causal_block"))
+    export_model(dir, "causal_block", CausalBlock{}, dev, [](int64_t n) { return rand({n, n + 3, 16}); },
+                 {.dynamic_axes = {{0, 1}}});
+  // Newer opsets on request (ONNX Runtime checks them; Debian's ONNX 1.12 checker stops at 17).
+  if (wanted("tiny_transformer_opset20"))
+    export_model(dir, "tiny_transformer_opset20", TinyTransformer(20, 16, 32), dev, [](int64_t n) { return ids(n, 16, 20); },
+                 {.opset = 20});
+  if (wanted("resnet18_opset21"))
+    export_model(dir, "resnet18_opset21", models::ResNet18(10), dev, [](int64_t n) { return rand({n, 3, 32, 32}); }, {.opset = 21});
   return 0;
 }

@@ -358,6 +358,32 @@ TEST(OnnxImportErrors, RepeatedSqueezeAndUnsqueezeAxes) {
             Shape({1, 3, 1}));
 }
 
+// Mod by zero: integers are an error naming the node (the spec leaves it undefined), floats no
+// undefined cast (the quotient is clamped before its trip through Int64).
+TEST(OnnxImportErrors, ModByZero) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  ::onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  g->add_input()->set_name("a"), g->add_input()->set_name("b");
+  auto* n = g->add_node();
+  n->set_op_type("Mod"), n->set_name("mod0"), n->add_input("a"), n->add_input("b"), n->add_output("y");
+  auto* f = n->add_attribute();
+  f->set_name("fmod"), f->set_type(::onnx::AttributeProto::INT), f->set_i(1);
+  g->add_output()->set_name("y");
+  auto net = flux::onnx::load_from_bytes(m.SerializeAsString());
+  try {
+    net.forward({Tensor(std::vector<int64_t>{7, -7}, Shape{2}), Tensor(std::vector<int64_t>{2, 0}, Shape{2})});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'mod0' (Mod): integer Mod by zero"), std::string::npos) << e.what();
+  }
+  std::vector<float> y = net.forward({Tensor({7.5f, -7.5f}), Tensor({2.0f, -2.0f})})[0].to_vector<float>();
+  EXPECT_EQ(y, (std::vector<float>{1.5f, -1.5f}));
+  EXPECT_EQ(net.forward({Tensor({7.5f}), Tensor({0.0f})})[0].numel(), 1);
+}
+
 // Issue 49: an initialiser declaring 2^38 floats in a sparse external data file (1 TiB, no blocks)
 // threw std::bad_alloc; the size is checked against what the CPU can give first.
 TEST(OnnxImportErrors, ExternalDataLargerThanMemoryIsRefusedByName) {

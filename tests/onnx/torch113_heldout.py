@@ -23,7 +23,7 @@ except ImportError as e:
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(__file__))
-from torch_models import save_safetensors  # noqa: E402
+from torch_models import randomise_batchnorm, save_safetensors  # noqa: E402
 
 
 class AutoEncoder(torch.nn.Module):
@@ -154,7 +154,7 @@ def build(name, gen):
     if name in ("mobilenet_v3_small", "shufflenet_v2_x0_5", "efficientnet_b0", "regnet_y_400mf", "mnasnet0_5", "convnext_tiny",
                 "resnext50_32x4d", "wide_resnet50_2", "inception_v3"):
         m = getattr(torchvision.models, name)(num_classes=10, **({"aux_logits": False, "init_weights": True} if name == "inception_v3" else {}))
-        return m, (img(80 if name == "inception_v3" else 64),)
+        return m, (img(75 if name == "inception_v3" else 64),)
     if name in ("fcn_resnet50", "deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large"):
         m = getattr(torchvision.models.segmentation, name)(weights=None, weights_backbone=None, num_classes=3, aux_loss=False)
         return SegOut(m), (img(64),)
@@ -174,9 +174,10 @@ class SegOut(torch.nn.Module):
 
 NAMES = ["squeezenet1_1", "googlenet", "densenet121", "autoencoder", "unet", "gru_tagger", "lstm_bidirectional", "transformer",
          "gpt_block", "bert_block", "transformer_decoder", "vit_small", "mobilenet_v3_small", "shufflenet_v2_x0_5",
-         "efficientnet_b0", "regnet_y_400mf", "mnasnet0_5", "convnext_tiny", "resnext50_32x4d", "inception_v3",
+         "efficientnet_b0", "regnet_y_400mf", "mnasnet0_5", "convnext_tiny", "inception_v3",
          "deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large"]
-# Measured once, not in CI (the same operators as above, ten times the time): wide_resnet50_2, fcn_resnet50.
+# Measured once, not in CI (the operators of resnet18 and the U-Net, many times the time): resnext50_32x4d,
+# wide_resnet50_2, fcn_resnet50.
 
 
 def main():
@@ -186,20 +187,17 @@ def main():
     gen = torch.Generator().manual_seed(48)
     for name in sys.argv[2:] or NAMES:
         model, xs = build(name, gen)
-        # BatchNorm statistics from the input itself (one training-mode forward with momentum 1), as a
-        # trained model's keep activations in range: fixed random statistics blow deep nets up to 1e11.
-        norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-        for m in norms:
-            m.momentum = 1.0
-        if norms:
-            model.train()
-            with torch.no_grad():
-                model(*xs)
         # Trained weights are never equal; fresh ones are (LayerNorm ones, zero biases), and the exporter
         # would merge equal initialisers into one tensor, which trains differently.
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+        # Random BatchNorm statistics (as tests/onnx/torch_models.py): statistics measured on data make the
+        # exporter's folded convolutions ill-conditioned in float32 (ONNX Runtime then differs from
+        # PyTorch by ~1e-4 of the output on googlenet and inception_v3, as flux does).
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                randomise_batchnorm(torch.nn.Sequential(m), gen)
         model.eval()
         with torch.no_grad():
             y = model(*xs)
