@@ -5,7 +5,9 @@
 // and the hidden fraction of the allreduce.
 //
 // Usage: distributed_bench [--model wide|mnist|cnn] [--batch N] [--steps N] [--warmup N]
-//                          [--bucket-mb X] [--no-overlap] [--no-progress-thread]
+//                          [--bucket-mb X] [--no-overlap] [--no-progress-thread] [--stage 1|2] [--wire-bf16]
+//   --stage: sharded training (distributed::shard, ZeRO-1/2) instead of plain data-parallel;
+//   --wire-bf16: with --stage, gradients in bf16 on the wire.
 //   wide  : Dense 1024 -> 4096 -> 4096 -> 1024 (relu), mse, batch 256 per rank by default (row 3 of bench/)
 //   mnist : Dense 784 -> 1024 -> 1024 -> 10 (relu), logitcrossentropy (examples/distributed_mnist's MLP)
 //   cnn   : examples/distributed_mnist's Fashion-MNIST CNN on 28x28 images
@@ -16,6 +18,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,12 +45,14 @@ struct Options {
   double bucket_mb = 0;  // 0: the library's default
   bool overlap = true;
   bool progress_thread = true;
+  int stage = 0;  // 0: plain data-parallel
+  bool wire_bf16 = false;
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "distributed_bench: %s\nusage: distributed_bench [--model wide|mnist|cnn] [--batch N] [--steps N] "
-               "[--warmup N] [--bucket-mb X] [--no-overlap] [--no-progress-thread]\n",
+               "[--warmup N] [--bucket-mb X] [--no-overlap] [--no-progress-thread] [--stage 1|2] [--wire-bf16]\n",
                why);
   std::exit(2);
 }
@@ -78,6 +84,11 @@ Options parse(int argc, char** argv) {
       o.overlap = false;
     } else if (a == "--no-progress-thread") {
       o.progress_thread = false;
+    } else if (a == "--stage") {
+      o.stage = std::atoi(value().c_str());
+      if (o.stage < 1 || o.stage > 2) usage("--stage must be 1 or 2");
+    } else if (a == "--wire-bf16") {
+      o.wire_bf16 = true;
     } else {
       usage(("unknown argument " + a).c_str());
     }
@@ -95,7 +106,26 @@ template <class Model, class Loss>
 int run(const Options& o, const distributed::Communicator& comm, Model init, const Tensor& x, const Tensor& y, Loss loss) {
   const bool root = comm.rank() == 0;
   auto model = distributed::broadcast(comm, init, 0);
-  auto opt = optimisers::setup(optimisers::Adam(1e-4), model);
+  // Plain data-parallel: the whole Adam state; sharded: this rank's chunks only (made on the chunks).
+  std::optional<optimisers::State> opt;
+  std::optional<distributed::ShardResult<Model>> sharded;
+  if (o.stage == 0) opt = optimisers::setup(optimisers::Adam(1e-4), model);
+  else
+    sharded.emplace(distributed::shard(comm, model, optimisers::Adam(1e-4),
+                                       {.stage = o.stage,
+                                        .bucket_bytes = o.bucket_mb > 0 ? int64_t(o.bucket_mb * double(1 << 20)) : int64_t(25) << 20,
+                                        .wire = o.wire_bf16 ? std::optional<DType>(DType::bf16) : std::nullopt}));
+  // Bytes of optimiser state and master copies this rank holds (the part sharding divides).
+  double state_bytes = 0;
+  {
+    std::function<void(const optimisers::LeafState&)> add = [&](const optimisers::LeafState& l) {
+      for (const Tensor& b : l.buffers) state_bytes += double(b.nbytes());
+      for (const auto& c : l.children) add(c);
+    };
+    for (const auto& l : (opt ? *opt : sharded->state.opt).leaves) add(l);
+    if (sharded)
+      for (const Tensor& m : sharded->state.masters) state_bytes += double(m.nbytes());
+  }
   distributed::GradientOptions g;
   if (o.bucket_mb > 0) g.bucket_bytes = int64_t(o.bucket_mb * double(1 << 20));
   g.overlap = o.overlap;
@@ -113,18 +143,28 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
       getrusage(RUSAGE_SELF, &r0);
     }
     auto t0 = Clock::now();
-    auto [l, grads] = distributed::withgradient(comm, [&](auto& m) { return loss(m(x), y); }, model, g);
-    double tg = since(t0);
-    auto t1 = Clock::now();
-    optimisers::update(opt, model, grads);
-    double tu = since(t1);
-    last_loss = l.template item<float>();
+    double tg = 0, tu = 0;
+    if (opt) {
+      auto [l, grads] = distributed::withgradient(comm, [&](auto& m) { return loss(m(x), y); }, model, g);
+      tg = since(t0);
+      auto t1 = Clock::now();
+      optimisers::update(*opt, model, grads);
+      tu = since(t1);
+      last_loss = l.template item<float>();
+    } else {
+      auto [l, grads] = distributed::withgradient(comm, [&](auto& m) { return loss(m(x), y); }, sharded->model, g);
+      tg = since(t0);
+      auto t1 = Clock::now();
+      optimisers::update(sharded->state, sharded->model, grads);  // the chunks, then the all-gather
+      tu = since(t1);
+      last_loss = l.template item<float>();
+    }
     double ts = since(t0);
     if (i < o.warmup) continue;
     step_s.push_back(ts);
     grad_s.push_back(tg);
     update_s.push_back(tu);
-    if (comm.size() > 1) {
+    if (comm.size() > 1 && opt) {
       distributed::GradientStats st = distributed::last_gradient_stats();
       bwd_s.push_back(st.backward_seconds);
       wait_s.push_back(st.wait_seconds);
@@ -136,6 +176,11 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
   getrusage(RUSAGE_SELF, &r1);
   auto secs = [](const timeval& a, const timeval& b) { return double(b.tv_sec - a.tv_sec) + 1e-6 * double(b.tv_usec - a.tv_usec); };
   const double user = secs(r0.ru_utime, r1.ru_utime), sys = secs(r0.ru_stime, r1.ru_stime);
+  // Peak resident memory of every rank (the largest is the job's limit).
+  std::vector<double> peaks = distributed::allgather(comm, Tensor(std::vector<double>{double(r1.ru_maxrss) / 1024.0}, Shape{1}))
+                                  .to_vector<double>();
+  std::vector<double> states = distributed::allgather(comm, Tensor(std::vector<double>{state_bytes / double(1 << 20)}, Shape{1}))
+                                   .to_vector<double>();
   // Rank 0's step times are the job's: every step ends with the allreduce all ranks take part in.
   if (root) {
     // CPU time of this process (all its threads) per step: far less sensitive to other load than
@@ -152,6 +197,9 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
                 1e3 * [&] { double s = 0; for (double v : step_s) s += v; return s / double(step_s.size()); }(),
                 1e3 * *std::min_element(step_s.begin(), step_s.end()));
     std::printf("withgradient_ms %.6g\nupdate_ms %.6g\n", 1e3 * median(grad_s), 1e3 * median(update_s));
+    std::printf("stage %d\nwire_bf16 %d\n", o.stage, int(o.wire_bf16));
+    std::printf("peak_rss_mb_max %.6g\nstate_mb_max %.6g\n", *std::max_element(peaks.begin(), peaks.end()),
+                *std::max_element(states.begin(), states.end()));
     if (!bwd_s.empty()) std::printf("fwd_bwd_ms %.6g\nwait_ms %.6g\n", 1e3 * median(bwd_s), 1e3 * median(wait_s));
     std::printf("samples_per_s %.6g\nloss %.6g\n", double(comm.size() * o.batch) / step, double(last_loss));
     std::fflush(stdout);

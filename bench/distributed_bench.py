@@ -105,6 +105,54 @@ def parse_kv(text):
     return out
 
 
+def run_stages(a, exe, mpi, env, args):
+    """2 ranks: plain data-parallel against distributed::shard stages 1 and 2, alternating order."""
+    configs = {
+        "data-parallel": mpi + [exe] + args,
+        "stage 1": mpi + [exe] + args + ["--stage", "1"],
+        "stage 2": mpi + [exe] + args + ["--stage", "2"],
+        "stage 2, bf16 wire": mpi + [exe] + args + ["--stage", "2", "--wire-bf16"],
+    }
+    model_name, isa = cpu_header()
+    commit = sh("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD")
+    print("flux-cpp sharded training, 2 ranks (bench/distributed_bench.py --stages)")
+    print(f"date      {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, commit {commit}")
+    print(f"CPU       {model_name}, {os.cpu_count()} cores, {isa}")
+    print(f"command   {' '.join(configs['stage 2'])} [--stage 1 | --wire-bf16 | none: data-parallel]")
+    print(f"start     {uptime()}")
+    results = {k: [] for k in configs}
+    order = list(configs)
+    for rep in range(a.reps):
+        for name in (order if rep % 2 == 0 else order[::-1]):
+            p = subprocess.run(configs[name], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if p.returncode != 0:
+                sys.exit(f"run '{name}' failed (exit {p.returncode}):\n{p.stdout}\n{p.stderr}")
+            kv = parse_kv(p.stdout)
+            results[name].append(kv)
+            print(f"rep {rep + 1} {name:20s}: step {kv['step_ms']:8.1f} ms (update {kv['update_ms']:.1f}), "
+                  f"state {kv['state_mb_max']:.1f} MiB, peak RSS {kv['peak_rss_mb_max']:.0f} MiB")
+            sys.stdout.flush()
+    med = lambda name, key: statistics.median(r[key] for r in results[name])
+    r0 = results["data-parallel"][0]
+    base = med("data-parallel", "step_ms")
+    print()
+    print(f"model {a.model}: {int(r0['params']):,} parameters, batch {int(r0['batch_per_rank'])} per rank, Adam; "
+          f"medians of {a.reps} repetitions x {a.steps} steps; 2 ranks")
+    cpu_base = med("data-parallel", "cpu_ms_per_step")
+    print("| run | step (ms) | vs data-parallel | rank 0 CPU per step (ms) | vs data-parallel | update + all-gather (ms) "
+          "| optimiser state + masters per rank (MiB) | peak RSS per rank (MiB) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name in order:
+        print(f"| {name} | {med(name, 'step_ms'):.1f} | {med(name, 'step_ms') / base:.2f}x | "
+              f"{med(name, 'cpu_ms_per_step'):.1f} | {med(name, 'cpu_ms_per_step') / cpu_base:.2f}x | "
+              f"{med(name, 'update_ms'):.1f} | {med(name, 'state_mb_max'):.1f} | {med(name, 'peak_rss_mb_max'):.0f} |")
+    print(f"load: {uptime()}")
+    print(f"end       {uptime()}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"results": results}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build-bench", help="build folder holding bin/distributed_bench")
@@ -119,6 +167,9 @@ def main():
                          "run then) is below this, e.g. 0.5")
     ap.add_argument("--wait-max", type=float, default=600, help="seconds --wait-quiet waits at most per run")
     ap.add_argument("--json", default="", help="also write the results here")
+    ap.add_argument("--stages", action="store_true",
+                    help="sharded training instead: 2 ranks data-parallel vs distributed::shard stages 1 and 2 "
+                         "(and stage 2 with bf16 on the wire), step time and per-rank memory")
     a = ap.parse_args()
 
     exe = os.path.join(a.build, "bin", "distributed_bench")
@@ -137,6 +188,8 @@ def main():
         args += ["--bucket-mb", str(a.bucket_mb)]
     mpi = [mpirun, "--allow-run-as-root", "-x", "FLUX_NUM_THREADS", "-x", "OPENBLAS_NUM_THREADS", "-x",
            "OMP_NUM_THREADS", "-np", "2"]
+    if a.stages:
+        return run_stages(a, exe, mpi, env, args)
     configs = {
         "1 rank": [exe] + args,
         "2 ranks, overlapped": mpi + [exe] + args,

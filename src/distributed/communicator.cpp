@@ -199,7 +199,7 @@ bool InFlight::test() {
 #endif
 }
 
-void InFlight::wait(const char* api, double timeout) {
+void InFlight::wait(const char* api, double timeout, bool busy) {
   using clock = std::chrono::steady_clock;
   auto start = clock::now();
   for (int spins = 0; !test(); ++spins) {
@@ -211,7 +211,7 @@ void InFlight::wait(const char* api, double timeout) {
                          "InitOptions::timeout sets the limit)");
     }
     // Spin briefly (a collective on this host completes in microseconds), then give the core away.
-    if (spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(spins > 20000 ? 1000 : 20));
+    if (spins > 200 && !busy) std::this_thread::sleep_for(std::chrono::microseconds(spins > 20000 ? 1000 : 20));
     else std::this_thread::yield();
   }
 }

@@ -141,7 +141,8 @@ void gather_params(const ShardPlan& plan, const std::vector<Tensor>& masters, co
     b.offsets.push_back(b.block);
     b.block += plan.chunk[i];
   }
-  for (Bucket& b : buckets) {
+  // At most two buckets in flight: bucket k + 1 moves while bucket k is unpacked into the arrays.
+  auto start = [&](Bucket& b) {
     const size_t es = dtype_size(b.t);
     b.send.resize(size_t(b.block) * es);
     b.recv.resize(size_t(b.block * ranks) * es);
@@ -150,10 +151,12 @@ void gather_params(const ShardPlan& plan, const std::vector<Tensor>& masters, co
       to_host_bytes(m.dtype() == b.t ? m : m.cast(b.t), b.send.data() + size_t(b.offsets[k]) * es);
     }
     b.op = start_allgather_bytes(s, b.send.data(), b.recv.data(), b.send.size());
-  }
-  std::vector<uint8_t> whole;
-  for (Bucket& b : buckets) {
-    b.op.wait("distributed::update", s.timeout);
+  };
+  if (!buckets.empty()) start(buckets[0]);
+  for (size_t k0 = 0; k0 < buckets.size(); ++k0) {
+    Bucket& b = buckets[k0];
+    if (k0 + 1 < buckets.size()) start(buckets[k0 + 1]);
+    b.op.wait("distributed::update", s.timeout, true);
     const size_t es = dtype_size(b.t);
     for (size_t k = 0; k < b.members.size(); ++k) {
       const size_t i = b.members[k];
@@ -162,14 +165,14 @@ void gather_params(const ShardPlan& plan, const std::vector<Tensor>& masters, co
       if (p.dtype() != b.t || p.numel() != n)
         flux::detail::fail("[distributed::update] array ", plan.names[i], " is ", summary(p), "; it was sharded as ",
                            to_string(plan.shapes[i]), " ", dtype_name(b.t));
-      whole.resize(size_t(n) * es);
-      for (int64_t r = 0; r < ranks; ++r) {
+      if (!n) continue;
+      const backend::Buffer dst = p.buffer();  // a write: whatever was derived from the array is dropped
+      for (int64_t r = 0; r < ranks; ++r) {  // each rank's piece straight into the array
         const int64_t lo = std::min(n, r * c), hi = std::min(n, lo + c);
         if (hi > lo)
-          std::memcpy(whole.data() + size_t(lo) * es, b.recv.data() + size_t(r * b.block + b.offsets[k]) * es,
-                      size_t(hi - lo) * es);
+          p.backend().copy_from_host(p.device().index(), backend::Buffer{dst.handle, dst.offset + size_t(lo) * es},
+                                     b.recv.data() + size_t(r * b.block + b.offsets[k]) * es, size_t(hi - lo) * es);
       }
-      if (n) p.backend().copy_from_host(p.device().index(), p.buffer(), whole.data(), whole.size());  // buffer(): a write
     }
     b.send = {};
     b.recv = {};
@@ -277,21 +280,28 @@ struct ShardReducer::State {
     b.launched = true;
     const int64_t ranks = plan->ranks;
     const size_t es = dtype_size(b.t);
-    b.send.assign(size_t(b.block * ranks) * es, 0);  // zeros: the padding
+    b.send.resize(size_t(b.block * ranks) * es);
     std::vector<uint8_t> flat;
     for (size_t k = 0; k < b.members.size(); ++k) {
       const size_t i = b.members[k];
       Tensor g = tape->grad(leaves[i]);  // zeros for an array f did not use
-      tape->release_grad(leaves[i]);     // stage 2: the gradient's memory goes with its bucket
+      tape->release_grad(leaves[i]);     // the gradient's memory goes with its bucket
       if (g.dtype() != b.t) g = g.cast(b.t);
       const int64_t n = g.numel(), c = plan->chunk[i];
-      flat.resize(size_t(n) * es);
-      to_host_bytes(g, flat.data());
+      const uint8_t* src;
+      if (g.device().is_cpu()) {  // read where it is
+        backend::Buffer buf = flux::detail::buffer_of(g);
+        src = static_cast<const uint8_t*>(buf.handle) + buf.offset;
+      } else {
+        flat.resize(size_t(n) * es);
+        to_host_bytes(g, flat.data());
+        src = flat.data();
+      }
       for (int64_t r = 0; r < ranks; ++r) {
         const int64_t lo = std::min(n, r * c), hi = std::min(n, lo + c);
-        if (hi > lo)
-          std::memcpy(b.send.data() + size_t(r * b.block + b.offsets[k]) * es, flat.data() + size_t(lo) * es,
-                      size_t(hi - lo) * es);
+        uint8_t* dst = b.send.data() + size_t(r * b.block + b.offsets[k]) * es;
+        if (hi > lo) std::memcpy(dst, src + size_t(lo) * es, size_t(hi - lo) * es);
+        if (hi - lo < c) std::memset(dst + size_t(hi - lo) * es, 0, size_t(c - (hi - lo)) * es);  // the padding
       }
     }
     CommunicatorState& s = plan->comm.state();
@@ -304,9 +314,10 @@ struct ShardReducer::State {
     }
   }
 
+  // Lets MPI move the buckets in flight; a completed bucket's send buffer goes at once.
   void progress() {
     for (Bucket& b : buckets)
-      if (b.launched) b.op.test();
+      if (b.launched && !b.send.empty() && b.op.test()) b.send = {};
   }
 };
 
@@ -366,7 +377,7 @@ std::vector<Tensor> ShardReducer::finish() {
   std::vector<Tensor> out(s.leaves.size());
   std::vector<float> sums;
   for (State::Bucket& b : s.buckets) {
-    b.op.wait("distributed::withgradient", p.comm.state().timeout);
+    b.op.wait("distributed::withgradient", p.comm.state().timeout, true);
     const void* result = b.recv.data();
     if (b.t == DType::bf16) {  // the ranks' bf16 blocks summed in float32, in rank order
       sums.assign(size_t(b.block), 0.0f);

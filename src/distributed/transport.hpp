@@ -39,7 +39,9 @@ class InFlight {
   /// Lets MPI progress; true once the collective has completed.
   bool test();
   /// Blocks until it completes; fails (and marks the job for MPI_Abort at exit) after `timeout` s.
-  void wait(const char* api, double timeout);
+  /// busy: keep calling MPI_Test (yielding the core between calls) instead of sleeping after a while:
+  /// a large message moves only as fast as it is tested (the sharded collectives, tens of MB each).
+  void wait(const char* api, double timeout, bool busy = false);
   struct Impl;
   std::unique_ptr<Impl> impl;
 };

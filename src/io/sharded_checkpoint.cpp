@@ -282,7 +282,7 @@ void save_sharded(const std::string& path, const ShardPlan& plan, const std::vec
     if (opt.rule) meta["flux.rule"] = opt.rule->name();
     io_detail::add_resume_state(opt, meta);
     io_detail::save_named("save_checkpoint", (fs::path(path) / mine).string(), targets, meta);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // whatever stops the write, every rank must reach the vote below
     ok = false;
     failure = e.what();
   }
@@ -313,12 +313,15 @@ void save_sharded(const std::string& path, const ShardPlan& plan, const std::vec
     write_atomically(fs::path(path) / kIndex, j.dump(1) + "\n", context);
     // The committed generation's files stay; earlier generations' (and strays of failed saves) go.
     std::set<std::string> keep(files.begin(), files.end());
+    std::vector<fs::path> old;  // listed first: removing while iterating may skip entries
     for (const auto& e : fs::directory_iterator(path)) {
       const std::string n = e.path().filename().string();
-      if (n.size() > 1 && n[0] == 'g' && n.find("-rank") != std::string::npos && n.ends_with(".safetensors") && !keep.count(n)) {
-        std::error_code ec;
-        fs::remove(e.path(), ec);
-      }
+      if (n.size() > 1 && n[0] == 'g' && n.find("-rank") != std::string::npos && n.ends_with(".safetensors") && !keep.count(n))
+        old.push_back(e.path());
+    }
+    for (const fs::path& o : old) {
+      std::error_code ec;
+      fs::remove(o, ec);
     }
   }
   barrier(comm);  // the checkpoint is complete on every rank's return

@@ -149,6 +149,24 @@ template <class M> ShardResult<M> shard(const Communicator& comm, const M& model
   return {Sharded<M>{model, plan}, std::move(state)};
 }
 
+/// shard() with a fresh optimiser state made directly on the chunks (the whole-model state of
+/// optimisers::setup never exists: the memory a sharded run should save is never taken).
+template <class M>
+ShardResult<M> shard(const Communicator& comm, const M& model, const optimisers::Rule& rule, ShardOptions options = {}) {
+  std::vector<std::string> names;
+  for (const detail::NamedLeaf& l : detail::named_leaves(model))
+    if (l.trainable) names.push_back(l.name);
+  std::vector<Tensor> ps = params(model);
+  auto plan = detail::make_plan(comm, names, ps, options);
+  ShardedState state{optimisers::setup(rule, std::vector<Tensor>{}), {}, plan};
+  for (size_t i = 0; i < ps.size(); ++i) {
+    state.masters.push_back(detail::chunk_of(*plan, i, ps[i], plan->master_dtypes[i]));
+    state.opt.leaves.emplace_back();
+    state.opt.rule->init(state.opt.leaves.back(), state.masters.back());
+  }
+  return {Sharded<M>{model, plan}, std::move(state)};
+}
+
 /// withgradient for a sharded model: the value, and this rank's chunk of every trainable array's
 /// gradient averaged over the ranks (params() order; shape (chunk,), in the master dtype). Only
 /// `options.autocast` is read (the bucket size is the shard's).
