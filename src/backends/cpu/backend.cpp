@@ -16,6 +16,7 @@
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/float_mode.hpp"
 #include "src/backends/cpu/isa.hpp"
+#include "src/environment.hpp"
 
 #ifndef FLUX_BLAS_NAME
 #define FLUX_BLAS_NAME "unknown BLAS"
@@ -30,20 +31,7 @@ void* or_null(backend::Buffer b) { return b.handle ? ptr(b) : nullptr; }
 
 /// FLUX_CPU_MEMORY_LIMIT: the most bytes the CPU pool may hold (live tensors plus cached blocks), as
 /// a number of bytes with an optional K, M or G (powers of 1024); unset or 0: no limit but the system's.
-size_t cpu_memory_limit() {
-  const char* v = std::getenv("FLUX_CPU_MEMORY_LIMIT");
-  if (!v || !*v) return 0;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long n = std::strtoull(v, &end, 10);
-  size_t scale = 1;
-  if (end && (*end == 'K' || *end == 'k')) scale = size_t(1) << 10, ++end;
-  else if (end && (*end == 'M' || *end == 'm')) scale = size_t(1) << 20, ++end;
-  else if (end && (*end == 'G' || *end == 'g')) scale = size_t(1) << 30, ++end;
-  if (errno || end == v || *end != '\0' || n > SIZE_MAX / scale)
-    detail::fail("[CPU] FLUX_CPU_MEMORY_LIMIT='", v, "' is not a size: expected bytes, optionally with K, M or G (e.g. 512M)");
-  return size_t(n) * scale;
-}
+size_t cpu_memory_limit() { return environment::bytes("FLUX_CPU_MEMORY_LIMIT"); }
 
 // 64-byte aligned host blocks through the shared size-class cache. A request the system refuses, or
 // one that would take the pool beyond FLUX_CPU_MEMORY_LIMIT, empties the cache and is tried once
@@ -65,7 +53,7 @@ class HostPool {
       const size_t total = limit ? limit : size_t(si.totalram) * si.mem_unit;
       const bool over_limit = limit && pool_.used() + pool_.cached() + pool_.round(bytes) > limit;
       throw OutOfMemory("CPU", bytes, pool_.used(), pool_.cached(), total,
-                        over_limit ? "FLUX_CPU_MEMORY_LIMIT=" + std::string(std::getenv("FLUX_CPU_MEMORY_LIMIT")) + " would be exceeded"
+                        over_limit ? "FLUX_CPU_MEMORY_LIMIT=" + environment::value("FLUX_CPU_MEMORY_LIMIT").value_or("") + " would be exceeded"
                                    : std::string("the system refused the allocation"));
     }
     return p;
