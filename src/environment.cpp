@@ -60,11 +60,6 @@ const Variable& find(const char* name) {
   flux::detail::fail("[flux] internal: the environment variable ", name, " is not in src/environment.cpp's table");
 }
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-  return s;
-}
-
 // The allowed words of a choice, from the table's text ("`a`, `b`" -> a, b).
 std::vector<std::string> words(const char* allowed) {
   std::vector<std::string> out;
@@ -108,13 +103,6 @@ std::string refuse(const Variable& var, const std::string& value, const std::str
   return fallback;
 }
 }  // namespace
-
-std::optional<bool> parse_flag(const std::string& text) {
-  const std::string s = lower(text);
-  if (s == "1" || s == "true" || s == "on") return true;
-  if (s == "0" || s == "false" || s == "off") return false;
-  return std::nullopt;
-}
 
 bool flag(const char* name) {
   const Variable& var = find(name);

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "src/environment_flag.hpp"  // parse_flag()
+
 namespace flux::environment {
 
 struct Variable {
@@ -40,8 +42,6 @@ std::string invalid_message(const char* name, const std::string& value);
 /// Throws flux::Error "[flux] " + invalid_message(name, value).
 [[noreturn]] void invalid(const char* name, const std::string& value);
 
-/// Parses a boolean spelling (0/1/true/false/on/off, any case); nullopt for anything else.
-std::optional<bool> parse_flag(const std::string& text);
 /// FLUX_OPENCL_DEVICES's syntax: comma-separated whole numbers; a negative entry ends the list (as
 /// CUDA_VISIBLE_DEVICES). nullopt when an entry is not a whole number.
 std::optional<std::vector<int>> parse_device_list(const std::string& text);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "src/backends/cuda/cuda_backend.hpp"
+#include "src/environment_flag.hpp"
 
 #if defined(FLUX_CUDNN) && !defined(FLUX_HIP)
 #include <cudnn.h>
@@ -190,7 +191,11 @@ Dnn& dnn() {
   return *d;
 }
 
-bool debug() { return std::getenv("FLUX_DEBUG_BACKENDS") != nullptr; }
+// Spelled as the core reads it (src/environment_flag.hpp); a value the core warns about is off here.
+bool debug() {
+  const char* v = std::getenv("FLUX_DEBUG_BACKENDS");
+  return v && ::flux::environment::parse_flag(v).value_or(false);
+}
 
 // The device's handle bound to `s`, created on first use with the device current; null if cuDNN
 // cannot start there. Caller holds dnn().mutex.

@@ -13,8 +13,8 @@
 
 #include "flux/out_of_memory.hpp"
 #include "src/backends/caching_pool.hpp"
-#include "src/environment.hpp"
 #include "src/backends/opencl/opencl_backend.hpp"
+#include "src/environment.hpp"
 
 #ifndef FLUX_CLBLAST_VERSION
 #define FLUX_CLBLAST_VERSION "unknown"
@@ -626,9 +626,9 @@ class OpenCLBackend final : public backend::Backend {
   }
 
   void discover() {
-    // Read with the core's reader (src/environment.hpp). A malformed list hides every device with the
-    // reason (a warning in get_device's report), not an exception: that would stop device discovery
-    // for every backend, the CPU included.
+    // Read with the core's reader (src/environment.hpp). A malformed list hides every device, with the
+    // reason as "not functional" (flux-info, versioninfo), not an exception: that would stop device
+    // discovery for every backend, the CPU included.
     const std::optional<std::string> sel = ::flux::environment::value("FLUX_OPENCL_DEVICES");
     std::vector<int> wanted;
     bool select = sel.has_value();
