@@ -11,6 +11,7 @@
 #include "flux/backend.hpp"
 #include "src/autocast.hpp"
 #include "src/autodiff_state.hpp"
+#include "src/environment.hpp"
 #include "src/internal.hpp"
 #include "src/storage_cache.hpp"
 
@@ -40,8 +41,7 @@ void set_autocast_emulation(bool on) { g_emulate = on ? 1 : 0; }
 bool autocast_emulation() {
   int v = g_emulate.load();
   if (v < 0) {
-    const char* env = std::getenv("FLUX_AUTOCAST_EMULATE");
-    v = env && *env && std::strcmp(env, "0") != 0 ? 1 : 0;
+    v = environment::flag("FLUX_AUTOCAST_EMULATE") ? 1 : 0;
     int expected = -1;
     g_emulate.compare_exchange_strong(expected, v);
     v = g_emulate.load();

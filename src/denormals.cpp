@@ -9,6 +9,7 @@
 
 #include "flux/error.hpp"
 #include "src/denormals.hpp"
+#include "src/environment.hpp"
 
 namespace flux {
 
@@ -18,13 +19,8 @@ constexpr int kFloat32 = 1, kFloat64 = 2;  // bits of the mode: which dtypes flu
 /// FLUX_FLUSH_DENORMALS: 0 (IEEE subnormals everywhere), 1 (float32/16/bf16 flush; the default) or
 /// all (float64 too); unset or empty: 1.
 int initial_mode() {
-  const char* v = std::getenv("FLUX_FLUSH_DENORMALS");
-  if (!v || !*v || std::strcmp(v, "1") == 0) return kFloat32;
-  if (std::strcmp(v, "0") == 0) return 0;
-  if (std::strcmp(v, "all") == 0) return kFloat32 | kFloat64;
-  detail::fail("[flush_denormals] FLUX_FLUSH_DENORMALS='", v,
-               "' is not a mode: expected 0 (keep IEEE subnormals), 1 (flush float32, float16 and bfloat16; "
-               "the default) or all (float64 too)");
+  const std::string v = environment::choice("FLUX_FLUSH_DENORMALS");
+  return v == "0" ? 0 : v == "all" ? kFloat32 | kFloat64 : kFloat32;
 }
 
 std::atomic<int>& mode() {

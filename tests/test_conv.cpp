@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 
 #include "library_kernels.hpp"
+#include "src/environment.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "test_devices.hpp"
 
@@ -443,13 +444,13 @@ TEST(ConvLibrary, OneDnnMatchesPortablePathLeNet) {
 
 TEST(ConvLibrary, SwitchDefaultsOn) {
   // FLUX_LIBRARY_KERNELS=0 in the environment turns it off for a whole run.
-  const char* env = std::getenv("FLUX_LIBRARY_KERNELS");
-  EXPECT_EQ(detail::library_kernels(), !(env && std::string(env) == "0"));
+  const bool env = flux::environment::flag("FLUX_LIBRARY_KERNELS");
+  EXPECT_EQ(detail::library_kernels(), env);
   {
     LibraryKernels off(false);
     EXPECT_FALSE(detail::library_kernels());
   }
-  EXPECT_EQ(detail::library_kernels(), !(env && std::string(env) == "0"));
+  EXPECT_EQ(detail::library_kernels(), env);
 }
 
 // ---- errors ----

@@ -382,6 +382,14 @@ TEST(OptimiserRules, HyperParametersAreValidatedWhereTheyAreSet) {
   EXPECT_EQ(m.w.to_vector<float>(), w);
 }
 
+// A user's rule that keeps a buffer of its own shape (not declared with buffer_count) still saves.
+struct ScaledDescent : Rule {
+  std::shared_ptr<Rule> clone() const override { return std::make_shared<ScaledDescent>(*this); }
+  std::string name() const override { return "ScaledDescent()"; }
+  void init(LeafState& s, const Tensor&) const override { s.buffers = {ones({1})}; }
+  Tensor apply(LeafState& s, const Tensor&, const Tensor& dx) const override { return dx * s.buffers[0]; }
+};
+
 // save_checkpoint refuses a state of another model before writing; load_checkpoint refuses a negative
 // step count before copying; a failed save leaves the previous file loadable.
 TEST(OptimiserRules, CheckpointStateMustMatchTheModel) {
@@ -425,6 +433,9 @@ TEST(OptimiserRules, CheckpointStateMustMatchTheModel) {
               ::testing::ThrowsMessage<Error>(HasSubstr("'optimiser.0.t' (a step count) is -5; expected >= 0 (nothing was loaded)")));
   EXPECT_EQ(pytorch_state(target)[0].second.to_vector<float>(), w);
   EXPECT_EQ(target_state.leaves[0].t, 0);
+  auto user = setup(ScaledDescent(), model);
+  EXPECT_NO_THROW(save_checkpoint(path + ".user", model, user));
   std::remove(path.c_str());
   std::remove((path + ".bad").c_str());
+  std::remove((path + ".user").c_str());
 }

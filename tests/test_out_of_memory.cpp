@@ -111,7 +111,7 @@ TEST(OutOfMemoryEnv, CpuLimitMalformed) {
     Tensor t = zeros({4});
     ADD_FAILURE() << "allocated under a malformed FLUX_CPU_MEMORY_LIMIT";
   } catch (const Error& e) {
-    EXPECT_TRUE(contains(e.what(), "[CPU] FLUX_CPU_MEMORY_LIMIT='lots' is not a size")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "FLUX_CPU_MEMORY_LIMIT='lots' is not allowed: expected bytes")) << e.what();
   }
 }
 

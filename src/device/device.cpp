@@ -24,6 +24,7 @@
 #include "src/backends/cpu/tuned_table.hpp"
 #include "src/device/parse_device.hpp"
 #include "src/device/preferences.hpp"
+#include "src/environment.hpp"
 
 namespace flux {
 
@@ -31,8 +32,7 @@ namespace {
 
 bool debug_backends() {
   static const bool on = [] {
-    const char* v = std::getenv("FLUX_DEBUG_BACKENDS");
-    return v && *v && std::string(v) != "0";
+    return environment::flag("FLUX_DEBUG_BACKENDS");
   }();
   return on;
 }
@@ -72,8 +72,8 @@ const char* plugin_file(const std::string& backend) {
 
 std::vector<std::string> plugin_dirs() {
   std::vector<std::string> dirs;
-  if (const char* p = std::getenv("FLUX_BACKEND_PATH")) {
-    std::stringstream ss(p);
+  if (const std::optional<std::string> p = environment::value("FLUX_BACKEND_PATH")) {
+    std::stringstream ss(*p);
     std::string item;
     while (std::getline(ss, item, ':'))
       if (!item.empty()) dirs.push_back(item);
@@ -111,6 +111,7 @@ std::map<std::string, Entry>& registry() {
 }
 
 Entry& load(const std::string& name) {
+  debug_backends();  // a malformed FLUX_DEBUG_BACKENDS throws here, before the registry changes
   std::lock_guard<std::recursive_mutex> lock(g_registry_mutex);
   Entry& e = registry()[name];
   if (e.attempted) return e;
@@ -185,8 +186,8 @@ Entry& load(const std::string& name) {
 }
 
 std::filesystem::path preferences_path() {
-  if (const char* p = std::getenv("FLUX_PREFERENCES"); p && *p) {
-    std::filesystem::path path(p);
+  if (const std::optional<std::string> p = environment::value("FLUX_PREFERENCES")) {
+    std::filesystem::path path(*p);
     if (path.extension() == ".toml") return path;
     return path / "LocalPreferences.toml";
   }

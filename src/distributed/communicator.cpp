@@ -8,6 +8,7 @@
 #include "src/distributed/transport.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -27,6 +28,7 @@
 
 #include "flux/backend.hpp"
 #include "flux/ops.hpp"
+#include "src/environment.hpp"
 #include "src/internal.hpp"
 
 namespace flux::distributed {
@@ -105,15 +107,11 @@ bool launched_by_mpirun() {
 }
 
 double timeout_from(const InitOptions& o) {
+  if (std::isnan(o.timeout) || std::isinf(o.timeout))
+    flux::detail::fail("[distributed::initialize] timeout must be a finite number of seconds (<= 0: FLUX_DISTRIBUTED_TIMEOUT, ",
+                       "else 60), got ", o.timeout);
   if (o.timeout > 0) return o.timeout;
-  if (const char* v = std::getenv("FLUX_DISTRIBUTED_TIMEOUT"); v && *v) {
-    char* end = nullptr;
-    double t = std::strtod(v, &end);
-    if (end == v || *end != '\0' || !(t > 0))
-      flux::detail::fail("[distributed::initialize] FLUX_DISTRIBUTED_TIMEOUT must be a positive number of seconds, got '", v, "'");
-    return t;
-  }
-  return 60;
+  return environment::positive_number("FLUX_DISTRIBUTED_TIMEOUT", 60);
 }
 
 std::shared_ptr<CommunicatorState> make_world(const InitOptions& o) {

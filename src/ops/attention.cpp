@@ -18,6 +18,7 @@
 #include "flux/autodiff.hpp"
 #include "flux/nn/attention.hpp"
 #include "flux/ops.hpp"
+#include "src/environment.hpp"
 #include "src/autocast.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/trace.hpp"
@@ -158,9 +159,8 @@ void set_fused_attention(bool enabled) { g_fused_attention = enabled ? 1 : 0; }
 bool fused_attention_enabled() {
   int v = g_fused_attention.load();
   if (v < 0) {
-    const char* env = std::getenv("FLUX_FUSED_ATTENTION");
     int expected = -1;
-    g_fused_attention.compare_exchange_strong(expected, env && std::strcmp(env, "0") == 0 ? 0 : 1);
+    g_fused_attention.compare_exchange_strong(expected, environment::flag("FLUX_FUSED_ATTENTION") ? 1 : 0);
     v = g_fused_attention.load();
   }
   return v == 1;

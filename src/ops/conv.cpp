@@ -18,6 +18,7 @@
 #include "flux/ops.hpp"
 #include "src/autocast.hpp"
 #include "src/autodiff_state.hpp"
+#include "src/environment.hpp"
 #include "src/ops/conv_geometry.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/storage_cache.hpp"
@@ -35,12 +36,11 @@ namespace {
 std::atomic<int> g_library_kernels{-1};  // -1: not yet read from FLUX_LIBRARY_KERNELS
 std::atomic<int> g_conv_fusion{-1};      // -1: not yet read from FLUX_CONV_FUSION
 
-/// A switch that is on unless the environment variable `name` is "0", until set explicitly.
+/// A switch read from the environment variable `name` (a boolean, on by default), until set explicitly.
 bool switch_value(std::atomic<int>& value, const char* name) {
   int v = value.load();
   if (v < 0) {
-    const char* env = std::getenv(name);
-    v = env && std::strcmp(env, "0") == 0 ? 0 : 1;
+    v = environment::flag(name) ? 1 : 0;
     int expected = -1;
     value.compare_exchange_strong(expected, v);
     v = value.load();

@@ -291,7 +291,8 @@ void check_leaf_matches(const std::string& api, const Rule& rule, const LeafStat
     return;
   }
   if (!is_floating(x.dtype())) return;  // integer arrays are not trained; their state is not read
-  if (s.buffers.size() != rule.buffer_count())
+  if (rule.buffer_count() < 0) return;  // a user's rule: its buffers are its own business
+  if (s.buffers.size() != size_t(rule.buffer_count()))
     flux::detail::fail("[", api, "] the optimiser state of ", where, " has ", s.buffers.size(), " buffers but ",
                        rule.name(), " keeps ", rule.buffer_count(), "; make it with setup(rule, model)");
   for (size_t j = 0; j < s.buffers.size(); ++j) {

@@ -35,7 +35,8 @@ class Rule {
   /// setup(), adjust() and update(), so a value changed through the public fields is caught too.
   virtual void validate() const {}
   /// Moment buffers this rule keeps per array (Adam: 2); save_checkpoint checks states against it.
-  virtual size_t buffer_count() const { return 0; }
+  /// -1 (the default, a user's own rule): not declared, so not checked.
+  virtual int buffer_count() const { return -1; }
 };
 
 #define FLUX_RULE_(Type)                                                                     \
@@ -54,6 +55,7 @@ struct Descent : Rule {
   /// By name: Descent({.eta = 0.05}).
   explicit Descent(DescentOptions o) : eta(o.eta) { validate(); }
   FLUX_RULE_(Descent)
+  int buffer_count() const override { return 0; }
   void adjust(double e) override;
 };
 /// v = rho v + eta dx; x -= v.
@@ -65,7 +67,7 @@ struct Momentum : Rule {
   explicit Momentum(double eta = 0.01, double rho = 0.9) : eta(eta), rho(rho) { validate(); }
   explicit Momentum(MomentumOptions o) : eta(o.eta), rho(o.rho) { validate(); }
   FLUX_RULE_(Momentum)
-  size_t buffer_count() const override { return 1; }
+  int buffer_count() const override { return 1; }
   void init(LeafState& s, const Tensor& x) const override;
   void adjust(double e) override;
 };
@@ -78,7 +80,7 @@ struct Nesterov : Rule {
   explicit Nesterov(double eta = 0.001, double rho = 0.9) : eta(eta), rho(rho) { validate(); }
   explicit Nesterov(NesterovOptions o) : eta(o.eta), rho(o.rho) { validate(); }
   FLUX_RULE_(Nesterov)
-  size_t buffer_count() const override { return 1; }
+  int buffer_count() const override { return 1; }
   void init(LeafState& s, const Tensor& x) const override;
   void adjust(double e) override;
 };
@@ -91,7 +93,7 @@ struct RMSProp : Rule {
   explicit RMSProp(double eta = 0.001, double rho = 0.9, double eps = 1e-8) : eta(eta), rho(rho), eps(eps) { validate(); }
   explicit RMSProp(RMSPropOptions o) : eta(o.eta), rho(o.rho), eps(o.eps) { validate(); }
   FLUX_RULE_(RMSProp)
-  size_t buffer_count() const override { return 1; }
+  int buffer_count() const override { return 1; }
   void init(LeafState& s, const Tensor& x) const override;
   void adjust(double e) override;
 };
@@ -108,7 +110,7 @@ struct Adam : Rule {
       : eta(eta), beta1(beta1), beta2(beta2), eps(eps) { validate(); }
   explicit Adam(AdamOptions o) : Adam(o.eta, o.beta.first, o.beta.second, o.eps) {}
   FLUX_RULE_(Adam)
-  size_t buffer_count() const override { return 2; }
+  int buffer_count() const override { return 2; }
   void init(LeafState& s, const Tensor& x) const override;
   bool apply_fused(LeafState& s, Tensor& x, const Tensor& dx) const override;
   void adjust(double e) override;
@@ -126,7 +128,7 @@ struct AdamW : Rule {
   /// AdamW({.eta = 1e-3, .lambda = 1e-4}).
   explicit AdamW(AdamWOptions o) : AdamW(o.eta, o.beta.first, o.beta.second, o.lambda, o.eps) {}
   FLUX_RULE_(AdamW)
-  size_t buffer_count() const override { return 2; }
+  int buffer_count() const override { return 2; }
   void init(LeafState& s, const Tensor& x) const override;
   bool apply_fused(LeafState& s, Tensor& x, const Tensor& dx) const override;
   void adjust(double e) override;
@@ -140,6 +142,7 @@ struct WeightDecay : Rule {
   explicit WeightDecay(double lambda = 5e-4) : lambda(lambda) { validate(); }
   explicit WeightDecay(WeightDecayOptions o) : lambda(o.lambda) { validate(); }
   FLUX_RULE_(WeightDecay)
+  int buffer_count() const override { return 0; }
 };
 /// clamp(dx, -delta, delta).
 struct ClipGradOptions {
@@ -150,6 +153,7 @@ struct ClipGrad : Rule {
   explicit ClipGrad(double delta = 10.0) : delta(delta) { validate(); }
   explicit ClipGrad(ClipGradOptions o) : delta(o.delta) { validate(); }
   FLUX_RULE_(ClipGrad)
+  int buffer_count() const override { return 0; }
 };
 /// Rescales dx so that its p-norm is at most omega; errors on a non-finite norm.
 struct ClipNormOptions {
@@ -160,6 +164,7 @@ struct ClipNorm : Rule {
   explicit ClipNorm(double omega = 10.0, double p = 2.0) : omega(omega), p(p) { validate(); }
   explicit ClipNorm(ClipNormOptions o) : omega(o.omega), p(o.p) { validate(); }
   FLUX_RULE_(ClipNorm)
+  int buffer_count() const override { return 0; }
 };
 #undef FLUX_RULE_
 
@@ -198,8 +203,9 @@ template <class M> State setup(const Rule& rule, const M& model) {
 
 namespace detail {
 /// Checks that `s` was made by setup(s.rule, model) for a model with these arrays: one leaf per
-/// array, buffers of the array's shape, dtype and device, the rule's number of buffers and children,
-/// step counts >= 0. Throws flux::Error prefixed "[api]" naming the first mismatch.
+/// array, the rule's number of buffers (where it declares one) each of the array's shape, dtype and
+/// device, one part per rule of a chain, step counts >= 0. Throws flux::Error "[api] ..." naming the
+/// first mismatch.
 void check_state_matches(const std::string& api, const State& s, const std::vector<Tensor>& xs);
 void update_arrays(State& state, std::vector<Tensor> xs, const std::vector<Tensor>& dxs);
 }

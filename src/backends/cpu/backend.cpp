@@ -19,6 +19,7 @@
 #include "src/backends/cpu/float_mode.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/pass_count.hpp"
+#include "src/environment.hpp"
 
 #ifndef FLUX_BLAS_NAME
 #define FLUX_BLAS_NAME "unknown BLAS"
@@ -33,20 +34,7 @@ void* or_null(backend::Buffer b) { return b.handle ? ptr(b) : nullptr; }
 
 /// FLUX_CPU_MEMORY_LIMIT: the most bytes the CPU pool may hold (live tensors plus cached blocks), as
 /// a number of bytes with an optional K, M or G (powers of 1024); unset or 0: no limit but the system's.
-size_t cpu_memory_limit() {
-  const char* v = std::getenv("FLUX_CPU_MEMORY_LIMIT");
-  if (!v || !*v) return 0;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long n = std::strtoull(v, &end, 10);
-  size_t scale = 1;
-  if (end && (*end == 'K' || *end == 'k')) scale = size_t(1) << 10, ++end;
-  else if (end && (*end == 'M' || *end == 'm')) scale = size_t(1) << 20, ++end;
-  else if (end && (*end == 'G' || *end == 'g')) scale = size_t(1) << 30, ++end;
-  if (errno || end == v || *end != '\0' || n > SIZE_MAX / scale)
-    detail::fail("[CPU] FLUX_CPU_MEMORY_LIMIT='", v, "' is not a size: expected bytes, optionally with K, M or G (e.g. 512M)");
-  return size_t(n) * scale;
-}
+size_t cpu_memory_limit() { return environment::bytes("FLUX_CPU_MEMORY_LIMIT"); }
 
 // 64-byte aligned host blocks through a caching pool: the best-fit pool with splitting and coalescing
 // (best_fit_pool.hpp), or with FLUX_CPU_POOL=size_classes the size-class cache it replaced
@@ -69,7 +57,7 @@ class HostPool {
       const size_t rounded = best_fit() ? best_.round(bytes) : classes_.round(bytes);
       const bool over_limit = limit && used() + cached() + rounded > limit;
       throw OutOfMemory("CPU", bytes, used(), cached(), total,
-                        over_limit ? "FLUX_CPU_MEMORY_LIMIT=" + std::string(std::getenv("FLUX_CPU_MEMORY_LIMIT")) + " would be exceeded"
+                        over_limit ? "FLUX_CPU_MEMORY_LIMIT=" + environment::value("FLUX_CPU_MEMORY_LIMIT").value_or("") + " would be exceeded"
                                    : std::string("the system refused the allocation"));
     }
     return p;
@@ -93,12 +81,7 @@ class HostPool {
  private:
   /// FLUX_CPU_POOL (read once): unset or best_fit, the best-fit pool; size_classes, the size classes.
   static bool best_fit() {
-    static const bool yes = [] {
-      const char* v = std::getenv("FLUX_CPU_POOL");
-      if (!v || !*v || std::strcmp(v, "best_fit") == 0) return true;
-      if (std::strcmp(v, "size_classes") != 0) detail::fail("[CPU] FLUX_CPU_POOL='", v, "': expected best_fit or size_classes");
-      return false;
-    }();
+    static const bool yes = environment::choice("FLUX_CPU_POOL") == "best_fit";
     return yes;
   }
   backends::CachingPool<void*> classes_{64};

@@ -32,6 +32,7 @@
 #include "src/backends/cpu/onednn_relu.hpp"
 #include "src/backends/cpu/prepared.hpp"
 #include "src/backends/cpu/read_mostly.hpp"
+#include "src/environment.hpp"
 
 namespace flux::cpu_backend {
 
@@ -93,14 +94,9 @@ struct Config {
   int layout = 0;  // FLUX_ONEDNN_LAYOUT: 0 auto, 1 plain, 2 any, 3 plain-src (dst/weights any)
   bool pool_threading = true;  // false (FLUX_ONEDNN_THREADING=omp): one call on an OpenMP team
   Config() {
-    const char* v = std::getenv("FLUX_ONEDNN_LAYOUT");
-    layout = !v                              ? 0
-             : std::strcmp(v, "plain") == 0     ? 1
-             : std::strcmp(v, "any") == 0       ? 2
-             : std::strcmp(v, "plain-src") == 0 ? 3
-                                                : 0;
-    const char* t = std::getenv("FLUX_ONEDNN_THREADING");
-    pool_threading = !(t && std::strcmp(t, "omp") == 0);
+    const std::string v = environment::choice("FLUX_ONEDNN_LAYOUT");
+    layout = v == "plain" ? 1 : v == "any" ? 2 : v == "plain-src" ? 3 : 0;
+    pool_threading = environment::choice("FLUX_ONEDNN_THREADING") == "pool";
   }
 };
 const Config& config() {

@@ -49,6 +49,7 @@
 
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/float_mode.hpp"
+#include "src/environment.hpp"
 #include "src/internal.hpp"
 
 namespace flux::cpu_backend {
@@ -262,8 +263,9 @@ constexpr int kMaxThreadsPerCore = 8;
 int configured_threads() {
   unsigned hw_count = std::thread::hardware_concurrency();
   const int hw = hw_count ? int(hw_count) : 1;
-  const char* v = std::getenv("FLUX_NUM_THREADS");
-  if (!v || !*v) return hw;
+  const std::optional<std::string> value = environment::value("FLUX_NUM_THREADS");
+  if (!value) return hw;
+  const char* v = value->c_str();
   const long cap = std::max(64L, long(kMaxThreadsPerCore) * hw);
   char* end = nullptr;
   errno = 0;

@@ -27,6 +27,7 @@
 #include "flux/error.hpp"
 #include "flux/version.hpp"
 #include "src/backends/cpu/isa.hpp"
+#include "src/environment.hpp"
 #include "src/internal.hpp"
 
 namespace flux::cpu_backend {
@@ -218,7 +219,7 @@ std::string cpu_key() {
 }
 
 std::string tuned_table_path() {
-  if (const char* p = std::getenv("FLUX_KERNEL_TABLE"); p && *p) return p;
+  if (const std::optional<std::string> p = environment::value("FLUX_KERNEL_TABLE")) return *p;
   return (std::filesystem::path(detail::preferences_file()).parent_path() / "flux-kernels.tsv").string();
 }
 

@@ -12,6 +12,7 @@
 #include "flux/out_of_memory.hpp"
 #include "src/backends/cuda/cuda_backend.hpp"
 #include "src/backends/cuda/low_precision.hpp"
+#include "src/environment_flag.hpp"
 
 #ifndef FLUX_GPU_ARCHS
 #define FLUX_GPU_ARCHS "unknown"
@@ -495,7 +496,7 @@ class GpuBackend final : public backend::Backend {
       use(dst_device);
       cudaError_t e = cudaDeviceEnablePeerAccess(src_device, 0);
       if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
-        if (std::getenv("FLUX_DEBUG_BACKENDS"))
+        if (const char* v = std::getenv("FLUX_DEBUG_BACKENDS"); v && ::flux::environment::parse_flag(v).value_or(false))
           std::fprintf(stderr, "[flux:backends] %s: peer access %d -> %d unavailable: %s\n", FLUX_GPU_BACKEND_NAME,
                        dst_device, src_device, error_text(e).c_str());
       }

@@ -31,6 +31,7 @@
 
 #include "src/backends/cuda/cuda_backend.hpp"
 #include "src/backends/cuda/handle_pool.hpp"
+#include "src/environment_flag.hpp"
 
 #if defined(FLUX_CUDNN) && !defined(FLUX_HIP)
 #include <cudnn.h>
@@ -200,7 +201,11 @@ Plans& plans() {
   return *p;
 }
 
-bool debug() { return std::getenv("FLUX_DEBUG_BACKENDS") != nullptr; }
+// Spelled as the core reads it (src/environment_flag.hpp); a value the core warns about is off here.
+bool debug() {
+  const char* v = std::getenv("FLUX_DEBUG_BACKENDS");
+  return v && ::flux::environment::parse_flag(v).value_or(false);
+}
 
 /// cuDNN's side of the per-thread handles (handle_pool.hpp): created on first use with the device
 /// current; cudnnCreate fails without a GPU (the plugin must still load): the portable path there.

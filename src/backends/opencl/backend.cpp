@@ -14,6 +14,7 @@
 #include "flux/out_of_memory.hpp"
 #include "src/backends/caching_pool.hpp"
 #include "src/backends/opencl/opencl_backend.hpp"
+#include "src/environment.hpp"
 
 #ifndef FLUX_CLBLAST_VERSION
 #define FLUX_CLBLAST_VERSION "unknown"
@@ -431,7 +432,7 @@ class OpenCLBackend final : public backend::Backend {
     std::ostringstream os;
     for (const std::string& p : platforms_) os << "  platform: " << p << "\n";
     os << "  CLBlast " FLUX_CLBLAST_VERSION " (GEMM); FLUX_OPENCL_DEVICES="
-       << (std::getenv("FLUX_OPENCL_DEVICES") ? std::getenv("FLUX_OPENCL_DEVICES") : "(unset)") << "\n";
+       << ::flux::environment::value("FLUX_OPENCL_DEVICES").value_or("(unset)") << "\n";
     return os.str();
   }
   // f16: units where the device has half arithmetic (cl_khr_fp16); bf16: OpenCL has none. Either
@@ -625,27 +626,21 @@ class OpenCLBackend final : public backend::Backend {
   }
 
   void discover() {
-    const char* sel = std::getenv("FLUX_OPENCL_DEVICES");
+    // Read with the core's reader (src/environment.hpp). A malformed list hides every device, with the
+    // reason as "not functional" (flux-info, versioninfo), not an exception: that would stop device
+    // discovery for every backend, the CPU included.
+    const std::optional<std::string> sel = ::flux::environment::value("FLUX_OPENCL_DEVICES");
     std::vector<int> wanted;
-    bool select = sel && *sel;
+    bool select = sel.has_value();
     if (select) {
-      std::stringstream ss(sel);
-      std::string item;
-      while (std::getline(ss, item, ',')) {
-        try {
-          wanted.push_back(std::stoi(item));
-        } catch (const std::exception&) {
-          wanted.push_back(-1);
-        }
+      std::optional<std::vector<int>> list = ::flux::environment::parse_device_list(*sel);
+      if (!list) {
+        reason_ = ::flux::environment::invalid_message("FLUX_OPENCL_DEVICES", *sel) + "; no OpenCL device is used";
+        return;
       }
-      // As CUDA_VISIBLE_DEVICES: the list ends at the first invalid (negative) entry.
-      for (size_t i = 0; i < wanted.size(); ++i)
-        if (wanted[i] < 0) {
-          wanted.resize(i);
-          break;
-        }
+      wanted = *list;
       if (wanted.empty()) {
-        reason_ = std::string("FLUX_OPENCL_DEVICES=") + sel + " hides every OpenCL device";
+        reason_ = "FLUX_OPENCL_DEVICES=" + *sel + " hides every OpenCL device";
         return;
       }
     }
@@ -678,7 +673,7 @@ class OpenCLBackend final : public backend::Backend {
     }
     if (chosen.empty()) {
       reason_ = found.empty() ? "no OpenCL device found on " + std::to_string(np) + " platform(s)"
-                              : std::string("FLUX_OPENCL_DEVICES=") + sel + " selects none of the " +
+                              : std::string("FLUX_OPENCL_DEVICES=") + *sel + " selects none of the " +
                                     std::to_string(found.size()) + " OpenCL device(s)";
       return;
     }
