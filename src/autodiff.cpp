@@ -187,4 +187,11 @@ Tensor Tape::grad(const Tensor& t) const {
 
 namespace flux::detail {
 bool backward_running() { return autodiff::g_backward_depth > 0; }
+
+namespace {
+thread_local int g_recorded_forward_depth = 0;  // RecordedForward scopes on a tape, on this thread
+}  // namespace
+RecordedForward::RecordedForward(bool on_tape) : on_tape_(on_tape) { g_recorded_forward_depth += on_tape_ ? 1 : 0; }
+RecordedForward::~RecordedForward() { g_recorded_forward_depth -= on_tape_ ? 1 : 0; }
+bool recorded_forward_running() { return g_recorded_forward_depth > 0; }
 }  // namespace flux::detail

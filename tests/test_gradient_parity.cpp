@@ -563,13 +563,7 @@ const std::map<std::string, std::string>& unreached_backwards() {
        "tests/test_autocast.cpp's LayerAndGroupNormMatchFiniteDifferences"},
       {"src/ops/pooling.cpp:70",
        "pooling of Float16/BFloat16 tensors (not swept here): tests/test_autocast.cpp's finite-difference "
-       "checks run max and mean pooling on bf16/f16 activations"},
-      {"src/ops/reduce.cpp:69",
-       "sum of a Float16/BFloat16 CPU tensor read as it is (the half dtypes are not swept here): "
-       "tests/test_half_reductions.cpp's HalfReductions.GradientsMatchFloat64 checks it against float64"},
-      {"src/ops/reduce.cpp:128",
-       "max/min of a Float16/BFloat16 CPU tensor read as it is (the half dtypes are not swept here): "
-       "tests/test_half_reductions.cpp's HalfReductions.GradientsMatchFloat64 checks it against float64"}};
+       "checks run max and mean pooling on bf16/f16 activations"}};
   return m;
 }
 

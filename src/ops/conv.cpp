@@ -21,6 +21,7 @@
 #include "src/environment.hpp"
 #include "src/ops/conv_geometry.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/ops/through_float32.hpp"
 #include "src/storage_cache.hpp"
 #include "src/trace.hpp"
 
@@ -148,10 +149,6 @@ Tensor channel_sum(const Tensor& dy) {
   return out;
 }
 
-/// Float32 copies for the half-precision fallbacks below: weights through f32_weight (src/autocast.hpp),
-/// everything else cast per call.
-Tensor f32_of(const Tensor& t) { return t.defined() ? raw_cast(t, DType::f32) : t; }
-
 Tensor im2col_raw(const Tensor& x, const ConvGeometry& g) {
   int64_t cgk = g.in_channels / g.groups * product(g.kernel, g.spatial), p = product(g.out, g.spatial);
   Tensor col = Tensor::empty(Shape{g.batch, g.groups, cgk, p}, x.dtype(), x.device());
@@ -177,7 +174,7 @@ Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, co
         (relu ? be.conv_forward_relu(dev, x.dtype(), xb, wb, b, yb, g) : be.conv_forward(dev, x.dtype(), xb, wb, b, yb, g)))
       return y;
     // Through float32; the float32 copies of x and w go before y is cast down.
-    const Tensor y32 = conv_forward_raw(f32_of(x), f32_weight(w), f32_of(bias), geometry, relu);
+    const Tensor y32 = conv_forward_raw(float32_of(x), f32_weight(w), float32_of(bias), geometry, relu);
     return raw_cast(y32, x.dtype());
   }
   ConvGeometry g = geometry;
@@ -222,7 +219,7 @@ Tensor conv_data_raw(const Tensor& dy, const Tensor& w, const ConvGeometry& g, c
     if (library_kernels() && !bias.defined() && dy.numel() && w.numel() &&
         be.conv_backward_data(dev, dy.dtype(), flux::detail::buffer_of(dy), flux::detail::buffer_of(w), flux::detail::buffer_of(dx), g))
       return dx;
-    const Tensor dx32 = conv_data_raw(f32_of(dy), f32_weight(w), g, f32_of(bias));  // (copies freed first)
+    const Tensor dx32 = conv_data_raw(float32_of(dy), f32_weight(w), g, float32_of(bias));  // (copies freed first)
     return raw_cast(dx32, dy.dtype());
   }
   if (dy.numel() == 0 || w.numel() == 0) {
@@ -258,7 +255,7 @@ std::pair<Tensor, Tensor> conv_weight_raw(const Tensor& x, const Tensor& dy, con
         be.conv_backward_weight(dev, t, flux::detail::buffer_of(x), flux::detail::buffer_of(dy), flux::detail::buffer_of(dw),
                                 want_bias ? flux::detail::buffer_of(db) : backend::Buffer{}, g))
       return {dw, db};
-    const auto [dwf, dbf] = conv_weight_raw(f32_of(x), f32_of(dy), g, true, want_bias);  // (copies freed first)
+    const auto [dwf, dbf] = conv_weight_raw(float32_of(x), float32_of(dy), g, true, want_bias);  // (copies freed first)
     return {raw_cast(dwf, t), dbf.defined() ? raw_cast(dbf, t) : dbf};
   }
   dw = Tensor::empty(weight_shape(g), t, x.device());
@@ -383,26 +380,27 @@ ConvGeometry conv_geometry(const Tensor& x, const Tensor& w, const Tensor& bias,
 Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvParams& p, bool relu) {
   if (auto low = autocast_low({&x, &w}))
     return conv_impl(autocast_to(x, *low), autocast_to(w, *low), autocast_to(bias, *low), p, relu);
-  ConvGeometry g = conv_geometry(x, w, bias, p);
-  Tensor y = conv_forward_raw(x, w, bias, g, relu);
-  if (trace::active()) trace::emit("conv", {x, w, bias}, y, conv_attrs(g, relu));
-  bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
-  if (need_x || need_w || need_b) {
-    Tensor keep_x = need_w ? x : Tensor(), keep_w = need_x ? w : Tensor();
-    // relu's derivative from its output: y > 0 exactly where conv(x, w) + bias > 0.
-    Tensor keep_y = relu ? y : Tensor();
-    const DType t = y.dtype();
-    autodiff::record(y, {&x, &w, &bias}, [keep_x, keep_w, keep_y, g, need_x, need_w, need_b, t](const Tensor& gy0) {
-      const Tensor gy_in = gy0.dtype() == t ? gy0 : gy0.cast(t);
-      Tensor gy = keep_y.defined() ? gy_in * step_raw(keep_y) : gy_in;
-      Tensor dx, dw, db;
-      if (need_x) dx = conv_data_raw(gy, keep_w, g);
-      if (need_w) std::tie(dw, db) = conv_weight_raw(keep_x, gy, g, true, need_b);
-      else if (need_b) db = channel_sum(gy);
-      return Grads{dx, dw, db};
-    });
-  }
-  return y;
+  const ConvGeometry g = conv_geometry(x, w, bias, p);
+  const bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
+  // One node keeping x and w in their own dtype: the backward's raw kernels take the half dtypes too.
+  return through_float32(
+      "conv", {&x, &w, &bias}, {need_w ? x : Tensor(), need_x ? w : Tensor()},
+      [&](std::vector<Tensor>& keep) {
+        Tensor y = conv_forward_raw(x, w, bias, g, relu);
+        // relu's derivative from its output: y > 0 exactly where conv(x, w) + bias > 0.
+        keep.push_back(relu ? y : Tensor());
+        return y;
+      },
+      [g, need_x, need_w, need_b](const Grads& k, const Tensor& gy_in) {
+        const Tensor &keep_x = k[0], &keep_w = k[1], &keep_y = k[2];
+        Tensor gy = keep_y.defined() ? gy_in * step_raw(keep_y) : gy_in;
+        Tensor dx, dw, db;
+        if (need_x) dx = conv_data_raw(gy, keep_w, g);
+        if (need_w) std::tie(dw, db) = conv_weight_raw(keep_x, gy, g, true, need_b);
+        else if (need_b) db = channel_sum(gy);
+        return Grads{dx, dw, db};
+      },
+      trace::active() ? conv_attrs(g, relu) : std::vector<trace::Attr>{}, x.dtype());
 }
 }  // namespace
 
@@ -488,26 +486,23 @@ Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, cons
          " hi ", dims_string(g.pad_hi, n), ")");
   for (int i = 0; i < n; ++i) g.in[i] = sizes[i];
   check_geometry_sizes(api, g);
-  Tensor y = conv_data_raw(x, w, g, bias);
+  std::vector<trace::Attr> attrs;
   if (trace::active()) {
-    std::vector<trace::Attr> a = conv_attrs(g, false);
-    a.push_back({"output_padding", std::vector<int64_t>(extra.begin(), extra.begin() + n), {}});
-    trace::emit("conv_transpose", {x, w, bias}, y, std::move(a));
+    attrs = conv_attrs(g, false);
+    attrs.push_back({"output_padding", std::vector<int64_t>(extra.begin(), extra.begin() + n), {}});
   }
-  bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
-  if (need_x || need_w || need_b) {
-    Tensor keep_x = need_w ? x : Tensor(), keep_w = need_x ? w : Tensor();
-    const DType t = y.dtype();
-    autodiff::record(y, {&x, &w, &bias}, [keep_x, keep_w, g, need_x, need_w, need_b, t](const Tensor& gy0) {
-      const Tensor gy = gy0.dtype() == t ? gy0 : gy0.cast(t);
-      Tensor dx, dw, db;
-      if (need_x) dx = conv_forward_raw(gy, keep_w, Tensor(), g);
-      if (need_w) dw = conv_weight_raw(gy, keep_x, g, true, false).first;
-      if (need_b) db = channel_sum(gy);
-      return Grads{dx, dw, db};
-    });
-  }
-  return y;
+  const bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
+  return through_float32(
+      "conv_transpose", {&x, &w, &bias}, {need_w ? x : Tensor(), need_x ? w : Tensor()},
+      [&](std::vector<Tensor>&) { return conv_data_raw(x, w, g, bias); },
+      [g, need_x, need_w, need_b](const Grads& k, const Tensor& gy) {
+        Tensor dx, dw, db;
+        if (need_x) dx = conv_forward_raw(gy, k[1], Tensor(), g);
+        if (need_w) dw = conv_weight_raw(gy, k[0], g, true, false).first;
+        if (need_b) db = channel_sum(gy);
+        return Grads{dx, dw, db};
+      },
+      std::move(attrs), x.dtype());
 }
 
 }  // namespace flux

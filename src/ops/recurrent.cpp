@@ -11,6 +11,7 @@
 // Backward, t = T-1 .. 0: the fused backward kernel gives the pre-activation gradients dxg_t (and dhg_t
 // for GRU); dh_{t-1} = direct part + dhg_t W_hh (one GEMM). After the loop, dW_hh = Σ_t dhg_tᵀ h_{t-1}
 // and db_hh = Σ_t dhg_t as one GEMM and one reduction over all T N rows.
+#include <optional>
 #include <utility>
 
 #include "flux/autocast.hpp"
@@ -18,6 +19,7 @@
 #include "src/autocast.hpp"
 #include "flux/ops.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/ops/through_float32.hpp"
 #include "src/storage_cache.hpp"
 #include "src/trace.hpp"
 
@@ -134,47 +136,17 @@ void check_state(const char* api, const char* name, const Tensor& s, int64_t n, 
   detail::check_same_device(api, xg, s);
 }
 
-/// The common recurrence. Returns (T, N, H) hidden states, plus c_T as row T for LSTM ((T + 1, N, H)).
-Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, const Tensor& b_hh, const Tensor& h0,
-                  const Tensor& c0) {
-  const char* api = cell_api(cell);
-  const bool lstm = cell == RecurrentCell::lstm, gru = cell == RecurrentCell::gru;
-  detail::check_defined(api, xg);
-  detail::check_defined(api, w_hh);
-  if (auto low = detail::autocast_low({&xg, &w_hh, &h0}))
-    return recurrence(cell, detail::autocast_to(xg, *low), detail::autocast_to(w_hh, *low),
-                      detail::autocast_to(b_hh, *low), detail::autocast_to(h0, *low), detail::autocast_to(c0, *low));
-  if (!is_floating(xg.dtype())) fail("[", api, "] needs floating-point gates; got ", summary(xg));
-  if (xg.ndim() != 3)
-    fail("[", api, "] expects time-major gates (T, N, G); got shape ", to_string(xg.shape()));
-  const int64_t steps = xg.size(0), n = xg.size(1), g = xg.size(2);
-  if (w_hh.ndim() != 2 || w_hh.size(0) != gate_count(cell) * w_hh.size(1))
-    fail("[", api, "] weight_hh must be (", gate_count(cell), " hidden, hidden); got shape ", to_string(w_hh.shape()));
-  const int64_t hidden = w_hh.size(1);
-  if (g != gate_count(cell) * hidden)
-    fail("[", api, "] gates ", to_string(xg.shape()), " have ", g, " columns; weight_hh ", to_string(w_hh.shape()),
-         " needs ", gate_count(cell) * hidden);
-  if (steps < 1 || n < 1) fail("[", api, "] needs at least one step and one sequence; got gates ", to_string(xg.shape()));
-  if (w_hh.dtype() != xg.dtype())
-    fail("[", api, "] weight_hh is ", dtype_name(w_hh.dtype()), " but the gates are ", dtype_name(xg.dtype()));
-  detail::check_same_device(api, xg, w_hh);
-  if (b_hh.defined()) {
-    if (b_hh.shape() != Shape{g})
-      fail("[", api, "] bias_hh must have shape (", g, ",); got ", to_string(b_hh.shape()));
-    if (b_hh.dtype() != xg.dtype())
-      fail("[", api, "] bias_hh is ", dtype_name(b_hh.dtype()), " but the gates are ", dtype_name(xg.dtype()));
-    detail::check_same_device(api, xg, b_hh);
-  }
-  check_state(api, "h0", h0, n, hidden, xg);
-  if (lstm) check_state(api, "c0", c0, n, hidden, xg);
-  if (detail::is_half(xg.dtype())) {
-    // Float16/BFloat16: the recurrence through float32 (its state is carried step to step), one
-    // rounding of the outputs.
-    auto up = [](const Tensor& v) { return v.defined() ? v.cast(DType::f32) : v; };
-    AutocastScope off(std::nullopt);  // the Float32 recurrence is not autocast again
-    return recurrence(cell, up(xg), up(w_hh), up(b_hh), up(h0), up(c0)).cast(xg.dtype());
-  }
+/// What the backward of a recurrence reads: y (T, N, H) (+ c_T for LSTM), a view of hist (T + 1 (+ 1),
+/// N, H): h_0 .. h_T (then c_T); c_hist (T + 1, N, H) for LSTM; saved (T, N, 4H) for LSTM and GRU.
+struct Recurrence {
+  Tensor y, hist, c_hist, saved;
+};
 
+/// The recurrence over checked operands of one float dtype (f32, f64), traced once; the caller records it.
+Recurrence run_forward(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, const Tensor& b_hh, const Tensor& h0,
+                       const Tensor& c0) {
+  const bool lstm = cell == RecurrentCell::lstm, gru = cell == RecurrentCell::gru;
+  const int64_t steps = xg.size(0), n = xg.size(1), g = xg.size(2), hidden = w_hh.size(1);
   const DType t = xg.dtype();
   const Device dev = xg.device();
   backend::Backend& be = xg.backend();
@@ -210,35 +182,99 @@ Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, cons
     if (lstm) assign(hist[steps + 1], c_hist[steps]);
   }
   Tensor y = hist.slice(1, hist.size(0));
-
   if (trace::active()) trace::emit(cell_api(cell), {xg, w_hh, b_hh, h0, c0}, y, {{"relu", {int64_t(cell == RecurrentCell::rnn_relu)}, {}}});
-  const bool need_b = b_hh.defined();
-  backend::Backend* bep = &be;
-  autodiff::record(y, {&xg, &w_hh, &b_hh, &h0, &c0}, [=](const Tensor& gy0) {
-    Tensor gy = gy0.dtype() == t ? gy0 : gy0.cast(t);
-    Tensor dxg = Tensor::empty(Shape{steps, n, g}, t, dev);
-    Tensor dhg = gru ? Tensor::empty(Shape{steps, n, g}, t, dev) : dxg;
-    Tensor dh_next = zeros(Shape{n, hidden}, t, dev);
-    Tensor dc = lstm ? gy[steps].contiguous_copy() : Tensor();
-    for (int64_t s = steps - 1; s >= 0; --s) {
-      Tensor dy = gy[s], sv = saved.defined() ? saved[s] : Tensor();
-      Tensor c_prev = lstm ? c_hist[s] : Tensor(), c = lstm ? c_hist[s + 1] : Tensor();
-      Tensor h_prev = hist[s], h = hist[s + 1];
-      Tensor dx_s = dxg[s], dh_s = gru ? dhg[s] : Tensor();
-      bool fused = fusable && bep->recurrent_backward(dev.index(), cell, t, flux::detail::buffer_of(dy), flux::detail::buffer_of(dh_next),
-                                                    buffer_or_none(dc), buffer_or_none(sv), buffer_or_none(c_prev),
-                                                    buffer_or_none(c), flux::detail::buffer_of(h_prev), flux::detail::buffer_of(h), flux::detail::buffer_of(dx_s),
-                                                    buffer_or_none(dh_s), n, hidden);
-      if (!fused) portable_backward(cell, dy, dh_next, dc, sv, c_prev, c, h_prev, h, dx_s, dh_s, hidden);
-      Tensor dh_rec = gru ? dh_s : dx_s;
-      gemm(dh_rec, w_hh, dh_next, n, hidden, g, false, 1.0);  // dh_{t-1} += dhg_t W_hh
-    }
-    Tensor rows = dhg.reshape(Shape{steps * n, g});
-    Tensor dw = matmul(rows, hist.slice(0, steps).reshape(Shape{steps * n, hidden}), true, false);
-    Tensor db = need_b ? sum(rows, 0) : Tensor();
-    return Grads{dxg, dw, db, dh_next, dc};
+  return {y, hist, c_hist, saved};
+}
+
+/// The gradients (xg, w_hh, b_hh, h0, c0) of a recurrence r with weight w_hh for the output gradient gy.
+Grads run_backward(RecurrentCell cell, const Recurrence& r, const Tensor& w_hh, bool need_b, const Tensor& gy0) {
+  const bool lstm = cell == RecurrentCell::lstm, gru = cell == RecurrentCell::gru;
+  const Tensor &hist = r.hist, &c_hist = r.c_hist, &saved = r.saved;
+  const DType t = hist.dtype();
+  const Device dev = hist.device();
+  const int64_t steps = hist.size(0) - 1 - (lstm ? 1 : 0), n = hist.size(1), hidden = hist.size(2), g = w_hh.size(0);
+  const bool fusable = detail::library_kernels() && (t == DType::f32 || t == DType::f64);
+  backend::Backend* bep = &hist.backend();
+  Tensor gy = gy0.dtype() == t ? gy0 : gy0.cast(t);
+  Tensor dxg = Tensor::empty(Shape{steps, n, g}, t, dev);
+  Tensor dhg = gru ? Tensor::empty(Shape{steps, n, g}, t, dev) : dxg;
+  Tensor dh_next = zeros(Shape{n, hidden}, t, dev);
+  Tensor dc = lstm ? gy[steps].contiguous_copy() : Tensor();
+  for (int64_t s = steps - 1; s >= 0; --s) {
+    Tensor dy = gy[s], sv = saved.defined() ? saved[s] : Tensor();
+    Tensor c_prev = lstm ? c_hist[s] : Tensor(), c = lstm ? c_hist[s + 1] : Tensor();
+    Tensor h_prev = hist[s], h = hist[s + 1];
+    Tensor dx_s = dxg[s], dh_s = gru ? dhg[s] : Tensor();
+    bool fused = fusable && bep->recurrent_backward(dev.index(), cell, t, flux::detail::buffer_of(dy), flux::detail::buffer_of(dh_next),
+                                                  buffer_or_none(dc), buffer_or_none(sv), buffer_or_none(c_prev),
+                                                  buffer_or_none(c), flux::detail::buffer_of(h_prev), flux::detail::buffer_of(h), flux::detail::buffer_of(dx_s),
+                                                  buffer_or_none(dh_s), n, hidden);
+    if (!fused) portable_backward(cell, dy, dh_next, dc, sv, c_prev, c, h_prev, h, dx_s, dh_s, hidden);
+    Tensor dh_rec = gru ? dh_s : dx_s;
+    gemm(dh_rec, w_hh, dh_next, n, hidden, g, false, 1.0);  // dh_{t-1} += dhg_t W_hh
+  }
+  Tensor rows = dhg.reshape(Shape{steps * n, g});
+  Tensor dw = matmul(rows, hist.slice(0, steps).reshape(Shape{steps * n, hidden}), true, false);
+  Tensor db = need_b ? sum(rows, 0) : Tensor();
+  return Grads{dxg, dw, db, dh_next, dc};
+}
+
+/// The common recurrence. Returns (T, N, H) hidden states, plus c_T as row T for LSTM ((T + 1, N, H)).
+Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, const Tensor& b_hh, const Tensor& h0,
+                  const Tensor& c0) {
+  const char* api = cell_api(cell);
+  const bool lstm = cell == RecurrentCell::lstm;
+  detail::check_defined(api, xg);
+  detail::check_defined(api, w_hh);
+  if (auto low = detail::autocast_low({&xg, &w_hh, &h0}))
+    return recurrence(cell, detail::autocast_to(xg, *low), detail::autocast_to(w_hh, *low),
+                      detail::autocast_to(b_hh, *low), detail::autocast_to(h0, *low), detail::autocast_to(c0, *low));
+  if (!is_floating(xg.dtype())) fail("[", api, "] needs floating-point gates; got ", summary(xg));
+  if (xg.ndim() != 3)
+    fail("[", api, "] expects time-major gates (T, N, G); got shape ", to_string(xg.shape()));
+  const int64_t steps = xg.size(0), n = xg.size(1), g = xg.size(2);
+  if (w_hh.ndim() != 2 || w_hh.size(0) != gate_count(cell) * w_hh.size(1))
+    fail("[", api, "] weight_hh must be (", gate_count(cell), " hidden, hidden); got shape ", to_string(w_hh.shape()));
+  const int64_t hidden = w_hh.size(1);
+  if (g != gate_count(cell) * hidden)
+    fail("[", api, "] gates ", to_string(xg.shape()), " have ", g, " columns; weight_hh ", to_string(w_hh.shape()),
+         " needs ", gate_count(cell) * hidden);
+  if (steps < 1 || n < 1) fail("[", api, "] needs at least one step and one sequence; got gates ", to_string(xg.shape()));
+  if (w_hh.dtype() != xg.dtype())
+    fail("[", api, "] weight_hh is ", dtype_name(w_hh.dtype()), " but the gates are ", dtype_name(xg.dtype()));
+  detail::check_same_device(api, xg, w_hh);
+  if (b_hh.defined()) {
+    if (b_hh.shape() != Shape{g})
+      fail("[", api, "] bias_hh must have shape (", g, ",); got ", to_string(b_hh.shape()));
+    if (b_hh.dtype() != xg.dtype())
+      fail("[", api, "] bias_hh is ", dtype_name(b_hh.dtype()), " but the gates are ", dtype_name(xg.dtype()));
+    detail::check_same_device(api, xg, b_hh);
+  }
+  check_state(api, "h0", h0, n, hidden, xg);
+  if (lstm) check_state(api, "c0", c0, n, hidden, xg);
+  if (detail::is_half(xg.dtype())) {
+    // Float16/BFloat16: the recurrence through Float32 (its state is carried step to step), one
+    // rounding of the outputs. The tape keeps the half operands and the Float32 states the backward
+    // reads, not Float32 copies of the operands.
+    const DType low = xg.dtype();
+    return detail::through_float32(
+        nullptr, {&xg, &w_hh, &b_hh, &h0, &c0}, {w_hh},
+        [&](std::vector<Tensor>& keep) {
+          AutocastScope off(std::nullopt);  // the Float32 recurrence is not autocast again
+          Recurrence r = run_forward(cell, detail::float32_of(xg), detail::float32_of(w_hh), detail::float32_of(b_hh),
+                                     detail::float32_of(h0), detail::float32_of(c0));
+          keep.insert(keep.end(), {r.hist, r.c_hist, r.saved});
+          return detail::raw_cast(r.y, low);
+        },
+        [cell, need_b = b_hh.defined()](const std::vector<Tensor>& k, const Tensor& gy) {
+          return run_backward(cell, Recurrence{Tensor(), k[1], k[2], k[3]}, k[0], need_b, gy);
+        });
+  }
+  Recurrence r = run_forward(cell, xg, w_hh, b_hh, h0, c0);
+  autodiff::record(r.y, {&xg, &w_hh, &b_hh, &h0, &c0}, [cell, r, w_hh, need_b = b_hh.defined()](const Tensor& gy) {
+    return run_backward(cell, r, w_hh, need_b, gy);
   });
-  return y;
+  return r.y;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "flux/ops.hpp"
 #include "src/autocast.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/ops/through_float32.hpp"
 #include "src/trace.hpp"
 
 namespace flux {
@@ -46,11 +47,10 @@ Tensor reduce_raw(ReduceOp op, const Tensor& x, int axis, bool keepdims, DType o
     trace::emit("reduce", {x}, out, {{"op", {int64_t(op)}, {}}, {"axis", {axis}, {}}, {"keepdims", {int64_t(keepdims)}, {}}});
   return out;
 }
-// bf16/f16 tensors on the CPU: its backend reads the half storage itself and writes Float32 (argmax and
-// argmin Int64; src/backends/cpu/cpu_backend.hpp's reduce_half, softmax_half), one pass instead of a
-// Float32 copy first. backend.hpp asks the other backends for f32/f64 only: they get that copy. Not
-// while tracing (ONNX export): the trace keeps the cast, so that each op's output dtype is its input's.
-bool reads_half(const Tensor& x) { return is_half(x.dtype()) && x.device().is_cpu() && !trace::active(); }
+// A Float16/BFloat16 operand as the reduce and softmax kernels take it: as it is where the backend reads
+// half storage (reads_half, through_float32.hpp; one pass instead of a Float32 copy first), else a
+// Float32 copy.
+Tensor half_operand(const Tensor& x) { return reads_half(x) ? x : raw_cast(x, DType::f32); }
 Tensor to_compute(const Tensor& x, bool for_sum) {
   DType t = x.dtype();
   if (is_half(t)) return x.cast(DType::f32);
@@ -62,14 +62,19 @@ Tensor to_compute(const Tensor& x, bool for_sum) {
 Tensor sum(const Tensor& x0, int axis, bool keepdims) {
   check_defined("sum", x0);
   int a = normalize_axis("sum", axis, x0.ndim());
-  if (reads_half(x0)) {
+  if (is_half(x0.dtype()) && !trace::active()) {
+    // Autocast keeps sums (and means) in Float32.
     const DType t = x0.dtype();
-    Tensor y = reduce_raw(ReduceOp::sum, x0, a, keepdims, DType::f32);
-    Shape kept = split(x0.shape(), a).kept, full_shape = x0.shape();
-    autodiff::record(y, {&x0}, [kept, full_shape, t](const Tensor& g) {
-      return Grads{broadcast_to(g.reshape(kept), full_shape).cast(t)};
-    });
-    return autocast_active() ? y : y.cast(t);
+    const Shape kept = split(x0.shape(), a).kept, full_shape = x0.shape();
+    return through_float32(
+        nullptr, {&x0}, {},
+        [&](std::vector<Tensor>&) {
+          Tensor y = reduce_raw(ReduceOp::sum, half_operand(x0), a, keepdims, DType::f32);
+          return autocast_active() ? y : raw_cast(y, t);
+        },
+        [kept, full_shape](const std::vector<Tensor>&, const Tensor& g) {
+          return Grads{broadcast_to(g.reshape(kept), full_shape)};
+        });
   }
   Tensor x = to_compute(x0, true);
   Tensor y = reduce_raw(ReduceOp::sum, x, a, keepdims, x.dtype());
@@ -120,17 +125,22 @@ Tensor extreme(const char* api, ReduceOp op, const Tensor& x0, int axis, bool ke
   check_defined(api, x0);
   int a = normalize_axis(api, axis, x0.ndim());
   if (x0.shape()[a] == 0) fail("[", api, "] cannot reduce an empty axis of shape ", to_string(x0.shape()));
-  if (reads_half(x0)) {
-    // The extreme is one of x's values: its cast back is exact, and the tape keeps x in its own dtype.
+  if (is_half(x0.dtype()) && !trace::active()) {
+    // The extreme is one of x's values: its cast down is exact, and so is the kept y cast up.
     const DType t = x0.dtype();
-    Tensor y = raw_cast(reduce_raw(op, x0, a, keepdims, DType::f32), t);
-    Shape kept = split(x0.shape(), a).kept;
-    autodiff::record(y, {&x0}, [x0, y, kept, a, t](const Tensor& g) {
-      Tensor mask = eq(x0, y.reshape(kept)).cast(DType::f32);
-      Tensor count = sum(mask, a, true);
-      return Grads{(g.cast(DType::f32).reshape(kept) * mask / count).cast(t)};
-    });
-    return y;
+    const Shape kept = split(x0.shape(), a).kept;
+    return through_float32(
+        nullptr, {&x0}, {x0},
+        [&](std::vector<Tensor>& keep) {
+          Tensor y = raw_cast(reduce_raw(op, half_operand(x0), a, keepdims, DType::f32), t);
+          keep.push_back(y);
+          return y;
+        },
+        [kept, a](const std::vector<Tensor>& k, const Tensor& g) {
+          Tensor mask = eq(k[0], k[1].reshape(kept)).cast(DType::f32);
+          Tensor count = sum(mask, a, true);
+          return Grads{g.reshape(kept) * mask / count};
+        });
   }
   Tensor x = to_compute(x0, false);
   Tensor y = reduce_raw(op, x, a, keepdims, x.dtype());
@@ -169,19 +179,20 @@ Tensor argmin(const Tensor& x0, int axis, bool keepdims) {
 
 // ---------------- softmax family ----------------
 namespace {
-Tensor softmax_raw(const char* api, const Tensor& x0, int axis, bool log, Tensor& x_out) {
-  check_defined(api, x0);
-  if (x0.ndim() == 0) fail("[", api, "] needs at least one dimension");
-  if (!is_floating(x0.dtype())) fail("[", api, "] needs a floating-point tensor, got ", dtype_name(x0.dtype()));
-  int a = normalize_axis(api, axis, x0.ndim());
-  // On the CPU a half x is read as it is (reads_half); x_out is then x0 itself, recorded as the input.
-  Tensor x = is_half(x0.dtype()) && !reads_half(x0) ? x0.cast(DType::f32) : x0;
+// y = (log)softmax(x) over `axis` (normalised); y is Float32 for a Float16/BFloat16 x (read as it is).
+Tensor softmax_raw(const Tensor& x, int a, bool log) {
   Split p = split(x.shape(), a);
   Tensor y = Tensor::empty(x.shape(), is_half(x.dtype()) ? DType::f32 : x.dtype(), x.device());
   if (y.numel()) x.backend().softmax(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(y), p.outer, p.len, p.inner, log);
   if (trace::active()) trace::emit(log ? "logsoftmax" : "softmax", {x}, y, {{"axis", {a}, {}}});
-  x_out = x;
   return y;
+}
+
+int softmax_axis(const char* api, const Tensor& x, int axis) {
+  check_defined(api, x);
+  if (x.ndim() == 0) fail("[", api, "] needs at least one dimension");
+  if (!is_floating(x.dtype())) fail("[", api, "] needs a floating-point tensor, got ", dtype_name(x.dtype()));
+  return normalize_axis(api, axis, x.ndim());
 }
 
 
@@ -201,29 +212,38 @@ Tensor fused_softmax_grad(const Tensor& y, const Tensor& g, int axis, bool log) 
 }
 }  // namespace
 
-Tensor detail::softmax_op(const Tensor& x0, int axis) {
-  Tensor x;
-  Tensor y = softmax_raw("softmax", x0, axis, false, x);
-  int a = normalize_axis("softmax", axis, x.ndim());
-  autodiff::record(y, {&x}, [y, a, t = x.dtype()](const Tensor& g) {
-    Tensor dx = fused_softmax_grad(y, g, a, false);
-    if (!dx.defined()) dx = y * (g - sum(g * y, a, true));
-    return Grads{dx.dtype() == t ? dx : dx.cast(t)};
-  });
-  return is_half(x0.dtype()) && !autocast_active() ? y.cast(x0.dtype()) : y;  // autocast: Float32
+namespace {
+// dx of (log)softmax from its output y and the output gradient g, both of y's dtype.
+Tensor softmax_grad(const Tensor& y, const Tensor& g, int a, bool log) {
+  Tensor dx = fused_softmax_grad(y, g, a, log);
+  if (!dx.defined()) dx = log ? g - exp(y) * sum(g, a, true) : y * (g - sum(g * y, a, true));
+  return dx;
 }
 
-Tensor detail::logsoftmax_op(const Tensor& x0, int axis) {
-  Tensor x;
-  Tensor y = softmax_raw("logsoftmax", x0, axis, true, x);
-  int a = normalize_axis("logsoftmax", axis, x.ndim());
-  autodiff::record(y, {&x}, [y, a, t = x.dtype()](const Tensor& g) {
-    Tensor dx = fused_softmax_grad(y, g, a, true);
-    if (!dx.defined()) dx = g - exp(y) * sum(g, a, true);
-    return Grads{dx.dtype() == t ? dx : dx.cast(t)};
-  });
-  return is_half(x0.dtype()) && !autocast_active() ? y.cast(x0.dtype()) : y;
+Tensor softmax_family(const char* api, const Tensor& x0, int axis, bool log) {
+  const int a = softmax_axis(api, x0, axis);
+  if (is_half(x0.dtype()) && !trace::active()) {
+    // In Float32, the output too under autocast; the tape keeps the Float32 y the backward reads.
+    const DType t = x0.dtype();
+    return through_float32(
+        nullptr, {&x0}, {},
+        [&](std::vector<Tensor>& keep) {
+          Tensor y = softmax_raw(half_operand(x0), a, log);
+          keep.push_back(y);
+          return autocast_active() ? y : raw_cast(y, t);
+        },
+        [a, log](const std::vector<Tensor>& k, const Tensor& g) { return Grads{softmax_grad(k[0], g, a, log)}; });
+  }
+  // (A half x while tracing: the trace keeps the casts.)
+  const Tensor x = is_half(x0.dtype()) ? x0.cast(DType::f32) : x0;
+  Tensor y = softmax_raw(x, a, log);
+  autodiff::record(y, {&x}, [y, a, log](const Tensor& g) { return Grads{softmax_grad(y, g, a, log)}; });
+  return is_half(x0.dtype()) && !autocast_active() ? y.cast(x0.dtype()) : y;  // autocast: Float32
 }
+}  // namespace
+
+Tensor detail::softmax_op(const Tensor& x0, int axis) { return softmax_family("softmax", x0, axis, false); }
+Tensor detail::logsoftmax_op(const Tensor& x0, int axis) { return softmax_family("logsoftmax", x0, axis, true); }
 
 Tensor logsumexp(const Tensor& x, int axis, bool keepdims) {
   check_defined("logsumexp", x);

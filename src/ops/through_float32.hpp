@@ -1,0 +1,42 @@
+// The low-precision pattern of the ops, written once: an op on Float16/BFloat16 operands computed in
+// Float32 (or by the backend on the half storage), recorded as one autodiff node that keeps the half
+// tensors, not Float32 copies of them.
+#pragma once
+#include <functional>
+#include <initializer_list>
+#include <vector>
+
+#include "flux/tensor.hpp"
+#include "src/trace.hpp"
+
+namespace flux::detail {
+
+/// Whether x is Float16/BFloat16 and its backend's reduce and softmax read that storage themselves
+/// (Backend::reads_half_storage: Float32 arithmetic, Float32 output), so the op hands x over as it is
+/// instead of a Float32 copy. Not while tracing (ONNX export): the trace keeps the cast, so that each
+/// traced op's output dtype is its input's. The one place the ops ask.
+bool reads_half(const Tensor& x);
+
+/// A Float32 copy of a Float16/BFloat16 tensor (unrecorded); any other tensor, and an undefined one,
+/// as it is.
+Tensor float32_of(const Tensor& t);
+
+/// The op's backward: the kept tensors cast to the compute dtype (see through_float32), in the order
+/// given, and the output gradient in that dtype; one gradient per input (undefined: none), of any
+/// floating dtype (each is cast to its input's dtype).
+using LowBackward = std::function<std::vector<Tensor>(const std::vector<Tensor>& kept, const Tensor& gy)>;
+
+/// One op on low-precision operands:
+///  1. forward() runs without recording (NoGrad) and returns the op's output, in the dtype the op
+///     gives it; it may append to `kept` what its backward needs beyond `keep` (statistics, the
+///     Float32 states of a recurrence).
+///  2. When tracing and `api` is not null, trace::emit(api, inputs, output, attrs).
+///  3. When an input is tracked, one node on the tape for `inputs`, holding `keep` in their own dtype
+///     (the Float16/BFloat16 tensors themselves): its backward gets them and the output gradient cast
+///     to `compute` (Float32 by default; an op whose backward has half kernels passes its own dtype),
+///     and its gradients are cast back to each input's dtype.
+Tensor through_float32(const char* api, std::initializer_list<const Tensor*> inputs, std::vector<Tensor> keep,
+                       const std::function<Tensor(std::vector<Tensor>& kept)>& forward, LowBackward backward,
+                       std::vector<trace::Attr> attrs = {}, DType compute = DType::f32);
+
+}  // namespace flux::detail
