@@ -53,10 +53,6 @@ Grads batchnorm_backward(const Tensor& x, const Tensor& g, const Tensor& weight,
   return Grads{dx, dweight, dbias};
 }
 
-// batchnorm with batch statistics under autocast, x in Float16/BFloat16: statistics and arithmetic in
-// Float32, the output in x's dtype. The tape keeps x itself (not a Float32 copy) and the Float32
-// statistics; the backward casts x and the gradient up and runs the Float32 backward, so the saved
-// activation costs what the low dtype costs.
 // A parameter in Float32 (the backend's half kernels take Float32 per-channel arrays); undefined stays so.
 Tensor f32_param(const Tensor& p) { return p.defined() && p.dtype() != DType::f32 ? detail::raw_cast(p, DType::f32) : p; }
 
@@ -73,6 +69,11 @@ bool batchnorm_forward_low(const Tensor& x, const Tensor& w32, const Tensor& b32
                                        flux::detail::buffer_of(var), n, c, s, eps);
 }
 
+// batchnorm with batch statistics under autocast, x in Float16/BFloat16: statistics and arithmetic in
+// Float32, the output in x's dtype. The tape keeps x itself (not a Float32 copy) and the Float32
+// statistics. Where the backend has a kernel for the half storage (the CPU's), forward and backward
+// read and write it directly; elsewhere x (and the gradient) are cast up, the Float32 kernels run and
+// the result is cast down, so the saved activation costs what the low dtype costs either way.
 Tensor batchnorm_low(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor* batch_mean,
                      Tensor* batch_var) {
   const DType low = x.dtype();
@@ -333,7 +334,7 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
 
 // normalise_rows under autocast, x2 in Float16/BFloat16: statistics and arithmetic in Float32, the
 // output in x2's dtype. The tape keeps x2 itself and the rows' Float32 mean and 1 / std (R values each),
-// not a Float32 copy of the rows; the backward casts x2 and the gradient up and runs the Float32 backward.
+// not a Float32 copy of the rows; the backend's half kernels read it directly where it has them.
 Tensor normalise_rows_low(const Tensor& x2, const Tensor& weight, const Tensor& bias, double eps) {
   const int64_t r = x2.shape()[0], d = x2.shape()[1];
   const DType low = x2.dtype(), f32 = DType::f32;
