@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -358,9 +359,16 @@ std::vector<uint16_t> rounded(DType t, const std::vector<float>& f) {
   return h;
 }
 
-TEST_P(HalfCast, BatchNormOnHalfActivationsIsBitwiseTheFloat32Kernel) {
-  const DType t = GetParam();
-  const int64_t n = 3, c = 5, s = 37;  // odd lengths: the conversions' tails
+// A channel of n s values converted once when it fits the kernel's per-thread buffers, else row by row
+// on each pass: both ways (the second shape holds more than 2^17 values per channel).
+struct BatchNormShape {
+  int64_t n, c, s;
+};
+class HalfBatchNorm : public ::testing::TestWithParam<std::tuple<DType, BatchNormShape>> {};
+
+TEST_P(HalfBatchNorm, OnHalfActivationsIsBitwiseTheFloat32Kernel) {
+  const DType t = std::get<0>(GetParam());
+  const auto [n, c, s] = std::get<1>(GetParam());
   const size_t len = size_t(n * c * s);
   const HalfData x = half_data(t, len, 1, 50.f, 4.f), dy = half_data(t, len, 2);
   const HalfData w = half_data(DType::bf16, size_t(c), 3), b = half_data(DType::bf16, size_t(c), 4);
@@ -401,6 +409,13 @@ TEST_P(HalfCast, BatchNormOnHalfActivationsIsBitwiseTheFloat32Kernel) {
   EXPECT_FALSE(cpu_backend::batchnorm_forward(t, x.h.data(), w.f.data(), b.f.data(), y.data(), mean.data(), var.data(), 15,
                                               c, 1, 1e-5));
 }
+INSTANTIATE_TEST_SUITE_P(Cpu, HalfBatchNorm,
+                         ::testing::Combine(::testing::Values(DType::bf16, DType::f16),
+                                            ::testing::Values(BatchNormShape{3, 5, 37}, BatchNormShape{2, 3, 70001})),
+                         [](const auto& i) {
+                           return std::string(dtype_name(std::get<0>(i.param))) +
+                                  (std::get<1>(i.param).s > 1000 ? "_RowByRow" : "_WholeChannel");
+                         });
 
 TEST_P(HalfCast, RowNormOnHalfActivationsIsBitwiseTheFloat32Kernel) {
   const DType t = GetParam();

@@ -281,32 +281,40 @@ HalfRows& half_rows(int64_t len) {
   return rows;
 }
 
+// A channel's n rows of x (and dy) are converted once into per-thread buffers when they fit in L2
+// (kChannelFloats each; ResNet-18's largest BatchNorm at 112² b32 holds 100K); larger ones are
+// converted row by row on each of the passes. The arithmetic is the same either way.
+constexpr int64_t kChannelFloats = int64_t(1) << 17;
+
 // BatchNorm training forward, s > 1 (the per-channel loop of forward<float>).
 void forward_half(DType t, const uint16_t* x, const float* weight, const float* bias, uint16_t* y, float* mean,
                   float* var, int64_t n, int64_t c, int64_t s, double eps) {
   const double m = double(n * s);
+  const bool whole = n * s <= kChannelFloats;
   parallel_for(c, 1, [&](int64_t c0, int64_t c1) {
-    HalfRows& rows = half_rows(s);
-    float* p = rows.x.data();
+    HalfRows& rows = half_rows(whole ? n * s : s);
     for (int64_t ch = c0; ch < c1; ++ch) {
+      // Row i of the channel in float32: from the channel's buffer, or converted into the row buffer now.
+      auto row = [&](int64_t i) {
+        if (whole) return static_cast<const float*>(rows.x.data() + i * s);
+        half_storage_to_float(t, x + (i * c + ch) * s, rows.x.data(), s);
+        return static_cast<const float*>(rows.x.data());
+      };
+      if (whole)
+        for (int64_t i = 0; i < n; ++i) half_storage_to_float(t, x + (i * c + ch) * s, rows.x.data() + i * s, s);
       double total = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        half_storage_to_float(t, x + (i * c + ch) * s, p, s);
-        total += row_sum(p, s);
-      }
+      for (int64_t i = 0; i < n; ++i) total += row_sum(row(i), s);
       const double mu = total / m;
       double squares = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        half_storage_to_float(t, x + (i * c + ch) * s, p, s);
-        squares += row_squared_deviations(p, s, mu);
-      }
+      for (int64_t i = 0; i < n; ++i) squares += row_squared_deviations(row(i), s, mu);
       const double v = squares / m;
       const double scale = (weight ? double(weight[ch]) : 1.0) / std::sqrt(v + eps);
       const float a = float(scale), b = float((bias ? double(bias[ch]) : 0.0) - mu * scale);
+      float* q = rows.out.data();
       for (int64_t i = 0; i < n; ++i) {
-        half_storage_to_float(t, x + (i * c + ch) * s, p, s);
-        for (int64_t k = 0; k < s; ++k) p[k] = p[k] * a + b;
-        float_to_half_storage(t, p, y + (i * c + ch) * s, s);
+        const float* p = row(i);
+        for (int64_t k = 0; k < s; ++k) q[k] = p[k] * a + b;
+        float_to_half_storage(t, q, y + (i * c + ch) * s, s);
       }
       mean[ch] = float(mu);
       var[ch] = float(v);
@@ -319,26 +327,40 @@ void backward_half(DType t, const uint16_t* x, const uint16_t* dy, const float* 
                    const float* var, uint16_t* dx, float* dweight, float* dbias, int64_t n, int64_t c, int64_t s,
                    double eps) {
   const double m = double(n * s);
+  const bool whole = n * s <= kChannelFloats;
   parallel_for(c, 1, [&](int64_t c0, int64_t c1) {
-    HalfRows& rows = half_rows(s);
-    float *p = rows.x.data(), *g = rows.g.data();
+    HalfRows& rows = half_rows(whole ? n * s : s);
     for (int64_t ch = c0; ch < c1; ++ch) {
+      auto rows_at = [&](int64_t i, const float*& p, const float*& g) {
+        if (whole) {
+          p = rows.x.data() + i * s, g = rows.g.data() + i * s;
+          return;
+        }
+        half_storage_to_float(t, x + (i * c + ch) * s, rows.x.data(), s);
+        half_storage_to_float(t, dy + (i * c + ch) * s, rows.g.data(), s);
+        p = rows.x.data(), g = rows.g.data();
+      };
+      if (whole)
+        for (int64_t i = 0; i < n; ++i) {
+          half_storage_to_float(t, x + (i * c + ch) * s, rows.x.data() + i * s, s);
+          half_storage_to_float(t, dy + (i * c + ch) * s, rows.g.data() + i * s, s);
+        }
       const double mu = double(mean[ch]);
       double sum_dy = 0, sum_dy_xc = 0;
+      const float *p = nullptr, *g = nullptr;
       for (int64_t i = 0; i < n; ++i) {
-        half_storage_to_float(t, x + (i * c + ch) * s, p, s);
-        half_storage_to_float(t, dy + (i * c + ch) * s, g, s);
-        row_sums_dy(static_cast<const float*>(p), static_cast<const float*>(g), s, mu, sum_dy, sum_dy_xc);
+        rows_at(i, p, g);
+        row_sums_dy(p, g, s, mu, sum_dy, sum_dy_xc);
       }
       const double inv = 1.0 / std::sqrt(double(var[ch]) + eps);
       const double a = (weight ? double(weight[ch]) : 1.0) * inv;
       const double k_xc = a * inv * inv * sum_dy_xc / m;
       const float ta = float(a), tk = float(k_xc), tb = float(k_xc * mu - a * sum_dy / m);
+      float* q = rows.out.data();
       for (int64_t i = 0; i < n; ++i) {
-        half_storage_to_float(t, x + (i * c + ch) * s, p, s);
-        half_storage_to_float(t, dy + (i * c + ch) * s, g, s);
-        for (int64_t k = 0; k < s; ++k) g[k] = g[k] * ta - p[k] * tk + tb;
-        float_to_half_storage(t, g, dx + (i * c + ch) * s, s);
+        rows_at(i, p, g);
+        for (int64_t k = 0; k < s; ++k) q[k] = g[k] * ta - p[k] * tk + tb;
+        float_to_half_storage(t, q, dx + (i * c + ch) * s, s);
       }
       if (dweight) dweight[ch] = float(inv * sum_dy_xc);
       if (dbias) dbias[ch] = float(sum_dy);
