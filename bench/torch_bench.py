@@ -252,14 +252,17 @@ def encoder_case():
     check_parameters("encoder", model, ENC_PARAMETERS)
     x, y = torch.rand(ENC_BATCH, ENC_LEN, ENC_DIM), torch.rand(ENC_BATCH, ENC_LEN, ENC_DIM)
     model.eval()
-    with torch.inference_mode(), amp():
-        def run():
-            model(x)
-            return 0.0
+    try:
+        with torch.inference_mode(), amp():
+            def run():
+                model(x)
+                return 0.0
 
-        for _ in range(2):
-            run()
-        print(f"encoder_infer_ms {1e3 / rate(run, 2.0):.6g}")
+            for _ in range(2):
+                run()
+            print(f"encoder_infer_ms {1e3 / rate(run, 2.0):.6g}")
+    except RuntimeError as e:  # PyTorch 1.13's fused encoder-layer inference rejects autocast's bf16
+        print(f"skipped encoder inference: {str(e).splitlines()[0]}", file=sys.stderr)
     model.train()
     print(f"encoder_train_ms {1e3 / train_steps_per_s(model, x, y, F.mse_loss, 1, 3.0):.6g}")
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "src/autocast.hpp"
+#include "src/backends/cpu/pass_count.hpp"
 #include "src/storage_stats.hpp"
 #include "test_devices.hpp"
 
@@ -487,5 +488,31 @@ TEST(Autocast, ThreadsShareOneModel) {
     });
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < 4; ++i) EXPECT_EQ(got[size_t(i)], i % 2 ? want_f32 : want_low) << "thread " << i;
+}
+
+// bf16 end to end on the CPU: a training step of conv, BatchNorm with relu, max pooling, a residual
+// block, LayerNorm, mean pooling and Dense runs its activations in bf16 from op to op (BatchNorm,
+// LayerNorm, pooling, relu and the adds read and write bf16): the step's float32 <-> bf16 conversion
+// passes are those of the weights, their gradients and the input, not of the activations.
+TEST(Autocast, CpuStepConvertsNoActivations) {
+  Emulate emulate;
+  seed(41);
+  const ConvOptions no_bias{.pad = 1, .bias = false};
+  auto block = Chain(Conv({3, 3}, 8, 8, Activation(), no_bias), BatchNorm(8));
+  auto model = Chain(Conv({3, 3}, 4, 8, Activation(), no_bias), BatchNorm(8, relu), MaxPool({3, 3}, {.stride = 2, .pad = 1}),
+                     SkipConnection(block, plus), LayerNorm(16), MeanPool({2, 2}), flatten, Dense(8 * 8 * 8, 3));
+  Tensor x = randn({16, 4, 32, 32});
+  Tensor y = onehot_rows(16, 3, Device());
+  auto loss = [&](auto& m) { return logitcrossentropy(m(x), y); };
+  withgradient(loss, model, {.autocast = DType::bf16});  // warm-up
+  cpu_backend::reset_pass_counts();
+  auto [value, grads] = withgradient(loss, model, {.autocast = DType::bf16});
+  const cpu_backend::PassCounts c = cpu_backend::pass_counts();
+  // Allowed: the weights down and their gradients up (twice over for slack), the input down, the logits.
+  const int64_t allowed = 6 * (4 * parameter_count(model) + x.numel() + 4096);
+  const int64_t one_activation = 6 * 16 * 8 * 32 * 32;  // one pass over the first conv's output
+  EXPECT_LT(c.conversion_bytes, allowed) << c.conversions << " conversions";
+  EXPECT_LT(c.conversion_bytes, one_activation) << c.conversions << " conversions";
+  EXPECT_TRUE(std::isfinite(value.item<double>()));
 }
 }  // namespace

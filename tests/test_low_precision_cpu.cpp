@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -309,15 +310,192 @@ TEST_P(HalfCast, OnePassElementwiseIsBitwiseTheThreePasses) {
     ASSERT_TRUE(cpu_backend::binary_half(op, t, a.data(), b.data(), got_cmp.data(), dense));
     ASSERT_EQ(got_cmp, want_cmp) << "comparison " << int(op);
   }
-  // Another broadcast (a row against a matrix) or another dtype: declined, nothing written.
+  // A row repeated over the rows of a matrix (a bias), on either side: one pass, the same bits.
   backend::Broadcast rows;
-  rows.ndim = 2, rows.shape[0] = 7, rows.shape[1] = 10;
+  rows.ndim = 2, rows.shape[0] = 7000, rows.shape[1] = 10;  // several blocks, which start mid-row
   rows.stride[0][0] = 10, rows.stride[0][1] = 1, rows.stride[1][0] = 0, rows.stride[1][1] = 1, rows.stride[2][0] = 10,
   rows.stride[2][1] = 1;
+  backend::Broadcast rows_a = rows;
+  rows_a.stride[0][0] = 0, rows_a.stride[1][0] = 10;
+  for (BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul}) {
+    for (const backend::Broadcast* plan : {&rows, &rows_a}) {
+      cpu_backend::binary(op, DType::f32, ua.data(), ub.data(), r.data(), *plan);
+      cpu_backend::float_to_half_storage_reference(t, r.data(), want.data(), 70000);
+      std::fill(got.begin(), got.end(), uint16_t(0));
+      ASSERT_TRUE(cpu_backend::binary_half(op, t, a.data(), b.data(), got.data(), *plan));
+      ASSERT_TRUE(std::equal(want.begin(), want.begin() + 70000, got.begin())) << "row broadcast, op " << int(op);
+    }
+  }
+  // Another broadcast (a column against a matrix) or another dtype: declined, nothing written.
+  backend::Broadcast columns = rows;
+  columns.stride[1][0] = 1, columns.stride[1][1] = 0;
   std::fill(got.begin(), got.end(), uint16_t(0x1234));
-  EXPECT_FALSE(cpu_backend::binary_half(BinaryOp::add, t, a.data(), b.data(), got.data(), rows));
+  EXPECT_FALSE(cpu_backend::binary_half(BinaryOp::add, t, a.data(), b.data(), got.data(), columns));
   EXPECT_FALSE(cpu_backend::unary_half(UnaryOp::exp, DType::f32, fa.data(), r.data(), n, 0));
   EXPECT_EQ(got[0], 0x1234);
+}
+
+// ---- kernels on half activations (normalisation.cpp, pooling.cpp): bitwise the float32 kernel on
+// the values cast up, its result cast down (what the core ran before, with full-tensor copies) ----
+
+// n values of a normal draw (mean mu, deviation sd) rounded to t: the storage and its float32 values.
+struct HalfData {
+  std::vector<uint16_t> h;
+  std::vector<float> f;
+};
+HalfData half_data(DType t, size_t n, unsigned seed, float mu = 0.f, float sd = 1.f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(mu, sd);
+  std::vector<float> x(n);
+  for (float& v : x) v = d(gen);
+  HalfData out{std::vector<uint16_t>(n), std::vector<float>(n)};
+  cpu_backend::float_to_half_storage_reference(t, x.data(), out.h.data(), int64_t(n));
+  cpu_backend::half_storage_to_float_reference(t, out.h.data(), out.f.data(), int64_t(n));
+  return out;
+}
+std::vector<uint16_t> rounded(DType t, const std::vector<float>& f) {
+  std::vector<uint16_t> h(f.size());
+  cpu_backend::float_to_half_storage_reference(t, f.data(), h.data(), int64_t(f.size()));
+  return h;
+}
+
+// A channel of n s values converted once when it fits the kernel's per-thread buffers, else row by row
+// on each pass: both ways (the second shape holds more than 2^17 values per channel).
+struct BatchNormShape {
+  int64_t n, c, s;
+};
+class HalfBatchNorm : public ::testing::TestWithParam<std::tuple<DType, BatchNormShape>> {};
+
+TEST_P(HalfBatchNorm, OnHalfActivationsIsBitwiseTheFloat32Kernel) {
+  const DType t = std::get<0>(GetParam());
+  const auto [n, c, s] = std::get<1>(GetParam());
+  const size_t len = size_t(n * c * s);
+  const HalfData x = half_data(t, len, 1, 50.f, 4.f), dy = half_data(t, len, 2);
+  const HalfData w = half_data(DType::bf16, size_t(c), 3), b = half_data(DType::bf16, size_t(c), 4);
+  std::vector<float> y32(len), mean32(static_cast<size_t>(c)), var32(static_cast<size_t>(c)), mean(static_cast<size_t>(c)), var(static_cast<size_t>(c));
+  std::vector<uint16_t> y(len);
+  ASSERT_TRUE(cpu_backend::batchnorm_forward(DType::f32, x.f.data(), w.f.data(), b.f.data(), y32.data(), mean32.data(),
+                                             var32.data(), n, c, s, 1e-5));
+  ASSERT_TRUE(cpu_backend::batchnorm_forward(t, x.h.data(), w.f.data(), b.f.data(), y.data(), mean.data(), var.data(), n,
+                                             c, s, 1e-5));
+  EXPECT_EQ(y, rounded(t, y32));
+  EXPECT_EQ(mean, mean32);
+  EXPECT_EQ(var, var32);
+  std::vector<float> dx32(len), dw32(static_cast<size_t>(c)), db32(static_cast<size_t>(c)), dw(static_cast<size_t>(c)), db(static_cast<size_t>(c));
+  std::vector<uint16_t> dx(len);
+  ASSERT_TRUE(cpu_backend::batchnorm_backward(DType::f32, x.f.data(), dy.f.data(), w.f.data(), mean.data(), var.data(),
+                                              dx32.data(), dw32.data(), db32.data(), n, c, s, 1e-5));
+  ASSERT_TRUE(cpu_backend::batchnorm_backward(t, x.h.data(), dy.h.data(), w.f.data(), mean.data(), var.data(), dx.data(),
+                                              dw.data(), db.data(), n, c, s, 1e-5));
+  EXPECT_EQ(dx, rounded(t, dx32));
+  EXPECT_EQ(dw, dw32);
+  EXPECT_EQ(db, db32);
+  // Inference: y = x * scale + shift per channel.
+  ASSERT_TRUE(cpu_backend::channel_affine(DType::f32, x.f.data(), w.f.data(), b.f.data(), y32.data(), n, c, s));
+  ASSERT_TRUE(cpu_backend::channel_affine(t, x.h.data(), w.f.data(), b.f.data(), y.data(), n, c, s));
+  EXPECT_EQ(y, rounded(t, y32));
+  // Against float64: the normalised output within the rounding of the half input and output.
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double mu = 0, sq = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < s; ++k) mu += x.f[size_t((i * c + ch) * s + k)];
+    mu /= double(n * s);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < s; ++k) sq += std::pow(x.f[size_t((i * c + ch) * s + k)] - mu, 2);
+    EXPECT_NEAR(mean[size_t(ch)], mu, 1e-5 * std::fabs(mu));
+    EXPECT_NEAR(var[size_t(ch)], sq / double(n * s), 1e-5 * sq / double(n * s));
+  }
+  // (n, c) input (s == 1): declined, the core goes through float32.
+  EXPECT_FALSE(cpu_backend::batchnorm_forward(t, x.h.data(), w.f.data(), b.f.data(), y.data(), mean.data(), var.data(), 15,
+                                              c, 1, 1e-5));
+}
+INSTANTIATE_TEST_SUITE_P(Cpu, HalfBatchNorm,
+                         ::testing::Combine(::testing::Values(DType::bf16, DType::f16),
+                                            ::testing::Values(BatchNormShape{3, 5, 37}, BatchNormShape{2, 3, 70001})),
+                         [](const auto& i) {
+                           return std::string(dtype_name(std::get<0>(i.param))) +
+                                  (std::get<1>(i.param).s > 1000 ? "_RowByRow" : "_WholeChannel");
+                         });
+
+TEST_P(HalfCast, RowNormOnHalfActivationsIsBitwiseTheFloat32Kernel) {
+  const DType t = GetParam();
+  const int64_t r = 45, d = 67;
+  const size_t len = size_t(r * d);
+  const HalfData x = half_data(t, len, 5, 3.f, 2.f), dy = half_data(t, len, 6);
+  const HalfData w = half_data(DType::bf16, size_t(d), 7), b = half_data(DType::bf16, size_t(d), 8);
+  for (bool affine : {true, false}) {
+    const float* wp = affine ? w.f.data() : nullptr;
+    const float* bp = affine ? b.f.data() : nullptr;
+    std::vector<float> y32(len), mean32(static_cast<size_t>(r)), rstd32(static_cast<size_t>(r)), mean(static_cast<size_t>(r)), rstd(static_cast<size_t>(r));
+    std::vector<uint16_t> y(len);
+    ASSERT_TRUE(cpu_backend::rownorm_forward(DType::f32, x.f.data(), wp, bp, y32.data(), mean32.data(), rstd32.data(), r, d, 1e-5));
+    ASSERT_TRUE(cpu_backend::rownorm_forward(t, x.h.data(), wp, bp, y.data(), mean.data(), rstd.data(), r, d, 1e-5));
+    EXPECT_EQ(y, rounded(t, y32));
+    EXPECT_EQ(mean, mean32);
+    EXPECT_EQ(rstd, rstd32);
+    std::vector<float> dx32(len), dw32(static_cast<size_t>(d)), db32(static_cast<size_t>(d)), dw(static_cast<size_t>(d)), db(static_cast<size_t>(d));
+    std::vector<uint16_t> dx(len);
+    ASSERT_TRUE(cpu_backend::rownorm_backward(DType::f32, x.f.data(), dy.f.data(), wp, mean.data(), rstd.data(), dx32.data(),
+                                              affine ? dw32.data() : nullptr, affine ? db32.data() : nullptr, r, d));
+    ASSERT_TRUE(cpu_backend::rownorm_backward(t, x.h.data(), dy.h.data(), wp, mean.data(), rstd.data(), dx.data(),
+                                              affine ? dw.data() : nullptr, affine ? db.data() : nullptr, r, d));
+    EXPECT_EQ(dx, rounded(t, dx32));
+    if (affine) {
+      EXPECT_EQ(dw, dw32);
+      EXPECT_EQ(db, db32);
+    }
+    // Against float64: row 0's normalised values within one rounding of the output.
+    double mu = 0, sq = 0;
+    for (int64_t j = 0; j < d; ++j) mu += x.f[size_t(j)];
+    mu /= double(d);
+    for (int64_t j = 0; j < d; ++j) sq += std::pow(x.f[size_t(j)] - mu, 2);
+    const double inv = 1 / std::sqrt(sq / double(d) + 1e-5);
+    for (int64_t j = 0; j < d; ++j) {
+      const double want = (x.f[size_t(j)] - mu) * inv * (affine ? w.f[size_t(j)] : 1.0) + (affine ? b.f[size_t(j)] : 0.0);
+      const double got = t == DType::bf16 ? half_bits::bfloat16_to_float(y[size_t(j)]) : half_bits::to_float(y[size_t(j)]);
+      EXPECT_NEAR(got, want, 1e-5 + std::fabs(want) * (t == DType::bf16 ? 0x1p-8 : 0x1p-11)) << j;
+    }
+  }
+}
+
+TEST_P(HalfCast, PoolingOnHalfActivationsIsBitwiseTheFloat32Kernel) {
+  const DType t = GetParam();
+  struct Window {
+    int64_t k, stride, pad, in;
+  };
+  // ResNet's 3x3 stride 2 pad 1 and 2x2 stride 2 (the fixed kernels), a 3x3 stride 1 (the reference loop)
+  // and a global window (AdaptiveMeanPool((1, 1)) on 7x7).
+  for (Window win : {Window{3, 2, 1, 15}, Window{2, 2, 0, 12}, Window{3, 1, 1, 9}, Window{7, 7, 0, 7}}) {
+    backend::ConvGeometry g;
+    g.spatial = 2, g.batch = 2, g.in_channels = g.out_channels = 3;
+    for (int i = 0; i < 2; ++i) {
+      g.in[i] = win.in, g.kernel[i] = win.k, g.stride[i] = win.stride, g.pad_lo[i] = g.pad_hi[i] = win.pad;
+      g.out[i] = (win.in + 2 * win.pad - win.k) / win.stride + 1;
+    }
+    const size_t in_len = size_t(g.batch * g.in_channels * g.in[0] * g.in[1]);
+    const size_t out_len = size_t(g.batch * g.in_channels * g.out[0] * g.out[1]);
+    HalfData x = half_data(t, in_len, 9);
+    x.h[3] = x.h[4];  // a tie inside a window: the gradient goes to the first
+    cpu_backend::half_storage_to_float_reference(t, x.h.data(), x.f.data(), int64_t(in_len));
+    const HalfData dy = half_data(t, out_len, 10);
+    for (backend::PoolOp op : {backend::PoolOp::max, backend::PoolOp::mean}) {
+      SCOPED_TRACE("window " + std::to_string(win.k) + " stride " + std::to_string(win.stride) +
+                   (op == backend::PoolOp::max ? " max" : " mean"));
+      std::vector<float> y32(out_len), yf(out_len);
+      std::vector<uint16_t> y(out_len);
+      cpu_backend::pool_forward(op, DType::f32, x.f.data(), y32.data(), g);
+      cpu_backend::pool_forward(op, t, x.h.data(), y.data(), g);
+      ASSERT_EQ(y, rounded(t, y32));
+      cpu_backend::half_storage_to_float_reference(t, y.data(), yf.data(), int64_t(out_len));
+      // dx is accumulated into: start both from the same non-zero values.
+      const HalfData dx0 = half_data(t, in_len, 11);
+      std::vector<float> dx32 = dx0.f;
+      std::vector<uint16_t> dx = dx0.h;
+      cpu_backend::pool_backward(op, DType::f32, x.f.data(), yf.data(), dy.f.data(), dx32.data(), g);
+      cpu_backend::pool_backward(op, t, x.h.data(), y.data(), dy.h.data(), dx.data(), g);
+      ASSERT_EQ(dx, rounded(t, dx32));
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, HalfCast, ::testing::Values(DType::bf16, DType::f16),

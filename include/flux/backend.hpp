@@ -201,7 +201,8 @@ class Backend {
   virtual void im2col(int device, DType t, Buffer x, Buffer col, const ConvGeometry& g) = 0;
   /// The adjoint of im2col: dx (pre-filled by the caller) += the columns summed back into place.
   virtual void col2im(int device, DType t, Buffer col, Buffer dx, const ConvGeometry& g) = 0;
-  /// y (batch, C, out...) from x (batch, C, in...) over each window.
+  /// y (batch, C, out...) from x (batch, C, in...) over each window. f32/f64 (the CPU backend also
+  /// bf16/f16 storage, which the core asks of it alone, as reduce and softmax).
   virtual void pool_forward(int device, PoolOp op, DType t, Buffer x, Buffer y, const ConvGeometry& g) = 0;
   /// dx (pre-filled by the caller) += the pooling adjoint of dy; max sends each window's gradient to
   /// the first position (in window order) that holds the maximum y.
@@ -215,7 +216,9 @@ class Backend {
 
   // ---- batch normalisation fast paths (src/backends/<name>/normalisation); false = the core composes
   // portable ops. x, y, dy, dx are (n, c, s) row-major of dtype t (f32/f64); per-channel arrays (c,) of
-  // dtype t; a weight/bias/dweight/dbias handle of nullptr means none (weight 1, bias 0, not wanted). ----
+  // dtype t; a weight/bias/dweight/dbias handle of nullptr means none (weight 1, bias 0, not wanted).
+  // t = bf16/f16 (autocast): x, y, dy, dx of dtype t and every per-channel array Float32, Float32
+  // arithmetic (bitwise the Float32 kernel on x cast up, its result cast down); false where not offered. ----
   /// Training forward: mean[c] and biased var[c] over n and s, then
   /// y = (x - mean) / sqrt(var + eps) * weight + bias.
   virtual bool batchnorm_forward(int device, DType t, Buffer x, Buffer weight, Buffer bias, Buffer y, Buffer mean,
@@ -244,7 +247,8 @@ class Backend {
   // ---- row normalisation, fused (layernorm over the last axis; groupnorm's (N * G) groups as rows;
   // src/backends/<name>/normalisation); false = the core composes portable ops. x, y, dy, dx are (r, d)
   // row-major of dtype t (f32/f64); weight, bias, dweight, dbias (d,) of dtype t, a null handle = none
-  // (weight 1, bias 0, not wanted); mean, rstd (r,) of dtype t. Statistics are accumulated in float64. ----
+  // (weight 1, bias 0, not wanted); mean, rstd (r,) of dtype t. Statistics are accumulated in float64.
+  // t = bf16/f16: x, y, dy, dx of dtype t, the other arrays Float32, as batch normalisation above. ----
   /// mean[i] and rstd[i] = 1 / sqrt(var[i] + eps) of row i (biased var), y = (x - mean) rstd weight + bias.
   virtual bool rownorm_forward(int device, DType t, Buffer x, Buffer weight, Buffer bias, Buffer y, Buffer mean,
                                Buffer rstd, int64_t r, int64_t d, double eps) {

@@ -256,9 +256,29 @@ Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) 
     Tensor out;
     {
       autodiff::NoGrad inner;  // recorded below
-      out = raw_cast(binary_raw(api, op, raw_cast(a0, DType::f32), raw_cast(b0, DType::f32)), t);
+      // One pass on the backend where it has one (binary_half: the same bits as the three passes).
+      const Shape s = broadcast_shapes(api, a0.shape(), b0.shape());
+      out = Tensor::empty(s, t, a0.device());
+      if (out.numel() == 0 ||
+          !a0.backend().binary_half(a0.device().index(), op, t, flux::detail::buffer_of(a0), flux::detail::buffer_of(b0),
+                                    flux::detail::buffer_of(out), make_plan(s, {&a0.shape(), &b0.shape()})))
+        out = raw_cast(binary_raw(api, op, raw_cast(a0, DType::f32), raw_cast(b0, DType::f32)), t);
     }
     const bool need_a = autodiff::tracked(a0), need_b = autodiff::tracked(b0);
+    // x + y and x - y (residual connections, bias adds): an operand of the output's shape gets g or -g
+    // exactly, in the low dtype (no Float32 round trip); a broadcast one, g summed in Float32 (as below).
+    if ((op == BinaryOp::add || op == BinaryOp::sub) && (a0.shape() == out.shape() || b0.shape() == out.shape())) {
+      autodiff::record(out, {&a0, &b0}, [op, t, need_a, need_b, sa = a0.shape(), sb = b0.shape()](const Tensor& g0) {
+        const Tensor g = g0.dtype() == t ? g0 : raw_cast(g0, t);
+        auto grad = [&](const Shape& s, bool negate) {
+          if (s == g.shape()) return negate ? -g : g;
+          const Tensor summed = sum_to(raw_cast(g, DType::f32), s);
+          return raw_cast(negate ? -summed : summed, t);
+        };
+        return Grads{need_a ? grad(sa, false) : Tensor(), need_b ? grad(sb, op == BinaryOp::sub) : Tensor()};
+      });
+      return out;
+    }
     const Tensor keep_a = operand_read(op, 0, need_a, need_b) ? a0 : Tensor();
     const Tensor keep_b = operand_read(op, 1, need_a, need_b) ? b0 : Tensor();
     autodiff::record(out, {&a0, &b0}, [api, op, keep_a, keep_b, sa = a0.shape(), sb = b0.shape(), need_a, need_b,

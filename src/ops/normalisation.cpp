@@ -53,23 +53,58 @@ Grads batchnorm_backward(const Tensor& x, const Tensor& g, const Tensor& weight,
   return Grads{dx, dweight, dbias};
 }
 
+// A parameter in Float32 (the backend's half kernels take Float32 per-channel arrays); undefined stays so.
+Tensor f32_param(const Tensor& p) { return p.defined() && p.dtype() != DType::f32 ? detail::raw_cast(p, DType::f32) : p; }
+
+// The backend's kernel on x's half storage directly (backend.hpp: x, y in the low dtype, the rest Float32):
+// y, and the batch's mean and var; false where it has none (the caller goes through Float32 copies).
+bool batchnorm_forward_low(const Tensor& x, const Tensor& w32, const Tensor& b32, double eps, int64_t n, int64_t c,
+                           int64_t s, Tensor& y, Tensor& mean, Tensor& var) {
+  if (!detail::library_kernels() || trace::active()) return false;
+  y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  mean = Tensor::empty(Shape{c}, DType::f32, x.device());
+  var = Tensor::empty(Shape{c}, DType::f32, x.device());
+  return x.backend().batchnorm_forward(x.device().index(), x.dtype(), flux::detail::buffer_of(x), buffer_or_none(w32),
+                                       buffer_or_none(b32), flux::detail::buffer_of(y), flux::detail::buffer_of(mean),
+                                       flux::detail::buffer_of(var), n, c, s, eps);
+}
+
 // batchnorm with batch statistics under autocast, x in Float16/BFloat16: statistics and arithmetic in
 // Float32, the output in x's dtype. The tape keeps x itself (not a Float32 copy) and the Float32
-// statistics; the backward casts x and the gradient up and runs the Float32 backward, so the saved
-// activation costs what the low dtype costs.
+// statistics. Where the backend has a kernel for the half storage (the CPU's), forward and backward
+// read and write it directly; elsewhere x (and the gradient) are cast up, the Float32 kernels run and
+// the result is cast down, so the saved activation costs what the low dtype costs either way.
 Tensor batchnorm_low(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor* batch_mean,
                      Tensor* batch_var) {
   const DType low = x.dtype();
+  const int64_t n = x.shape()[0], c = x.shape()[1], s = x.numel() / std::max<int64_t>(1, n * c);
   Tensor y, mean, var;
+  bool direct = false;  // the backend read and wrote the half storage itself
   {
     autodiff::NoGrad no_grad;  // recorded once, below
-    y = detail::raw_cast(batchnorm(detail::raw_cast(x, DType::f32), weight, bias, eps, &mean, &var), low);
+    auto fits = [&](const Tensor& p) { return !p.defined() || (p.shape() == Shape{c} && p.device() == x.device()); };
+    const bool params_fit = fits(weight) && fits(bias);
+    direct = params_fit && n * s >= 2 && batchnorm_forward_low(x, f32_param(weight), f32_param(bias), eps, n, c, s, y, mean, var);
+    if (!direct) y = detail::raw_cast(batchnorm(detail::raw_cast(x, DType::f32), weight, bias, eps, &mean, &var), low);
   }
   if (batch_mean) *batch_mean = mean;
   if (batch_var) *batch_var = var;
-  const int64_t n = x.shape()[0], c = x.shape()[1], s = x.numel() / std::max<int64_t>(1, n * c);
   const bool has_weight = weight.defined(), has_bias = bias.defined();
   autodiff::record(y, {&x, &weight, &bias}, [=](const Tensor& g) {
+    if (direct && g.dtype() == low) {  // the backend's half kernel: dx in the low dtype, Float32 dweight, dbias
+      const Tensor w32 = f32_param(weight);
+      Tensor dx = Tensor::empty(x.shape(), low, g.device());
+      Tensor dweight = has_weight ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
+      Tensor dbias = has_bias ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
+      if (g.backend().batchnorm_backward(g.device().index(), low, flux::detail::buffer_of(x), flux::detail::buffer_of(g),
+                                         buffer_or_none(w32), flux::detail::buffer_of(mean), flux::detail::buffer_of(var),
+                                         flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), n, c,
+                                         s, eps)) {
+        if (has_weight && dweight.dtype() != weight.dtype()) dweight = dweight.cast(weight.dtype());
+        if (has_bias && dbias.dtype() != bias.dtype()) dbias = dbias.cast(bias.dtype());
+        return Grads{dx, dweight, dbias};
+      }
+    }
     // The float32 copies of x and g go before dx is cast down.
     Grads grads = batchnorm_backward(detail::raw_cast(x, DType::f32), detail::raw_cast(g, DType::f32), weight, mean, var,
                                      eps, n, c, s, has_weight, has_bias);
@@ -184,8 +219,28 @@ Tensor channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift,
 Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean, const Tensor& var,
                  double eps) {
   detail::check_defined("batchnorm", x);
-  if (detail::autocast_active() && detail::is_half(x.dtype()))
+  if (detail::autocast_active() && detail::is_half(x.dtype())) {
+    // Outside a tape: the backend's channel_affine on the half storage (scale and shift folded in
+    // Float32 as below); else, or where it has none, through Float32 copies.
+    const Tensor* operands[] = {&x, &weight, &bias, &mean, &var};
+    bool plain = detail::library_kernels() && !trace::active() && x.ndim() >= 2 && mean.defined() && var.defined();
+    for (const Tensor* p : operands) plain = plain && !autodiff::tracked(*p) && (!p->defined() || p->device() == x.device());
+    const int64_t c = x.ndim() >= 2 ? x.shape()[1] : 0;
+    for (const Tensor* p : {&weight, &bias, &mean, &var}) plain = plain && (!p->defined() || p->shape() == Shape{c});
+    if (plain) {
+      autodiff::NoGrad no_grad;
+      Tensor scale = 1.0 / sqrt(f32_param(var) + eps);
+      if (weight.defined()) scale = scale * f32_param(weight);
+      Tensor shift = -(f32_param(mean) * scale);
+      if (bias.defined()) shift = shift + f32_param(bias);
+      const int64_t n = x.shape()[0], s = x.numel() / std::max<int64_t>(1, n * c);
+      Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+      if (x.backend().channel_affine(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(scale),
+                                     flux::detail::buffer_of(shift), flux::detail::buffer_of(y), n, c, s))
+        return y;
+    }
     return batchnorm(x.cast(DType::f32), weight, bias, mean, var, eps).cast(x.dtype());
+  }
 
   detail::check_defined("batchnorm", mean);
   detail::check_defined("batchnorm", var);
@@ -279,14 +334,24 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
 
 // normalise_rows under autocast, x2 in Float16/BFloat16: statistics and arithmetic in Float32, the
 // output in x2's dtype. The tape keeps x2 itself and the rows' Float32 mean and 1 / std (R values each),
-// not a Float32 copy of the rows; the backward casts x2 and the gradient up and runs the Float32 backward.
+// not a Float32 copy of the rows; the backend's half kernels read it directly where it has them.
 Tensor normalise_rows_low(const Tensor& x2, const Tensor& weight, const Tensor& bias, double eps) {
   const int64_t r = x2.shape()[0], d = x2.shape()[1];
   const DType low = x2.dtype(), f32 = DType::f32;
   const bool has_weight = weight.defined(), has_bias = bias.defined();
   Tensor w32 = has_weight ? detail::raw_cast(weight, f32) : Tensor(), b32 = has_bias ? detail::raw_cast(bias, f32) : Tensor();
   Tensor y, mean, rstd;  // mean, rstd: (R, 1)
-  {
+  // The backend's kernel on the half storage directly (backend.hpp: x, y, dy, dx in the low dtype, the
+  // rest Float32): bitwise the Float32 path below, without its full-tensor Float32 copies.
+  bool direct = false;
+  if (detail::library_kernels() && !trace::active()) {
+    y = Tensor::empty(x2.shape(), low, x2.device());
+    mean = Tensor::empty(Shape{r, 1}, f32, x2.device()), rstd = Tensor::empty(Shape{r, 1}, f32, x2.device());
+    direct = x2.backend().rownorm_forward(x2.device().index(), low, flux::detail::buffer_of(x2), buffer_or_none(w32),
+                                          buffer_or_none(b32), flux::detail::buffer_of(y), flux::detail::buffer_of(mean),
+                                          flux::detail::buffer_of(rstd), r, d, eps);
+  }
+  if (!direct) {
     autodiff::NoGrad no_grad;  // recorded once, below
     Tensor x32 = detail::raw_cast(x2, f32);
     Tensor y32 = Tensor::empty(x2.shape(), f32, x2.device());
@@ -305,6 +370,19 @@ Tensor normalise_rows_low(const Tensor& x2, const Tensor& weight, const Tensor& 
   }
   if (trace::active()) trace::emit("rownorm", {x2, weight, bias}, y, {{"eps", {}, {eps}}});
   autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
+    if (direct && dy.dtype() == low) {
+      Tensor dx = Tensor::empty(x2.shape(), low, dy.device());
+      Tensor dweight = has_weight ? Tensor::empty(Shape{d}, f32, dy.device()) : Tensor();
+      Tensor dbias = has_bias ? Tensor::empty(Shape{d}, f32, dy.device()) : Tensor();
+      if (dy.backend().rownorm_backward(dy.device().index(), low, flux::detail::buffer_of(x2), flux::detail::buffer_of(dy),
+                                        buffer_or_none(w32), flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd),
+                                        flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), r, d)) {
+        Grads grads{dx, dweight, dbias};
+        if (has_weight && dweight.dtype() != weight.dtype()) grads[1] = detail::raw_cast(dweight, weight.dtype());
+        if (has_bias && dbias.dtype() != bias.dtype()) grads[2] = detail::raw_cast(dbias, bias.dtype());
+        return grads;
+      }
+    }
     Tensor x32 = detail::raw_cast(x2, f32), g = detail::raw_cast(dy, f32);
     Tensor dx = Tensor::empty(x2.shape(), f32, g.device());
     Tensor dweight = has_weight ? Tensor::empty(Shape{d}, f32, g.device()) : Tensor();

@@ -60,6 +60,25 @@ Tensor pool_raw(PoolOp op, const Tensor& x, const ConvGeometry& g) {
   // Float16/BFloat16 through float32 (a max is exact; a mean is rounded once). The tape keeps x and y
   // in their own dtype (what autocast's memory saving rests on: no Float32 copies outlive the op); the
   // backward casts them up, and a max's y cast up is the float32 maximum exactly.
+  // The CPU backend pools half storage itself (pooling.cpp: per-plane float32 copies in cache, the same
+  // bits); backend.hpp asks the other backends for f32/f64 only.
+  if (is_half(x.dtype()) && x.device().is_cpu() && !trace::active()) {
+    const DType t = x.dtype();
+    Tensor y = Tensor::empty(output_shape(g), t, x.device());
+    if (y.numel())
+      x.backend().pool_forward(x.device().index(), op, t, flux::detail::buffer_of(x), flux::detail::buffer_of(y), g);
+    autodiff::record(y, {&x}, [op, x, y, g, t](const Tensor& dy) {
+      // A gradient of another dtype (Float32) goes through Float32 copies: rounding it first would lose bits.
+      const DType u = dy.dtype() == t ? t : DType::f32;
+      auto as_u = [u](const Tensor& v) { return v.dtype() == u ? v : raw_cast(v, u); };
+      Tensor dx = zeros(x.shape(), u, x.device());
+      if (dy.numel())
+        x.backend().pool_backward(x.device().index(), op, u, flux::detail::buffer_of(as_u(x)), flux::detail::buffer_of(as_u(y)),
+                                  flux::detail::buffer_of(as_u(dy)), flux::detail::buffer_of(dx), g);
+      return Grads{u == t ? dx : raw_cast(dx, t)};
+    });
+    return y;
+  }
   if (is_half(x.dtype())) {
     const DType t = x.dtype();
     Tensor y;

@@ -125,6 +125,12 @@ class CpuBackend final : public backend::Backend {
       if (units) return {false, "this build has no oneDNN, whose kernels use the CPU's " + found};
       return {false, "this CPU has no bf16 units (AVX512-BF16 or AMX-BF16; found: " + found + ")"};
     }
+    // oneDNN 2.6's CPU ISA list (dnnl_cpu_isa_t in dnnl_types.h) ends at avx512_core_amx and avx2_vnni:
+    // it has no avx512_core_fp16 or amx_fp16 level, so no CPU kernel computes in f16 whatever the units.
+    if (u.avx512_fp16 || u.amx_fp16)
+      return {false, "this CPU has f16 units (" + found +
+                         ") but no kernel here uses them: oneDNN 2.6 (Debian 12's) has no f16 CPU kernels, its CPU ISA "
+                         "levels end at avx512_core_amx (bf16, int8) with no avx512_core_fp16 or amx_fp16"};
     return {false, "no f16 compute kernels on the CPU (oneDNN 2.6 has none; units found: " + found + ")"};
   }
   backend::MemoryInfo memory(int) override {

@@ -120,6 +120,14 @@ FLUX_TARGET_AVX2_F16C void from_f16_avx2(const uint16_t* s, float* d, int64_t b,
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1); }
+// body(i, mask) over [b, e) in steps of 16: full steps with an all-ones mask (constant, so the masked
+// loads and stores compile to plain ones), then one masked step for the tail. A lambda does not take
+// its enclosing function's target: each body carries the target attribute itself.
+template <class F> [[gnu::always_inline]] inline void for_blocks_of_16(int64_t b, int64_t e, F&& body) {
+  int64_t i = b;
+  for (; i + 16 <= e; i += 16) body(i, __mmask16(0xffff));
+  if (i < e) body(i, tail_mask(e - i));
+}
 
 /// 16 floats (as bits) -> 16 bf16: bf16_lanes' integer rounding, packed by vpmovdw.
 FLUX_TARGET_AVX512_CAST inline __m256i bf16_round_avx512(__m512i x) {
@@ -133,11 +141,10 @@ FLUX_TARGET_AVX512_CAST inline __m256i bf16_round_avx512(__m512i x) {
 }
 
 FLUX_TARGET_AVX512_CAST void to_bf16_avx512(const float* s, uint16_t* d, int64_t b, int64_t e) {
-  for (int64_t i = b; i < e; i += 16) {
-    const __mmask16 m = tail_mask(e - i);
+  for_blocks_of_16(b, e, [&](int64_t i, __mmask16 m) FLUX_TARGET_AVX512_CAST {
     const __m512i x = _mm512_maskz_loadu_epi32(m, s + i);
     _mm256_mask_storeu_epi16(d + i, m, bf16_round_avx512(x));
-  }
+  });
 }
 
 /// vcvtneps2bf16 rounds as the reference except on subnormal inputs (flushed to a signed zero):
@@ -145,41 +152,37 @@ FLUX_TARGET_AVX512_CAST void to_bf16_avx512(const float* s, uint16_t* d, int64_t
 /// test per 16 lanes).
 FLUX_TARGET_AVX512_BF16_CAST void to_bf16_avx512_bf16(const float* s, uint16_t* d, int64_t b, int64_t e) {
   const __m512i exponent = _mm512_set1_epi32(0x7f800000), mantissa = _mm512_set1_epi32(0x007fffff);
-  for (int64_t i = b; i < e; i += 16) {
-    const __mmask16 m = tail_mask(e - i);
+  for_blocks_of_16(b, e, [&](int64_t i, __mmask16 m) FLUX_TARGET_AVX512_BF16_CAST {
     const __m512i x = _mm512_maskz_loadu_epi32(m, s + i);
     __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_castsi512_ps(x)));
     const __mmask16 subnormal = _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(x, exponent), x, mantissa);
     if (subnormal) h = _mm256_mask_blend_epi16(subnormal, h, bf16_round_avx512(x));
     _mm256_mask_storeu_epi16(d + i, m, h);
-  }
+  });
 }
 
 FLUX_TARGET_AVX512_CAST void from_bf16_avx512(const uint16_t* s, float* d, int64_t b, int64_t e) {
-  for (int64_t i = b; i < e; i += 16) {
-    const __mmask16 m = tail_mask(e - i);
+  for_blocks_of_16(b, e, [&](int64_t i, __mmask16 m) FLUX_TARGET_AVX512_CAST {
     const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, s + i));
     _mm512_mask_storeu_epi32(d + i, m, _mm512_slli_epi32(wide, 16));
-  }
+  });
 }
 
 FLUX_TARGET_AVX512_CAST void to_f16_avx512(const float* s, uint16_t* d, int64_t b, int64_t e) {
   const __m256i magnitude_mask = _mm256_set1_epi16(0x7fff), inf = _mm256_set1_epi16(0x7c00);
   const __m256i sign_mask = _mm256_set1_epi16(int16_t(0x8000)), quiet_nan = _mm256_set1_epi16(0x7e00);
-  for (int64_t i = b; i < e; i += 16) {
-    const __mmask16 m = tail_mask(e - i);
+  for_blocks_of_16(b, e, [&](int64_t i, __mmask16 m) FLUX_TARGET_AVX512_CAST {
     const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __mmask16 nan = _mm256_cmpgt_epu16_mask(_mm256_and_si256(h, magnitude_mask), inf);
     const __m256i fixed = _mm256_or_si256(_mm256_and_si256(h, sign_mask), quiet_nan);
     _mm256_mask_storeu_epi16(d + i, m, _mm256_mask_blend_epi16(nan, h, fixed));
-  }
+  });
 }
 
 FLUX_TARGET_AVX512_CAST void from_f16_avx512(const uint16_t* s, float* d, int64_t b, int64_t e) {
   const __m512i exponent = _mm512_set1_epi32(0x7c00), sign = _mm512_set1_epi32(0x8000);
   const __m512i mantissa = _mm512_set1_epi32(0x3ff), float_inf = _mm512_set1_epi32(0x7f800000);
-  for (int64_t i = b; i < e; i += 16) {
-    const __mmask16 m = tail_mask(e - i);
+  for_blocks_of_16(b, e, [&](int64_t i, __mmask16 m) FLUX_TARGET_AVX512_CAST {
     const __m256i h = _mm256_maskz_loadu_epi16(m, s + i);
     const __m512i f = _mm512_castps_si512(_mm512_cvtph_ps(h));
     // Infinities and NaNs: sign | 0x7f800000 | mantissa << 13, the payload kept and not quieted.
@@ -188,7 +191,7 @@ FLUX_TARGET_AVX512_CAST void from_f16_avx512(const uint16_t* s, float* d, int64_
     const __m512i exact = _mm512_or_si512(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(wide, sign), 16), float_inf),
                                           _mm512_slli_epi32(_mm512_and_si512(wide, mantissa), 13));
     _mm512_mask_storeu_epi32(d + i, m, _mm512_mask_blend_epi32(special, f, exact));
-  }
+  });
 }
 #pragma GCC diagnostic pop
 

@@ -5,6 +5,7 @@
 // otherwise. The values are bitwise those of the three passes: the same conversions and kernels.
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "src/backends/cpu/cpu_backend.hpp"
 
@@ -39,39 +40,46 @@ bool unary_half(backend::UnaryOp op, DType t, const void* src, void* dst, int64_
   return true;
 }
 
+// The length m when operand k repeats one dense run along the output's flat order (element i is
+// operand[i % m]: a bias (m,) over rows (r, m); m = 1 for a single element); 0 otherwise.
+int64_t repeat_length(const backend::Broadcast& plan, int k) {
+  int64_t m = 1;
+  int i = plan.ndim - 1;
+  for (; i >= 0 && (plan.shape[i] == 1 || plan.stride[k][i] == m); --i) m *= plan.shape[i];
+  for (; i >= 0; --i)
+    if (plan.shape[i] != 1 && plan.stride[k][i] != 0) return 0;
+  return m;
+}
+
 bool binary_half(backend::BinaryOp op, DType t, const void* a, const void* b, void* out, const backend::Broadcast& plan) {
   if (!half(t)) return false;
-  // Dense operands of the output's shape, or one of them a single element (x * 2, x + bias scalar).
-  auto single = [&](int k) {
-    for (int i = 0; i < plan.ndim; ++i)
-      if (plan.shape[i] != 1 && plan.stride[k][i] != 0) return false;
-    return true;
-  };
-  const bool a_single = !plan.contiguous && single(0), b_single = !plan.contiguous && single(1);
-  if (!plan.contiguous && !(a_single != b_single)) return false;
-  if (!plan.contiguous) {  // the other operand must be dense in the output's order
-    int64_t stride = 1;
-    for (int i = plan.ndim - 1; i >= 0; --i) {
-      if (plan.shape[i] != 1 && plan.stride[a_single ? 1 : 0][i] != stride) return false;
-      stride *= plan.shape[i];
-    }
-  }
   int64_t n = 1;
   for (int i = 0; i < plan.ndim; ++i) n *= plan.shape[i];
+  // Dense operands of the output's shape, or one of them repeating a shorter run (x * 2, x + bias
+  // scalar, a bias row over the rows of a matrix) and the other dense.
+  int64_t a_run = plan.contiguous ? n : repeat_length(plan, 0), b_run = plan.contiguous ? n : repeat_length(plan, 1);
+  if (a_run == 0 || b_run == 0 || (a_run < n && b_run < n)) return false;
+  const bool a_repeats = a_run < n, b_repeats = b_run < n;
   const bool compare = op >= backend::BinaryOp::eq;  // a Bool output, written directly
-  float scalar = 0.f;
-  if (a_single || b_single) half_storage_to_float(t, static_cast<const uint16_t*>(a_single ? a : b), &scalar, 1);
+  // The repeated operand in float32, once (a single element or a short row).
+  std::vector<float> run(size_t(a_repeats ? a_run : b_repeats ? b_run : 0));
+  if (!run.empty()) half_storage_to_float(t, static_cast<const uint16_t*>(a_repeats ? a : b), run.data(), int64_t(run.size()));
+  const int64_t m = int64_t(run.size());
+  const bool single = m == 1;
   parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
     alignas(64) float x[kBlock], y[kBlock], z[kBlock];
     for (int64_t i = begin; i < end; i += kBlock) {
       const int64_t len = std::min(kBlock, end - i);
       backend::Broadcast block;
-      block.ndim = 1, block.shape[0] = len, block.contiguous = !a_single && !b_single;
-      block.stride[0][0] = a_single ? 0 : 1, block.stride[1][0] = b_single ? 0 : 1, block.stride[2][0] = 1;
-      const float* xa = a_single ? &scalar : x;
-      const float* yb = b_single ? &scalar : y;
-      if (!a_single) half_storage_to_float(t, at(a, i), x, len);
-      if (!b_single) half_storage_to_float(t, at(b, i), y, len);
+      block.ndim = 1, block.shape[0] = len, block.contiguous = !single;
+      block.stride[0][0] = a_repeats && single ? 0 : 1, block.stride[1][0] = b_repeats && single ? 0 : 1, block.stride[2][0] = 1;
+      float* repeated = a_repeats ? x : y;
+      if (m > 1)  // the run laid out along the block
+        for (int64_t k = 0, j = i % m; k < len; ++k, j = j + 1 == m ? 0 : j + 1) repeated[k] = run[size_t(j)];
+      const float* xa = a_repeats && single ? run.data() : x;
+      const float* yb = b_repeats && single ? run.data() : y;
+      if (!a_repeats) half_storage_to_float(t, at(a, i), x, len);
+      if (!b_repeats) half_storage_to_float(t, at(b, i), y, len);
       if (compare) {
         binary(op, DType::f32, xa, yb, static_cast<uint8_t*>(out) + i, block);
       } else {

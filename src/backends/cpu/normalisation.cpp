@@ -1,6 +1,8 @@
 // Batch normalisation, fused: the forward reads x twice for the statistics (two-pass, accumulated in
 // float64) and once to write y; the backward reads x and dy once for the two sums and once for dx.
 // Threads split the channels. x, y, dy, dx are (n, c, s) row-major; per-channel arrays are (c,).
+// bf16/f16 activations (backend.hpp: per-channel and per-row arrays then Float32) run the float32 row
+// code on rows converted in cache (see "bf16/f16 activations" below); BatchNorm's s == 1 case declines.
 // The portable path (src/ops/normalisation.cpp) composes the same formulas from public ops.
 #include <algorithm>
 #include <cmath>
@@ -193,28 +195,53 @@ template <class F> void for_row_blocks(int64_t r, int64_t d, const F& fn) {
   });
 }
 
+// One row: its statistics into mean_i, rstd_i and y.
+template <class T>
+void normalise_row(const T* xi, const T* weight, const T* bias, T* yi, T& mean_i, T& rstd_i, int64_t d, double eps) {
+  const double mu = row_sum(xi, d) / double(d);
+  const double inv = 1.0 / std::sqrt(row_squared_deviations(xi, d, mu) / double(d) + eps);
+  mean_i = T(mu);
+  rstd_i = T(inv);
+  const T m = T(mu), s = T(inv);
+  if (weight && bias)
+    for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s * weight[j] + bias[j];
+  else if (weight)
+    for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s * weight[j];
+  else if (bias)
+    for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s + bias[j];
+  else
+    for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s;
+}
+
 template <class T>
 void normalise_rows(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd, int64_t r, int64_t d,
                     double eps) {
   for_row_blocks(r, d, [&](int64_t, int64_t r0, int64_t r1) {
-    for (int64_t i = r0; i < r1; ++i) {
-      const T* xi = x + i * d;
-      T* yi = y + i * d;
-      const double mu = row_sum(xi, d) / double(d);
-      const double inv = 1.0 / std::sqrt(row_squared_deviations(xi, d, mu) / double(d) + eps);
-      mean[i] = T(mu);
-      rstd[i] = T(inv);
-      const T m = T(mu), s = T(inv);
-      if (weight && bias)
-        for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s * weight[j] + bias[j];
-      else if (weight)
-        for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s * weight[j];
-      else if (bias)
-        for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s + bias[j];
-      else
-        for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s;
-    }
+    for (int64_t i = r0; i < r1; ++i) normalise_row(x + i * d, weight, bias, y + i * d, mean[i], rstd[i], d, eps);
   });
+}
+
+// One row's dx, and its terms of the dweight / dbias partial sums pw, pb (null: not wanted).
+template <class T>
+void normalise_row_backward(const T* xi, const T* gi, const T* weight, T mean_i, T rstd_i, T* dxi, double* pw,
+                            double* pb, int64_t d) {
+  const double mu = double(mean_i), s = double(rstd_i);
+  double sum_g = 0, sum_gx = 0;  // Σ g, Σ g x̂ with g = dy weight
+  for (int64_t j = 0; j < d; ++j) {
+    const double g = weight ? double(gi[j]) * double(weight[j]) : double(gi[j]);
+    sum_g += g;
+    sum_gx += g * (double(xi[j]) - mu) * s;
+  }
+  const double mg = sum_g / double(d), mgx = sum_gx / double(d);
+  for (int64_t j = 0; j < d; ++j) {
+    const double xh = (double(xi[j]) - mu) * s;
+    const double g = weight ? double(gi[j]) * double(weight[j]) : double(gi[j]);
+    dxi[j] = T(s * (g - mg - xh * mgx));
+    if (pw) {
+      pw[j] += double(gi[j]) * xh;
+      pb[j] += double(gi[j]);
+    }
+  }
 }
 
 template <class T>
@@ -226,28 +253,7 @@ void normalise_rows_backward(const T* x, const T* dy, const T* weight, const T* 
   for_row_blocks(r, d, [&](int64_t block, int64_t r0, int64_t r1) {
     double* pw = params ? partial.data() + size_t(block) * size_t(2 * d) : nullptr;
     double* pb = pw ? pw + d : nullptr;
-    for (int64_t i = r0; i < r1; ++i) {
-      const T* xi = x + i * d;
-      const T* gi = dy + i * d;
-      T* dxi = dx + i * d;
-      const double mu = double(mean[i]), s = double(rstd[i]);
-      double sum_g = 0, sum_gx = 0;  // Σ g, Σ g x̂ with g = dy weight
-      for (int64_t j = 0; j < d; ++j) {
-        const double g = weight ? double(gi[j]) * double(weight[j]) : double(gi[j]);
-        sum_g += g;
-        sum_gx += g * (double(xi[j]) - mu) * s;
-      }
-      const double mg = sum_g / double(d), mgx = sum_gx / double(d);
-      for (int64_t j = 0; j < d; ++j) {
-        const double xh = (double(xi[j]) - mu) * s;
-        const double g = weight ? double(gi[j]) * double(weight[j]) : double(gi[j]);
-        dxi[j] = T(s * (g - mg - xh * mgx));
-        if (pw) {
-          pw[j] += double(gi[j]) * xh;
-          pb[j] += double(gi[j]);
-        }
-      }
-    }
+    for (int64_t i = r0; i < r1; ++i) normalise_row_backward(x + i * d, dy + i * d, weight, mean[i], rstd[i], dx + i * d, pw, pb, d);
   });
   if (!params) return;
   for (int64_t j = 0; j < d; ++j) {
@@ -261,6 +267,169 @@ void normalise_rows_backward(const T* x, const T* dy, const T* weight, const T* 
   }
 }
 
+// ---- bf16/f16 activations (x, y, dy, dx), Float32 per-channel / per-row arrays ----
+// Each row of x (and dy) is converted into a per-thread float32 row as it is read, and the float32
+// kernels' own row code runs on it; y (dx) is converted down as it is written. The values are bitwise
+// those of the cast up, the float32 kernel and the cast down, without full-tensor float32 copies.
+struct HalfRows {
+  std::vector<float> x, g, out;
+};
+HalfRows& half_rows(int64_t len) {
+  thread_local HalfRows rows;
+  for (auto* v : {&rows.x, &rows.g, &rows.out})
+    if (int64_t(v->size()) < len) v->resize(size_t(len));
+  return rows;
+}
+
+// A channel's n rows of x (and dy) are converted once into per-thread buffers when they fit in L2
+// (kChannelFloats each; ResNet-18's largest BatchNorm at 112² b32 holds 100K); larger ones are
+// converted row by row on each of the passes. The arithmetic is the same either way.
+constexpr int64_t kChannelFloats = int64_t(1) << 17;
+
+// BatchNorm training forward, s > 1 (the per-channel loop of forward<float>).
+void forward_half(DType t, const uint16_t* x, const float* weight, const float* bias, uint16_t* y, float* mean,
+                  float* var, int64_t n, int64_t c, int64_t s, double eps) {
+  const double m = double(n * s);
+  const bool whole = n * s <= kChannelFloats;
+  parallel_for(c, 1, [&](int64_t c0, int64_t c1) {
+    HalfRows& rows = half_rows(whole ? n * s : s);
+    for (int64_t ch = c0; ch < c1; ++ch) {
+      // Row i of the channel in float32: from the channel's buffer, or converted into the row buffer now.
+      auto row = [&](int64_t i) {
+        if (whole) return static_cast<const float*>(rows.x.data() + i * s);
+        half_storage_to_float(t, x + (i * c + ch) * s, rows.x.data(), s);
+        return static_cast<const float*>(rows.x.data());
+      };
+      if (whole)
+        for (int64_t i = 0; i < n; ++i) half_storage_to_float(t, x + (i * c + ch) * s, rows.x.data() + i * s, s);
+      double total = 0;
+      for (int64_t i = 0; i < n; ++i) total += row_sum(row(i), s);
+      const double mu = total / m;
+      double squares = 0;
+      for (int64_t i = 0; i < n; ++i) squares += row_squared_deviations(row(i), s, mu);
+      const double v = squares / m;
+      const double scale = (weight ? double(weight[ch]) : 1.0) / std::sqrt(v + eps);
+      const float a = float(scale), b = float((bias ? double(bias[ch]) : 0.0) - mu * scale);
+      float* q = rows.out.data();
+      for (int64_t i = 0; i < n; ++i) {
+        const float* p = row(i);
+        for (int64_t k = 0; k < s; ++k) q[k] = p[k] * a + b;
+        float_to_half_storage(t, q, y + (i * c + ch) * s, s);
+      }
+      mean[ch] = float(mu);
+      var[ch] = float(v);
+    }
+  });
+}
+
+// BatchNorm training backward, s > 1 (the per-channel loop of backward<float>).
+void backward_half(DType t, const uint16_t* x, const uint16_t* dy, const float* weight, const float* mean,
+                   const float* var, uint16_t* dx, float* dweight, float* dbias, int64_t n, int64_t c, int64_t s,
+                   double eps) {
+  const double m = double(n * s);
+  const bool whole = n * s <= kChannelFloats;
+  parallel_for(c, 1, [&](int64_t c0, int64_t c1) {
+    HalfRows& rows = half_rows(whole ? n * s : s);
+    for (int64_t ch = c0; ch < c1; ++ch) {
+      auto rows_at = [&](int64_t i, const float*& p, const float*& g) {
+        if (whole) {
+          p = rows.x.data() + i * s, g = rows.g.data() + i * s;
+          return;
+        }
+        half_storage_to_float(t, x + (i * c + ch) * s, rows.x.data(), s);
+        half_storage_to_float(t, dy + (i * c + ch) * s, rows.g.data(), s);
+        p = rows.x.data(), g = rows.g.data();
+      };
+      if (whole)
+        for (int64_t i = 0; i < n; ++i) {
+          half_storage_to_float(t, x + (i * c + ch) * s, rows.x.data() + i * s, s);
+          half_storage_to_float(t, dy + (i * c + ch) * s, rows.g.data() + i * s, s);
+        }
+      const double mu = double(mean[ch]);
+      double sum_dy = 0, sum_dy_xc = 0;
+      const float *p = nullptr, *g = nullptr;
+      for (int64_t i = 0; i < n; ++i) {
+        rows_at(i, p, g);
+        row_sums_dy(p, g, s, mu, sum_dy, sum_dy_xc);
+      }
+      const double inv = 1.0 / std::sqrt(double(var[ch]) + eps);
+      const double a = (weight ? double(weight[ch]) : 1.0) * inv;
+      const double k_xc = a * inv * inv * sum_dy_xc / m;
+      const float ta = float(a), tk = float(k_xc), tb = float(k_xc * mu - a * sum_dy / m);
+      float* q = rows.out.data();
+      for (int64_t i = 0; i < n; ++i) {
+        rows_at(i, p, g);
+        for (int64_t k = 0; k < s; ++k) q[k] = g[k] * ta - p[k] * tk + tb;
+        float_to_half_storage(t, q, dx + (i * c + ch) * s, s);
+      }
+      if (dweight) dweight[ch] = float(inv * sum_dy_xc);
+      if (dbias) dbias[ch] = float(sum_dy);
+    }
+  });
+}
+
+// BatchNorm inference: y = x * scale + shift per channel (affine<float>'s rows).
+void affine_half(DType t, const uint16_t* x, const float* scale, const float* shift, uint16_t* y, int64_t n, int64_t c,
+                 int64_t s) {
+  parallel_for(n * c, std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, s)), [&](int64_t r0, int64_t r1) {
+    HalfRows& rows = half_rows(s);
+    float* p = rows.x.data();
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t ch = r % c;
+      const float a = scale[ch], b = shift ? shift[ch] : 0.f;
+      half_storage_to_float(t, x + r * s, p, s);
+      for (int64_t k = 0; k < s; ++k) p[k] = p[k] * a + b;
+      float_to_half_storage(t, p, y + r * s, s);
+    }
+  });
+}
+
+// LayerNorm / GroupNorm rows (normalise_rows<float>'s per-row code).
+void normalise_rows_half(DType t, const uint16_t* x, const float* weight, const float* bias, uint16_t* y, float* mean,
+                         float* rstd, int64_t r, int64_t d, double eps) {
+  for_row_blocks(r, d, [&](int64_t, int64_t r0, int64_t r1) {
+    HalfRows& rows = half_rows(d);
+    for (int64_t i = r0; i < r1; ++i) {
+      half_storage_to_float(t, x + i * d, rows.x.data(), d);
+      normalise_row(static_cast<const float*>(rows.x.data()), weight, bias, rows.out.data(), mean[i], rstd[i], d, eps);
+      float_to_half_storage(t, rows.out.data(), y + i * d, d);
+    }
+  });
+}
+
+void normalise_rows_backward_half(DType t, const uint16_t* x, const uint16_t* dy, const float* weight, const float* mean,
+                                  const float* rstd, uint16_t* dx, float* dweight, float* dbias, int64_t r, int64_t d) {
+  const int64_t blocks = (r + rows_per_block(d) - 1) / rows_per_block(d);
+  const bool params = dweight || dbias;
+  std::vector<double> partial(params ? size_t(blocks) * size_t(2 * d) : 0, 0.0);  // as normalise_rows_backward
+  for_row_blocks(r, d, [&](int64_t block, int64_t r0, int64_t r1) {
+    double* pw = params ? partial.data() + size_t(block) * size_t(2 * d) : nullptr;
+    double* pb = pw ? pw + d : nullptr;
+    HalfRows& rows = half_rows(d);
+    for (int64_t i = r0; i < r1; ++i) {
+      half_storage_to_float(t, x + i * d, rows.x.data(), d);
+      half_storage_to_float(t, dy + i * d, rows.g.data(), d);
+      normalise_row_backward(static_cast<const float*>(rows.x.data()), static_cast<const float*>(rows.g.data()), weight,
+                             mean[i], rstd[i], rows.out.data(), pw, pb, d);
+      float_to_half_storage(t, rows.out.data(), dx + i * d, d);
+    }
+  });
+  if (!params) return;
+  for (int64_t j = 0; j < d; ++j) {
+    double w = 0, b = 0;
+    for (int64_t k = 0; k < blocks; ++k) {
+      w += partial[size_t(k) * size_t(2 * d) + size_t(j)];
+      b += partial[size_t(k) * size_t(2 * d) + size_t(d + j)];
+    }
+    if (dweight) dweight[j] = float(w);
+    if (dbias) dbias[j] = float(b);
+  }
+}
+
+bool half(DType t) { return t == DType::bf16 || t == DType::f16; }
+const uint16_t* in_half(const void* p) { return static_cast<const uint16_t*>(p); }
+uint16_t* out_half(void* p) { return static_cast<uint16_t*>(p); }
+
 template <class T> const T* in(const void* p) { return static_cast<const T*>(p); }
 template <class T> T* out(void* p) { return static_cast<T*>(p); }
 
@@ -269,6 +438,8 @@ template <class T> T* out(void* p) { return static_cast<T*>(p); }
 bool batchnorm_forward(DType t, const void* x, const void* weight, const void* bias, void* y, void* mean, void* var,
                        int64_t n, int64_t c, int64_t s, double eps) {
   if (t == DType::f32) forward(in<float>(x), in<float>(weight), in<float>(bias), out<float>(y), out<float>(mean), out<float>(var), n, c, s, eps);
+  else if (half(t) && s > 1)
+    forward_half(t, in_half(x), in<float>(weight), in<float>(bias), out_half(y), out<float>(mean), out<float>(var), n, c, s, eps);
   else if (t == DType::f64) forward(in<double>(x), in<double>(weight), in<double>(bias), out<double>(y), out<double>(mean), out<double>(var), n, c, s, eps);
   else return false;
   return true;
@@ -278,6 +449,9 @@ bool batchnorm_backward(DType t, const void* x, const void* dy, const void* weig
                         void* dx, void* dweight, void* dbias, int64_t n, int64_t c, int64_t s, double eps) {
   if (t == DType::f32)
     backward(in<float>(x), in<float>(dy), in<float>(weight), in<float>(mean), in<float>(var), out<float>(dx), out<float>(dweight), out<float>(dbias), n, c, s, eps);
+  else if (half(t) && s > 1)
+    backward_half(t, in_half(x), in_half(dy), in<float>(weight), in<float>(mean), in<float>(var), out_half(dx),
+                  out<float>(dweight), out<float>(dbias), n, c, s, eps);
   else if (t == DType::f64)
     backward(in<double>(x), in<double>(dy), in<double>(weight), in<double>(mean), in<double>(var), out<double>(dx), out<double>(dweight), out<double>(dbias), n, c, s, eps);
   else return false;
@@ -287,6 +461,7 @@ bool batchnorm_backward(DType t, const void* x, const void* dy, const void* weig
 bool channel_affine(DType t, const void* x, const void* scale, const void* shift, void* y, int64_t n, int64_t c,
                     int64_t s) {
   if (t == DType::f32) affine(in<float>(x), in<float>(scale), in<float>(shift), out<float>(y), n, c, s);
+  else if (half(t)) affine_half(t, in_half(x), in<float>(scale), in<float>(shift), out_half(y), n, c, s);
   else if (t == DType::f64) affine(in<double>(x), in<double>(scale), in<double>(shift), out<double>(y), n, c, s);
   else return false;
   return true;
@@ -297,6 +472,9 @@ bool rownorm_forward(DType t, const void* x, const void* weight, const void* bia
   if (t == DType::f32)
     normalise_rows(in<float>(x), in<float>(weight), in<float>(bias), out<float>(y), out<float>(mean), out<float>(rstd),
                    r, d, eps);
+  else if (half(t))
+    normalise_rows_half(t, in_half(x), in<float>(weight), in<float>(bias), out_half(y), out<float>(mean), out<float>(rstd),
+                        r, d, eps);
   else if (t == DType::f64)
     normalise_rows(in<double>(x), in<double>(weight), in<double>(bias), out<double>(y), out<double>(mean),
                    out<double>(rstd), r, d, eps);
@@ -310,6 +488,9 @@ bool rownorm_backward(DType t, const void* x, const void* dy, const void* weight
   if (t == DType::f32)
     normalise_rows_backward(in<float>(x), in<float>(dy), in<float>(weight), in<float>(mean), in<float>(rstd),
                             out<float>(dx), out<float>(dweight), out<float>(dbias), r, d);
+  else if (half(t))
+    normalise_rows_backward_half(t, in_half(x), in_half(dy), in<float>(weight), in<float>(mean), in<float>(rstd),
+                                 out_half(dx), out<float>(dweight), out<float>(dbias), r, d);
   else if (t == DType::f64)
     normalise_rows_backward(in<double>(x), in<double>(dy), in<double>(weight), in<double>(mean), in<double>(rstd),
                             out<double>(dx), out<double>(dweight), out<double>(dbias), r, d);

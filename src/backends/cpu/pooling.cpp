@@ -1,5 +1,5 @@
 // CPU pooling kernels: pool_forward / pool_backward over (N, C, spatial...) with 1 to 3 spatial axes,
-// float32 and float64, threaded over the N * C planes (each plane is one task, so the backward's
+// float32 and float64 (bf16/f16 storage through per-plane float32 copies in cache), threaded over the N * C planes (each plane is one task, so the backward's
 // accumulation into overlapping windows never races).
 //
 // Shapes: x (N, C, in...), y and dy (N, C, out...), dx (N, C, in...). Spatial axes are normalised to
@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <type_traits>
 #include <limits>
+#include <vector>
 
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
@@ -223,17 +224,24 @@ int fixed_case(const Axes& a) {
 // Planes per task so that small pools run inline (about 32K window reads per task at least).
 int64_t grain_of(const Axes& a) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, a.out_plane * a.window)); }
 
+// One plane (one n, c) of the forward and of the backward.
+template <class T, PoolOp op> void forward_plane(const Axes& a, int fixed, const T* xp, T* yp) {
+  if (fixed == 2) fixed_forward<T, op, 2, 2>(a, xp, yp);
+  else if (fixed == 3) fixed_forward<T, op, 3, 2>(a, xp, yp);
+  else reference_forward<T, op>(a, xp, yp);
+}
+template <class T, PoolOp op>
+void backward_plane(const Axes& a, int fixed, const T* xp, const T* yp, const T* dyp, T* dxp) {
+  if (fixed == 2) fixed_backward<T, op, 2, 2>(a, xp, yp, dyp, dxp);
+  else if (fixed == 3) fixed_backward<T, op, 3, 2>(a, xp, yp, dyp, dxp);
+  else reference_backward<T, op>(a, xp, yp, dyp, dxp);
+}
+
 template <class T, PoolOp op>
 void forward_typed(const Axes& a, int64_t planes, const T* x, T* y) {
   int fixed = fixed_case(a);
   parallel_for(planes, grain_of(a), [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const T* xp = x + p * a.in_plane;
-      T* yp = y + p * a.out_plane;
-      if (fixed == 2) fixed_forward<T, op, 2, 2>(a, xp, yp);
-      else if (fixed == 3) fixed_forward<T, op, 3, 2>(a, xp, yp);
-      else reference_forward<T, op>(a, xp, yp);
-    }
+    for (int64_t p = begin; p < end; ++p) forward_plane<T, op>(a, fixed, x + p * a.in_plane, y + p * a.out_plane);
   });
 }
 
@@ -241,14 +249,51 @@ template <class T, PoolOp op>
 void backward_typed(const Axes& a, int64_t planes, const T* x, const T* y, const T* dy, T* dx) {
   int fixed = fixed_case(a);
   parallel_for(planes, grain_of(a), [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      backward_plane<T, op>(a, fixed, x + p * a.in_plane, y + p * a.out_plane, dy + p * a.out_plane, dx + p * a.in_plane);
+  });
+}
+
+// ---- bf16/f16 storage: each plane converted into per-thread float32 planes (in cache), the float32
+// plane kernel run there, the result converted down: bitwise the cast up, the float32 pool and the
+// cast down (a max is exact, a mean rounds once), without the full-tensor float32 copies. ----
+struct HalfPlanes {
+  std::vector<float> x, y, dy, dx;
+};
+HalfPlanes& half_planes(const Axes& a) {
+  thread_local HalfPlanes p;
+  for (auto* v : {&p.x, &p.dx})
+    if (int64_t(v->size()) < a.in_plane) v->resize(size_t(a.in_plane));
+  for (auto* v : {&p.y, &p.dy})
+    if (int64_t(v->size()) < a.out_plane) v->resize(size_t(a.out_plane));
+  return p;
+}
+
+template <PoolOp op> void forward_half(DType t, const Axes& a, int64_t planes, const uint16_t* x, uint16_t* y) {
+  int fixed = fixed_case(a);
+  parallel_for(planes, grain_of(a), [&](int64_t begin, int64_t end) {
+    HalfPlanes& f = half_planes(a);
     for (int64_t p = begin; p < end; ++p) {
-      const T* xp = x + p * a.in_plane;
-      const T* yp = y + p * a.out_plane;
-      const T* dyp = dy + p * a.out_plane;
-      T* dxp = dx + p * a.in_plane;
-      if (fixed == 2) fixed_backward<T, op, 2, 2>(a, xp, yp, dyp, dxp);
-      else if (fixed == 3) fixed_backward<T, op, 3, 2>(a, xp, yp, dyp, dxp);
-      else reference_backward<T, op>(a, xp, yp, dyp, dxp);
+      half_storage_to_float(t, x + p * a.in_plane, f.x.data(), a.in_plane);
+      forward_plane<float, op>(a, fixed, f.x.data(), f.y.data());
+      float_to_half_storage(t, f.y.data(), y + p * a.out_plane, a.out_plane);
+    }
+  });
+}
+
+template <PoolOp op>
+void backward_half(DType t, const Axes& a, int64_t planes, const uint16_t* x, const uint16_t* y, const uint16_t* dy,
+                   uint16_t* dx) {
+  int fixed = fixed_case(a);
+  parallel_for(planes, grain_of(a), [&](int64_t begin, int64_t end) {
+    HalfPlanes& f = half_planes(a);
+    for (int64_t p = begin; p < end; ++p) {
+      if (op == PoolOp::max) half_storage_to_float(t, x + p * a.in_plane, f.x.data(), a.in_plane);
+      if (op == PoolOp::max) half_storage_to_float(t, y + p * a.out_plane, f.y.data(), a.out_plane);
+      half_storage_to_float(t, dy + p * a.out_plane, f.dy.data(), a.out_plane);
+      half_storage_to_float(t, dx + p * a.in_plane, f.dx.data(), a.in_plane);  // dx is accumulated into
+      backward_plane<float, op>(a, fixed, f.x.data(), f.y.data(), f.dy.data(), f.dx.data());
+      float_to_half_storage(t, f.dx.data(), dx + p * a.in_plane, a.in_plane);
     }
   });
 }
@@ -275,7 +320,12 @@ void pool_forward(PoolOp op, DType t, const void* x, void* y, const ConvGeometry
   int64_t planes = g.batch * g.in_channels;
   if (t == DType::f32) forward_dispatch<float>(op, a, planes, x, y);
   else if (t == DType::f64) forward_dispatch<double>(op, a, planes, x, y);
-  else detail::fail("[pool] CPU kernel supports Float32 and Float64; got ", dtype_name(t));
+  else if (t == DType::bf16 || t == DType::f16) {
+    auto xs = static_cast<const uint16_t*>(x);
+    auto ys = static_cast<uint16_t*>(y);
+    if (op == PoolOp::max) forward_half<PoolOp::max>(t, a, planes, xs, ys);
+    else forward_half<PoolOp::mean>(t, a, planes, xs, ys);
+  } else detail::fail("[pool] CPU kernel supports Float32, Float64, BFloat16 and Float16; got ", dtype_name(t));
 }
 
 void pool_backward(PoolOp op, DType t, const void* x, const void* y, const void* dy, void* dx, const ConvGeometry& g) {
@@ -283,7 +333,12 @@ void pool_backward(PoolOp op, DType t, const void* x, const void* y, const void*
   int64_t planes = g.batch * g.in_channels;
   if (t == DType::f32) backward_dispatch<float>(op, a, planes, x, y, dy, dx);
   else if (t == DType::f64) backward_dispatch<double>(op, a, planes, x, y, dy, dx);
-  else detail::fail("[pool backward] CPU kernel supports Float32 and Float64; got ", dtype_name(t));
+  else if (t == DType::bf16 || t == DType::f16) {
+    auto xs = static_cast<const uint16_t*>(x), ys = static_cast<const uint16_t*>(y), dys = static_cast<const uint16_t*>(dy);
+    auto dxs = static_cast<uint16_t*>(dx);
+    if (op == PoolOp::max) backward_half<PoolOp::max>(t, a, planes, xs, ys, dys, dxs);
+    else backward_half<PoolOp::mean>(t, a, planes, xs, ys, dys, dxs);
+  } else detail::fail("[pool backward] CPU kernel supports Float32, Float64, BFloat16 and Float16; got ", dtype_name(t));
 }
 
 }  // namespace flux::cpu_backend
