@@ -237,6 +237,7 @@ InFlight start_allreduce_sum(CommunicatorState& s, const void* send, void* recv,
   return op;
 }
 
+#if FLUX_HAVE_MPI
 namespace {
 // MPI counts are int; the sharded collectives are cut into buckets far below that.
 int mpi_count(int64_t n, const char* api) {
@@ -244,6 +245,7 @@ int mpi_count(int64_t n, const char* api) {
   return int(n);
 }
 }  // namespace
+#endif
 
 InFlight start_reduce_scatter_block(CommunicatorState& s, const void* send, void* recv, int64_t count, DType t) {
   InFlight op;
