@@ -116,8 +116,10 @@ FLUX_TARGET_AVX2_F16C void from_f16_avx2(const uint16_t* s, float* d, int64_t b,
 // ---- AVX-512: 16 lanes, tails by masked loads and stores ----
 // GCC 12's AVX-512 headers initialise their "undefined" vectors from themselves (__m512i __Y = __Y),
 // which -Wmaybe-uninitialized reports wherever such an intrinsic inlines: a false positive.
+#if defined(__GNUC__) && !defined(__clang__)  // clang has no such warning (and errors on the name)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1); }
 // body(i, mask) over [b, e) in steps of 16: full steps with an all-ones mask (constant, so the masked
@@ -193,7 +195,9 @@ FLUX_TARGET_AVX512_CAST void from_f16_avx512(const uint16_t* s, float* d, int64_
     _mm512_mask_storeu_epi32(d + i, m, _mm512_mask_blend_epi32(special, f, exact));
   });
 }
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 #endif
 
