@@ -247,61 +247,61 @@ int mpi_count(int64_t n, const char* api) {
 }  // namespace
 #endif
 
-InFlight start_reduce_scatter_block(CommunicatorState& s, const void* send, void* recv, int64_t count, DType t) {
+namespace {
+// A sharded collective: the nonblocking MPI call `start(comm, request)` where there are several
+// ranks, else this rank's `bytes` copied and done at once.
+template <class Start>
+InFlight start_sharded(CommunicatorState& s, const void* send, void* recv, size_t bytes, Start&& start) {
   InFlight op;
   op.impl = std::make_unique<InFlight::Impl>();
-  const char* api = "distributed::shard";
 #if FLUX_HAVE_MPI
   if (s.mpi && s.size > 1) {
     op.impl->state = &s;
-    check_mpi(MPI_Ireduce_scatter_block(send, recv, mpi_count(count, api), mpi_type(t, api), MPI_SUM, s.mpi->comm,
-                                        &op.impl->request),
-              api, "MPI_Ireduce_scatter_block");
+    start(s.mpi->comm, &op.impl->request);
     return op;
   }
+#else
+  (void)s, (void)start;
 #endif
-  (void)s, (void)api;
   op.impl->done = true;
-  if (count) std::memcpy(recv, send, size_t(count) * dtype_size(t));
+  if (bytes) std::memcpy(recv, send, bytes);
   return op;
+}
+constexpr const char* kShardApi = "distributed::shard";
+}  // namespace
+
+InFlight start_reduce_scatter_block(CommunicatorState& s, const void* send, void* recv, int64_t count, DType t) {
+  return start_sharded(s, send, recv, size_t(count) * dtype_size(t), [&](auto comm, auto* request) {
+#if FLUX_HAVE_MPI
+    check_mpi(MPI_Ireduce_scatter_block(send, recv, mpi_count(count, kShardApi), mpi_type(t, kShardApi), MPI_SUM, comm,
+                                        request),
+              kShardApi, "MPI_Ireduce_scatter_block");
+#else
+    (void)comm, (void)request;
+#endif
+  });
 }
 
 InFlight start_alltoall_bytes(CommunicatorState& s, const void* send, void* recv, size_t bytes) {
-  InFlight op;
-  op.impl = std::make_unique<InFlight::Impl>();
-  const char* api = "distributed::shard";
+  return start_sharded(s, send, recv, bytes, [&](auto comm, auto* request) {
 #if FLUX_HAVE_MPI
-  if (s.mpi && s.size > 1) {
-    op.impl->state = &s;
-    check_mpi(MPI_Ialltoall(send, mpi_count(int64_t(bytes), api), MPI_BYTE, recv, int(bytes), MPI_BYTE, s.mpi->comm,
-                            &op.impl->request),
-              api, "MPI_Ialltoall");
-    return op;
-  }
+    check_mpi(MPI_Ialltoall(send, mpi_count(int64_t(bytes), kShardApi), MPI_BYTE, recv, int(bytes), MPI_BYTE, comm, request),
+              kShardApi, "MPI_Ialltoall");
+#else
+    (void)comm, (void)request;
 #endif
-  (void)s, (void)api;
-  op.impl->done = true;
-  if (bytes) std::memcpy(recv, send, bytes);
-  return op;
+  });
 }
 
 InFlight start_allgather_bytes(CommunicatorState& s, const void* send, void* recv, size_t bytes) {
-  InFlight op;
-  op.impl = std::make_unique<InFlight::Impl>();
-  const char* api = "distributed::shard";
+  return start_sharded(s, send, recv, bytes, [&](auto comm, auto* request) {
 #if FLUX_HAVE_MPI
-  if (s.mpi && s.size > 1) {
-    op.impl->state = &s;
-    check_mpi(MPI_Iallgather(send, mpi_count(int64_t(bytes), api), MPI_BYTE, recv, int(bytes), MPI_BYTE, s.mpi->comm,
-                             &op.impl->request),
-              api, "MPI_Iallgather");
-    return op;
-  }
+    check_mpi(MPI_Iallgather(send, mpi_count(int64_t(bytes), kShardApi), MPI_BYTE, recv, int(bytes), MPI_BYTE, comm, request),
+              kShardApi, "MPI_Iallgather");
+#else
+    (void)comm, (void)request;
 #endif
-  (void)s, (void)api;
-  op.impl->done = true;
-  if (bytes) std::memcpy(recv, send, bytes);
-  return op;
+  });
 }
 
 void allreduce_sum(CommunicatorState& s, void* data, int64_t count, DType t, const char* api) {

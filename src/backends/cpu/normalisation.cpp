@@ -244,6 +244,21 @@ void normalise_row_backward(const T* xi, const T* gi, const T* weight, T mean_i,
   }
 }
 
+// The per-block partial parameter gradients ([block][dweight d | dbias d], in double) summed into
+// dweight and dbias (either may be null).
+template <class T>
+void sum_block_partials(const std::vector<double>& partial, int64_t blocks, int64_t d, T* dweight, T* dbias) {
+  for (int64_t j = 0; j < d; ++j) {
+    double w = 0, b = 0;
+    for (int64_t k = 0; k < blocks; ++k) {
+      w += partial[size_t(k) * size_t(2 * d) + size_t(j)];
+      b += partial[size_t(k) * size_t(2 * d) + size_t(d + j)];
+    }
+    if (dweight) dweight[j] = T(w);
+    if (dbias) dbias[j] = T(b);
+  }
+}
+
 template <class T>
 void normalise_rows_backward(const T* x, const T* dy, const T* weight, const T* mean, const T* rstd, T* dx,
                              T* dweight, T* dbias, int64_t r, int64_t d) {
@@ -255,16 +270,7 @@ void normalise_rows_backward(const T* x, const T* dy, const T* weight, const T* 
     double* pb = pw ? pw + d : nullptr;
     for (int64_t i = r0; i < r1; ++i) normalise_row_backward(x + i * d, dy + i * d, weight, mean[i], rstd[i], dx + i * d, pw, pb, d);
   });
-  if (!params) return;
-  for (int64_t j = 0; j < d; ++j) {
-    double w = 0, b = 0;
-    for (int64_t k = 0; k < blocks; ++k) {
-      w += partial[size_t(k) * size_t(2 * d) + size_t(j)];
-      b += partial[size_t(k) * size_t(2 * d) + size_t(d + j)];
-    }
-    if (dweight) dweight[j] = T(w);
-    if (dbias) dbias[j] = T(b);
-  }
+  if (params) sum_block_partials(partial, blocks, d, dweight, dbias);
 }
 
 // ---- bf16/f16 activations (x, y, dy, dx), Float32 per-channel / per-row arrays ----
@@ -414,16 +420,7 @@ void normalise_rows_backward_half(DType t, const uint16_t* x, const uint16_t* dy
       float_to_half_storage(t, rows.out.data(), dx + i * d, d);
     }
   });
-  if (!params) return;
-  for (int64_t j = 0; j < d; ++j) {
-    double w = 0, b = 0;
-    for (int64_t k = 0; k < blocks; ++k) {
-      w += partial[size_t(k) * size_t(2 * d) + size_t(j)];
-      b += partial[size_t(k) * size_t(2 * d) + size_t(d + j)];
-    }
-    if (dweight) dweight[j] = float(w);
-    if (dbias) dbias[j] = float(b);
-  }
+  if (params) sum_block_partials(partial, blocks, d, dweight, dbias);
 }
 
 bool half(DType t) { return t == DType::bf16 || t == DType::f16; }
