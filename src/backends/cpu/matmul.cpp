@@ -171,7 +171,8 @@ void onednn_gemm(const Matmul& e, const void* a, const void* b, void* c) {
 
 // oneDNN is a candidate only for operands of up to 2^20 elements (A + B + C) and a scratchpad of at
 // most 4 MiB: on larger pieces its buffers raised the peak RSS and OpenBLAS was as fast or faster.
-// Where OpenBLAS runs below the CPU (blas_below_cpu) every size is: it was 3-4x slower there.
+// Where OpenBLAS runs below the CPU (blas_below_cpu) every size is: its kernels then lag oneDNN's
+// (figures in bench/results/2026-12-06-blas-below-cpu.md).
 constexpr size_t kMaxOnednnScratch = size_t(4) << 20;
 constexpr double kMaxOnednnElements = double(1 << 20);
 
