@@ -267,7 +267,9 @@ InFlight start_sharded(CommunicatorState& s, const void* send, void* recv, size_
   if (bytes) std::memcpy(recv, send, bytes);
   return op;
 }
+#if FLUX_HAVE_MPI
 constexpr const char* kShardApi = "distributed::shard";
+#endif
 }  // namespace
 
 InFlight start_reduce_scatter_block(CommunicatorState& s, const void* send, void* recv, int64_t count, DType t) {
