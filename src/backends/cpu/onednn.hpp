@@ -1,4 +1,4 @@
-// oneDNN in the CPU backend (matmul.cpp, linear.cpp, conv_onednn.cpp): the one engine, the calling
+// oneDNN in the CPU backend (matmul_onednn.cpp, matmul_bf16.cpp, conv_onednn.cpp): the one engine, the calling
 // thread's stream, and how the calls run. Debian's oneDNN runs on libgomp's OpenMP, whose idle team
 // threads spin and fought our pool and OpenBLAS for the cores: every oneDNN call runs on one pool
 // thread with a one-thread OpenMP team (set_team(1)), which starts no OpenMP threads, and large calls
