@@ -12,7 +12,7 @@
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 13;
+inline constexpr int kBackendAbiVersion = 14;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
@@ -112,8 +112,11 @@ struct ConvGeometry {
   int64_t batch = 0, in_channels = 0, out_channels = 0, groups = 1;
   int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, kernel[3] = {1, 1, 1};
   int64_t stride[3] = {1, 1, 1}, pad_lo[3] = {0, 0, 0}, pad_hi[3] = {0, 0, 0}, dilation[3] = {1, 1, 1};
-  /// Forward convs at inference: the weights' prepared-data cache (null: none; see PreparedCache).
+  /// Forward convs: the weights' prepared-data cache (null: none; see PreparedCache).
   PreparedCache* weight_cache = nullptr;
+  /// A forward at inference (nothing recorded; the weights do not change between calls): the backend
+  /// may choose kernels that repay their weight preparation only over several calls.
+  bool inference = false;
 };
 
 /// Pooling kinds. mean divides by the full window size, padding included (NNlib's meanpool and

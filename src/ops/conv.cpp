@@ -165,7 +165,7 @@ Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, co
   if (is_half(x.dtype())) {
     // The backend's low-precision kernel (float32 accumulation), else through float32.
     ConvGeometry g = geometry;
-    if (inference_call()) g.weight_cache = &detail::storage_cache(w);
+    if (inference_call()) g.weight_cache = &detail::storage_cache(w), g.inference = true;
     backend::Backend& be = x.backend();
     const int dev = x.device().index();
     const backend::Buffer xb = flux::detail::buffer_of(x), wb = flux::detail::buffer_of(w), yb = flux::detail::buffer_of(y);
@@ -180,7 +180,7 @@ Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, co
   ConvGeometry g = geometry;
   // Inference: the backend may keep w prepared in its kernel's layout (never in training, forward or
   // backward: a step writes w, so a prepared copy would be made and dropped each time).
-  if (inference_call()) g.weight_cache = &detail::storage_cache(w);
+  if (inference_call()) g.weight_cache = &detail::storage_cache(w), g.inference = true;
   backend::Backend& be = x.backend();
   int dev = x.device().index();
   backend::Buffer b = bias.defined() ? flux::detail::buffer_of(bias) : backend::Buffer{};
@@ -420,7 +420,7 @@ Tensor detail::conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale
     return conv_affine(autocast_to(x, *low), autocast_to(w, *low), autocast_to(scale, *low), autocast_to(shift, *low),
                        autocast_to(residual, *low), p, relu, relu_after);
   ConvGeometry g = conv_geometry(x, w, Tensor(), p);
-  g.weight_cache = &detail::storage_cache(w);
+  g.weight_cache = &detail::storage_cache(w), g.inference = true;
   const DType t = x.dtype();
   for (const Tensor* v : {&scale, &shift})
     if (!v->defined() || v->dtype() != t || v->device() != x.device() || v->shape() != Shape{g.out_channels})

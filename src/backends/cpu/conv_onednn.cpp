@@ -564,7 +564,7 @@ bool onednn_conv(ConvKind kind, const backend::ConvGeometry& g, const ConvArrays
   }
   // Inference forwards read their weights prepared (kept with the weight tensor).
   std::shared_ptr<const ConvWeights> weights;
-  if (is_forward(kind) && g.weight_cache) {
+  if (is_forward(kind) && g.inference) {
     std::vector<const Entry*> es;
     std::vector<int64_t> o0;
     std::vector<void*> w_of;
