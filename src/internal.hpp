@@ -50,6 +50,10 @@ void set_random_stream(uint64_t seed, uint64_t counter);
 std::mt19937_64 host_generator();
 void set_host_generator(const std::mt19937_64& g);
 
+/// The CPU backend, built into libflux (src/backends/cpu/backend.cpp): the one backend that the device
+/// registry (src/device/device.cpp) does not load as a plugin.
+backend::Backend& builtin_cpu_backend();
+
 /// The library's log (src/device/device.cpp), on stderr in Julia's style: a warning printed once per
 /// process per distinct message ("┌ Warning: ..." / "└ @ flux"), and an info line ("[ Info: ...").
 void log_warning_once(const std::string& message);

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "flux/error.hpp"
@@ -19,7 +21,9 @@
 #include "src/backends/cpu/float_mode.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/pass_count.hpp"
+#include "src/backends/cpu/tuned_table.hpp"
 #include "src/environment.hpp"
+#include "src/internal.hpp"
 
 #ifndef FLUX_BLAS_NAME
 #define FLUX_BLAS_NAME "unknown BLAS"
@@ -31,6 +35,17 @@ namespace {
 
 /// A buffer's address, or nullptr for an absent (null-handle) optional buffer.
 void* or_null(backend::Buffer b) { return b.handle ? ptr(b) : nullptr; }
+
+/// versioninfo's line for the kernel table that flux-tune writes (tuned_table.hpp).
+std::string kernel_table_line() {
+  const std::string table = tuned_table_path();
+  std::string why;
+  const std::optional<TunedEntries> tuned = read_tuned_table(table, why);
+  return "CPU kernel table: " +
+         (tuned ? std::to_string(tuned->size()) + " tuned shape(s)"
+                : why.empty() ? "none (the built-in rules choose)" : "ignored (" + why + ")") +
+         " [" + table + "]";
+}
 
 /// FLUX_CPU_MEMORY_LIMIT: the most bytes the CPU pool may hold (live tensors plus cached blocks), as
 /// a number of bytes with an optional K, M or G (powers of 1024); unset or 0: no limit but the system's.
@@ -100,7 +115,7 @@ class CpuBackend final : public backend::Backend {
   std::string version_info() override {
     return "  BLAS: " FLUX_BLAS_NAME "; threads: " + std::to_string(num_threads()) + " (FLUX_NUM_THREADS)\n" +
            "  ISA: " + isa_name(active_isa()) + "; bf16/f16 units: " + low_precision_units_text(low_precision_units()) +
-           "\n  Libraries: " + dependency_line() + "\n";
+           "\n  Libraries: " + dependency_line() + "\n  " + kernel_table_line() + "\n";
   }
   // bf16 runs on AVX512-BF16 or AMX-BF16 through oneDNN; oneDNN 2.6 has no f16 compute on the CPU.
   // Autocast asks per low-list op: the answers for each ISA level are made once (the units at a level
@@ -405,6 +420,8 @@ backend::Backend& instance() {
 }  // namespace flux::cpu_backend
 
 namespace flux::detail {
+backend::Backend& builtin_cpu_backend() { return cpu_backend::instance(); }
+
 // For bench/flux_bench.cpp (--passes): the CPU backend's pass counts (pass_count.hpp) and their reset.
 void cpu_pass_counts(int64_t* conversions, int64_t* conversion_bytes, int64_t* kernels) {
   const cpu_backend::PassCounts c = cpu_backend::pass_counts();
