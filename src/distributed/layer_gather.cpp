@@ -88,6 +88,12 @@ struct LayerGather::State {
     in_flight = std::move(g);
   }
 
+  // Lets MPI move the gather in flight (Open MPI advances it only inside an MPI call).
+  void progress() {
+    if (in_flight)
+      for (Group& gr : in_flight->groups) gr.op.test();
+  }
+
   void complete(Gather& g) {
     for (Group& gr : g.groups) gr.op.wait(api, plan->comm.state().timeout, true);
   }
@@ -213,6 +219,7 @@ std::vector<Tensor> LayerGather::arrays(size_t k, bool keep) {
 void LayerGather::leave(size_t k) {
   State& s = *state_;
   if (k >= s.held.size() || s.held[k].empty()) return;
+  s.progress();
   if (s.tape && s.position[k] == int64_t(s.order.size()) - 1) return;  // its backward comes next
   s.free(k);
 }
@@ -223,6 +230,7 @@ void LayerGather::ready(int64_t tape_id) {
   if (it == s.unit_of_tape_id.end()) return;
   const size_t k = it->second;
   s.unit_of_tape_id.erase(it);
+  s.progress();
   if (--s.pending[k] > 0) return;
   // Layer k's backward no longer reads its arrays; the layer before it is next.
   s.free(k);
