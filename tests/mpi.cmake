@@ -101,3 +101,20 @@ if(TARGET distributed_mnist)
                        LABELS "mpi;examples" RUN_SERIAL TRUE PASS_REGULAR_EXPRESSION "test accuracy: 0\\.[6-9]"
                        FAIL_REGULAR_EXPRESSION "below --min-accuracy|error")
 endif()
+
+# The sharded GPT (issue 47): 4 ranks at stage 3 train and save a checkpoint, 2 ranks resume it and
+# train on; each exits 1 unless the validation loss falls by --min-drop.
+if(TARGET sharded_gpt)
+  set(FLUX_SHARDED_GPT_CKPT ${CMAKE_CURRENT_BINARY_DIR}/sharded_gpt_ckpt)
+  add_test(NAME examples.sharded_gpt.np4_stage3
+           COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -np 4 --oversubscribe $<TARGET_FILE:sharded_gpt> --stage 3 --steps 60
+                   --batchsize 8 --min-drop 0.3 --save ${FLUX_SHARDED_GPT_CKPT})
+  add_test(NAME examples.sharded_gpt.resume_np2
+           COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -np 2 $<TARGET_FILE:sharded_gpt> --stage 3 --steps 30 --batchsize 16
+                   --min-drop 0.02 --resume ${FLUX_SHARDED_GPT_CKPT})
+  set_tests_properties(examples.sharded_gpt.np4_stage3 PROPERTIES FIXTURES_SETUP flux_sharded_gpt)
+  set_tests_properties(examples.sharded_gpt.resume_np2 PROPERTIES FIXTURES_REQUIRED flux_sharded_gpt
+                       PASS_REGULAR_EXPRESSION "resumed from .* at step 60")
+  set_tests_properties(examples.sharded_gpt.np4_stage3 examples.sharded_gpt.resume_np2 PROPERTIES ENVIRONMENT "${FLUX_MPI_ENV}"
+                       TIMEOUT 300 LABELS "mpi;examples" RUN_SERIAL TRUE FAIL_REGULAR_EXPRESSION "error|less than --min-drop")
+endif()
