@@ -65,6 +65,17 @@ set_tests_properties(mpi.shard_checkpoint.stage3_resume_np2 mpi.shard_checkpoint
 set_tests_properties(mpi.shard_checkpoint.stage3_save_np4 mpi.shard_checkpoint.stage3_resume_np2 mpi.shard_checkpoint.stage3_resume_np1 PROPERTIES
                      TIMEOUT 120 LABELS mpi RUN_SERIAL TRUE FAIL_REGULAR_EXPRESSION "FAILED|Running 0 tests|SKIPPED")
 
+# A model that does not fit one process under FLUX_CPU_MEMORY_LIMIT=20M (float32 Adam training of 8.4 MB
+# of arrays) trains at np 4, stage 3, under the same per-process limit (15.3 MB peak per rank measured).
+add_test(NAME mpi.shard_memory_limit.np1_plain_fails COMMAND $<TARGET_FILE:flux_shard_tests> --gtest_filter=ShardMemoryLimit.*)
+set_tests_properties(mpi.shard_memory_limit.np1_plain_fails PROPERTIES
+                     ENVIRONMENT "${FLUX_MPI_ENV};FLUX_CPU_MEMORY_LIMIT=20M;FLUX_SHARD_MEMORY_MODE=plain")
+add_test(NAME mpi.shard_memory_limit.np4_stage3_trains COMMAND ${FLUX_MPIRUN} ${FLUX_MPIRUN_ARGS} -x FLUX_DISTRIBUTED_TIMEOUT -x FLUX_CPU_MEMORY_LIMIT -x FLUX_SHARD_MEMORY_MODE -np 4 --oversubscribe $<TARGET_FILE:flux_shard_tests> --gtest_filter=ShardMemoryLimit.*)
+set_tests_properties(mpi.shard_memory_limit.np4_stage3_trains PROPERTIES
+                     ENVIRONMENT "${FLUX_MPI_ENV};FLUX_CPU_MEMORY_LIMIT=20M;FLUX_SHARD_MEMORY_MODE=stage3")
+set_tests_properties(mpi.shard_memory_limit.np1_plain_fails mpi.shard_memory_limit.np4_stage3_trains PROPERTIES
+                     TIMEOUT 120 LABELS mpi RUN_SERIAL TRUE FAIL_REGULAR_EXPRESSION "FAILED|Running 0 tests|SKIPPED")
+
 # Faults, with a 3 s timeout: each entry must end well inside its ctest TIMEOUT (no hang).
 set(FLUX_MPI_FAULT_ENV "OPENBLAS_NUM_THREADS=1;FLUX_NUM_THREADS=1;FLUX_DISTRIBUTED_TIMEOUT=3")
 # A rank that stops answering mid-run: rank 0 reports the timeout, then the job is aborted.

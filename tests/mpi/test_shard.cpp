@@ -479,6 +479,51 @@ TEST(Shard, Stage3ParameterMemoryPerRank) {
   }
 }
 
+// A model that does not fit one process's FLUX_CPU_MEMORY_LIMIT trains at np 4, stage 3 (the ctest
+// entries mpi.shard_memory_limit.* set the limit and FLUX_SHARD_MEMORY_MODE). 8 Dense(512 => 512):
+// 8.4 MB of float32 arrays; one process's Adam training holds the arrays, their gradients and two
+// moments (33.6 MB and more); a stage-3 rank of 4 holds a quarter of the masters and moments
+// (6.3 MB) between steps, and the whole model only while shard() cuts it.
+TEST(ShardMemoryLimit, Stage3FitsWhereOneProcessDoesNot) {
+  const char* mode = std::getenv("FLUX_SHARD_MEMORY_MODE");
+  if (!mode) GTEST_SKIP() << "FLUX_SHARD_MEMORY_MODE unset (the ctest entries mpi.shard_memory_limit.* set it)";
+  auto comm = world();
+  using Big = Chain<Dense, Dense, Dense, Dense, Dense, Dense, Dense, Dense>;
+  const int64_t width = 512;
+  auto make = [&] {
+    seed(31);  // the same values on every rank, without a broadcast (which would hold a second copy)
+    return Big(Dense(width, width, relu), Dense(width, width, relu), Dense(width, width, relu), Dense(width, width, relu),
+               Dense(width, width, relu), Dense(width, width, relu), Dense(width, width, relu), Dense(width, width));
+  };
+  seed(32);
+  Tensor x = randn({8, width}), y = randn({8, width});
+  if (std::string(mode) == "plain") {
+    EXPECT_THAT(error_of([&] {
+                  Big model = make();
+                  auto opt = optimisers::setup(optimisers::Adam(1e-3), model);
+                  for (int step = 0; step < 3; ++step) {
+                    auto [loss, grads] = withgradient([&](const Big& m) { return mse(m(x), y); }, model);
+                    optimisers::update(opt, model, grads);
+                  }
+                }),
+                ::testing::HasSubstr("FLUX_CPU_MEMORY_LIMIT"));
+    return;
+  }
+  ASSERT_EQ(std::string(mode), "stage3");
+  ASSERT_EQ(comm.size(), 4) << "the limit is set for 4 ranks";
+  auto sharded = [&] { return distributed::shard(comm, make(), optimisers::Adam(1e-3), {.stage = 3, .bucket_bytes = 1 << 20}); }();
+  std::vector<double> losses;
+  for (int step = 0; step < 5; ++step) {
+    auto [loss, grads] = distributed::withgradient(comm, [&](auto& m) { return mse(m(x), y); }, sharded.model);
+    optimisers::update(sharded.state, sharded.model, grads);
+    losses.push_back(loss.item<double>());
+  }
+  EXPECT_LT(losses.back(), losses.front());
+  if (comm.rank() == 0)
+    std::printf("[shard memory limit] stage 3 np 4: peak live storage %.2f MB per rank, losses %.4f -> %.4f\n",
+                double(flux::detail::peak_storage_bytes()) / 1e6, losses.front(), losses.back());
+}
+
 int main(int argc, char** argv) {
   distributed::initialize();
   ::testing::InitGoogleTest(&argc, argv);
