@@ -4,6 +4,7 @@
 // dtype: block r of the receive buffer holds chunk r of each member, as in gather_params. The host
 // buffers are CPU tensors, so the live-storage counter (src/storage_stats.hpp) sees them.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <optional>
 
@@ -12,7 +13,15 @@
 #include "src/distributed/transport.hpp"
 #include "src/internal.hpp"
 
-namespace flux::distributed::detail {
+namespace flux::distributed {
+
+namespace {
+thread_local LayerGatherStats g_layer_stats;
+}  // namespace
+
+LayerGatherStats last_layer_gather_stats() { return g_layer_stats; }
+
+namespace detail {
 
 namespace {
 uint8_t* host_bytes(const Tensor& t) {
@@ -55,6 +64,7 @@ struct LayerGather::State {
   std::vector<Tensor> leaves;                // params() order, with a tape
   std::unordered_map<int64_t, size_t> unit_of_tape_id;
   std::vector<int64_t> pending;              // arrays of each layer whose gradient is not final yet
+  LayerGatherStats stats;
 
   void start(size_t k) {
     const ShardPlan& p = *plan;
@@ -100,13 +110,21 @@ struct LayerGather::State {
 
   // Layer k's arrays, whole: its gather waited for (started now when another layer's, or none, moves).
   std::vector<Tensor> finish(size_t k) {
+    ++stats.gathers;
     if (!in_flight || in_flight->unit != k) {
       if (in_flight) complete(*in_flight);  // every rank issued it: let it end, unused
       start(k);
+    } else {
+      ++stats.prefetched;
+      bool done = true;
+      for (Group& gr : in_flight->groups) done = gr.op.test() && done;
+      stats.ready_when_needed += done ? 1 : 0;
     }
     Gather g = std::move(*in_flight);
     in_flight.reset();
+    const auto t0 = std::chrono::steady_clock::now();
     complete(g);
+    stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const ShardPlan& p = *plan;
     const std::vector<size_t>& members = p.units[k];
     std::vector<Tensor> out(members.size());
@@ -258,6 +276,8 @@ void LayerGather::release() {
     s.complete(*s.in_flight);
     s.in_flight.reset();
   }
+  g_layer_stats = s.stats;
 }
 
-}  // namespace flux::distributed::detail
+}  // namespace detail
+}  // namespace flux::distributed

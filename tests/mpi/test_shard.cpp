@@ -457,6 +457,16 @@ TEST(Shard, Stage3ParameterMemoryPerRank) {
       peak = std::max(peak, double(flux::detail::peak_storage_bytes()) - double(at));
     }
     const double after = double(flux::detail::live_storage_bytes()) - double(before);
+    if (stage == 3) {
+      // 8 layers: 8 gathers in the forward, 7 again for the backward (the last layer's arrays stay);
+      // all but the first started one layer before they were needed
+      const distributed::LayerGatherStats g = distributed::last_layer_gather_stats();
+      EXPECT_EQ(g.gathers, 15);
+      EXPECT_EQ(g.prefetched, 14);
+      if (comm.rank() == 0)
+        std::printf("[shard gathers] np %lld: %d gathers, %d prefetched, %d complete when needed, %.2f ms waiting\n",
+                    static_cast<long long>(p), g.gathers, g.prefetched, g.ready_when_needed, 1e3 * g.wait_seconds);
+    }
     if (comm.rank() == 0)
       std::printf("[shard memory] stage %d np %lld: between steps %.3f MB per rank (whole float32 model %.3f MB), "
                   "step peak above that %.3f MB, peak %.3f MB\n",

@@ -51,6 +51,15 @@ struct ShardOptions {
   std::optional<DType> wire = std::nullopt;
 };
 
+/// What the last stage-3 step (withgradient) or call of a sharded model on this thread gathered.
+struct LayerGatherStats {
+  int gathers = 0;             // layer all-gathers waited for (forward, then again for backward)
+  int prefetched = 0;          // of them, started before the layer needed them (one layer earlier)
+  int ready_when_needed = 0;   // of those, already complete when the layer needed them
+  double wait_seconds = 0;     // waiting for gathers to complete
+};
+LayerGatherStats last_layer_gather_stats();
+
 namespace detail {
 
 /// What every rank knows about the sharding of one model.
