@@ -159,7 +159,8 @@ int run(const Options& opt) {
   double window_loss = 0;
   const auto t0 = std::chrono::steady_clock::now();
   while (step < opt.steps) {
-    for (auto [x, y] : loader) {
+    for (auto [bx, by] : loader) {
+      const Tensor x = bx, y = by;  // plain names: clang 14 captures no structured binding
       auto [loss, grads] = distributed::withgradient(comm, [&](auto& m) { return char_loss(m(x), y, v); }, model);
       optimisers::update(state, model, grads);
       window_loss += loss.item<double>();
