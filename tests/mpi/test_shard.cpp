@@ -489,6 +489,52 @@ TEST(Shard, Stage3ParameterMemoryPerRank) {
   }
 }
 
+// Stage 3 on a Chain with layers that hold no array (MaxPool, flatten, an activation), BatchNorm's
+// running statistics (non-trainable, updated in place by the forward) and arrays tied inside one
+// layer (a SkipConnection around a Chain using one Dense twice): it must train exactly as stage 2 on
+// the same ranks (the same per-rank batches and statistics), on every device.
+class ShardStage3Layers : public ::testing::TestWithParam<Device> {};
+INSTANTIATE_TEST_SUITE_P(Devices, ShardStage3Layers, ::testing::ValuesIn(test_devices()),
+                         [](const auto& info) { return clean(to_string(info.param)); });
+TEST_P(ShardStage3Layers, ConvBatchNormAndTiedLayersMatchStage2) {
+  auto comm = world();
+  const Device dev = GetParam();
+  auto make = [&] {
+    seed(41);
+    Dense tied(12, 12, tanh_act);
+    return distributed::broadcast(comm,
+                                  Chain(Conv({3, 3}, 2, 4), BatchNorm(4, relu), MaxPool({2, 2}), flatten, Dense(4 * 3 * 3, 12),
+                                        SkipConnection(Chain(tied, tied), plus), relu, Dense(12, 3)) |
+                                      dev,
+                                  0);
+  };
+  seed(42 + uint64_t(comm.rank()));
+  std::vector<Tensor> xs, ys;
+  for (int s = 0; s < 6; ++s) {
+    xs.push_back(to(randn({3, 2, 8, 8}), dev));
+    ys.push_back(to(randn({3, 3}), dev));
+  }
+  auto train = [&](int stage) {
+    auto start = make();
+    auto r = distributed::shard(comm, start, optimisers::Adam(0.01), {.stage = stage, .bucket_bytes = 256});
+    std::vector<double> losses;
+    for (size_t s = 0; s < xs.size(); ++s) {
+      auto [loss, grads] = distributed::withgradient(comm, [&](auto& m) { return mse(m(xs[s]), ys[s]); }, r.model);
+      optimisers::update(r.state, r.model, grads);
+      losses.push_back(mean_over_ranks(comm, loss));
+    }
+    auto whole = distributed::gather_model(r.model);
+    std::vector<Tensor> all;  // trainable arrays and BatchNorm's running statistics
+    for (const auto& l : distributed::detail::named_leaves(whole)) all.push_back(l.tensor);
+    return std::make_pair(losses, all);
+  };
+  auto [want_losses, want] = train(2);
+  auto [got_losses, got] = train(3);
+  for (size_t s = 0; s < want_losses.size(); ++s) EXPECT_NEAR(got_losses[s], want_losses[s], 1e-6) << "step " << s;
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_LT(max_abs_diff(got, want), 1e-5);
+}
+
 // A model that does not fit one process's FLUX_CPU_MEMORY_LIMIT trains at np 4, stage 3 (the ctest
 // entries mpi.shard_memory_limit.* set the limit and FLUX_SHARD_MEMORY_MODE). 8 Dense(512 => 512):
 // 8.4 MB of float32 arrays; one process's Adam training holds the arrays, their gradients and two
