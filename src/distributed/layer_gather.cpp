@@ -67,6 +67,11 @@ struct LayerGather::State {
   LayerGatherStats stats;
 
   void start(size_t k) {
+    if (in_flight) {  // at most one in flight: an earlier one (every rank issued it) ends first, unused
+      if (in_flight->unit == k) return;
+      complete(*in_flight);
+      in_flight.reset();
+    }
     const ShardPlan& p = *plan;
     Gather g;
     g.unit = k;
@@ -112,7 +117,6 @@ struct LayerGather::State {
   std::vector<Tensor> finish(size_t k) {
     ++stats.gathers;
     if (!in_flight || in_flight->unit != k) {
-      if (in_flight) complete(*in_flight);  // every rank issued it: let it end, unused
       start(k);
     } else {
       ++stats.prefetched;

@@ -490,9 +490,17 @@ TEST(Shard, Stage3ParameterMemoryPerRank) {
 }
 
 // Stage 3 on a Chain with layers that hold no array (MaxPool, flatten, an activation), BatchNorm's
-// running statistics (non-trainable, updated in place by the forward) and arrays tied inside one
-// layer (a SkipConnection around a Chain using one Dense twice): it must train exactly as stage 2 on
+// running statistics (non-trainable, updated in place by the forward), arrays tied inside one layer
+// (a SkipConnection around a Chain using one Dense twice) and a layer whose array is never read
+// (its gradient is final before backward starts): it must train exactly as stage 2 on
 // the same ranks (the same per-rank batches and statistics), on every device.
+// A layer whose array the forward does not read: its gradient is zero and final before backward starts.
+struct Spare {
+  Tensor spare;
+  Tensor operator()(const Tensor& x) const { return x; }
+};
+FLUX_LAYER(Spare, spare)
+
 class ShardStage3Layers : public ::testing::TestWithParam<Device> {};
 INSTANTIATE_TEST_SUITE_P(Devices, ShardStage3Layers, ::testing::ValuesIn(test_devices()),
                          [](const auto& info) { return clean(to_string(info.param)); });
@@ -504,7 +512,7 @@ TEST_P(ShardStage3Layers, ConvBatchNormAndTiedLayersMatchStage2) {
     Dense tied(12, 12, tanh_act);
     return distributed::broadcast(comm,
                                   Chain(Conv({3, 3}, 2, 4), BatchNorm(4, relu), MaxPool({2, 2}), flatten, Dense(4 * 3 * 3, 12),
-                                        SkipConnection(Chain(tied, tied), plus), relu, Dense(12, 3)) |
+                                        SkipConnection(Chain(tied, tied), plus), relu, Spare{randn({5})}, Dense(12, 3)) |
                                       dev,
                                   0);
   };
