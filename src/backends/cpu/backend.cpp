@@ -1,6 +1,7 @@
 // The CPU backend object: memory (a caching pool), copies, and dispatch to the kernel files.
 #include <sys/sysinfo.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdint>
@@ -45,6 +46,7 @@ class HostPool {
  public:
   void* allocate(size_t bytes) {
     const size_t limit = limit_once();
+    if (best_.limit() != limit) best_.set_limit(limit);
     auto system = [&](size_t r) -> void* {
       if (limit && used() + cached() + r > limit) return nullptr;
       return std::aligned_alloc(64, r);
@@ -85,7 +87,13 @@ class HostPool {
     return yes;
   }
   backends::CachingPool<void*> classes_{64};
-  backends::BestFitPool best_;
+  // Each arena's range for large blocks: as much address space as the machine has memory, at most 64 GiB.
+  static size_t range_bytes() {
+    struct sysinfo si {};
+    sysinfo(&si);
+    return std::min(size_t(si.totalram) * si.mem_unit, size_t(64) << 30);
+  }
+  backends::BestFitPool best_{size_t(1) << 30, range_bytes()};
 };
 
 // Every kernel that does float arithmetic runs under FloatModeScope: flush-to-zero for the dtypes the
