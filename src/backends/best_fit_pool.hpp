@@ -37,7 +37,8 @@ class BestFitPool {
   static constexpr size_t kSmallSegment = size_t(2) << 20; // a small segment
   static constexpr size_t kLargeRound = size_t(64) << 10;  // large segments: the request rounded up to this
   static constexpr size_t kLargeSplit = size_t(1) << 20;   // a large segment's block splits off rests of this or more
-  static constexpr size_t kRangeStep = size_t(2) << 20;    // a range is committed and given back in these steps
+  static constexpr size_t kRangeStep = size_t(2) << 20;    // a range is committed in these steps
+  static constexpr size_t kPage = 4096;                    // and given back in pages
   static constexpr int kArenas = 8;
 
   /// At most `max_cached` free bytes are kept: a freed block that empties its segment (or the range's
@@ -63,8 +64,12 @@ class BestFitPool {
     }
   }
 
-  /// The bytes a request occupies: a multiple of 64, at least 64.
-  static size_t round(size_t bytes) { return bytes <= kAlign ? kAlign : (bytes + kAlign - 1) & ~(kAlign - 1); }
+  /// The bytes a request occupies: a multiple of 64, at least 64; above kSmall, of the 4 KiB page (so a
+  /// range's free end goes back whole).
+  static size_t round(size_t bytes) {
+    if (bytes > kSmall) return (bytes + kPage - 1) & ~(kPage - 1);
+    return bytes <= kAlign ? kAlign : (bytes + kAlign - 1) & ~(kAlign - 1);
+  }
 
   /// A block for `bytes`: the best-fitting free block of this thread's arena, else (large) the arena's
   /// range grown, else a new segment from alloc(segment bytes), for a large request after the arena's
@@ -212,7 +217,7 @@ class BestFitPool {
     FreeSet free_small, free_large;             // small and large segments' free blocks apart
     std::unordered_map<void*, Block*> live;     // blocks handed out, by address
     char* range = nullptr;                      // the large blocks' range (range_bytes_ of address space)
-    size_t range_committed = 0;                 // its usable start, a multiple of kRangeStep
+    size_t range_committed = 0;                 // its usable start, a multiple of kPage
     Block* range_last = nullptr;                // the block that ends at range + range_committed
     bool range_failed = false;                  // reserving it failed once: segments only
   };
@@ -251,12 +256,12 @@ class BestFitPool {
     }
     return true;
   }
-  // The range's free last block goes back to the system, whole kRangeStep steps of it (its pages
-  // replaced by fresh inaccessible ones).
+  // The range's free last block goes back to the system, its whole pages (replaced by fresh inaccessible
+  // ones).
   void shrink_range(Arena& a) {
     Block* last = a.range_last;
     if (!last || last->allocated) return;
-    const size_t from = (size_t(last->ptr - a.range) + kRangeStep - 1) & ~(kRangeStep - 1);
+    const size_t from = (size_t(last->ptr - a.range) + kPage - 1) & ~(kPage - 1);
     if (from >= a.range_committed) return;
     const size_t n = a.range_committed - from;
     if (mmap(a.range + from, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
