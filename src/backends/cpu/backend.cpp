@@ -38,7 +38,8 @@ void* or_null(backend::Buffer b) { return b.handle ? ptr(b) : nullptr; }
 size_t cpu_memory_limit() { return environment::bytes("FLUX_CPU_MEMORY_LIMIT"); }
 
 // 64-byte aligned host blocks through a caching pool: the best-fit pool with splitting and coalescing
-// (best_fit_pool.hpp), or with FLUX_CPU_POOL=size_classes the size-class cache it replaced
+// (best_fit_pool.hpp; its large blocks in a range of address space per arena, its small segments
+// from aligned_alloc), or with FLUX_CPU_POOL=size_classes the size-class cache it replaced
 // (caching_pool.hpp, kept as the simple reference). A request the system refuses, or one that would take the pool beyond
 // FLUX_CPU_MEMORY_LIMIT, empties the cache and is tried once more; then flux::OutOfMemory names the
 // size and the figures.
