@@ -371,6 +371,24 @@ TEST(BestFitPool, RangeKeepsItsPagesAcrossRepeatedSteps) {
   EXPECT_EQ(pool.range_committed(), 0u);
 }
 
+// Every thread's large blocks share one range: a block one thread freed serves another thread's request.
+TEST(BestFitPool, ThreadsShareOneRangeForLargeBlocks) {
+  System sys;
+  BestFitPool pool(size_t(1) << 30, size_t(1) << 30);
+  void* first = nullptr;
+  std::thread([&] {
+    first = pool.allocate(3 * MiB, sys.a(), sys.f());
+    pool.deallocate(first, 3 * MiB, sys.f());
+  }).join();
+  void* second = nullptr;
+  std::thread([&] { second = pool.allocate(2 * MiB, sys.a(), sys.f()); }).join();
+  EXPECT_EQ(second, first);
+  EXPECT_EQ(pool.range_committed(), 4 * MiB) << "one range, grown once";
+  pool.deallocate(second, 2 * MiB, sys.f());
+  pool.release(sys.f());
+  EXPECT_EQ(pool.range_committed(), 0u);
+}
+
 // The range grows only within set_limit (used + cached); beyond it the system callback is asked (and
 // refuses here), the range's free end is given back, and the request fails without changing anything.
 TEST(BestFitPool, RangeGrowsWithinTheLimit) {

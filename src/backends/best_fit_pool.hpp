@@ -11,9 +11,10 @@
 // release() or beyond max_cached. Where no range can be reserved (or with range_bytes 0, and for a
 // request beyond what is left of it), large requests get segments of their own from the system (the
 // request rounded up to 64 KiB), whose wholly free ones go back before a new one is taken.
-// No process-wide lock: blocks live in arenas, each with its own mutex; a thread allocates from the
-// arena it was given at its first request (threads take arenas round-robin) and a block goes back to
-// the arena it came from. In front of the arenas, each thread keeps its last few freed blocks of up to
+// No process-wide lock on small blocks: they live in arenas, each with its own mutex; a thread
+// allocates from the arena it was given at its first request (threads take arenas round-robin) and a
+// block goes back to the arena it came from. Large blocks of every thread share the first arena's range
+// (and its lock) when there are ranges. In front of the arenas, each thread keeps its last few freed blocks of up to
 // 4 KiB (16 at most) and serves requests of their size from them without any lock: the small tensors
 // of a training step come and go in that pattern. Same interface as CachingPool; deallocate must be
 // given the bytes that allocate was.
@@ -90,7 +91,7 @@ class BestFitPool {
             return p;
           }
     }
-    Arena& a = arenas_[arena_index()];
+    Arena& a = arenas_[arena_for(r)];
     std::unique_lock<std::mutex> lock(a.m);
     if (Block* b = take(a, r)) return b->ptr;
     if (r > kSmall && grow_range(a, r)) return take(a, r)->ptr;
@@ -135,7 +136,7 @@ class BestFitPool {
         return;
       }
     }
-    give_back(p, &free, false);
+    give_back(p, &free, false, arena_for(r));
   }
 
   /// The calling thread's front blocks go back to their arenas (release() does it too; a thread's
@@ -298,9 +299,8 @@ class BestFitPool {
   }
   // p's block back to its arena (it must be one of this pool's, handed out): merged with its free
   // neighbours; a wholly free segment beyond max_cached goes back with (*free) unless keep.
-  template <class Free> void give_back(void* p, Free* free, bool keep) {
-    const int own = arena_index();
-    for (int i = 0; i < kArenas; ++i) {  // the block's arena: this thread's own, almost always
+  template <class Free> void give_back(void* p, Free* free, bool keep, int own) {
+    for (int i = 0; i < kArenas; ++i) {  // the block's arena: `own` (arena_for's), almost always
       Arena& a = arenas_[(own + i) % kArenas];
       std::lock_guard<std::mutex> lock(a.m);
       auto it = a.live.find(p);
@@ -349,7 +349,7 @@ class BestFitPool {
     for (int i = 0; i < f.n; ++i) {
       used_.fetch_add(f.size[i], std::memory_order_relaxed);  // give_back counts it as freed again
       cached_.fetch_sub(f.size[i], std::memory_order_relaxed);
-      give_back(f.ptr[i], static_cast<void (**)(void*)>(nullptr), true);
+      give_back(f.ptr[i], static_cast<void (**)(void*)>(nullptr), true, arena_index());
     }
     f.n = 0;
   }
@@ -418,6 +418,10 @@ class BestFitPool {
     return lo;
   }
 
+  // The arena of a request of r bytes: with ranges, every thread's large blocks share the first arena's
+  // range (writing 256 KiB takes microseconds, the lock nanoseconds; threads' scratch and tensors then
+  // share one layout instead of each range keeping its own peak); the thread's own arena otherwise.
+  int arena_for(size_t r) const { return r > kSmall && range_bytes_ ? 0 : arena_index(); }
   static int arena_index() {
     static std::atomic<int> next{0};
     thread_local const int index = next.fetch_add(1, std::memory_order_relaxed) % kArenas;
