@@ -301,6 +301,7 @@ TEST(BestFitPool, RangeGrowsAtItsEndAndMergesFreedBlocks) {
   System sys;
   BestFitPool pool(size_t(1) << 30, size_t(1) << 30);
   void* x = pool.allocate(3 * MiB, sys.a(), sys.f());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(x) % (2 * MiB), 0u) << "the range starts on a huge page's boundary";
   EXPECT_EQ(pool.range_committed(), 4 * MiB);
   EXPECT_EQ(pool.cached(), MiB) << "the free 1 MiB after x";
   void* y = pool.allocate(5 * MiB, sys.a(), sys.f());  // the free 1 MiB grown by 4 MiB
