@@ -107,6 +107,13 @@ TEST(BestFitPool, BestFitPicksTheSmallestHoleThatFits) {
   EXPECT_EQ(pool.allocate(200, sys.a(), sys.f()), p[2]);
   EXPECT_EQ(pool.allocate(300, sys.a(), sys.f()), p[0]);
   EXPECT_EQ(sys.allocs.load(), 1);
+  pool.deallocate(p[4], 100, sys.f());  // as allocated just above
+  pool.deallocate(p[2], 200, sys.f());
+  pool.deallocate(p[0], 300, sys.f());
+  for (int i : {1, 3, 5}) pool.deallocate(p[size_t(i)], sizes[i], sys.f());
+  pool.release(sys.f());
+  EXPECT_EQ(pool.used(), 0u);
+  EXPECT_EQ(sys.live.load(), 0u);
 }
 
 TEST(BestFitPool, LargeRequestsSplitOnlyAMegabyteOrMore) {
