@@ -241,7 +241,9 @@ class BestFitPool {
       if (base > start) munmap(start, size_t(base - start));
       if (base + range_bytes_ < start + range_bytes_ + kRangeStep)
         munmap(base + range_bytes_, size_t(start + range_bytes_ + kRangeStep - (base + range_bytes_)));
+#ifdef MADV_HUGEPAGE  // Linux
       madvise(base, range_bytes_, MADV_HUGEPAGE);
+#endif
       a.range = base;
     }
     Block* last = a.range_last;
