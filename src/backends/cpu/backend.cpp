@@ -1,6 +1,7 @@
 // The CPU backend object: memory (a caching pool), copies, and dispatch to the kernel files.
 #include <sys/sysinfo.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdint>
@@ -52,7 +53,8 @@ std::string kernel_table_line() {
 size_t cpu_memory_limit() { return environment::bytes("FLUX_CPU_MEMORY_LIMIT"); }
 
 // 64-byte aligned host blocks through a caching pool: the best-fit pool with splitting and coalescing
-// (best_fit_pool.hpp), or with FLUX_CPU_POOL=size_classes the size-class cache it replaced
+// (best_fit_pool.hpp; its large blocks in a range of address space per arena, its small segments
+// from aligned_alloc), or with FLUX_CPU_POOL=size_classes the size-class cache it replaced
 // (caching_pool.hpp, kept as the simple reference). A request the system refuses, or one that would take the pool beyond
 // FLUX_CPU_MEMORY_LIMIT, empties the cache and is tried once more; then flux::OutOfMemory names the
 // size and the figures.
@@ -60,6 +62,7 @@ class HostPool {
  public:
   void* allocate(size_t bytes) {
     const size_t limit = limit_once();
+    if (best_.limit() != limit) best_.set_limit(limit);
     auto system = [&](size_t r) -> void* {
       if (limit && used() + cached() + r > limit) return nullptr;
       return std::aligned_alloc(64, r);
@@ -100,7 +103,13 @@ class HostPool {
     return yes;
   }
   backends::CachingPool<void*> classes_{64};
-  backends::BestFitPool best_;
+  // Each arena's range for large blocks: as much address space as the machine has memory, at most 64 GiB.
+  static size_t range_bytes() {
+    struct sysinfo si {};
+    sysinfo(&si);
+    return std::min(size_t(si.totalram) * si.mem_unit, size_t(64) << 30);
+  }
+  backends::BestFitPool best_{size_t(1) << 30, range_bytes()};
 };
 
 // Every kernel that does float arithmetic runs under FloatModeScope: flush-to-zero for the dtypes the

@@ -88,9 +88,9 @@ void onednn_matmul_run(const OnednnMatmul& e, const void* a, const void* b, void
   onednn::set_team(1);  // this pool thread's team: itself alone
   dnnl::memory am(e.a, engine, const_cast<void*>(a)), bm(e.b, engine, const_cast<void*>(b)), cm(e.c, engine, c);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+  onednn::CallScratch scratch;
   if (e.scratch)
-    args.emplace(DNNL_ARG_SCRATCHPAD,
-                 dnnl::memory(e.scratch_desc, engine, onednn::thread_scratch(onednn::Scratch::scratchpad, e.scratch)));
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(e.scratch_desc, engine, scratch.get(onednn::Scratch::scratchpad, e.scratch)));
   e.primitive.execute(onednn::stream(), args);
   onednn::stream().wait();
 }
@@ -200,14 +200,14 @@ void linear_piece(const Linear& e, const void* x, const dnnl::memory& wm, const 
   onednn::set_team(1);  // this pool thread's team: itself alone
   const dnnl::memory::dims dims = e.dst.dims();
   const int64_t rows = dims[0], cols = dims[1];
-  void* out = e.own_output ? onednn::thread_scratch(onednn::Scratch::output, size_t(rows * cols) * size) : y;
+  onednn::CallScratch scratch;
+  void* out = e.own_output ? scratch.get(onednn::Scratch::output, size_t(rows * cols) * size) : y;
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(e.src, engine, const_cast<void*>(x))},
                                              {DNNL_ARG_WEIGHTS, wm},
                                              {DNNL_ARG_DST, dnnl::memory(e.dst, engine, out)}};
   if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias, engine, const_cast<void*>(bias)));
   if (e.scratch)
-    args.emplace(DNNL_ARG_SCRATCHPAD,
-                 dnnl::memory(e.scratch_desc, engine, onednn::thread_scratch(onednn::Scratch::scratchpad, e.scratch)));
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(e.scratch_desc, engine, scratch.get(onednn::Scratch::scratchpad, e.scratch)));
   e.primitive.execute(onednn::stream(), args);
   onednn::stream().wait();
   if (out != y)
