@@ -147,6 +147,10 @@ int main(int argc, char** argv) {
   if (wanted("tiny_transformer_opset20"))
     export_model(dir, "tiny_transformer_opset20", TinyTransformer(20, 16, 32), dev, [](int64_t n) { return ids(n, 16, 20); },
                  {.opset = 20});
+  // Exact GELU (gelu_erf) as one Gelu node at opset 20, with the dynamic length's masks.
+  if (wanted("causal_block_opset20"))
+    export_model(dir, "causal_block_opset20", CausalBlock{}, dev, [](int64_t n) { return rand({n, n + 3, 16}); },
+                 {.dynamic_axes = {{0, 1}}, .opset = 20});
   if (wanted("resnet18_opset21"))
     export_model(dir, "resnet18_opset21", models::ResNet18(10), dev, [](int64_t n) { return rand({n, 3, 32, 32}); }, {.opset = 21});
   return 0;
