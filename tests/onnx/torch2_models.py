@@ -78,6 +78,22 @@ class LSTMTagger(torch.nn.Module):
         return self.head(self.rnn(self.emb(tokens))[0])
 
 
+class Seq2Seq(heldout.Seq2Seq):
+    """torch113_heldout's nn.Transformer, saying that its mask is causal (tgt_is_causal, from torch 2.0):
+    without it nn.Transformer compares the mask with a causal one, which torch.export cannot trace.
+    The same for nn.TransformerDecoder below."""
+
+    def forward(self, src, tgt):
+        mask = self.t.generate_square_subsequent_mask(tgt.size(1))
+        return self.t(src, tgt, tgt_mask=mask, tgt_is_causal=True)
+
+
+class Decoder(heldout.Decoder):
+    def forward(self, tgt, memory):
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(tgt.size(1))
+        return self.dec(tgt, memory, tgt_mask=mask, tgt_is_causal=True)
+
+
 def build(name, gen):
     img = lambda s: torch.rand(2, 3, s, s, generator=gen)
     if name in ("resnet18", "mobilenet_v2"):
@@ -99,6 +115,11 @@ def build(name, gen):
             bn.running_mean.copy_(torch.rand(8, generator=gen) * 0.2 - 0.1)
             bn.running_var.copy_(torch.rand(8, generator=gen) + 0.5)
         return m, (torch.rand(2, 1, 400, generator=gen),)
+    if name in ("transformer", "transformer_decoder"):
+        m, xs = heldout.build(name, gen)
+        causal = Seq2Seq() if name == "transformer" else Decoder()
+        causal.load_state_dict(m.state_dict())
+        return causal, xs
     return heldout.build(name, gen)
 
 
