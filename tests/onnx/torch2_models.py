@@ -155,64 +155,83 @@ def export(model, xs, path, exporter):
                               dynamic_axes={n: {0: "batch"} for n in names + ["output"]})
 
 
+def export_all(folder, name):
+    """Both exporters' files of one model (those not already there); returns the lines to print and
+    whether every export succeeded."""
+    import onnx
+    import onnxruntime as ort
+    torch.set_num_threads(1)  # one model per core
+    key = key_of(name)
+    todo = [e for e in EXPORTERS if not os.path.exists(os.path.join(folder, e, name + ".key"))
+            or open(os.path.join(folder, e, name + ".key")).read() != key]
+    if not todo:
+        return [f"{name}: kept from an earlier run"], True
+    # The same model, weights and inputs for both exporters (seeded by the name).
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(int(hashlib.sha256(name.encode()).hexdigest()[:8], 16))
+    model, xs = build(name, gen)
+    with torch.no_grad():  # as torch113_heldout.py: no two weights equal; random BatchNorm statistics
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    randomise_batchnorm(model, gen)
+    model.eval()
+    with torch.no_grad():
+        y = model(*xs)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    tensors = {f"input.{i}": x for i, x in enumerate(xs)}
+    tensors["output.0"] = y
+    # The seed gradient is scaled by the output's size so that the step stays small where random
+    # BatchNorm statistics make outputs large (resnet18: ~5e3, which lr 0.01 would blow up).
+    w = torch.rand(y.shape, generator=gen) / max(1.0, float(y.abs().max())) ** 2
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt.zero_grad()
+    (model(*xs) * w).sum().backward()
+    opt.step()
+    with torch.no_grad():
+        tensors["seed_grad"], tensors["output_after_step.0"] = w, model(*xs)
+    model.load_state_dict(state)
+    lines, ok = [], True
+    for exporter in todo:
+        out = os.path.join(folder, exporter)
+        os.makedirs(out, exist_ok=True)
+        path = os.path.join(out, name + ".onnx")
+        try:
+            export(model, xs, path, exporter)
+        except Exception as e:  # noqa: BLE001  (reported, and the run fails)
+            lines.append(f"EXPORT FAILED {exporter} {name}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            ok = False
+            continue
+        save_safetensors(os.path.join(out, name + ".safetensors"), tensors)
+        m = onnx.load(path, load_external_data=False)
+        opset = max(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
+        ops = sorted({n.op_type for n in m.graph.node})
+        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        got = sess.run(None, {i.name: x.numpy() for i, x in zip(sess.get_inputs(), xs)})[0]
+        err = float(np.abs(got - y.numpy()).max())
+        lines.append(f"{exporter} {name}: opset {opset}, IR {m.ir_version}, output {tuple(y.shape)}, ONNX Runtime vs "
+                     f"PyTorch {err:.2g}; ops {' '.join(ops)}")
+        with open(os.path.join(out, name + ".key"), "w") as f:
+            f.write(key)
+    return lines, ok
+
+
 def main():
     folder = sys.argv[1]
     names = sys.argv[2:] or NAMES
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
     import onnx
     import onnxruntime as ort
-    print(f"torch {torch.__version__}, onnx {onnx.__version__}, onnxruntime {ort.__version__}")
-    for name in names:
-        key = key_of(name)
-        todo = [e for e in EXPORTERS if not os.path.exists(os.path.join(folder, e, name + ".key"))
-                or open(os.path.join(folder, e, name + ".key")).read() != key]
-        if not todo:
-            print(f"{name}: kept from an earlier run")
-            continue
-        # The same model, weights and inputs for both exporters (seeded by the name).
-        torch.manual_seed(0)
-        gen = torch.Generator().manual_seed(int(hashlib.sha256(name.encode()).hexdigest()[:8], 16))
-        model, xs = build(name, gen)
-        with torch.no_grad():  # as torch113_heldout.py: no two weights equal; random BatchNorm statistics
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-        randomise_batchnorm(model, gen)
-        model.eval()
-        with torch.no_grad():
-            y = model(*xs)
-        state = {k: v.clone() for k, v in model.state_dict().items()}
-        tensors = {f"input.{i}": x for i, x in enumerate(xs)}
-        tensors["output.0"] = y
-        # The seed gradient is scaled by the output's size so that the step stays small where random
-        # BatchNorm statistics make outputs large (resnet18: ~5e3, which lr 0.01 would blow up).
-        w = torch.rand(y.shape, generator=gen) / max(1.0, float(y.abs().max())) ** 2
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        opt.zero_grad()
-        (model(*xs) * w).sum().backward()
-        opt.step()
-        with torch.no_grad():
-            tensors["seed_grad"], tensors["output_after_step.0"] = w, model(*xs)
-        model.load_state_dict(state)
-        for exporter in todo:
-            out = os.path.join(folder, exporter)
-            os.makedirs(out, exist_ok=True)
-            path = os.path.join(out, name + ".onnx")
-            try:
-                export(model, xs, path, exporter)
-            except Exception as e:  # noqa: BLE001  (reported; onnx_compare then has no file to check)
-                print(f"EXPORT FAILED {exporter} {name}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
-                continue
-            save_safetensors(os.path.join(out, name + ".safetensors"), tensors)
-            m = onnx.load(path, load_external_data=False)
-            opset = max(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
-            ops = sorted({n.op_type for n in m.graph.node})
-            sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-            got = sess.run(None, {i.name: x.numpy() for i, x in zip(sess.get_inputs(), xs)})[0]
-            err = float(np.abs(got - y.numpy()).max())
-            print(f"{exporter} {name}: opset {opset}, IR {m.ir_version}, output {tuple(y.shape)}, ONNX Runtime vs PyTorch "
-                  f"{err:.2g}; ops {' '.join(ops)}")
-            with open(os.path.join(out, name + ".key"), "w") as f:
-                f.write(key)
+    print(f"torch {torch.__version__}, onnx {onnx.__version__}, onnxruntime {ort.__version__}", flush=True)
+    # Exporting is mostly single-threaded Python: one process per core (two on CI's machines).
+    workers = max(1, min(len(names), os.cpu_count() or 1, 4))
+    ok = True
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for lines, done in pool.map(export_all, [folder] * len(names), names):
+            print("\n".join(lines), flush=True)
+            ok = ok and done
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
