@@ -177,7 +177,8 @@ def export_all(folder, name):
     model.eval()
     with torch.no_grad():
         y = model(*xs)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
+    tensors_of = lambda: list(model.parameters()) + list(model.buffers())
+    saved = [t.detach().clone() for t in tensors_of()]  # (load_state_dict needs torchvision's metadata)
     tensors = {f"input.{i}": x for i, x in enumerate(xs)}
     tensors["output.0"] = y
     # The seed gradient is scaled by the output's size so that the step stays small where random
@@ -189,7 +190,9 @@ def export_all(folder, name):
     opt.step()
     with torch.no_grad():
         tensors["seed_grad"], tensors["output_after_step.0"] = w, model(*xs)
-    model.load_state_dict(state)
+    with torch.no_grad():
+        for t, v in zip(tensors_of(), saved):
+            t.copy_(v)
     lines, ok = [], True
     for exporter in todo:
         out = os.path.join(folder, exporter)
