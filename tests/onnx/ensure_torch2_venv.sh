@@ -41,7 +41,11 @@ if [ -n "${TORCH2_VENV:-}" ]; then
     [ "$p" = pillow ] && mod=PIL
     "$venv/bin/python" -c "import $mod" 2>/dev/null || missing+=("$p")
   done
-  if [ ${#missing[@]} -gt 0 ] && ! pip_install "${missing[@]}"; then
+  # Keep the base's torch: a torchvision that wants another torch would pull gigabytes.
+  pin=()
+  torch_version=$("$venv/bin/python" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)
+  [ -n "$torch_version" ] && pin=("torch==$torch_version")
+  if [ ${#missing[@]} -gt 0 ] && ! pip_install "${missing[@]}" "${pin[@]}"; then
     rm -rf "$venv"
     skip "pip could not install ${missing[*]} from PyPI on top of $TORCH2_VENV (offline?)"
   fi
