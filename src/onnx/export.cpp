@@ -189,6 +189,12 @@ class Exporter {
     a->set_type(::onnx::AttributeProto::FLOAT);
     a->set_f(float(v));
   }
+  static void attr_s(::onnx::NodeProto* n, const char* name, const std::string& v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(::onnx::AttributeProto::STRING);
+    a->set_s(v);
+  }
   static void attr_ints(::onnx::NodeProto* n, const char* name, const std::vector<int64_t>& v) {
     auto* a = n->add_attribute();
     a->set_name(name);
@@ -570,6 +576,13 @@ void Exporter::convert(size_t k, const trace::Event& e, const trace::Event& e2, 
   } else if (op == "leakyrelu" || op == "elu") {
     auto* n = node(op == "elu" ? "Elu" : "LeakyRelu", in, {out});
     attr_f(n, "alpha", float1(e, "alpha"));
+  } else if ((op == "gelu" || op == "gelu_erf") && opts_.opset >= 20) {
+    auto* n = node("Gelu", in, {out});  // one node from opset 20; flux's gelu is the tanh form
+    if (op == "gelu") attr_s(n, "approximate", "tanh");
+  } else if (op == "gelu_erf") {
+    // PyTorch's exact GELU: x (1 + erf(x / sqrt(2))) / 2.
+    std::string u = node1("Add", {node1("Erf", {node1("Mul", {in[0], const_scalar(0.70710678118654752440, t)})}), const_scalar(1.0, t)});
+    node1("Mul", {node1("Mul", {in[0], u}), const_scalar(0.5, t)}, out);
   } else if (op == "gelu") {
     // NNlib's gelu (tanh form): x sigmoid(c2 x (1 + k x²)), c2 = 2 sqrt(2 / pi), k = 0.044715.
     std::string x2 = node1("Mul", {in[0], in[0]});
@@ -705,7 +718,7 @@ std::string unsupported_reason(const std::string& op) {
   static const std::set<std::string> known = {
       "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "where", "neg",
       "exp", "log", "sqrt", "abs", "sign", "sin", "cos", "tanh", "sigmoid", "relu", "softplus", "to", "square",
-      "log1p", "erf", "leakyrelu", "elu", "gelu", "swish", "cast", "reshape", "broadcast_to", "permute", "slice", "concat",
+      "log1p", "erf", "leakyrelu", "elu", "gelu", "gelu_erf", "swish", "cast", "reshape", "broadcast_to", "permute", "slice", "concat",
       "index_select", "embedding", "matmul", "linear", "reduce", "softmax", "logsoftmax", "conv", "conv_transpose",
       "maxpool", "meanpool", "batchnorm", "rownorm", "lstm_recurrence", "gru_recurrence", "rnn_recurrence", "shape"};
   return known.count(op) ? "" : "an op without an ONNX form in this exporter";

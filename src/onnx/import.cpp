@@ -359,7 +359,14 @@ Model parse_unchecked(const std::string& bytes, const std::string& context, cons
   for (const auto& t : graph.initializer()) {
     Tensor v = detail::from_proto(t, api, folder);
     int s = define(t.name(), "initialiser");
-    if (is_floating(v.dtype()) && !statistics.count(t.name())) {
+    // Exporters write constants (attention scales, GELU's factors, masks' fill values) as one-element
+    // initialisers with generated names (PyTorch 2: "val_67"); parameters keep their module path
+    // ("proj.bias"), so a one-element tensor is trainable only when its name has one. Tensors holding
+    // infinities or NaN (attention masks the exporter folded: 0 and -inf) are constants too.
+    const bool floating = is_floating(v.dtype());
+    const bool constant = floating && ((v.numel() == 1 && (v.shape().empty() || t.name().find('.') == std::string::npos)) ||
+                                       (v.numel() > 0 && std::isnan(sum(v * 0.0).item<double>())));
+    if (floating && !statistics.count(t.name()) && !constant) {
       model.parameters.emplace_back(t.name(), v);
       g->param_slots.push_back(s);
     } else {

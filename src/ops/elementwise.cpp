@@ -556,7 +556,19 @@ Tensor gelu_op(const Tensor& x) {
     return g * (s + x * s * sigmoid_op(-u) * (1.0 + x2 * (3.0 * k)) * c2);
   });
 }
-Tensor gelu_erf_op(const Tensor& x) { return x * (1.0 + erf(x * 0.70710678118654752440)) * 0.5; }
+// PyTorch's exact GELU from public ops (their backward comes with them). Traced as one "gelu_erf"
+// event, so that the exporter can write it as one node (ONNX Gelu from opset 20).
+Tensor gelu_erf_op(const Tensor& x) {
+  auto composite = [&] { return x * (1.0 + erf(x * 0.70710678118654752440)) * 0.5; };
+  if (!trace::active()) return composite();
+  Tensor y;
+  {
+    trace::Scope untraced(nullptr);
+    y = composite();
+  }
+  trace::emit("gelu_erf", {x}, y);
+  return y;
+}
 Tensor softplus_op(const Tensor& x) {
   return unary("softplus", UnaryOp::softplus, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * sigmoid_op(x); });
 }
