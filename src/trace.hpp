@@ -1,16 +1,19 @@
 // Op tracing (not installed): while a Recorder is installed on this thread, every op of the op layer
-// that runs a kernel reports itself (name, input and output tensors, attributes) once, right after it
-// computed its result. onnx::save (src/onnx/export.cpp) installs one for a single inference forward.
+// that runs a kernel reports itself (its entry in src/ops/registry.hpp, input and output tensors,
+// attributes) once, right after it computed its result. onnx::save (src/onnx/export.cpp) installs one for a single inference forward.
 // Off, the cost per op is one thread-local load and a branch. Ops composed from other ops report
 // nothing themselves; an op that reports after its inner ops did (layernorm over reshapes, say) is
 // the producer of its result from then on, and the exporter drops inner results nothing reads.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
-#include <string>
 #include <vector>
 
 #include "flux/tensor.hpp"
+
+namespace flux::ops {
+struct Op;  // src/ops/registry.hpp
+}
 
 namespace flux::trace {
 
@@ -21,10 +24,15 @@ struct Attr {
 };
 
 struct Event {
-  std::string op;
+  const ops::Op* op;
   std::vector<Tensor> inputs;  // an undefined entry: an optional input that was absent
   Tensor output;
   std::vector<Attr> attrs;
+
+  /// Attribute `name`'s integers, first integer or first float (empty or `dflt` when absent).
+  std::vector<int64_t> ints(const char* name) const;
+  int64_t int1(const char* name, int64_t dflt = 0) const;
+  double float1(const char* name, double dflt = 0) const;
 };
 
 class Recorder {
@@ -37,8 +45,8 @@ extern thread_local Recorder* g_recorder;
 
 inline bool active() { return g_recorder != nullptr; }
 /// Reports one op to the installed recorder (call only when active()).
-void emit(const char* op, std::initializer_list<Tensor> inputs, const Tensor& output, std::vector<Attr> attrs = {});
-void emit(const char* op, std::vector<Tensor> inputs, const Tensor& output, std::vector<Attr> attrs = {});
+void emit(const ops::Op& op, std::initializer_list<Tensor> inputs, const Tensor& output, std::vector<Attr> attrs = {});
+void emit(const ops::Op& op, std::vector<Tensor> inputs, const Tensor& output, std::vector<Attr> attrs = {});
 
 /// Installs `r` on this thread for its scope.
 class Scope {
