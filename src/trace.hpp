@@ -6,7 +6,6 @@
 // the producer of its result from then on, and the exporter drops inner results nothing reads.
 #pragma once
 #include <cstdint>
-#include <initializer_list>
 #include <vector>
 
 #include "flux/tensor.hpp"
@@ -29,10 +28,10 @@ struct Event {
   Tensor output;
   std::vector<Attr> attrs;
 
-  /// Attribute `name`'s integers, first integer or first float (empty or `dflt` when absent).
-  std::vector<int64_t> ints(const char* name) const;
-  int64_t int1(const char* name, int64_t dflt = 0) const;
-  double float1(const char* name, double dflt = 0) const;
+  const Attr* attr(const char* name) const;  // nullptr when absent
+  std::vector<int64_t> ints(const char* name) const { return attr(name) ? attr(name)->ints : std::vector<int64_t>{}; }
+  int64_t int1(const char* name) const { return attr(name) && !attr(name)->ints.empty() ? attr(name)->ints[0] : 0; }
+  double float1(const char* name) const { return attr(name) && !attr(name)->floats.empty() ? attr(name)->floats[0] : 0; }
 };
 
 class Recorder {
@@ -40,12 +39,16 @@ class Recorder {
   virtual ~Recorder() = default;
   virtual void record(Event event) = 0;
 };
+/// A recorder that keeps every event.
+struct Events final : Recorder {
+  std::vector<Event> events;
+  void record(Event e) override { events.push_back(std::move(e)); }
+};
 
 extern thread_local Recorder* g_recorder;
 
 inline bool active() { return g_recorder != nullptr; }
 /// Reports one op to the installed recorder (call only when active()).
-void emit(const ops::Op& op, std::initializer_list<Tensor> inputs, const Tensor& output, std::vector<Attr> attrs = {});
 void emit(const ops::Op& op, std::vector<Tensor> inputs, const Tensor& output, std::vector<Attr> attrs = {});
 
 /// Installs `r` on this thread for its scope.

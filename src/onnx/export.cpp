@@ -5,8 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -32,11 +30,6 @@ namespace {
 
 using flux::detail::fail;
 
-struct Recorder : trace::Recorder {
-  std::vector<trace::Event> events;
-  void record(trace::Event e) override { events.push_back(std::move(e)); }
-};
-
 struct Trace {
   std::vector<Tensor> inputs, outputs;
   std::vector<trace::Event> events;
@@ -45,7 +38,7 @@ struct Trace {
 Trace run(const Forward& forward, const std::vector<Tensor>& inputs) {
   Trace t;
   t.inputs = inputs;
-  Recorder r;
+  trace::Events r;
   {
     autodiff::NoGrad inference;  // no tape: layers in automatic mode use their inference behaviour
     trace::Scope scope(&r);
@@ -127,8 +120,6 @@ struct DynAxis {
   std::string name;
 };
 
-std::string shape_text(const Shape& s) { return to_string(s); }
-
 void check_single_assignment(const ::onnx::GraphProto& g);
 
 class Exporter final : public ops::OnnxGraph {
@@ -149,20 +140,21 @@ class Exporter final : public ops::OnnxGraph {
   std::string fresh(const std::string& stem) override { return stem + "_" + std::to_string(counter_++); }
   std::string node(const char* type, const std::vector<std::string>& in, const std::vector<Attr>& attrs = {},
                    const std::vector<std::string>& outs = {}) override {
-    ::onnx::NodeProto* n = proto_node(type, in, outs.empty() ? std::vector<std::string>{fresh(type)} : outs);
+    ::onnx::NodeProto* n = graph_->add_node();
+    n->set_op_type(type);
+    n->set_name(std::string(type) + "_" + std::to_string(graph_->node_size() - 1));
+    for (const auto& x : in) n->add_input(x);
+    for (const auto& x : outs.empty() ? std::vector<std::string>{fresh(type)} : outs) n->add_output(x);
+    using A = ::onnx::AttributeProto;
     for (const Attr& at : attrs) {
       auto* a = n->add_attribute();
       a->set_name(at.name);
-      if (auto* i = std::get_if<int64_t>(&at.value)) a->set_type(::onnx::AttributeProto::INT), a->set_i(*i);
-      else if (auto* f = std::get_if<double>(&at.value)) a->set_type(::onnx::AttributeProto::FLOAT), a->set_f(float(*f));
-      else if (auto* t = std::get_if<DType>(&at.value)) a->set_type(::onnx::AttributeProto::INT), a->set_i(onnx_dtype(*t));
-      else if (auto* v = std::get_if<std::vector<int64_t>>(&at.value)) {
-        a->set_type(::onnx::AttributeProto::INTS);
-        for (int64_t x : *v) a->add_ints(x);
-      } else {
-        a->set_type(::onnx::AttributeProto::STRINGS);
-        for (const std::string& x : std::get<std::vector<std::string>>(at.value)) a->add_strings(x);
-      }
+      if (auto* i = std::get_if<int64_t>(&at.value)) a->set_type(A::INT), a->set_i(*i);
+      else if (auto* f = std::get_if<double>(&at.value)) a->set_type(A::FLOAT), a->set_f(float(*f));
+      else if (auto* t = std::get_if<DType>(&at.value)) a->set_type(A::INT), a->set_i(onnx_dtype(*t));
+      else if (auto* x = std::get_if<Tensor>(&at.value)) a->set_type(A::TENSOR), tensor_proto(*x, "", a->mutable_t());
+      else if (auto* v = std::get_if<std::vector<int64_t>>(&at.value)) a->set_type(A::INTS), a->mutable_ints()->Add(v->begin(), v->end());
+      else if (auto* w = std::get_if<std::vector<std::string>>(&at.value)) a->set_type(A::STRINGS), a->mutable_strings()->Add(w->begin(), w->end());
     }
     return n->output(0);
   }
@@ -177,33 +169,11 @@ class Exporter final : public ops::OnnxGraph {
   }
   /// A Constant node, not an initialiser: importers (onnx::load too) make initialisers trainable
   /// parameters, and what the forward computed (an attention scale, GELU's constants) is not one.
-  std::string constant(const Tensor& x) override {
-    auto* n = proto_node("Constant", {}, {fresh("const")});
-    auto* a = n->add_attribute();
-    a->set_name("value");
-    a->set_type(::onnx::AttributeProto::TENSOR);
-    tensor_proto(x, "", a->mutable_t());
-    return n->output(0);
-  }
+  std::string constant(const Tensor& x) override { return node("Constant", {}, {{"value", x}}, {fresh("const")}); }
   std::string shape(const char* api, const Shape& s1, const Shape& s2, bool minus_one, const Shape* in1 = nullptr,
                     const Shape* in2 = nullptr) override;
 
-  ::onnx::NodeProto* proto_node(const std::string& op, const std::vector<std::string>& in, const std::vector<std::string>& out) {
-    ::onnx::NodeProto* n = graph_->add_node();
-    n->set_op_type(op);
-    n->set_name(op + "_" + std::to_string(graph_->node_size() - 1));
-    for (const auto& x : in) n->add_input(x);
-    for (const auto& x : out) n->add_output(x);
-    return n;
-  }
-  std::string const_i64_scalar(int64_t v) {
-    std::string name = fresh("const_i64");
-    auto* t = graph_->add_initializer();
-    t->set_name(name);
-    t->set_data_type(::onnx::TensorProto::INT64);
-    t->add_int64_data(v);
-    return name;
-  }
+  std::string const_i64_scalar(int64_t v) { return constant(Tensor::scalar(double(v), DType::i64)); }
   /// A scalar of dtype t (the dtype of the tensor it meets).
   std::string const_scalar(double v, DType t) { return constant(Tensor::scalar(v, t)); }
 
@@ -272,8 +242,8 @@ std::string Exporter::dim_value(const DimExpr& d) {
 
 std::string Exporter::shape(const char* api, const Shape& s1, const Shape& s2, bool minus_one, const Shape* in1, const Shape* in2) {
   if (s1.size() != s2.size())
-    fail("[onnx::save] the ", api, " to ", shape_text(s1), " has rank ", s1.size(), " at the second traced size (",
-         shape_text(s2), "): the forward's ranks must not depend on the input sizes");
+    fail("[onnx::save] the ", api, " to ", to_string(s1), " has rank ", s1.size(), " at the second traced size (",
+         to_string(s2), "): the forward's ranks must not depend on the input sizes");
   std::vector<int64_t> fixed;
   int varying = 0;
   for (int i = 0; i < s1.size(); ++i) varying += s1[i] != s2[i];
@@ -297,7 +267,7 @@ std::string Exporter::shape(const char* api, const Shape& s1, const Shape& s2, b
     }
     std::optional<DimExpr> d = solve(s1[i], s2[i]);
     if (!d)
-      fail("[onnx::save] the ", api, " to ", shape_text(s1), " has dimension ", i, " of ", s1[i], " and ", s2[i],
+      fail("[onnx::save] the ", api, " to ", to_string(s1), " has dimension ", i, " of ", s1[i], " and ", s2[i],
            " at the two traced input sizes, which is no simple function of the inputs' dynamic axes");
     parts.push_back(dim_value(*d));
   }
@@ -373,17 +343,13 @@ std::string Exporter::value_of(const Ref& r, const Ref& r2, const Tensor& t1, co
         constant_names_[r.index] = *made;
         return *made;
       }
-      fail("[onnx::save] the op '", e.op->name, "' (", near_param(user), ") reads a tensor of shape ", shape_text(t1.shape()),
-           " (", shape_text(t2.shape()), " at the second traced size) made outside flux's ops from the input's size "
+      fail("[onnx::save] the op '", e.op->name, "' (", near_param(user), ") reads a tensor of shape ", to_string(t1.shape()),
+           " (", to_string(t2.shape()), " at the second traced size) made outside flux's ops from the input's size "
            "with varying values; only constant-filled tensors (zeros, full), positions (arange) and triangular "
            "masks (causal_mask) may follow the input's size");
     }
-    auto* n = proto_node("ConstantOfShape", {shape("constant", t1.shape(), t2.shape(), false)}, {fresh("filled")});
-    auto* at = n->add_attribute();
-    at->set_name("value");
-    at->set_type(::onnx::AttributeProto::TENSOR);
-    tensor_proto(full(Shape{1}, a[0], t1.dtype()), "", at->mutable_t());
-    name = n->output(0);
+    name = node("ConstantOfShape", {shape("constant", t1.shape(), t2.shape(), false)}, {{"value", full(Shape{1}, a[0], t1.dtype())}},
+                {fresh("filled")});
   }
   constant_names_[r.index] = name;
   return name;

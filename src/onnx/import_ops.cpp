@@ -196,7 +196,7 @@ Tensor flip(const Tensor& x, int axis) {
 /// direction, xg = X Wᵀ + Wb with the gate blocks in PyTorch's order (flux's), then the recurrence with
 /// R and Rb likewise; the reverse direction runs on X reversed in time and its outputs are reversed
 /// back. Outputs: Y (T, D, N, H), Y_h (D, N, H), LSTM's Y_c (D, N, H).
-std::vector<Tensor> recurrent(const Node& node, const std::vector<Tensor>& in) {
+std::vector<Tensor> run_recurrent(const Node& node, const std::vector<Tensor>& in) {
   const auto& n = node.proto;
   const std::string& op = n.op_type();
   const bool lstm = op == "LSTM", gru = op == "GRU";
@@ -1014,8 +1014,6 @@ std::vector<Tensor> run_leakyrelu(const Node& n, const std::vector<Tensor>& in) 
 std::vector<Tensor> run_elu(const Node& n, const std::vector<Tensor>& in) {
   return {flux::detail::elu_op(need(n, in, 0), attr_f(n.proto, "alpha", 1.0))};
 }
-
-std::vector<Tensor> run_recurrent(const Node& n, const std::vector<Tensor>& in) { return recurrent(n, in); }
 
 }  // namespace
 

@@ -12,26 +12,21 @@
 
 namespace flux::ops {
 
-/// The ONNX graph onnx::save is writing (src/onnx/export.cpp), as an op's writer sees it: values are
-/// named by strings.
+/// The ONNX graph onnx::save is writing (src/onnx/export.cpp) as a writer sees it; values are names.
 class OnnxGraph {
  public:
   struct Attr {
     const char* name;
-    std::variant<int64_t, double, std::vector<int64_t>, std::vector<std::string>, DType> value;  // DType: a TensorProto type
+    std::variant<int64_t, double, std::vector<int64_t>, std::vector<std::string>, DType, Tensor> value;
   };
   virtual ~OnnxGraph() = default;
-  /// The opset being written.
-  virtual int64_t opset() const = 0;
+  virtual int64_t opset() const = 0;  // the opset being written
   /// Adds a node; returns its first output (outs[0], or a fresh name when outs is empty).
   virtual std::string node(const char* type, const std::vector<std::string>& in, const std::vector<Attr>& attrs = {},
                            const std::vector<std::string>& outs = {}) = 0;
-  /// A name no other value of the graph has.
-  virtual std::string fresh(const std::string& stem) = 0;
-  /// A 1-D INT64 initialiser.
-  virtual std::string ints(const std::vector<int64_t>& v) = 0;
-  /// A Constant node (not an initialiser: importers make those trainable).
-  virtual std::string constant(const Tensor& x) = 0;
+  virtual std::string fresh(const std::string& stem) = 0;    // a name no other value has
+  virtual std::string ints(const std::vector<int64_t>& v) = 0;  // a 1-D INT64 initialiser
+  virtual std::string constant(const Tensor& x) = 0;            // a Constant node
   /// A 1-D INT64 shape for shapes s1 and s2 in the two traces (sizes that follow the dynamic axes become
   /// nodes). `minus_one`: one varying dimension may be -1 (Reshape); in1/in2: dims equal to the input's
   /// aligned dim in both traces are 1 (Expand broadcasts them).
@@ -59,13 +54,11 @@ struct Op {
   Tensor (*binary)(const Tensor&, const Tensor&) = nullptr;
 };
 
-// clang-format off
 extern const Op add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge, where,
     neg, exp, log, sqrt, abs, sign, square, sin, cos, erf, log1p, tanh, sigmoid, relu, leakyrelu, elu, gelu, softplus, swish,
     cast, to, reshape, broadcast_to, permute, slice, concat, index_select, embedding, shape,
     matmul, linear, reduce, softmax, logsoftmax, conv, conv_transpose, maxpool, meanpool, batchnorm, batchnorm_train, rownorm,
     lstm_recurrence, gru_recurrence, rnn_recurrence, dropout, rand_like;
-// clang-format on
 
 /// Every entry, in the order above.
 const std::vector<const Op*>& all();
