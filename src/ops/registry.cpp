@@ -69,6 +69,8 @@ void recurrence(G& g, const Call& c) {
 }  // namespace
 
 // ---- elementwise ----
+// Div, Pow, Max, Min, Where and Softplus import through runners of their own (src/onnx/import_ops.cpp):
+// ONNX's integer division, exponent dtype, any number of inputs, inputs on two devices, its formula.
 const Op add{.name = "add", .onnx = "Add", .binary = flux::add}, sub{.name = "sub", .onnx = "Sub", .binary = flux::sub},
     mul{.name = "mul", .onnx = "Mul", .binary = flux::mul}, div{.name = "div", .onnx = "Div"}, pow{.name = "pow", .onnx = "Pow"},
     maximum{.name = "maximum", .onnx = "Max"}, minimum{.name = "minimum", .onnx = "Min"},
