@@ -20,7 +20,7 @@
 #include "src/internal.hpp"
 #include "src/storage_cache.hpp"
 #include "src/storage_stats.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -249,7 +249,7 @@ Tensor Tensor::reshape(Shape s) const {
   impl->shape = s;
   impl->tape_id = -1;
   Tensor out(impl);
-  if (trace::active()) trace::emit("reshape", {*this}, out, {{"shape", s.vec(), {}}});
+  if (trace::active()) trace::emit(ops::reshape, {*this}, out, {{"shape", s.vec(), {}}});
   Shape original = i.shape;
   autodiff::record(out, {this}, [original](const Tensor& g) { return std::vector<Tensor>{g.reshape(original)}; });
   return out;
@@ -280,7 +280,7 @@ Tensor Tensor::contiguous_copy() const {
   Tensor out = Tensor::empty(shape(), dtype(), device());
   if (nbytes()) backend().copy(device().index(), flux::detail::buffer_of(out), flux::detail::buffer_of(*this), nbytes());
   Tensor src = *this;
-  if (trace::active()) trace::emit("to", {src}, out);
+  if (trace::active()) trace::emit(ops::to, {src}, out);
   autodiff::record(out, {&src}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
   return out;
 }

@@ -245,7 +245,7 @@ Tensor fused_conv(const Graph& g, const ::onnx::NodeProto& n, const std::vector<
 /// std::out_of_range, ...) from anywhere beneath becomes one. flux::OutOfMemory passes unchanged.
 std::vector<Tensor> run_checked(const ::onnx::NodeProto& n, const Operator& op, int64_t opset, const std::vector<Tensor>& in) {
   try {
-    return op.run({n, opset}, in);
+    return op.run({n, opset, op.entry}, in);
   } catch (const OutOfMemory&) {
     throw;
   } catch (const Error& e) {

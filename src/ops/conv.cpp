@@ -23,7 +23,7 @@
 #include "src/ops/ops_internal.hpp"
 #include "src/ops/through_float32.hpp"
 #include "src/storage_cache.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -384,7 +384,7 @@ Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const Con
   const bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
   // One node keeping x and w in their own dtype: the backward's raw kernels take the half dtypes too.
   return through_float32(
-      "conv", {&x, &w, &bias}, {need_w ? x : Tensor(), need_x ? w : Tensor()},
+      &ops::conv, {&x, &w, &bias}, {need_w ? x : Tensor(), need_x ? w : Tensor()},
       [&](std::vector<Tensor>& keep) {
         Tensor y = conv_forward_raw(x, w, bias, g, relu);
         // relu's derivative from its output: y > 0 exactly where conv(x, w) + bias > 0.
@@ -493,7 +493,7 @@ Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, cons
   }
   const bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
   return through_float32(
-      "conv_transpose", {&x, &w, &bias}, {need_w ? x : Tensor(), need_x ? w : Tensor()},
+      &ops::conv_transpose, {&x, &w, &bias}, {need_w ? x : Tensor(), need_x ? w : Tensor()},
       [&](std::vector<Tensor>&) { return conv_data_raw(x, w, g, bias); },
       [g, need_x, need_w, need_b](const Grads& k, const Tensor& gy) {
         Tensor dx, dw, db;

@@ -10,7 +10,7 @@
 #include "src/checked_size.hpp"
 #include "src/autocast.hpp"
 #include "src/ops/ops_internal.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -79,7 +79,7 @@ Tensor raw_cast(const Tensor& x, DType t) {
   if (x.dtype() == t) return x;
   Tensor out = Tensor::empty(x.shape(), t, x.device());
   if (x.numel()) x.backend().cast(x.device().index(), x.dtype(), flux::detail::buffer_of(x), t, flux::detail::buffer_of(out), x.numel());
-  if (trace::active()) trace::emit("cast", {x}, out, {{"to", {int64_t(t)}, {}}});
+  if (trace::active()) trace::emit(ops::cast, {x}, out, {{"to", {int64_t(t)}, {}}});
   return out;
 }
 
@@ -162,7 +162,7 @@ Tensor to(const Tensor& x, const Device& d) {
     }
   }
   autodiff::record(out, {&x}, [from](const Tensor& g) { return Grads{to(g, from)}; });
-  if (trace::active()) trace::emit("to", {x}, out);
+  if (trace::active()) trace::emit(ops::to, {x}, out);
   return out;
 }
 
@@ -228,7 +228,8 @@ Grads binary_grads(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& 
   }
 }
 
-Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) {
+Tensor binary(const ops::Op& entry, BinaryOp op, const Tensor& a0, const Tensor& b0) {
+  const char* api = entry.name;
   check_defined(api, a0);
   check_defined(api, b0);
   check_same_device(api, a0, b0);
@@ -303,7 +304,7 @@ Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) 
     autodiff::NoGrad inner;  // the casts above are recorded; the raw op is recorded below
     out = binary_raw(api, op, a, b);
   }
-  if (trace::active()) trace::emit(api, {a, b}, out);
+  if (trace::active()) trace::emit(entry, {a, b}, out);
   if (!cmp && is_floating(compute)) {
     // Only the gradients of tracked operands are computed: x * 2.0 or x + bias_constant would
     // otherwise pay a full-size product and a reduction for the constant (undefined = zero); only
@@ -331,17 +332,17 @@ Tensor scalar_like(const Tensor& x, double v) {
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary("add", BinaryOp::add, a, b); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary("sub", BinaryOp::sub, a, b); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary("mul", BinaryOp::mul, a, b); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary("div", BinaryOp::div, a, b); }
-Tensor pow(const Tensor& a, const Tensor& b) { return binary("pow", BinaryOp::pow, a, b); }
+Tensor add(const Tensor& a, const Tensor& b) { return binary(ops::add, BinaryOp::add, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(ops::sub, BinaryOp::sub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(ops::mul, BinaryOp::mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(ops::div, BinaryOp::div, a, b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary(ops::pow, BinaryOp::pow, a, b); }
 Tensor pow(const Tensor& a, double e) {
   if (e == 2.0) return square(a);
-  return binary("pow", BinaryOp::pow, a, scalar_like(a, e).cast(is_floating(a.dtype()) ? a.dtype() : DType::f32));
+  return binary(ops::pow, BinaryOp::pow, a, scalar_like(a, e).cast(is_floating(a.dtype()) ? a.dtype() : DType::f32));
 }
-Tensor maximum(const Tensor& a, const Tensor& b) { return binary("maximum", BinaryOp::maximum, a, b); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return binary("minimum", BinaryOp::minimum, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(ops::maximum, BinaryOp::maximum, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary(ops::minimum, BinaryOp::minimum, a, b); }
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
 Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
@@ -356,12 +357,12 @@ Tensor operator*(double a, const Tensor& b) { return mul(scalar_like(b, a), b); 
 Tensor operator/(double a, const Tensor& b) { return div(scalar_like(b, a), b); }
 Tensor operator-(const Tensor& a) { return neg(a); }
 
-Tensor eq(const Tensor& a, const Tensor& b) { return binary("eq", BinaryOp::eq, a, b); }
-Tensor ne(const Tensor& a, const Tensor& b) { return binary("ne", BinaryOp::ne, a, b); }
-Tensor lt(const Tensor& a, const Tensor& b) { return binary("lt", BinaryOp::lt, a, b); }
-Tensor le(const Tensor& a, const Tensor& b) { return binary("le", BinaryOp::le, a, b); }
-Tensor gt(const Tensor& a, const Tensor& b) { return binary("gt", BinaryOp::gt, a, b); }
-Tensor ge(const Tensor& a, const Tensor& b) { return binary("ge", BinaryOp::ge, a, b); }
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(ops::eq, BinaryOp::eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(ops::ne, BinaryOp::ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(ops::lt, BinaryOp::lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(ops::le, BinaryOp::le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(ops::gt, BinaryOp::gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(ops::ge, BinaryOp::ge, a, b); }
 Tensor operator==(const Tensor& a, const Tensor& b) { return eq(a, b); }
 Tensor operator!=(const Tensor& a, const Tensor& b) { return ne(a, b); }
 Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
@@ -388,7 +389,7 @@ Tensor where(const Tensor& cond, const Tensor& a0, const Tensor& b0) {
     backend::Broadcast plan = make_plan(s, {&cond.shape(), &a.shape(), &b.shape()});
     a.backend().where(a.device().index(), compute, flux::detail::buffer_of(cond), flux::detail::buffer_of(a), flux::detail::buffer_of(b), flux::detail::buffer_of(out), plan);
   }
-  if (trace::active()) trace::emit("where", {cond, a, b}, out);
+  if (trace::active()) trace::emit(ops::where, {cond, a, b}, out);
   if (is_floating(compute)) {
     const bool need_a = autodiff::tracked(a), need_b = autodiff::tracked(b);  // e.g. where(mask, s, -inf)
     autodiff::record(out, {&a, &b}, [cond, sa = a.shape(), sb = b.shape(), need_a, need_b](const Tensor& g) {
@@ -417,7 +418,8 @@ bool needs_float(UnaryOp op) {
 }
 
 // Forward in the compute dtype, record backward(x, y, g), cast back for half types.
-template <class B> Tensor unary(const char* api, UnaryOp op, const Tensor& x0, double alpha, B backward) {
+template <class B> Tensor unary(const ops::Op& entry, UnaryOp op, const Tensor& x0, double alpha, B backward) {
+  const char* api = entry.name;
   check_defined(api, x0);
   DType t = x0.dtype();
   if (needs_float(op) && !is_floating(t)) t = DType::f32;
@@ -431,7 +433,7 @@ template <class B> Tensor unary(const char* api, UnaryOp op, const Tensor& x0, d
     if (x0.numel() && !x0.backend().unary_half(x0.device().index(), op, t, flux::detail::buffer_of(x0),
                                                flux::detail::buffer_of(y), x0.numel(), alpha))
       y = unary_raw(op, x0, alpha);
-    if (trace::active()) trace::emit(api, {x0}, y, {{"alpha", {}, {alpha}}});
+    if (trace::active()) trace::emit(entry, {x0}, y, {{"alpha", {}, {alpha}}});
     autodiff::record(y, {&x0}, [x0, y, backward, t](const Tensor& g) {
       const Tensor xf = raw_cast(x0, DType::f32), yf = raw_cast(y, DType::f32);
       return Grads{Tensor(backward(xf, yf, g.cast(DType::f32))).cast(t)};
@@ -440,48 +442,48 @@ template <class B> Tensor unary(const char* api, UnaryOp op, const Tensor& x0, d
   }
   Tensor x = x0.cast(compute);
   Tensor y = unary_raw(op, x, alpha);
-  if (trace::active()) trace::emit(api, {x}, y, {{"alpha", {}, {alpha}}});
+  if (trace::active()) trace::emit(entry, {x}, y, {{"alpha", {}, {alpha}}});
   if (is_floating(compute))
     autodiff::record(y, {&x}, [x, y, backward](const Tensor& g) { return Grads{backward(x, y, g)}; });
   return is_half(t) ? y.cast(t) : y;
 }
 }  // namespace
 
-Tensor neg(const Tensor& x) { return unary("neg", UnaryOp::neg, x, 0, [](auto&, auto&, const Tensor& g) { return -g; }); }
+Tensor neg(const Tensor& x) { return unary(ops::neg, UnaryOp::neg, x, 0, [](auto&, auto&, const Tensor& g) { return -g; }); }
 // exp and log are on autocast's Float32 list.
 Tensor exp(const Tensor& x0) {
   const Tensor x = autocast_f32(x0);
-  return unary("exp", UnaryOp::exp, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y; });
+  return unary(ops::exp, UnaryOp::exp, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y; });
 }
 Tensor log(const Tensor& x0) {
   const Tensor x = autocast_f32(x0);
-  return unary("log", UnaryOp::log, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / x; });
+  return unary(ops::log, UnaryOp::log, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / x; });
 }
 Tensor sqrt(const Tensor& x) {
-  return unary("sqrt", UnaryOp::sqrt, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g / (y * 2.0); });
+  return unary(ops::sqrt, UnaryOp::sqrt, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g / (y * 2.0); });
 }
 Tensor abs(const Tensor& x) {
-  return unary("abs", UnaryOp::abs, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * sign(x); });
+  return unary(ops::abs, UnaryOp::abs, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * sign(x); });
 }
 Tensor sign(const Tensor& x) {
-  return unary("sign", UnaryOp::sign, x, 0, [](auto&, auto&, const Tensor& g) { return zeros_like(g); });
+  return unary(ops::sign, UnaryOp::sign, x, 0, [](auto&, auto&, const Tensor& g) { return zeros_like(g); });
 }
 Tensor square(const Tensor& x) {
-  return unary("square", UnaryOp::square, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * x * 2.0; });
+  return unary(ops::square, UnaryOp::square, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * x * 2.0; });
 }
-Tensor sin(const Tensor& x) { return unary("sin", UnaryOp::sin, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * cos(x); }); }
-Tensor cos(const Tensor& x) { return unary("cos", UnaryOp::cos, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return -(g * sin(x)); }); }
+Tensor sin(const Tensor& x) { return unary(ops::sin, UnaryOp::sin, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * cos(x); }); }
+Tensor cos(const Tensor& x) { return unary(ops::cos, UnaryOp::cos, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return -(g * sin(x)); }); }
 // erf'(x) = 2/sqrt(pi) exp(-x^2)
 Tensor erf(const Tensor& x) {
-  return unary("erf", UnaryOp::erf, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+  return unary(ops::erf, UnaryOp::erf, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
     return g * exp(-(x * x)) * 1.1283791670955126;
   });
 }
 Tensor log1p(const Tensor& x) {
-  return unary("log1p", UnaryOp::log1p, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / (x + 1.0); });
+  return unary(ops::log1p, UnaryOp::log1p, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / (x + 1.0); });
 }
 Tensor detail::tanh_op(const Tensor& x) {
-  return unary("tanh", UnaryOp::tanh, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * (1.0 - y * y); });
+  return unary(ops::tanh, UnaryOp::tanh, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * (1.0 - y * y); });
 }
 Tensor clamp(const Tensor& x, double lo, double hi) {
   if (lo > hi) fail("[clamp] lower bound ", lo, " is above upper bound ", hi);
@@ -490,7 +492,7 @@ Tensor clamp(const Tensor& x, double lo, double hi) {
 
 namespace detail {
 Tensor sigmoid_op(const Tensor& x) {
-  return unary("sigmoid", UnaryOp::sigmoid, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); });
+  return unary(ops::sigmoid, UnaryOp::sigmoid, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); });
 }
 Tensor relu_op(const Tensor& x) {
   if (x.defined() && is_half(x.dtype()) && autodiff::tracked(x)) {
@@ -501,7 +503,7 @@ Tensor relu_op(const Tensor& x) {
     if (x.numel() && !x.backend().unary_half(x.device().index(), UnaryOp::relu, t, flux::detail::buffer_of(x),
                                              flux::detail::buffer_of(y), x.numel(), 0))
       y = unary_raw(UnaryOp::relu, x);
-    if (trace::active()) trace::emit("relu", {x}, y, {{"alpha", {}, {0.0}}});
+    if (trace::active()) trace::emit(ops::relu, {x}, y, {{"alpha", {}, {0.0}}});
     autodiff::record(y, {&x}, [x, t](const Tensor& g) {
       Tensor mask = Tensor::empty(x.shape(), t, x.device());
       if (x.numel() && !x.backend().unary_half(x.device().index(), UnaryOp::step, t, flux::detail::buffer_of(x),
@@ -512,12 +514,12 @@ Tensor relu_op(const Tensor& x) {
     });
     return y;
   }
-  return unary("relu", UnaryOp::relu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+  return unary(ops::relu, UnaryOp::relu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
     return g * unary_raw(UnaryOp::step, x);
   });
 }
 Tensor leakyrelu_op(const Tensor& x, double a) {
-  return unary("leakyrelu", UnaryOp::leakyrelu, x, a, [a](const Tensor& x, auto&, const Tensor& g) {
+  return unary(ops::leakyrelu, UnaryOp::leakyrelu, x, a, [a](const Tensor& x, auto&, const Tensor& g) {
     Tensor s = unary_raw(UnaryOp::step, x);
     return g * (s * (1.0 - a) + a);
   });
@@ -528,7 +530,7 @@ Tensor leakyrelu_op(const Tensor& x, double a) {
 // exp/tanh. sigmoid' = y (1 - y) and tanh' = 1 - y^2 (as NNlib and PyTorch) have no large factor:
 // their error is at most ~1 ulp of 1, and 0 where y is exactly 1 (the kernels saturate exactly).
 Tensor elu_op(const Tensor& x, double a) {
-  return unary("elu", UnaryOp::elu, x, a, [a](const Tensor& x, auto&, const Tensor& g) {
+  return unary(ops::elu, UnaryOp::elu, x, a, [a](const Tensor& x, auto&, const Tensor& g) {
     return where(x > 0.0, g, g * exp(x) * a);
   });
 }
@@ -545,7 +547,7 @@ Tensor fused_unary_grad(UnaryOp op, const Tensor& x, const Tensor& g) {
   return dx;
 }
 Tensor gelu_op(const Tensor& x) {
-  return unary("gelu", UnaryOp::gelu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+  return unary(ops::gelu, UnaryOp::gelu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
     if (Tensor dx = fused_unary_grad(UnaryOp::gelu, x, g); dx.defined()) return dx;
     // gelu(x) = x s(u), u = c2 x (1 + k x^2), c2 = 2 sqrt(2 / pi):
     // gelu'(x) = s(u) + x s(u) s(-u) c2 (1 + 3 k x^2)
@@ -566,14 +568,14 @@ Tensor gelu_erf_op(const Tensor& x) {
     trace::Scope untraced(nullptr);
     y = composite();
   }
-  trace::emit("gelu_erf", {x}, y);
+  trace::emit(ops::gelu_erf, {x}, y);
   return y;
 }
 Tensor softplus_op(const Tensor& x) {
-  return unary("softplus", UnaryOp::softplus, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * sigmoid_op(x); });
+  return unary(ops::softplus, UnaryOp::softplus, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * sigmoid_op(x); });
 }
 Tensor swish_op(const Tensor& x) {
-  return unary("swish", UnaryOp::swish, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+  return unary(ops::swish, UnaryOp::swish, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
     if (Tensor dx = fused_unary_grad(UnaryOp::swish, x, g); dx.defined()) return dx;
     Tensor s = sigmoid_op(x);  // swish'(x) = s + x s (1 - s), with 1 - s = sigmoid(-x): exact for large x
     return g * (s + x * s * sigmoid_op(-x));

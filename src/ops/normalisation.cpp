@@ -12,7 +12,7 @@
 #include "src/autocast.hpp"
 #include "flux/ops.hpp"
 #include "src/ops/ops_internal.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -168,7 +168,7 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
     mean = mean3.reshape(Shape{c});
     var = var3.reshape(Shape{c});
   }
-  if (trace::active()) trace::emit("batchnorm_train", {x, weight, bias}, y, {{"eps", {}, {eps}}});
+  if (trace::active()) trace::emit(ops::batchnorm_train, {x, weight, bias}, y, {{"eps", {}, {eps}}});
   if (batch_mean) *batch_mean = mean;
   if (batch_var) *batch_var = var;
   Shape xshape = x.shape();
@@ -263,7 +263,7 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
   if (scale.dtype() != x.dtype()) scale = scale.cast(x.dtype());
   if (shift.dtype() != x.dtype()) shift = shift.cast(x.dtype());
   Tensor y = channel_affine(x, scale, shift, n, c, s);
-  if (trace::active()) trace::emit("batchnorm", {x, weight, bias, mean, var}, y, {{"eps", {}, {eps}}});
+  if (trace::active()) trace::emit(ops::batchnorm, {x, weight, bias, mean, var}, y, {{"eps", {}, {eps}}});
   return y;
 }
 
@@ -292,7 +292,7 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
     Tensor mean = Tensor::empty(Shape{r}, t, x2.device()), rstd = Tensor::empty(Shape{r}, t, x2.device());
     if (x2.backend().rownorm_forward(x2.device().index(), t, flux::detail::buffer_of(x2), buffer_or_none(weight), buffer_or_none(bias),
                                      flux::detail::buffer_of(y), flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd), r, d, eps)) {
-      if (trace::active()) trace::emit("rownorm", {x2, weight, bias}, y, {{"eps", {}, {eps}}});
+      if (trace::active()) trace::emit(ops::rownorm, {x2, weight, bias}, y, {{"eps", {}, {eps}}});
       autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
         Tensor g = dy.dtype() == t ? dy : dy.cast(t);
         Tensor dx = Tensor::empty(x2.shape(), t, g.device());
@@ -321,7 +321,7 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
     y = has_weight ? xhat * weight : xhat;
     if (has_bias) y = y + bias;
   }
-  if (trace::active()) trace::emit("rownorm", {x2, weight, bias}, y, {{"eps", {}, {eps}}});
+  if (trace::active()) trace::emit(ops::rownorm, {x2, weight, bias}, y, {{"eps", {}, {eps}}});
   autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
     Tensor g = has_weight ? dy * weight : dy;
     Tensor dx = inv * (g - sum(g, 1, true) / double(d) - xhat * (sum(g * xhat, 1, true) / double(d)));
@@ -368,7 +368,7 @@ Tensor normalise_rows_low(const Tensor& x2, const Tensor& weight, const Tensor& 
     }
     y = detail::raw_cast(y32, low);
   }
-  if (trace::active()) trace::emit("rownorm", {x2, weight, bias}, y, {{"eps", {}, {eps}}});
+  if (trace::active()) trace::emit(ops::rownorm, {x2, weight, bias}, y, {{"eps", {}, {eps}}});
   autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
     if (direct && dy.dtype() == low) {
       Tensor dx = Tensor::empty(x2.shape(), low, dy.device());

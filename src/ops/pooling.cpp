@@ -19,7 +19,7 @@
 #include "flux/ops.hpp"
 #include "src/ops/conv_geometry.hpp"
 #include "src/ops/ops_internal.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -105,7 +105,7 @@ Tensor pool_raw(PoolOp op, const Tensor& x, const ConvGeometry& g) {
     std::vector<int64_t> kernel, stride, pads;
     for (int i = 0; i < g.spatial; ++i) kernel.push_back(g.kernel[i]), stride.push_back(g.stride[i]), pads.push_back(g.pad_lo[i]);
     for (int i = 0; i < g.spatial; ++i) pads.push_back(g.pad_hi[i]);
-    trace::emit(op == PoolOp::max ? "maxpool" : "meanpool", {x}, y, {{"kernel", kernel, {}}, {"strides", stride, {}}, {"pads", pads, {}}});
+    trace::emit(op == PoolOp::max ? ops::maxpool : ops::meanpool, {x}, y, {{"kernel", kernel, {}}, {"strides", stride, {}}, {"pads", pads, {}}});
   }
   autodiff::record(y, {&x}, [op, x, y, g](const Tensor& dy0) {
     Tensor dy = dy0.dtype() == x.dtype() ? dy0 : raw_cast(dy0, x.dtype());

@@ -16,7 +16,7 @@ bool reads_half(const Tensor& x) {
 
 Tensor float32_of(const Tensor& t) { return t.defined() && is_half(t.dtype()) ? raw_cast(t, DType::f32) : t; }
 
-Tensor through_float32(const char* api, std::initializer_list<const Tensor*> inputs, std::vector<Tensor> keep,
+Tensor through_float32(const ops::Op* op, std::initializer_list<const Tensor*> inputs, std::vector<Tensor> keep,
                        const std::function<Tensor(std::vector<Tensor>& kept)>& forward, LowBackward backward,
                        std::vector<trace::Attr> attrs, DType compute) {
   Tensor y;
@@ -25,10 +25,10 @@ Tensor through_float32(const char* api, std::initializer_list<const Tensor*> inp
     autodiff::NoGrad no_grad;                          // recorded once, below
     y = forward(keep);
   }
-  if (api && trace::active()) {
+  if (op && trace::active()) {
     std::vector<Tensor> traced;
     for (const Tensor* t : inputs) traced.push_back(*t);
-    trace::emit(api, std::move(traced), y, std::move(attrs));
+    trace::emit(*op, std::move(traced), y, std::move(attrs));
   }
   bool any = false;
   for (const Tensor* t : inputs) any = any || autodiff::tracked(*t);

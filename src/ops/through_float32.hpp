@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "flux/tensor.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux::detail {
 
@@ -30,12 +30,12 @@ using LowBackward = std::function<std::vector<Tensor>(const std::vector<Tensor>&
 ///  1. forward() runs without recording (NoGrad) and returns the op's output, in the dtype the op
 ///     gives it; it may append to `kept` what its backward needs beyond `keep` (statistics, the
 ///     Float32 states of a recurrence).
-///  2. When tracing and `api` is not null, trace::emit(api, inputs, output, attrs).
+///  2. When tracing and `op` is not null, trace::emit(*op, inputs, output, attrs).
 ///  3. When an input is tracked, one node on the tape for `inputs`, holding `keep` in their own dtype
 ///     (the Float16/BFloat16 tensors themselves): its backward gets them and the output gradient cast
 ///     to `compute` (Float32 by default; an op whose backward has half kernels passes its own dtype),
 ///     and its gradients are cast back to each input's dtype.
-Tensor through_float32(const char* api, std::initializer_list<const Tensor*> inputs, std::vector<Tensor> keep,
+Tensor through_float32(const ops::Op* op, std::initializer_list<const Tensor*> inputs, std::vector<Tensor> keep,
                        const std::function<Tensor(std::vector<Tensor>& kept)>& forward, LowBackward backward,
                        std::vector<trace::Attr> attrs = {}, DType compute = DType::f32);
 
