@@ -27,7 +27,7 @@ uint64_t content_version(const Tensor& t);
 /// The first entry of the keys under which the core keeps its own values in a storage's cache
 /// (src/storage_cache.hpp): negative, apart from the backends' keys (backend::PreparedKey, from 0 up).
 enum class CoreEntry : int64_t {
-  folded_batchnorm = -1,  // a BatchNorm folded into the conv before it (src/nn/conv.cpp)
+  folded_batchnorm = -1,  // a BatchNorm's statistics folded into scale and shift (fold_batchnorm, src/ops/normalisation.cpp)
   cast = -2,              // a weight cast for autocast or a Float32 fallback (src/autocast.cpp)
 };
 

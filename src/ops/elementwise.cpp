@@ -11,6 +11,8 @@
 #include "src/autocast.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/ops/registry.hpp"
+#include "src/ops/through_float32.hpp"
+#include "src/trace.hpp"
 
 namespace flux {
 
@@ -239,63 +241,45 @@ Tensor binary(const ops::Op& entry, BinaryOp op, const Tensor& a0, const Tensor&
   // `/` is true division as in Julia and NumPy: integers divide to Float32 (never truncate).
   if ((op == BinaryOp::pow || op == BinaryOp::div) && !is_floating(t)) t = DType::f32;
   DType compute = is_half(t) ? DType::f32 : t;
-  // Half operands that no tape records: one pass on the backend where it has one (the same bits).
-  if (is_half(t) && a0.dtype() == t && b0.dtype() == t && !autodiff::tracked(a0) && !autodiff::tracked(b0) &&
-      !trace::active()) {
-    Shape s = broadcast_shapes(api, a0.shape(), b0.shape());
-    Tensor out = Tensor::empty(s, cmp ? DType::boolean : t, a0.device());
-    if (out.numel() == 0) return out;
-    backend::Broadcast plan = make_plan(s, {&a0.shape(), &b0.shape()});
-    if (a0.backend().binary_half(a0.device().index(), op, t, flux::detail::buffer_of(a0), flux::detail::buffer_of(b0),
-                                 flux::detail::buffer_of(out), plan))
-      return out;
-  }
-  // Half operands on a tape: the forward through float32, one node on the half operands, which are
-  // what it keeps (what autocast's memory saving rests on: no Float32 copies outlive the op); the
-  // backward casts them up and runs the float32 formulas.
-  if (is_half(t) && !cmp && a0.dtype() == t && b0.dtype() == t && !trace::active()) {
-    Tensor out;
-    {
-      autodiff::NoGrad inner;  // recorded below
-      // One pass on the backend where it has one (binary_half: the same bits as the three passes).
-      const Shape s = broadcast_shapes(api, a0.shape(), b0.shape());
-      out = Tensor::empty(s, t, a0.device());
-      if (out.numel() == 0 ||
-          !a0.backend().binary_half(a0.device().index(), op, t, flux::detail::buffer_of(a0), flux::detail::buffer_of(b0),
-                                    flux::detail::buffer_of(out), make_plan(s, {&a0.shape(), &b0.shape()})))
-        out = raw_cast(binary_raw(api, op, raw_cast(a0, DType::f32), raw_cast(b0, DType::f32)), t);
-    }
+  // Half operands: one node on the half operands, which are what it keeps (what autocast's memory
+  // saving rests on: no Float32 copies outlive the op). x + y and x - y (residual connections, bias
+  // adds): an operand of the output's shape gets g or -g exactly, in the low dtype; a broadcast one, g
+  // summed in Float32. The others cast the kept operands up and run the Float32 formulas.
+  if (is_half(t) && a0.dtype() == t && b0.dtype() == t && !trace::active()) {
+    const Shape s = broadcast_shapes(api, a0.shape(), b0.shape());
     const bool need_a = autodiff::tracked(a0), need_b = autodiff::tracked(b0);
-    // x + y and x - y (residual connections, bias adds): an operand of the output's shape gets g or -g
-    // exactly, in the low dtype (no Float32 round trip); a broadcast one, g summed in Float32 (as below).
-    if ((op == BinaryOp::add || op == BinaryOp::sub) && (a0.shape() == out.shape() || b0.shape() == out.shape())) {
-      autodiff::record(out, {&a0, &b0}, [op, t, need_a, need_b, sa = a0.shape(), sb = b0.shape()](const Tensor& g0) {
-        const Tensor g = g0.dtype() == t ? g0 : raw_cast(g0, t);
-        auto grad = [&](const Shape& s, bool negate) {
-          if (s == g.shape()) return negate ? -g : g;
-          const Tensor summed = sum_to(raw_cast(g, DType::f32), s);
-          return raw_cast(negate ? -summed : summed, t);
+    const bool exact = (op == BinaryOp::add || op == BinaryOp::sub) && (a0.shape() == s || b0.shape() == s);
+    LowBackward backward;
+    if (exact)
+      backward = [op, need_a, need_b, sa = a0.shape(), sb = b0.shape()](const Grads&, const Tensor& g) {
+        auto grad = [&](const Shape& to, bool negate) {
+          if (to == g.shape()) return negate ? -g : g;
+          const Tensor summed = sum_to(raw_cast(g, DType::f32), to);
+          return negate ? -summed : summed;
         };
         return Grads{need_a ? grad(sa, false) : Tensor(), need_b ? grad(sb, op == BinaryOp::sub) : Tensor()};
-      });
-      return out;
-    }
-    const Tensor keep_a = operand_read(op, 0, need_a, need_b) ? a0 : Tensor();
-    const Tensor keep_b = operand_read(op, 1, need_a, need_b) ? b0 : Tensor();
-    autodiff::record(out, {&a0, &b0}, [api, op, keep_a, keep_b, sa = a0.shape(), sb = b0.shape(), need_a, need_b,
-                                       t](const Tensor& g) {
-      Grads grads;
-      {  // the float32 copies go before the gradients are cast down
-        auto up = [](const Tensor& x) { return x.defined() ? raw_cast(x, DType::f32) : x; };
-        const Tensor a = up(keep_a), b = up(keep_b);
-        const Tensor o = op == BinaryOp::pow ? binary_raw(api, op, a, b) : Tensor();
-        grads = binary_grads(op, a, b, o, sa, sb, need_a, need_b, raw_cast(g, DType::f32));
-      }
-      for (Tensor& d : grads)
-        if (d.defined()) d = raw_cast(d, t);
-      return grads;
-    });
-    return out;
+      };
+    else
+      backward = [api, op, need_a, need_b, sa = a0.shape(), sb = b0.shape()](const Grads& k, const Tensor& g) {
+        const Tensor o = op == BinaryOp::pow ? binary_raw(api, op, k[0], k[1]) : Tensor();
+        return binary_grads(op, k[0], k[1], o, sa, sb, need_a, need_b, g);
+      };
+    const Tensor none;  // a comparison has no gradient: no node
+    return through_float32(
+        nullptr, {cmp ? &none : &a0, cmp ? &none : &b0},
+        {operand_read(op, 0, need_a, need_b) ? a0 : Tensor(), operand_read(op, 1, need_a, need_b) ? b0 : Tensor()},
+        [&](Grads&) {
+          // One pass on the backend where it reads half storage (binary_half: the same bits as the three passes).
+          if (half_storage(a0)) {
+            Tensor out = Tensor::empty(s, cmp ? DType::boolean : t, a0.device());
+            if (out.numel() == 0 || a0.backend().binary_half(a0.device().index(), op, t, buffer_of(a0), buffer_of(b0),
+                                                             buffer_of(out), make_plan(s, {&a0.shape(), &b0.shape()})))
+              return out;
+          }
+          const Tensor out = binary_raw(api, op, raw_cast(a0, DType::f32), raw_cast(b0, DType::f32));
+          return cmp ? out : raw_cast(out, t);
+        },
+        std::move(backward), {}, exact ? std::optional<DType>(t) : DType::f32);
   }
   Tensor a = a0.dtype() == compute ? a0 : a0.cast(compute);
   Tensor b = b0.dtype() == compute ? b0 : b0.cast(compute);
@@ -402,11 +386,19 @@ Tensor where(const Tensor& cond, const Tensor& a0, const Tensor& b0) {
 
 // ---------------- unary ----------------
 namespace {
+// op(x) unrecorded; Float16/BFloat16 in one pass where the backend reads half storage (unary_half: the
+// same bits), else through Float32.
 Tensor unary_raw(UnaryOp op, const Tensor& x, double alpha = 0) {
-  if (is_half(x.dtype())) return raw_cast(unary_raw(op, raw_cast(x, DType::f32), alpha), x.dtype());
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (x.numel()) x.backend().unary(x.device().index(), op, x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(out), x.numel(), alpha);
-  return out;
+  const bool half = is_half(x.dtype());
+  if (!half || half_storage(x)) {
+    Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+    backend::Backend& be = x.backend();
+    const int dev = x.device().index();
+    if (x.numel() == 0) return out;
+    if (!half) be.unary(dev, op, x.dtype(), buffer_of(x), buffer_of(out), x.numel(), alpha);
+    if (!half || be.unary_half(dev, op, x.dtype(), buffer_of(x), buffer_of(out), x.numel(), alpha)) return out;
+  }
+  return raw_cast(unary_raw(op, raw_cast(x, DType::f32), alpha), x.dtype());
 }
 
 bool needs_float(UnaryOp op) {
@@ -426,19 +418,17 @@ template <class B> Tensor unary(const ops::Op& entry, UnaryOp op, const Tensor& 
   if (t == DType::boolean) t = DType::i64;
   DType compute = is_half(t) ? DType::f32 : t;
   if (is_half(t) && x0.dtype() == t) {
-    // Half storage: one pass on the backend where it has one, else through float32 (the same bits).
-    // The tape keeps x and y in the half dtype (what autocast's memory saving rests on) and runs the
-    // backward formula in float32.
-    Tensor y = Tensor::empty(x0.shape(), t, x0.device());
-    if (x0.numel() && !x0.backend().unary_half(x0.device().index(), op, t, flux::detail::buffer_of(x0),
-                                               flux::detail::buffer_of(y), x0.numel(), alpha))
-      y = unary_raw(op, x0, alpha);
-    if (trace::active()) trace::emit(entry, {x0}, y, {{"alpha", {}, {alpha}}});
-    autodiff::record(y, {&x0}, [x0, y, backward, t](const Tensor& g) {
-      const Tensor xf = raw_cast(x0, DType::f32), yf = raw_cast(y, DType::f32);
-      return Grads{Tensor(backward(xf, yf, g.cast(DType::f32))).cast(t)};
-    });
-    return y;
+    // Half storage: the tape keeps x and y in the half dtype (what autocast's memory saving rests on)
+    // and runs the backward formula in Float32.
+    return through_float32(
+        &entry, {&x0}, {x0},
+        [&](Grads& kept) {
+          Tensor y = unary_raw(op, x0, alpha);
+          kept.push_back(y);
+          return y;
+        },
+        [backward](const Grads& k, const Tensor& g) { return Grads{backward(k[0], k[1], g)}; },
+        {{"alpha", {}, {alpha}}});
   }
   Tensor x = x0.cast(compute);
   Tensor y = unary_raw(op, x, alpha);
@@ -495,24 +485,13 @@ Tensor sigmoid_op(const Tensor& x) {
   return unary(ops::sigmoid, UnaryOp::sigmoid, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); });
 }
 Tensor relu_op(const Tensor& x) {
-  if (x.defined() && is_half(x.dtype()) && autodiff::tracked(x)) {
-    // A low activation on a tape: the mask product is exact in the low dtype, so the backward runs
-    // there, one pass each where the backend has half kernels (no float32 copies of x, y and g).
-    const DType t = x.dtype();
-    Tensor y = Tensor::empty(x.shape(), t, x.device());
-    if (x.numel() && !x.backend().unary_half(x.device().index(), UnaryOp::relu, t, flux::detail::buffer_of(x),
-                                             flux::detail::buffer_of(y), x.numel(), 0))
-      y = unary_raw(UnaryOp::relu, x);
-    if (trace::active()) trace::emit(ops::relu, {x}, y, {{"alpha", {}, {0.0}}});
-    autodiff::record(y, {&x}, [x, t](const Tensor& g) {
-      Tensor mask = Tensor::empty(x.shape(), t, x.device());
-      if (x.numel() && !x.backend().unary_half(x.device().index(), UnaryOp::step, t, flux::detail::buffer_of(x),
-                                               flux::detail::buffer_of(mask), x.numel(), 0))
-        mask = unary_raw(UnaryOp::step, x);
-      const Tensor dx = (g.dtype() == t ? g : raw_cast(g, t)) * mask;
-      return Grads{dx};
-    });
-    return y;
+  if (x.defined() && is_half(x.dtype())) {
+    // A low activation: the mask product is exact in the low dtype, so the backward runs there, one
+    // pass each where the backend reads half storage (no Float32 copies of x, y and g).
+    return through_float32(
+        &ops::relu, {&x}, {x}, [&](Grads&) { return unary_raw(UnaryOp::relu, x); },
+        [](const Grads& k, const Tensor& g) { return Grads{g * unary_raw(UnaryOp::step, k[0])}; },
+        {{"alpha", {}, {0.0}}}, x.dtype());
   }
   return unary(ops::relu, UnaryOp::relu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
     return g * unary_raw(UnaryOp::step, x);

@@ -121,6 +121,8 @@ class CpuBackend final : public backend::Backend {
   int device_count() override { return 1; }
   std::string device_name(int) override { return "CPU (" + std::to_string(num_threads()) + " threads, " FLUX_BLAS_NAME ")"; }
   bool device_is_cpu(int) override { return true; }
+  // reduce, softmax, pooling, normalisation and half_elementwise.cpp read bf16/f16 storage themselves.
+  bool reads_half_storage(int) override { return true; }
   std::string version_info() override {
     return "  BLAS: " FLUX_BLAS_NAME "; threads: " + std::to_string(num_threads()) + " (FLUX_NUM_THREADS)\n" +
            "  ISA: " + isa_name(active_isa()) + "; bf16/f16 units: " + low_precision_units_text(low_precision_units()) +
