@@ -12,7 +12,7 @@
 
 namespace flux::backend {
 
-inline constexpr int kBackendAbiVersion = 13;
+inline constexpr int kBackendAbiVersion = 14;
 inline constexpr int kMaxDims = 8;
 
 /// A backend memory handle plus a byte offset into it (cl_mem cannot be offset like a pointer).
@@ -359,6 +359,14 @@ class Backend {
   /// dw (and dbias unless its handle is null) = the gradients of conv (overwritten).
   virtual bool conv_backward_weight(int device, DType t, Buffer x, Buffer dy, Buffer dw, Buffer dbias,
                                     const ConvGeometry& g) {
+    (void)device, (void)t, (void)x, (void)dy, (void)dw, (void)dbias, (void)g;
+    return false;
+  }
+  /// As conv_backward_weight for t = f16/bf16 (x, dy of dtype t), with dw and dbias written in
+  /// Float32, never rounded to t: the gradient an autocast weight cast hands on to its Float32 master
+  /// weight. false: not offered (the core rounds conv_backward_weight's result or computes in Float32).
+  virtual bool conv_backward_weight_float32(int device, DType t, Buffer x, Buffer dy, Buffer dw, Buffer dbias,
+                                            const ConvGeometry& g) {
     (void)device, (void)t, (void)x, (void)dy, (void)dw, (void)dbias, (void)g;
     return false;
   }
