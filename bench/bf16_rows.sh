@@ -2,7 +2,8 @@
 # bf16 rows side by side in one run: ResNet-18 (112², b32) training step and inference, the encoder's
 # training step and inference, for flux Float32, flux bf16 autocast and PyTorch's bf16 autocast, at each
 # thread count; prints a markdown table of milliseconds and ratios, the CPU in its header.
-# Usage: bench/bf16_rows.sh [BUILD_DIR] [THREADS...]   (defaults: build, 1 2)
+# Usage: bench/bf16_rows.sh [BUILD_DIR] [THREADS...]   (defaults: build, 1 2); a second table gives the
+# training steps' process CPU time, which a loaded machine distorts less than the wall clock.
 # PyTorch: $FLUX_BENCH_PYTHON (e.g. scripts/bench's venv), else Debian's /usr/bin/python3 (python3-torch).
 set -euo pipefail
 B=${1:-build}
@@ -12,22 +13,22 @@ PY=${FLUX_BENCH_PYTHON:-/usr/bin/python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
 LOG=$(mktemp)
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
-run() {  # run LABEL THREADS CMD...: appends "LABEL THREADS key value" lines
-  local label=$1 t=$2
-  shift 2
+run() {  # run LABEL THREADS CASE CMD...: appends "LABEL THREADS key value" lines
+  local label=$1 t=$2 case=$3
+  shift 3
   # PASSIVE waits at 2+ threads (as scripts/bench): spinning OpenMP threads on shared cores measure the sharing.
   local wait=ACTIVE
   [ "$t" -gt 1 ] && wait=PASSIVE
   FLUX_NUM_THREADS=$t OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t OMP_WAIT_POLICY=$wait "$@" 2>/dev/null |
-    sed "s/^/$label $t /" >>"$LOG" || true
+    sed "s/^train_cpu_ms_per_step/${case}_cpu_ms/; s/^/$label $t /" >>"$LOG" || true
 }
 for t in $THREADS; do
   for case in resnet_train resnet encoder; do
     extra=()
     [ "$case" = resnet ] && extra=(--batch=32)
-    run flux_f32 "$t" "$B/bin/flux_bench" "$case" cpu "${extra[@]}"
-    run flux_bf16 "$t" "$B/bin/flux_bench" "$case" cpu --autocast=bf16 "${extra[@]}"
-    run torch_bf16 "$t" "$PY" "$HERE/torch_bench.py" "$case" "$t" --autocast=bf16
+    run flux_f32 "$t" "$case" "$B/bin/flux_bench" "$case" cpu "${extra[@]}"
+    run flux_bf16 "$t" "$case" "$B/bin/flux_bench" "$case" cpu --autocast=bf16 "${extra[@]}"
+    run torch_bf16 "$t" "$case" "$PY" "$HERE/torch_bench.py" "$case" "$t" --autocast=bf16
   done
 done
 CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
@@ -54,6 +55,18 @@ for name, key in rows:
         f32, bf, pt = (v.get((l, t, key)) for l in ("flux_f32", "flux_bf16", "torch_bf16"))
         fmt = lambda x: f"{x:.4g}" if x else "—"
         r1 = f"{f32 / bf:.2f}x" if f32 and bf else "—"  # above 1: bf16 faster
+        r2 = f"{pt / bf:.2f}x" if pt and bf else "—"
+        print(f"| {name} | {t} | {fmt(f32)} | {fmt(bf)} | {fmt(pt)} | {r1} | {r2} |")
+# The process's CPU time per training step (all threads; flux_bench's and torch_bench.py's
+# train_cpu_ms_per_step): on a loaded machine the wall clock measures the sharing, this less so.
+print()
+print("| training step, CPU ms (all threads) | threads | flux f32 | flux bf16 | PyTorch bf16 autocast | flux bf16 / f32 | flux bf16 vs PyTorch bf16 |")
+print("| --- | --: | --: | --: | --: | --: | --: |")
+for name, key in [("ResNet-18 112² b32", "resnet_train_cpu_ms"), ("encoder D256 T128 4 layers b16", "encoder_cpu_ms")]:
+    for t in threads.split():
+        f32, bf, pt = (v.get((l, t, key)) for l in ("flux_f32", "flux_bf16", "torch_bf16"))
+        fmt = lambda x: f"{x:.4g}" if x else "—"
+        r1 = f"{f32 / bf:.2f}x" if f32 and bf else "—"
         r2 = f"{pt / bf:.2f}x" if pt and bf else "—"
         print(f"| {name} | {t} | {fmt(f32)} | {fmt(bf)} | {fmt(pt)} | {r1} | {r2} |")
 PY

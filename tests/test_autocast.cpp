@@ -224,6 +224,88 @@ TEST_P(AutocastOps, GradientsMatchFiniteDifferences) {
   expect_gradients_match_finite_differences(model, x, y, low, 16);
 }
 
+// A conv's weight and bias gradients reach the Float32 master weights as the kernels accumulate them,
+// in Float32, never rounded to the low dtype (the CPU's oneDNN writes them in Float32; other backends
+// compute them through Float32): against a float64 reference of the values autocast sees, within
+// Float32 accumulation (1e-5 of the terms' magnitudes; one rounding to bf16 errs by up to 2^-9 of the
+// value, which these sums of a few hundred terms exceed). Operands are exact in the low dtype.
+TEST_P(AutocastOps, ConvWeightGradientsReachTheMasterInFloat32) {
+  const auto [d, low] = GetParam();
+  Emulate emulate;
+  seed(45);
+  const int64_t n = 3, c = 5, o = 7, hw = 9;
+  Conv layer({3, 3}, c, o, Activation(), {.pad = 1});
+  auto representable = [&](const Tensor& t) { return t.cast(low).cast(DType::f32); };
+  layer.weight = to(representable(randn({o, c, 3, 3}) * 0.3), d);
+  layer.bias = to(representable(randn({o})), d);
+  Tensor x = to(representable(randn({n, c, hw, hw})), d), w_out = to(representable(randn({n, o, hw, hw})), d);
+  auto [value, grads] = withgradient([&](auto& m) { return sum(m(x) * w_out); }, layer, {.autocast = low});
+  ASSERT_EQ(grads.weight.dtype(), DType::f32);
+  // dw[o, c, ky, kx] = sum over (n, y, x) of w_out[n, o, y, x] x[n, c, y + ky - 1, x + kx - 1]; db = sum of w_out.
+  const std::vector<double> xv = to(x, Device()).cast(DType::f64).to_vector<double>();
+  const std::vector<double> gv = to(w_out, Device()).cast(DType::f64).to_vector<double>();
+  const std::vector<float> dw = to(grads.weight, Device()).to_vector<float>();
+  const std::vector<float> db = to(grads.bias, Device()).cast(DType::f32).to_vector<float>();
+  for (int64_t oc = 0; oc < o; ++oc) {
+    double bias_sum = 0, bias_mag = 0;
+    for (int64_t i = 0; i < n * hw * hw; ++i) {
+      const double g = gv[size_t(((i / (hw * hw)) * o + oc) * hw * hw + i % (hw * hw))];
+      bias_sum += g, bias_mag += std::fabs(g);
+    }
+    EXPECT_NEAR(db[size_t(oc)], bias_sum, 1e-5 * bias_mag + 1e-30) << "dbias " << oc;
+    for (int64_t ci = 0; ci < c; ++ci)
+      for (int64_t ky = 0; ky < 3; ++ky)
+        for (int64_t kx = 0; kx < 3; ++kx) {
+          double want = 0, mag = 0;
+          for (int64_t b = 0; b < n; ++b)
+            for (int64_t y = 0; y < hw; ++y)
+              for (int64_t xx = 0; xx < hw; ++xx) {
+                const int64_t iy = y + ky - 1, ix = xx + kx - 1;
+                if (iy < 0 || ix < 0 || iy >= hw || ix >= hw) continue;
+                const double t = gv[size_t(((b * o + oc) * hw + y) * hw + xx)] * xv[size_t(((b * c + ci) * hw + iy) * hw + ix)];
+                want += t, mag += std::fabs(t);
+              }
+          const double got = dw[size_t(((oc * c + ci) * 3 + ky) * 3 + kx)];
+          EXPECT_NEAR(got, want, 1e-5 * mag + 1e-30) << "dw " << oc << " " << ci << " " << ky << " " << kx;
+        }
+  }
+}
+
+// Dense with relu in training under autocast: on the CPU with bf16 kernels one GEMM writes y with the
+// bias and relu in its epilogue (fewer kernel calls than Dense and relu apart); its value against a
+// float64 reference of the values autocast sees (one rounding of a Float32 sum), its gradients
+// against finite differences of the float64 model, on (N, T, features) input too.
+TEST_P(AutocastOps, DenseReluInTrainingMatchesFloat64AndFiniteDifferences) {
+  const auto [d, low] = GetParam();
+  Emulate emulate;
+  seed(46);
+  Dense layer(6, 16, relu), plain(6, 16);
+  layer = layer | d;
+  plain.weight = layer.weight, plain.bias = layer.bias;
+  Tensor x = to(randn({2, 4, 6}), d), c = to(randn({2, 4, 16}), d);
+  Tensor out;
+  cpu_backend::reset_pass_counts();
+  withgradient([&](auto& m) { out = m(x); return sum(out * c); }, layer, {.autocast = low});
+  const int64_t fused_calls = cpu_backend::pass_counts().kernels;
+  cpu_backend::reset_pass_counts();
+  withgradient([&](auto& m) { return sum(relu(m(x)) * c); }, plain, {.autocast = low});
+  const int64_t composed_calls = cpu_backend::pass_counts().kernels;
+  ASSERT_EQ(out.dtype(), low);
+  ASSERT_EQ(out.shape(), (Shape{2, 4, 16}));
+  const Tensor x64 = rounded64(x, low).reshape(Shape{8, 6}), w64 = rounded64(layer.weight, low),
+               b64 = rounded64(layer.bias, low);
+  const std::vector<double> z = (matmul(x64, w64, false, true) + b64).to_vector<double>();
+  const std::vector<double> mag = (matmul(abs(x64), abs(w64), false, true) + abs(b64)).to_vector<double>();
+  const std::vector<double> got = to(out, Device()).cast(DType::f64).to_vector<double>();
+  for (size_t i = 0; i < z.size(); ++i)
+    EXPECT_NEAR(got[i], std::max(z[i], 0.0), 2 * roundoff(low) * std::fabs(z[i]) + 1e-4 * mag[i]) << "element " << i;
+  if (d.is_cpu() && low == DType::bf16 && x.backend().low_precision_support(0, low).units) {
+    EXPECT_LE(fused_calls, composed_calls - 2) << "the bias and relu did not run in the GEMM's epilogue";
+  }
+  auto model = Chain(Dense(6, 16, relu), Dense(16, 3)) | d;
+  expect_gradients_match_finite_differences(model, to(randn({5, 6}), d), onehot_rows(5, 3, d), low, 16);
+}
+
 // BatchNorm from batch statistics, mean pooling and products and quotients of low activations, whose
 // tape keeps the low activations and runs the backward in float32 (no float32 copies are kept). The
 // functions are smooth: at a kink (relu near 0, a max's ties, which rounding to the low dtype makes)

@@ -822,6 +822,36 @@ TEST_P(CpuBf16Conv, BackwardDataAndWeightMatchFloat64OrDecline) {
           EXPECT_EQ(got_db.bits, db0.bits);
         });
   }
+  // conv_backward_weight_float32: the same gradients in Float32 arrays, never rounded to bf16: within
+  // Float32 accumulation alone (sample chunks summed in Float32 where the pool splits the batch).
+  auto expect_float_close = [](const std::vector<float>& got, const std::vector<double>& want,
+                               const std::vector<double>& magnitude, const char* what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5 * magnitude[i] + 1e-30) << what << " element " << i;
+  };
+  const std::vector<float> fdw0(cc.ws, 7.f), fdb0(size_t(g.out_channels), 7.f);
+  std::vector<float> fdw = fdw0, fdb = fdb0;
+  for (bool with_bias : {true, false}) {
+    run_both_ways(
+        with_bias ? "conv_backward_weight_float32 (+bias)" : "conv_backward_weight_float32",
+        [&] {
+          fdw = fdw0, fdb = fdb0;
+          return b.conv_backward_weight_float32(0, DType::bf16, x.buffer(), dy.buffer(), Buffer{fdw.data(), 0},
+                                                with_bias ? Buffer{fdb.data(), 0} : Buffer{}, g);
+        },
+        [&] {
+          expect_float_close(fdw, dw, dw_mag, "dw (Float32)");
+          if (with_bias) expect_float_close(fdb, db, db_mag, "dbias (Float32)");
+          else EXPECT_EQ(fdb, fdb0);
+        },
+        [&] {
+          EXPECT_EQ(fdw, fdw0);
+          EXPECT_EQ(fdb, fdb0);
+        });
+  }
+  EXPECT_FALSE(b.conv_backward_weight_float32(0, DType::f32, x.buffer(), dy.buffer(), Buffer{fdw.data(), 0}, Buffer{}, g))
+      << "Float32 operands have conv_backward_weight";
 }
 
 std::string conv_case_name(const ::testing::TestParamInfo<int>& i) {

@@ -375,6 +375,14 @@ class Backend {
     (void)device, (void)t, (void)x, (void)dy, (void)dw, (void)dbias, (void)g;
     return false;
   }
+  /// As conv_backward_weight for t = f16/bf16 (x, dy of dtype t), with dw and dbias written in
+  /// Float32, never rounded to t: the gradient an autocast weight cast hands on to its Float32 master
+  /// weight. false: not offered (the core rounds conv_backward_weight's result or computes in Float32).
+  virtual bool conv_backward_weight_float32(int device, DType t, Buffer x, Buffer dy, Buffer dw, Buffer dbias,
+                                            const ConvGeometry& g) {
+    (void)device, (void)t, (void)x, (void)dy, (void)dw, (void)dbias, (void)g;
+    return false;
+  }
 
   // ---- collectives across processes on device memory (NCCL in the CUDA plugin; distributed.hpp).
   // A backend without them keeps the defaults and the core stages its tensors through host memory

@@ -240,6 +240,10 @@ Tensor conv_data_raw(const Tensor& dy, const Tensor& w, const ConvGeometry& g, c
   return dx;
 }
 
+/// through_float32's float32_grads of conv and conv_transpose ({x, w, bias}): w's and bias's gradients
+/// stay Float32 (conv_weight_raw computes a half weight's in Float32).
+constexpr unsigned kFloat32WeightGrads = 0b110;
+
 /// The gradients of conv(x, w) + bias with respect to w (O, C / G, k...) and, when want_bias, bias (O,).
 std::pair<Tensor, Tensor> conv_weight_raw(const Tensor& x, const Tensor& dy, const ConvGeometry& g, bool want_weight,
                                           bool want_bias) {
@@ -249,14 +253,24 @@ std::pair<Tensor, Tensor> conv_weight_raw(const Tensor& x, const Tensor& dy, con
   Tensor dw, db;
   if (!want_weight) return {dw, want_bias ? channel_sum(dy) : db};
   if (is_half(t)) {
-    dw = Tensor::empty(weight_shape(g), t, x.device());
-    if (want_bias) db = Tensor::empty(Shape{g.out_channels}, t, x.device());
-    if (library_kernels() && dw.numel() && x.numel() && dy.numel() &&
-        be.conv_backward_weight(dev, t, flux::detail::buffer_of(x), flux::detail::buffer_of(dy), flux::detail::buffer_of(dw),
-                                want_bias ? flux::detail::buffer_of(db) : backend::Buffer{}, g))
-      return {dw, db};
-    const auto [dwf, dbf] = conv_weight_raw(float32_of(x), float32_of(dy), g, true, want_bias);  // (copies freed first)
-    return {raw_cast(dwf, t), dbf.defined() ? raw_cast(dbf, t) : dbf};
+    // Half operands: the gradients in Float32, as the kernels accumulate them. Under autocast the weight
+    // is a cast of a Float32 master, whose backward then hands them on unrounded and without a pass;
+    // a half parameter's (bf16(model)) is rounded once, where the tape hands it out.
+    if (library_kernels() && x.numel() && dy.numel()) {
+      dw = Tensor::empty(weight_shape(g), DType::f32, x.device());
+      if (want_bias) db = Tensor::empty(Shape{g.out_channels}, DType::f32, x.device());
+      if (dw.numel() && be.conv_backward_weight_float32(dev, t, flux::detail::buffer_of(x), flux::detail::buffer_of(dy),
+                                                        flux::detail::buffer_of(dw),
+                                                        want_bias ? flux::detail::buffer_of(db) : backend::Buffer{}, g))
+        return {dw, db};
+      dw = Tensor::empty(weight_shape(g), t, x.device());
+      if (want_bias) db = Tensor::empty(Shape{g.out_channels}, t, x.device());
+      if (dw.numel() && be.conv_backward_weight(dev, t, flux::detail::buffer_of(x), flux::detail::buffer_of(dy),
+                                                flux::detail::buffer_of(dw),
+                                                want_bias ? flux::detail::buffer_of(db) : backend::Buffer{}, g))
+        return {dw, db};
+    }
+    return conv_weight_raw(float32_of(x), float32_of(dy), g, true, want_bias);  // (copies freed first)
   }
   dw = Tensor::empty(weight_shape(g), t, x.device());
   if (want_bias) db = Tensor::empty(Shape{g.out_channels}, t, x.device());
@@ -400,7 +414,7 @@ Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const Con
         else if (need_b) db = channel_sum(gy);
         return Grads{dx, dw, db};
       },
-      trace::active() ? conv_attrs(g, relu) : std::vector<trace::Attr>{}, x.dtype());
+      trace::active() ? conv_attrs(g, relu) : std::vector<trace::Attr>{}, x.dtype(), kFloat32WeightGrads);
 }
 }  // namespace
 
@@ -502,7 +516,7 @@ Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, cons
         if (need_b) db = channel_sum(gy);
         return Grads{dx, dw, db};
       },
-      std::move(attrs), x.dtype());
+      std::move(attrs), x.dtype(), kFloat32WeightGrads);
 }
 
 }  // namespace flux

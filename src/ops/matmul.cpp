@@ -82,6 +82,39 @@ Tensor matmul_core(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return c;
 }
 
+/// Low-precision Dense in training (autocast's): the backend's GEMM with the bias and relu in its epilogue
+/// writes y once, in place of three passes (GEMM, bias add, relu), accumulating in Float32 and rounding
+/// once. No prepared weights: they change between steps. The backward is the composed ops': relu's
+/// mask from y (y > 0 exactly where x wᵀ + b > 0), then the two products and the bias's row sum, in
+/// the low dtype. Undefined where the backend declines (the caller composes matmul, add and relu).
+Tensor half_linear_training(const Tensor& x, const Tensor& w, const Tensor& b, Tensor y, bool relu, bool need_x,
+                            bool need_w, bool need_b) {
+  const DType t = x.dtype();
+  const int64_t n = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
+  if (!library_kernels() ||
+      !x.backend().linear_forward(x.device().index(), t, flux::detail::buffer_of(x), flux::detail::buffer_of(w), nullptr,
+                                  flux::detail::buffer_of(b), flux::detail::buffer_of(y), n, in, out, relu))
+    return Tensor();
+  if (trace::active()) trace::emit("linear", {x, w, b}, y, {{"relu", {int64_t(relu)}, {}}});
+  const Tensor kept_y = relu ? y : Tensor();
+  autodiff::record(y, {&x, &w, &b}, [x, w, kept_y, t, need_x, need_w, need_b](const Tensor& g0) {
+    Tensor g = g0.dtype() == t ? g0 : raw_cast(g0, t);
+    if (kept_y.defined()) {
+      Tensor mask = Tensor::empty(kept_y.shape(), t, kept_y.device());
+      if (!kept_y.backend().unary_half(kept_y.device().index(), backend::UnaryOp::step, t,
+                                       flux::detail::buffer_of(kept_y), flux::detail::buffer_of(mask), kept_y.numel(), 0))
+        mask = step_raw(kept_y);
+      g = g * mask;
+    }
+    Tensor dx, dw, db;
+    if (need_x) dx = matmul(g, w);               // (n, out) (out, in)
+    if (need_w) dw = matmul(g, x, true, false);  // (out, n) (n, in)
+    if (need_b) db = sum(g, 0);                  // (out,)
+    return Grads{dx, dw, db};
+  });
+  return y;
+}
+
 }  // namespace
 
 Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
@@ -99,7 +132,7 @@ Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool re
     if (trace::active()) trace::emit(ops::linear, {x, w, b}, y, {{"relu", {int64_t(relu)}, {}}});
     return y;
   }
-  if (is_half(t)) return Tensor();  // the caller's matmul path (low-precision GEMM or through float32)
+  if (is_half(t)) return half_linear_training(x, w, b, y, relu, need_x, need_w, need_b);
   // y (n, out): every row a copy of b, then y += x W^T.
   backend::StridedCopy rows;
   rows.ndim = 2;

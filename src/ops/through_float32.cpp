@@ -18,7 +18,7 @@ Tensor float32_of(const Tensor& t) { return t.defined() && is_half(t.dtype()) ? 
 
 Tensor through_float32(const ops::Op* op, std::initializer_list<const Tensor*> inputs, std::vector<Tensor> keep,
                        const std::function<Tensor(std::vector<Tensor>& kept)>& forward, LowBackward backward,
-                       std::vector<trace::Attr> attrs, std::optional<DType> compute) {
+                       std::vector<trace::Attr> attrs, std::optional<DType> compute, unsigned float32_grads) {
   Tensor y;
   {
     RecordedForward training(autodiff::recording());  // what derives from weights: not kept (inference_call)
@@ -38,14 +38,17 @@ Tensor through_float32(const ops::Op* op, std::initializer_list<const Tensor*> i
   auto to = [compute](const Tensor& t) {
     return compute && t.defined() && is_floating(t.dtype()) && t.dtype() != *compute ? raw_cast(t, *compute) : t;
   };
-  autodiff::record(y, inputs, [keep = std::move(keep), backward = std::move(backward), dtypes, to](const Tensor& gy) {
+  autodiff::record(y, inputs, [keep = std::move(keep), backward = std::move(backward), dtypes, to,
+                               float32_grads](const Tensor& gy) {
     std::vector<Tensor> kept;
     kept.reserve(keep.size());
     for (const Tensor& t : keep) kept.push_back(to(t));
     std::vector<Tensor> grads = backward(kept, to(gy));
     kept.clear();  // the compute copies go before the gradients are cast back
     for (size_t i = 0; i < grads.size() && i < dtypes.size(); ++i)
-      if (grads[i].defined() && grads[i].dtype() != dtypes[i]) grads[i] = raw_cast(grads[i], dtypes[i]);
+      if (grads[i].defined() && grads[i].dtype() != dtypes[i] &&
+          !(grads[i].dtype() == DType::f32 && i < 32 && (float32_grads >> i & 1u)))
+        grads[i] = raw_cast(grads[i], dtypes[i]);
     return grads;
   });
   return y;

@@ -41,9 +41,12 @@ inline constexpr std::optional<DType> kAsStored = std::nullopt;
 ///  3. When an input is tracked, one node on the tape for `inputs`, holding `keep` in their own dtype
 ///     (the Float16/BFloat16 tensors themselves): its backward gets them and the output gradient cast
 ///     to `compute` (Float32 by default; an op whose backward has half kernels passes its own dtype, or
-///     kAsStored), and its gradients are cast back to each input's dtype.
+///     kAsStored), and its gradients are cast back to each input's dtype, except a Float32 gradient of
+///     an input whose bit is set in `float32_grads` (bit i: input i), handed on as it is (weights:
+///     autocast's cast takes it to the Float32 master weight, the tape rounds a half parameter's once).
 Tensor through_float32(const ops::Op* op, std::initializer_list<const Tensor*> inputs, std::vector<Tensor> keep,
                        const std::function<Tensor(std::vector<Tensor>& kept)>& forward, LowBackward backward,
-                       std::vector<trace::Attr> attrs = {}, std::optional<DType> compute = DType::f32);
+                       std::vector<trace::Attr> attrs = {}, std::optional<DType> compute = DType::f32,
+                       unsigned float32_grads = 0);
 
 }  // namespace flux::detail

@@ -404,6 +404,14 @@ class CpuBackend final : public backend::Backend {
     FloatModeScope mode(t);
     return cpu_backend::conv_backward_weight(t, ptr(x), ptr(dy), ptr(dw), dbias.handle ? ptr(dbias) : nullptr, g);
   }
+  bool conv_backward_weight_float32(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer dw,
+                                    backend::Buffer dbias, const backend::ConvGeometry& g) override {
+    if (t == DType::f32) return false;
+    pass_count::kernel();
+    FloatModeScope mode(t);
+    return cpu_backend::conv_backward_weight(t, ptr(x), ptr(dy), ptr(dw), dbias.handle ? ptr(dbias) : nullptr, g,
+                                             true);
+  }
   void pool_forward(int, backend::PoolOp op, DType t, backend::Buffer x, backend::Buffer y,
                     const backend::ConvGeometry& g) override {
     pass_count::kernel();

@@ -127,10 +127,12 @@ bool conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::Con
   return onednn_conv(ConvKind::backward_data, g, a, {}, t);
 }
 
-bool conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, const backend::ConvGeometry& g) {
+bool conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, const backend::ConvGeometry& g,
+                          bool float32_grads) {
   if (!takes(t) || g.spatial < 1 || g.spatial > 3 || !fits_32_bits(g)) return false;
   ConvArrays a;
   a.x = x, a.dy = dy, a.dw = dw, a.dbias = dbias;
+  a.float32_grads = float32_grads && t != DType::f32;
   return onednn_conv(ConvKind::backward_weight, g, a, {}, t);
 }
 

@@ -580,8 +580,9 @@ bool onednn_conv(ConvKind kind, const backend::ConvGeometry& g, const ConvArrays
     return operand(*chunks[c].entry, DNNL_ARG_WEIGHTS)->inner == m.get_desc() ? m : memory();
   };
   // Weight gradients of later sample chunks go to float32 scratch rows, summed into the first in
-  // order; bf16 gradients: every chunk's, the sum rounded to bf16 at the end.
-  const bool float_grads = kind == ConvKind::backward_weight && dt != DType::f32;
+  // order; bf16 gradients: every chunk's, the sum rounded to bf16 at the end, unless the caller takes
+  // them in float32 (float32_grads: written as a float32 call's, no rounding pass).
+  const bool float_grads = kind == ConvKind::backward_weight && dt != DType::f32 && !arrays.float32_grads;
   const size_t first_row = float_grads ? 0 : 1;
   std::vector<std::vector<float>> partials(
       kind == ConvKind::backward_weight && chunks.size() > first_row ? chunks.size() - first_row : 0);

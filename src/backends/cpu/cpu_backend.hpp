@@ -123,7 +123,9 @@ bool conv_forward(DType t, void* x, void* w, void* bias, void* y, const backend:
 bool conv_forward_affine(DType t, void* x, void* w, void* scale, void* shift, void* residual, void* y,
                          const backend::ConvGeometry& g, bool relu, bool relu_after);
 bool conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g);
-bool conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, const backend::ConvGeometry& g);
+/// float32_grads (t = f16/bf16): dw and dbias are Float32 arrays (Backend::conv_backward_weight_float32).
+bool conv_backward_weight(DType t, void* x, void* dy, void* dw, void* dbias, const backend::ConvGeometry& g,
+                          bool float32_grads = false);
 /// Tests: the kernel a forward of g runs (affine: conv_forward_affine's); Kernel(-1) where none takes it.
 Kernel conv_forward_kernel(const backend::ConvGeometry& g, bool affine);
 
@@ -142,6 +144,7 @@ struct ConvArrays {
   void* dx = nullptr;
   void* dw = nullptr;
   void* dbias = nullptr;
+  bool float32_grads = false;  // backward_weight at f16/bf16: dw, dbias are Float32 (not rounded to t)
 };
 /// What a forward does to conv(x, w) before y is written, the one description every forward kernel
 /// reads: y = relu_after?(relu?(conv(x, w) * scale + shift) + residual).
