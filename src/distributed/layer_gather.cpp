@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "flux/backend.hpp"
-#include "flux/distributed/shard.hpp"
+#include "flux/distributed/layer_gather.hpp"
 #include "src/distributed/transport.hpp"
 #include "src/internal.hpp"
 
