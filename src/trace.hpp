@@ -10,9 +10,7 @@
 
 #include "flux/tensor.hpp"
 
-namespace flux::ops {
-struct Op;  // src/ops/registry.hpp
-}
+namespace flux::ops { struct Op; }  // src/ops/registry.hpp
 
 namespace flux::trace {
 

@@ -1,7 +1,6 @@
 // The op registry (not installed): one entry per op that reports itself to the tracer, read by the
-// forward (its errors' "[name]"), the tracer (trace::emit(ops::relu, ...)), the ONNX exporter (the
-// entry's ONNX form, per opset) and the importer (the ONNX operators that run an entry's op as they
-// are). Adding an op: one entry here and in registry.cpp, and its kernel (CONTRIBUTING.md).
+// forward (its errors' "[name]"), the tracer (trace::emit(ops::relu, ...)), the exporter (its ONNX form
+// per opset) and the importer (operators that are the op itself). How to add one: CONTRIBUTING.md.
 #pragma once
 #include <string>
 #include <variant>
@@ -34,8 +33,8 @@ class OnnxGraph {
                             const Shape* in2 = nullptr) = 0;
 };
 
-/// One traced call as its writer sees it: the event in the first trace and its partner in the second
-/// (grown dynamic axes), the names of its inputs ("" for an absent one) and of its output.
+/// A traced call: its event in the first trace and in the second (dynamic axes grown), the names of
+/// its inputs ("" for an absent one) and of its output.
 struct Call {
   const trace::Event &e, &e2;
   const std::vector<std::string>& in;
