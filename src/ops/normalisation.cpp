@@ -146,7 +146,7 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   // The fused backend kernels take one dtype throughout; other mixes take the portable path.
   const bool fusable = detail::library_kernels() && (t == DType::f32 || t == DType::f64) &&
                        (!weight.defined() || weight.dtype() == t) && (!bias.defined() || bias.dtype() == t);
-  Tensor y, mean, var, xc, inv, a;  // mean, var (C,); xc, inv, a are the portable path's saved values
+  Tensor y, mean, var;  // mean, var (C,)
   bool fused = false;
   if (fusable) {
     y = Tensor::empty(x.shape(), t, x.device());
@@ -159,10 +159,10 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
     autodiff::NoGrad no_grad;  // recorded once, below
     Tensor x3 = x.reshape(Shape{n, c, s});
     Tensor mean3 = channel_sum(x3) / double(m);
-    xc = x3 - mean3;
+    Tensor xc = x3 - mean3;
     Tensor var3 = channel_sum(square(xc)) / double(m);
-    inv = 1.0 / sqrt(var3 + eps);
-    a = weight.defined() ? inv * weight.reshape(stat) : inv;
+    Tensor inv = 1.0 / sqrt(var3 + eps);
+    Tensor a = weight.defined() ? inv * weight.reshape(stat) : inv;
     y = xc * a;
     if (bias.defined()) y = y + bias.reshape(stat);
     y = y.reshape(x.shape());
@@ -172,20 +172,9 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   if (trace::active()) trace::emit(ops::batchnorm_train, {x, weight, bias}, y, {{"eps", {}, {eps}}});
   if (batch_mean) *batch_mean = mean;
   if (batch_var) *batch_var = var;
-  Shape xshape = x.shape();
-  bool has_weight = weight.defined(), has_bias = bias.defined();
-  Tensor x_saved = fused ? x : Tensor(), w_saved = fused ? weight : Tensor();
+  const bool has_weight = weight.defined(), has_bias = bias.defined();
   autodiff::record(y, {&x, &weight, &bias}, [=](const Tensor& g) {
-    if (fused) return batchnorm_backward(x_saved, g, w_saved, mean, var, eps, n, c, s, has_weight, has_bias);
-    // The portable forward's saved values: the same formulas (batchnorm_backward's).
-    Tensor dy = g.reshape(Shape{n, c, s});
-    Tensor sum_dy = channel_sum(dy);
-    Tensor sum_dy_xc = channel_sum(dy * xc);
-    Tensor k = a * square(inv) * (sum_dy_xc / double(m));
-    Tensor dx = (dy * a - xc * k - a * (sum_dy / double(m))).reshape(xshape);
-    Tensor dweight = has_weight ? (inv * sum_dy_xc).reshape(Shape{c}) : Tensor();
-    Tensor dbias = has_bias ? sum_dy.reshape(Shape{c}) : Tensor();
-    return Grads{dx, dweight, dbias};
+    return batchnorm_backward(x, g, weight, mean, var, eps, n, c, s, has_weight, has_bias);
   });
   return y;
 }
@@ -320,6 +309,13 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
 namespace flux {
 
 namespace {
+// The composed backward from x̂ (R, D), 1 / std (R, 1), the output gradient g and weight (D,) or undefined.
+Grads rows_backward(const Tensor& xhat, const Tensor& rstd, const Tensor& g, const Tensor& weight, int64_t d, bool has_bias) {
+  const Tensor gw = weight.defined() ? g * weight : g;
+  return Grads{rstd * (gw - sum(gw, 1, true) / double(d) - xhat * (sum(gw * xhat, 1, true) / double(d))),
+               weight.defined() ? sum(g * xhat, 0) : Tensor(), has_bias ? sum(g, 0) : Tensor()};
+}
+
 // Rows of x2 (R, D) normalised, then * weight + bias over D (each (D,) or undefined); one recorded op.
 // Through the backend's fused kernels (rownorm_forward/backward) when it has them and the dtypes agree;
 // else (or with FLUX_LIBRARY_KERNELS=0) composed from public ops, the portable path.
@@ -345,10 +341,8 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
                                          buffer_or_none(dbias), r, d))
           return Grads{dx, dweight, dbias};
         // A backend with a forward but no backward: the portable formulas from the saved statistics.
-        Tensor xhat = (x2 - mean.reshape(Shape{r, 1})) * rstd.reshape(Shape{r, 1});
-        Tensor gw = has_weight ? g * weight : g;
-        dx = rstd.reshape(Shape{r, 1}) * (gw - sum(gw, 1, true) / double(d) - xhat * (sum(gw * xhat, 1, true) / double(d)));
-        return Grads{dx, has_weight ? sum(g * xhat, 0) : Tensor(), has_bias ? sum(g, 0) : Tensor()};
+        const Tensor rstd2 = rstd.reshape(Shape{r, 1});
+        return rows_backward((x2 - mean.reshape(Shape{r, 1})) * rstd2, rstd2, g, weight, d, has_bias);
       });
       return y;
     }
@@ -364,13 +358,8 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
     if (has_bias) y = y + bias;
   }
   if (trace::active()) trace::emit(ops::rownorm, {x2, weight, bias}, y, {{"eps", {}, {eps}}});
-  autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
-    Tensor g = has_weight ? dy * weight : dy;
-    Tensor dx = inv * (g - sum(g, 1, true) / double(d) - xhat * (sum(g * xhat, 1, true) / double(d)));
-    Tensor dweight = has_weight ? sum(dy * xhat, 0) : Tensor();
-    Tensor dbias = has_bias ? sum(dy, 0) : Tensor();
-    return Grads{dx, dweight, dbias};
-  });
+  autodiff::record(y, {&x2, &weight, &bias},
+                   [=](const Tensor& dy) { return rows_backward(xhat, inv, dy, weight, d, has_bias); });
   return y;
 }
 
@@ -427,9 +416,7 @@ Tensor normalise_rows_low(const Tensor& x2, const Tensor& weight, const Tensor& 
         if (x.dtype() == low && dy.dtype() == low && fused(low, x, dy, w32, mean, rstd, grads)) return grads;
         const Tensor x32 = detail::float32_of(x), g = detail::raw_cast(dy, f32);
         if (fused(f32, x32, g, w32, mean, rstd, grads)) return grads;
-        const Tensor xhat = (x32 - mean) * rstd, gw = has_weight ? g * w32 : g;
-        return Grads{rstd * (gw - sum(gw, 1, true) / double(d) - xhat * (sum(gw * xhat, 1, true) / double(d))),
-                     has_weight ? sum(g * xhat, 0) : Tensor(), has_bias ? sum(g, 0) : Tensor()};
+        return rows_backward((x32 - mean) * rstd, rstd, g, w32, d, has_bias);
       },
       {{"eps", {}, {eps}}}, direct ? detail::kAsStored : f32);
 }
