@@ -557,7 +557,8 @@ void encoder_case() {
   for (int i = 0; i < 2; ++i) run();
   std::printf("encoder_infer_ms %.6g\n", 1e3 / bench::rate(run, 2.0));
   double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return mse(a, b); }, 1, 3.0);
-  std::printf("encoder_train_ms %.6g\n", 1e3 / r);
+  std::printf("encoder_train_ms %.6g\nencoder_peak_rss_mb %.6g\nencoder_storage_peak_mb %.6g\n", 1e3 / r,
+              bench::peak_rss_mb(), double(detail::peak_storage_bytes()) / (1 << 20));
 }
 
 // passes: the CPU backend's passes over memory (src/backends/cpu/pass_count.hpp) in one training step

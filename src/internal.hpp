@@ -27,7 +27,7 @@ uint64_t content_version(const Tensor& t);
 /// The first entry of the keys under which the core keeps its own values in a storage's cache
 /// (src/storage_cache.hpp): negative, apart from the backends' keys (backend::PreparedKey, from 0 up).
 enum class CoreEntry : int64_t {
-  folded_batchnorm = -1,  // a BatchNorm folded into the conv before it (src/nn/conv.cpp)
+  folded_batchnorm = -1,  // a BatchNorm's statistics folded into scale and shift (fold_batchnorm, src/ops/normalisation.cpp)
   cast = -2,              // a weight cast for autocast or a Float32 fallback (src/autocast.cpp)
 };
 
@@ -49,6 +49,10 @@ void set_random_stream(uint64_t seed, uint64_t counter);
 /// (src/tensor.cpp), under the generator's lock.
 std::mt19937_64 host_generator();
 void set_host_generator(const std::mt19937_64& g);
+
+/// The CPU backend, built into libflux (src/backends/cpu/backend.cpp): the one backend that the device
+/// registry (src/device/device.cpp) does not load as a plugin.
+backend::Backend& builtin_cpu_backend();
 
 /// The library's log (src/device/device.cpp), on stderr in Julia's style: a warning printed once per
 /// process per distinct message ("┌ Warning: ..." / "└ @ flux"), and an info line ("[ Info: ...").

@@ -1,5 +1,6 @@
 #include "flux/tensor.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -19,7 +20,7 @@
 #include "src/internal.hpp"
 #include "src/storage_cache.hpp"
 #include "src/storage_stats.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -248,7 +249,7 @@ Tensor Tensor::reshape(Shape s) const {
   impl->shape = s;
   impl->tape_id = -1;
   Tensor out(impl);
-  if (trace::active()) trace::emit("reshape", {*this}, out, {{"shape", s.vec(), {}}});
+  if (trace::active()) trace::emit(ops::reshape, {*this}, out, {{"shape", s.vec(), {}}});
   Shape original = i.shape;
   autodiff::record(out, {this}, [original](const Tensor& g) { return std::vector<Tensor>{g.reshape(original)}; });
   return out;
@@ -279,7 +280,7 @@ Tensor Tensor::contiguous_copy() const {
   Tensor out = Tensor::empty(shape(), dtype(), device());
   if (nbytes()) backend().copy(device().index(), flux::detail::buffer_of(out), flux::detail::buffer_of(*this), nbytes());
   Tensor src = *this;
-  if (trace::active()) trace::emit("to", {src}, out);
+  if (trace::active()) trace::emit(ops::to, {src}, out);
   autodiff::record(out, {&src}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
   return out;
 }
@@ -314,6 +315,23 @@ Tensor upload(const std::vector<double>& v, Shape shape, DType t, Device d, cons
   Tensor host = Tensor(v, shape);
   Tensor cast = t == DType::f64 ? host : host.cast(t);
   return to(cast, d);
+}
+// n values of draw() (doubles, in order, under the generator's lock) as a Float32 host tensor, drawn
+// and converted in chunks: no float64 buffer of the tensor's size, whose freed pages (glibc keeps
+// large freed blocks on its heap once its mmap threshold has risen) would stay in the process's RSS.
+template <class Draw> Tensor float32_draws(int64_t n, Shape shape, const char* api, Draw draw) {
+  Tensor host = empty_for(api, shape, DType::f32, Device());
+  constexpr int64_t kChunk = 4096;
+  float chunk[kChunk];
+  backend::Backend& b = host.backend();
+  const backend::Buffer buf = detail::buffer_of(host);
+  std::lock_guard<std::mutex> lock(g_rng_mutex);
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t m = std::min(kChunk, n - i);
+    for (int64_t j = 0; j < m; ++j) chunk[j] = float(draw());
+    b.copy_from_host(0, {buf.handle, buf.offset + size_t(i) * sizeof(float)}, chunk, size_t(m) * sizeof(float));
+  }
+  return host;
 }
 }  // namespace
 
@@ -352,6 +370,7 @@ Tensor rand(Shape shape, DType t, Device d) {
   const int64_t n = detail::checked_numel("rand", shape, t);
   if (!is_floating(t)) detail::fail("[rand] needs a floating-point dtype, got ", dtype_name(t));
   empty_for("rand", shape, t, d);
+  if (t == DType::f32) return to(float32_draws(n, shape, "rand", [] { return double(rng()() >> 11) * 0x1.0p-53; }), d);
   std::vector<double> v = detail::host_vector<double>("rand", n);
   {
     std::lock_guard<std::mutex> lock(g_rng_mutex);
@@ -364,6 +383,10 @@ Tensor randn(Shape shape, DType t, Device d) {
   const int64_t n = detail::checked_numel("randn", shape, t);
   if (!is_floating(t)) detail::fail("[randn] needs a floating-point dtype, got ", dtype_name(t));
   empty_for("randn", shape, t, d);
+  if (t == DType::f32) {
+    std::normal_distribution<double> dist(0.0, 1.0);
+    return to(float32_draws(n, shape, "randn", [&] { return dist(rng()); }), d);
+  }
   std::vector<double> v = detail::host_vector<double>("randn", n);
   {
     std::lock_guard<std::mutex> lock(g_rng_mutex);

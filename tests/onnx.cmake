@@ -40,6 +40,18 @@ py=$('${CMAKE_CURRENT_SOURCE_DIR}/onnx/ensure_venv.sh' '${FLUX_ONNX_VENV}') || e
   set_tests_properties(onnx_export.ort.${tag} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS onnx
     ENVIRONMENT "POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache")
 endforeach()
+# onnx_export.examples.<device>: every model of examples/ (and examples/zoo/) exported from that device and
+# run by ONNX Runtime at batch 2 and 5, and at two sequence lengths where the model reads sequences.
+foreach(device ${flux_onnx_devices})
+  string(REPLACE ":" "" tag ${device})
+  set(out ${CMAKE_CURRENT_BINARY_DIR}/onnx-export-examples-${tag})
+  add_test(NAME onnx_export.examples.${tag}
+    COMMAND sh -c "rm -rf '${out}' && mkdir -p '${out}' && '$<TARGET_FILE:onnx_export_models>' '${out}' '${device}' examples || exit $?; \
+py=$('${CMAKE_CURRENT_SOURCE_DIR}/onnx/ensure_venv.sh' '${FLUX_ONNX_VENV}') || exit $?; \
+\"$py\" '${CMAKE_CURRENT_SOURCE_DIR}/onnx/ort_check.py' '${out}'")
+  set_tests_properties(onnx_export.examples.${tag} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS "onnx;examples"
+    ENVIRONMENT "POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache")
+endforeach()
 # The checker reads the CPU export's files.
 add_test(NAME onnx_export.checker
   COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/onnx/onnx_check.py ${CMAKE_CURRENT_BINARY_DIR}/onnx-export-CPU)
@@ -103,6 +115,19 @@ py=$('${CMAKE_CURRENT_SOURCE_DIR}/onnx/ensure_venv.sh' '${FLUX_ONNX_VENV}') || e
 '$<TARGET_FILE:onnx_compare>' '${o20_dir}'")
 set_tests_properties(onnx_import.opset20 PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS "onnx;interop"
   FIXTURES_REQUIRED onnx_torch113_files ENVIRONMENT "POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache")
+
+# onnx_import.torch2: today's PyTorch (2.x from PyPI, in build/torch2-venv: tests/onnx/ensure_torch2_venv.sh;
+# TORCH2_VENV=/path reuses a venv holding torch 2.x) exports the coverage models by both of its exporters
+# (dynamo=True with onnxscript, and dynamo=False): tests/onnx/torch2_models.py, files kept across runs
+# while the scripts and torch's version stay the same. onnx_compare checks PyTorch's outputs on every
+# device, and one SGD step against PyTorch's.
+set(t2_dir ${CMAKE_CURRENT_BINARY_DIR}/onnx-import-torch2)
+add_test(NAME onnx_import.torch2
+  COMMAND sh -c "py=$('${CMAKE_CURRENT_SOURCE_DIR}/onnx/ensure_torch2_venv.sh' '${CMAKE_BINARY_DIR}/torch2-venv') || exit $?; \
+\"$py\" '${CMAKE_CURRENT_SOURCE_DIR}/onnx/torch2_models.py' '${t2_dir}' || exit $?; failed=0; \
+for e in dynamo torchscript; do '$<TARGET_FILE:onnx_compare>' '${t2_dir}/'$e || failed=1; done; exit $failed")
+set_tests_properties(onnx_import.torch2 PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 1800 LABELS "onnx;interop"
+  ENVIRONMENT "POCL_CACHE_DIR=${CMAKE_BINARY_DIR}/pocl-cache")
 
 # examples/onnx_roundtrip.cpp: trains, exports, imports, compares; ONNX Runtime through the test venv.
 if(TARGET onnx_roundtrip)

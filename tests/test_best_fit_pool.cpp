@@ -1,6 +1,7 @@
 // The best-fit host pool (src/backends/best_fit_pool.hpp): splitting, best fit, coalescing, large
-// segments, the out-of-memory retry, giving segments back, and many threads allocating and freeing
-// each other's blocks. The pool is a header without library dependencies: this file also builds alone
+// segments, the large blocks' range (growing at its end, merging, pages kept across repeated steps,
+// the limit, giving its end back), the out-of-memory retry, giving segments back, and many threads
+// allocating and freeing each other's blocks. The pool is a header without library dependencies: this file also builds alone
 // under ThreadSanitizer (g++ -fsanitize=thread -I. tests/test_best_fit_pool.cpp -lgtest -lgtest_main).
 #include <algorithm>
 #include <atomic>
@@ -106,6 +107,13 @@ TEST(BestFitPool, BestFitPicksTheSmallestHoleThatFits) {
   EXPECT_EQ(pool.allocate(200, sys.a(), sys.f()), p[2]);
   EXPECT_EQ(pool.allocate(300, sys.a(), sys.f()), p[0]);
   EXPECT_EQ(sys.allocs.load(), 1);
+  pool.deallocate(p[4], 100, sys.f());  // as allocated just above
+  pool.deallocate(p[2], 200, sys.f());
+  pool.deallocate(p[0], 300, sys.f());
+  for (int i : {1, 3, 5}) pool.deallocate(p[size_t(i)], sizes[i], sys.f());
+  pool.release(sys.f());
+  EXPECT_EQ(pool.used(), 0u);
+  EXPECT_EQ(sys.live.load(), 0u);
 }
 
 TEST(BestFitPool, LargeRequestsSplitOnlyAMegabyteOrMore) {
@@ -179,8 +187,8 @@ TEST(BestFitPool, OutOfMemoryReleasesFreeSegmentsAndRetriesOnce) {
   sys.limit = 7 * MiB;
   BestFitPool pool;
   void* a = pool.allocate(3 * MiB, sys.a(), sys.f());  // a 3 MiB segment
-  void* b = pool.allocate(MiB, sys.a(), sys.f());      // small: a 2 MiB segment
-  pool.deallocate(b, MiB, sys.f());                    // its segment is free, still held
+  void* b = pool.allocate(MiB / 5, sys.a(), sys.f());  // small: a 2 MiB segment
+  pool.deallocate(b, MiB / 5, sys.f());                // its segment is free, still held
   EXPECT_EQ(sys.live.load(), 5 * MiB);
   // 3 MiB more is over the limit (5 + 3 > 7) until the free small segment goes back (3 + 3 <= 7).
   void* c = pool.allocate(3 * MiB, sys.a(), sys.f());
@@ -235,9 +243,9 @@ TEST(BestFitPool, KeepsAtMostMaxCachedFreeBytes) {
 // Threads allocate, fill, check and free blocks of many sizes, and free each other's blocks (handed
 // over through a shared list): no two live blocks overlap (their contents survive), and at the end
 // every byte is back.
-TEST(BestFitPool, ThreadsAllocateAndFreeEachOthersBlocks) {
+namespace {
+void threads_allocate_and_free_each_others_blocks(BestFitPool& pool) {
   System sys;
-  BestFitPool pool;
   std::mutex m;
   std::vector<std::pair<void*, size_t>> handed;
   std::atomic<bool> corrupt{false};
@@ -278,5 +286,148 @@ TEST(BestFitPool, ThreadsAllocateAndFreeEachOthersBlocks) {
   EXPECT_EQ(pool.used(), 0u);
   pool.release(sys.f());
   EXPECT_EQ(sys.live.load(), 0u);
+  EXPECT_EQ(pool.cached(), 0u);
+  EXPECT_EQ(pool.range_committed(), 0u);
+}
+}  // namespace
+
+TEST(BestFitPool, ThreadsAllocateAndFreeEachOthersBlocks) {
+  BestFitPool pool;
+  threads_allocate_and_free_each_others_blocks(pool);
+}
+
+TEST(BestFitPool, ThreadsAllocateAndFreeEachOthersBlocksInRanges) {
+  BestFitPool pool(size_t(1) << 30, size_t(1) << 30);
+  threads_allocate_and_free_each_others_blocks(pool);
+}
+
+// Large blocks (over 256 KiB, rounded to 4 KiB pages) of a pool with a range: the range grows at its end
+// in 2 MiB steps (a free last block grows with it), freed blocks merge into any larger request, nothing
+// comes from the system callbacks, and release() gives the free end back.
+TEST(BestFitPool, RangeGrowsAtItsEndAndMergesFreedBlocks) {
+  System sys;
+  BestFitPool pool(size_t(1) << 30, size_t(1) << 30);
+  void* x = pool.allocate(3 * MiB, sys.a(), sys.f());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(x) % (2 * MiB), 0u) << "the range starts on a huge page's boundary";
+  EXPECT_EQ(pool.range_committed(), 4 * MiB);
+  EXPECT_EQ(pool.cached(), MiB) << "the free 1 MiB after x";
+  void* y = pool.allocate(5 * MiB, sys.a(), sys.f());  // the free 1 MiB grown by 4 MiB
+  EXPECT_EQ(at(y), at(x) + 3 * MiB);
+  EXPECT_EQ(pool.range_committed(), 8 * MiB);
+  void* z = pool.allocate(300 * 1024, sys.a(), sys.f());  // large: in the range too
+  EXPECT_EQ(at(z), at(y) + 5 * MiB);
+  EXPECT_EQ(sys.allocs.load(), 0) << "large blocks come from the range, not the system callback";
+  std::memset(x, 1, 3 * MiB);
+  std::memset(y, 2, 5 * MiB);
+  pool.deallocate(x, 3 * MiB, sys.f());
+  pool.deallocate(y, 5 * MiB, sys.f());
+  EXPECT_EQ(pool.allocate(8 * MiB, sys.a(), sys.f()), x) << "x and y merged: 8 MiB without growing";
+  EXPECT_EQ(pool.range_committed(), 8 * MiB + 2 * MiB);
+  void* small = pool.allocate(1000, sys.a(), sys.f());  // small requests still share 2 MiB segments
+  EXPECT_EQ(sys.allocs.load(), 1);
+  pool.deallocate(x, 8 * MiB, sys.f());
+  pool.deallocate(z, 300 * 1024, sys.f());
+  pool.deallocate(small, 1000, sys.f());
+  EXPECT_EQ(pool.used(), 0u);
+  pool.release(sys.f());
+  EXPECT_EQ(pool.range_committed(), 0u) << "the wholly free range went back";
+  EXPECT_EQ(pool.cached(), 0u);
+  EXPECT_EQ(sys.live.load(), 0u);
+  void* again = pool.allocate(3 * MiB, sys.a(), sys.f());  // and grows again from its start
+  EXPECT_EQ(again, x);
+  std::memset(again, 3, 3 * MiB);
+  pool.deallocate(again, 3 * MiB, sys.f());
+}
+
+// A training loop's steps repeat the same requests: after the first step the range's pages are all
+// reused (it grows no more), and it stays near the peak of live bytes.
+TEST(BestFitPool, RangeKeepsItsPagesAcrossRepeatedSteps) {
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<size_t> size(300 * 1024, 6 * MiB);
+  std::vector<size_t> sizes(60);
+  for (size_t& s : sizes) s = size(gen);
+  System sys;
+  BestFitPool pool(size_t(1) << 30, size_t(1) << 30);
+  size_t committed_after_first = 0, peak_live = 0;
+  for (int step = 0; step < 5; ++step) {
+    // A "forward" keeps every third block (activations) and frees the rest; a "backward" frees the
+    // kept ones in reverse, allocating gradients of other sizes in between.
+    std::vector<std::pair<void*, size_t>> kept;
+    size_t live = 0;
+    for (size_t i = 0; i < 40; ++i) {
+      void* p = pool.allocate(sizes[i], sys.a(), sys.f());
+      live += sizes[i];
+      peak_live = std::max(peak_live, live);
+      if (i % 3 == 0) kept.emplace_back(p, sizes[i]);
+      else pool.deallocate(p, sizes[i], sys.f()), live -= sizes[i];
+    }
+    for (size_t i = 0; i < kept.size(); ++i) {
+      const size_t n = sizes[40 + i % 20];
+      void* g = pool.allocate(n, sys.a(), sys.f());
+      peak_live = std::max(peak_live, live + n);
+      auto [p, k] = kept[kept.size() - 1 - i];
+      pool.deallocate(p, k, sys.f());
+      live -= k;
+      pool.deallocate(g, n, sys.f());
+    }
+    if (step == 0) committed_after_first = pool.range_committed();
+    else EXPECT_EQ(pool.range_committed(), committed_after_first) << "step " << step << " grew the range";
+  }
+  EXPECT_EQ(sys.allocs.load(), 0);
+  EXPECT_LT(double(committed_after_first), 1.25 * double(peak_live) + double(2 * MiB));
+  pool.release(sys.f());
+  EXPECT_EQ(pool.range_committed(), 0u);
+}
+
+// Every thread's large blocks share one range: a block one thread freed serves another thread's request.
+TEST(BestFitPool, ThreadsShareOneRangeForLargeBlocks) {
+  System sys;
+  BestFitPool pool(size_t(1) << 30, size_t(1) << 30);
+  void* first = nullptr;
+  std::thread([&] {
+    first = pool.allocate(3 * MiB, sys.a(), sys.f());
+    pool.deallocate(first, 3 * MiB, sys.f());
+  }).join();
+  void* second = nullptr;
+  std::thread([&] { second = pool.allocate(2 * MiB, sys.a(), sys.f()); }).join();
+  EXPECT_EQ(second, first);
+  EXPECT_EQ(pool.range_committed(), 4 * MiB) << "one range, grown once";
+  pool.deallocate(second, 2 * MiB, sys.f());
+  pool.release(sys.f());
+  EXPECT_EQ(pool.range_committed(), 0u);
+}
+
+// The range grows only within set_limit (used + cached); beyond it the system callback is asked (and
+// refuses here), the range's free end is given back, and the request fails without changing anything.
+TEST(BestFitPool, RangeGrowsWithinTheLimit) {
+  System sys;
+  sys.limit = 0;  // the system gives nothing: only the range serves
+  BestFitPool pool(size_t(1) << 30, size_t(1) << 30);
+  pool.set_limit(6 * MiB);
+  void* a = pool.allocate(3 * MiB, sys.a(), sys.f());
+  void* b = pool.allocate(3 * MiB, sys.a(), sys.f());  // grows by 2 MiB: 6 MiB committed
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(pool.range_committed(), 6 * MiB);
+  EXPECT_EQ(pool.allocate(MiB, sys.a(), sys.f()), nullptr) << "2 MiB more would pass the limit";
+  EXPECT_EQ(pool.used(), 6 * MiB);
+  pool.deallocate(b, 3 * MiB, sys.f());
+  void* c = pool.allocate(2 * MiB, sys.a(), sys.f());
+  EXPECT_EQ(c, b) << "the freed block serves within the limit";
+  pool.deallocate(a, 3 * MiB, sys.f());
+  pool.deallocate(c, 2 * MiB, sys.f());
+  pool.release(sys.f());
+  EXPECT_EQ(pool.range_committed(), 0u);
+}
+
+TEST(BestFitPool, RangeKeepsAtMostMaxCachedFreeBytes) {
+  System sys;
+  BestFitPool pool(0, size_t(1) << 30);
+  void* a = pool.allocate(3 * MiB, sys.a(), sys.f());
+  void* b = pool.allocate(3 * MiB, sys.a(), sys.f());
+  pool.deallocate(b, 3 * MiB, sys.f());
+  EXPECT_EQ(pool.range_committed(), 3 * MiB) << "the free end after a went back, in whole pages";
+  pool.deallocate(a, 3 * MiB, sys.f());
+  EXPECT_EQ(pool.range_committed(), 0u);
   EXPECT_EQ(pool.cached(), 0u);
 }

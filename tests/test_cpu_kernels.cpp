@@ -564,7 +564,7 @@ TEST(CpuGemm, SplitOverThePoolMatchesFloat64) {
       }
 }
 
-// One row or one column of C runs as GEMV (matmul.cpp's gemv_split): a batch-1 Dense forward
+// One row or one column of C runs as GEMV (matmul_blas.cpp's gemv_split): a batch-1 Dense forward
 // (1, n) = (1, k) W^T, its transposes, a column (m, 1), a 1x1 dot; whole and cut over the pool
 // (600 x 500 elements), batched; alpha/beta as Dense (1, 1), a fresh product (1, 0) and general.
 TEST(CpuGemm, VectorProductsMatchFloat64) {
@@ -848,7 +848,7 @@ TEST(CpuConv, ForwardKeepsPreparedWeightsInTheCache) {
     std::vector<float> b = random_floats(64, -1, 1, 64);
     auto run = [&](std::vector<float>& w, backend::PreparedCache* cache) {
       backend::ConvGeometry gs = g;
-      gs.weight_cache = cache;
+      gs.weight_cache = cache, gs.inference = cache != nullptr;
       std::vector<float> y(size_t(batch * 64 * 81), -7.f);
       EXPECT_TRUE(cpu_backend::conv_forward(DType::f32, x.data(), w.data(), b.data(), y.data(), gs));
       return y;
@@ -930,7 +930,7 @@ TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
                                           << " isa " << cpu_backend::isa_name(level) << " variant " << variant);
         backend::ConvGeometry g = g0;
         TestCache cache;
-        g.weight_cache = &cache;
+        g.weight_cache = &cache, g.inference = true;
         std::vector<float> y(ny, -7.f);
         std::vector<double> want;
         switch (variant) {
@@ -974,7 +974,7 @@ TEST(CpuConv, ForwardChoiceIsTheRuleAndKeepsItsBits) {
   const std::vector<double> want = conv3x3_ref(g, x, w, nullptr, b.data(), true, nullptr, false);
   TestCache cache;
   backend::ConvGeometry inference = g;
-  inference.weight_cache = &cache;
+  inference.weight_cache = &cache, inference.inference = true;
   const cpu_backend::Kernel chosen = cpu_backend::conv_forward_kernel(inference, false);
   if (!FLUX_TEST_HAVE_ONEDNN) {
     EXPECT_EQ(chosen, cpu_backend::Kernel::winograd) << "the only candidate";

@@ -260,12 +260,12 @@ TEST(Denormals, WinogradReadsSubnormalsAsZero) {
     ASSERT_TRUE(cpu_backend::winograd_fits(g));
     cpu_backend::force_kernel(cpu_backend::Site::conv_forward, cpu_backend::Kernel::winograd);
     std::vector<float> x(16 * 36, kSub), w(16 * 16 * 9, 1.f), y(16 * 16, -1.f);
-    // Winograd runs at inference: with a weight cache (here one that keeps nothing).
+    // Winograd runs at inference (here with a weight cache that keeps nothing).
     struct NoCache final : backend::PreparedCache {
       std::shared_ptr<const backend::Prepared> find(const backend::PreparedKey&) override { return nullptr; }
       void insert(const backend::PreparedKey&, std::shared_ptr<const backend::Prepared>) override {}
     } cache;
-    g.weight_cache = &cache;
+    g.weight_cache = &cache, g.inference = true;
     ASSERT_TRUE(cpu_be().conv_forward(0, DType::f32, buf(x), buf(w), Buffer{}, buf(y), g));
     const double want = 9 * 16 * double(kSub);
     for (float v : y) {

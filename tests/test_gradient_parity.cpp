@@ -543,36 +543,9 @@ const std::map<std::string, std::string>& unreached_backwards() {
       {"src/autocast.cpp:152",
        "autocast's weight cast: bf16/f16 rounding is outside this table's per-dtype tolerances; "
        "tests/test_autocast.cpp checks gradients through autocast against finite differences"},
-      {"src/ops/elementwise.cpp:435",
-       "unary ops on Float16/BFloat16 tensors (the half dtypes are not swept here): tests/test_autocast.cpp's "
-       "finite-difference check runs tanh on bf16/f16 activations"},
-      {"src/ops/elementwise.cpp:271",
-       "sums and differences of tracked Float16/BFloat16 tensors (not swept here): tests/test_autocast.cpp's "
-       "BatchNormPoolingAndProductsMatchFiniteDifferences and CpuStepConvertsNoActivations run residual adds"},
-      {"src/ops/elementwise.cpp:284",
-       "binary ops on tracked Float16/BFloat16 tensors (not swept here): tests/test_autocast.cpp's "
-       "BatchNormPoolingAndProductsMatchFiniteDifferences runs products, quotients and sums of bf16/f16 activations"},
-      {"src/ops/elementwise.cpp:505",
-       "relu of a tracked Float16/BFloat16 tensor (not swept here): tests/test_autocast.cpp's "
-       "ReluOfLowActivationsBackwardIsTheMask checks its gradient bit for bit"},
       {"src/ops/matmul.cpp:100",
        "Dense in bf16 training, bias and relu in the GEMM's epilogue (bf16 kernels only, not swept here): "
-       "tests/test_autocast.cpp's DenseReluInTrainingMatchesFloat64AndFiniteDifferences"},
-      {"src/ops/normalisation.cpp:93",
-       "batchnorm of a Float16/BFloat16 input under autocast (not swept here): tests/test_autocast.cpp's "
-       "BatchNormPoolingAndProductsMatchFiniteDifferences"},
-      {"src/ops/normalisation.cpp:372",
-       "layernorm/groupnorm rows of a Float16/BFloat16 input under autocast (not swept here): "
-       "tests/test_autocast.cpp's LayerAndGroupNormMatchFiniteDifferences"},
-      {"src/ops/normalisation.cpp:424",
-       "groupnorm's affine on a Float16/BFloat16 input under autocast (not swept here): "
-       "tests/test_autocast.cpp's LayerAndGroupNormMatchFiniteDifferences"},
-      {"src/ops/pooling.cpp:70",
-       "pooling of Float16/BFloat16 CPU tensors read as they are (not swept here): tests/test_autocast.cpp's "
-       "finite-difference checks run max and mean pooling on bf16/f16 activations"},
-      {"src/ops/pooling.cpp:89",
-       "pooling of Float16/BFloat16 tensors on other devices (not swept here): tests/test_autocast.cpp's "
-       "finite-difference checks run max and mean pooling on bf16/f16 activations"}};
+       "tests/test_autocast.cpp's DenseReluInTrainingMatchesFloat64AndFiniteDifferences"}};
   return m;
 }
 

@@ -20,7 +20,7 @@
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/half_bits.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 #include "test_devices.hpp"
 
 using namespace flux;
@@ -258,11 +258,11 @@ TEST(HalfReductionsTrace, EventsKeepTheirInputsDtype) {
     EXPECT_EQ(outs[3].dtype(), DType::f32);
     int seen = 0;
     for (const trace::Event& e : rec.events)
-      if (e.op == "reduce" || e.op == "softmax" || e.op == "logsoftmax") {
+      if (e.op == &ops::reduce || e.op == &ops::softmax || e.op == &ops::logsoftmax) {
         ++seen;
         ASSERT_FALSE(e.inputs.empty());
-        EXPECT_EQ(e.inputs[0].dtype(), DType::f32) << e.op;
-        EXPECT_EQ(e.output.dtype(), DType::f32) << e.op;
+        EXPECT_EQ(e.inputs[0].dtype(), DType::f32) << e.op->name;
+        EXPECT_EQ(e.output.dtype(), DType::f32) << e.op->name;
       }
     EXPECT_EQ(seen, 4) << dtype_name(t);
   }

@@ -759,6 +759,7 @@ TEST_P(CpuBf16Conv, ForwardReluAndAffineMatchFloat64OrDecline) {
     cpu_backend::LocalPreparedCache cache;
     ConvGeometry gc = g;
     gc.weight_cache = kind == 3 ? &cache : nullptr;  // the affine form is the inference one: prepared weights
+    gc.inference = kind == 3;
     run_both_ways(
         kind == 0 ? "conv_forward" : kind == 1 ? "conv_forward_relu" : kind == 2 ? "conv_forward (no bias)" : "conv_forward_affine",
         [&] {

@@ -4,8 +4,11 @@
 // own process (ctest entries in tests/device.cmake and tests/opencl.cmake set the environment):
 //   OutOfMemoryEnv.OpenCLLimitedDevice  PoCL with POCL_MEMORY_LIMIT=1 (its global memory is 1 GB)
 //   OutOfMemoryEnv.CpuLimitedPool       the CPU pool under FLUX_CPU_MEMORY_LIMIT=64M
+//   OutOfMemoryEnv.CpuScratchOverLimit  a kernel call's scratch (call_scratch.hpp) under FLUX_CPU_MEMORY_LIMIT=64M
 //   OutOfMemoryEnv.CpuLimitMalformed    FLUX_CPU_MEMORY_LIMIT=lots: a clear error at the first allocation
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -13,6 +16,7 @@
 
 #include "flux/flux.hpp"
 #include "flux/out_of_memory.hpp"
+#include "src/backends/cpu/call_scratch.hpp"
 
 using namespace flux;
 
@@ -26,6 +30,33 @@ bool in_env(const char* which) {
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 constexpr size_t MiB = size_t(1) << 20;
+
+enum class Which : int { a = 0, b = 1 };
+using Scratch = cpu_backend::CallScratch<Which, 2>;
+
+// A kernel call's scratch comes from the CPU pool: counted as used while the call holds it, back in
+// the pool's cache when it ends, 64-byte aligned, and asking again for a block replaces it.
+TEST(OutOfMemory, CallScratchComesFromTheCpuPool) {
+  Device cpu;
+  const size_t before = cpu.memory().used;
+  {
+    Scratch s;
+    char* a = static_cast<char*>(s.get(Which::a, 3 * MiB));
+    char* b = static_cast<char*>(s.get(Which::b, 100));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % 64, 0u);
+    std::memset(a, 1, 3 * MiB);
+    std::memset(b, 2, 100);
+    EXPECT_EQ(a[3 * MiB - 1], 1);
+    EXPECT_EQ(b[0], 2) << "the blocks do not overlap";
+    EXPECT_GE(cpu.memory().used, before + 3 * MiB + 100);
+    s.get(Which::a, 5 * MiB);
+    EXPECT_GE(cpu.memory().used, before + 5 * MiB + 100);
+    EXPECT_LT(cpu.memory().used, before + 8 * MiB) << "the first block a went back";
+  }
+  EXPECT_EQ(cpu.memory().used, before) << "every block went back when the call's scratch ended";
+  EXPECT_GE(cpu.memory().reserved, 5 * MiB) << "and stays in the pool's cache for the next call";
+}
 
 TEST(OutOfMemory, IsAnErrorThatNamesTheDeviceSizeAndFigures) {
   OutOfMemory e("OpenCL:1 (pthread-cpu)", 3 * MiB / 2, 100 * MiB, 0, 1024 * MiB, "clCreateBuffer failed");
@@ -103,6 +134,35 @@ TEST(OutOfMemoryEnv, CpuLimitedPool) {
   Device cpu;
   ASSERT_EQ(cpu.memory().total, size_t(64) << 20) << "the limit is the CPU's total";
   check_limited_device(cpu, size_t(64) << 20);
+}
+
+TEST(OutOfMemoryEnv, CpuScratchOverLimit) {
+  if (!in_env("cpu_scratch")) GTEST_SKIP() << "runs under FLUX_CPU_MEMORY_LIMIT=64M (ctest device_env.cpu_scratch_memory_limit)";
+  Device cpu;
+  std::vector<Tensor> held{Tensor::empty({int64_t(40 * MiB / 4)}, DType::f32, cpu)};
+  Scratch s;
+  try {
+    s.get(Which::a, 30 * MiB);
+    ADD_FAILURE() << "30 MiB of scratch beside a 40 MiB tensor under a 64 MiB limit";
+  } catch (const OutOfMemory& e) {
+    EXPECT_EQ(e.requested(), 30 * MiB);
+    EXPECT_GE(e.used(), 40 * MiB);
+    EXPECT_TRUE(contains(e.what(), "FLUX_CPU_MEMORY_LIMIT=64M would be exceeded")) << e.what();
+  }
+  held.clear();  // the tensor gone, the same scratch fits and is usable
+  char* p = static_cast<char*>(s.get(Which::a, 30 * MiB));
+  std::memset(p, 3, 30 * MiB);
+  EXPECT_EQ(p[30 * MiB - 1], 3);
+  EXPECT_GE(cpu.memory().used, 30 * MiB);
+  // A convolution large enough to need oneDNN's scratch still runs beside it, and right: 3x3 ones over
+  // ones, padding 1, gives 9 C inside and fewer at the border.
+  Tensor x = ones({2, 16, 32, 32}), w = ones({16, 16, 3, 3});
+  ConvParams params;
+  params.pad = 1;
+  const std::vector<float> y = conv(x, w, Tensor(), params).to_vector<float>();
+  ASSERT_EQ(y.size(), size_t(2 * 16 * 32 * 32));
+  EXPECT_FLOAT_EQ(y[5 * 32 + 5], 9.0f * 16) << "inside";
+  EXPECT_FLOAT_EQ(y[(1 * 16 + 15) * 32 * 32], 4.0f * 16) << "a corner";
 }
 
 TEST(OutOfMemoryEnv, CpuLimitMalformed) {

@@ -253,7 +253,7 @@ TEST_P(RecurrentDevices, ForwardMatchesFloat64Reference) {
   Device d = GetParam();
   const int64_t T = 5, in = 4, H = 6, L = 2;
   // Batch 12: the CPU's per-step h W_hh^T runs on Backend::linear_forward (8 rows and up), W_hh
-  // packed once per sequence or read as it is (matmul.cpp); batch 3 on the plain GEMM.
+  // packed once per sequence or read as it is (matmul_own.cpp, matmul_onednn.cpp); batch 3 on the plain GEMM.
   for (int64_t N : {3, 12}) {
     for (Kind kind : {Kind::lstm, Kind::gru, Kind::rnn_tanh, Kind::rnn_relu}) {
       SCOPED_TRACE(::testing::Message() << "batch " << N);

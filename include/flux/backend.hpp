@@ -112,8 +112,11 @@ struct ConvGeometry {
   int64_t batch = 0, in_channels = 0, out_channels = 0, groups = 1;
   int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, kernel[3] = {1, 1, 1};
   int64_t stride[3] = {1, 1, 1}, pad_lo[3] = {0, 0, 0}, pad_hi[3] = {0, 0, 0}, dilation[3] = {1, 1, 1};
-  /// Forward convs at inference: the weights' prepared-data cache (null: none; see PreparedCache).
+  /// Forward convs: the weights' prepared-data cache (null: none; see PreparedCache).
   PreparedCache* weight_cache = nullptr;
+  /// A forward at inference (nothing recorded; the weights do not change between calls): the backend
+  /// may choose kernels that repay their weight preparation only over several calls.
+  bool inference = false;
 };
 
 /// Pooling kinds. mean divides by the full window size, padding included (NNlib's meanpool and
@@ -134,7 +137,8 @@ struct LowPrecisionSupport {
 /// in hardware is opt-in per kernel: matmul_low_precision, and the library fast paths below
 /// (linear_forward, conv_forward*, conv_backward_*) may be called with t = f16/bf16 (every array of
 /// that dtype, float32 accumulation inside) and return false where they have no such kernel; the core
-/// then computes through float32 and rounds the result to t.
+/// then computes through float32 and rounds the result to t. A backend whose reads_half_storage says
+/// so is also handed f16/bf16 storage by the kernels that name it below.
 /// All calls are asynchronous with respect to the host except copy_to_host and synchronize.
 class Backend {
  public:
@@ -156,6 +160,15 @@ class Backend {
   /// Device-to-device between two devices of this backend; false = not possible, core stages via host.
   virtual bool copy_peer(int dst_device, Buffer dst, int src_device, Buffer src, size_t bytes) = 0;
   virtual void synchronize(int device) = 0;
+  /// Whether this device's reduce and softmax (Float32 output), pool_forward/pool_backward, the
+  /// batch/row normalisation and channel_affine kernels and unary_half/binary_half take f16/bf16
+  /// storage (Float32 arithmetic, bitwise the Float32 kernel on the input cast up; those returning bool
+  /// may still decline a case): the core hands such a backend half tensors as they are, and the others
+  /// Float32 copies, without calling their half kernels.
+  virtual bool reads_half_storage(int device) {
+    (void)device;
+    return false;
+  }
 
   virtual void fill(int device, DType t, Buffer dst, int64_t n, double value) = 0;
   virtual void cast(int device, DType from, Buffer src, DType to, Buffer dst, int64_t n) = 0;
@@ -201,8 +214,8 @@ class Backend {
   virtual void im2col(int device, DType t, Buffer x, Buffer col, const ConvGeometry& g) = 0;
   /// The adjoint of im2col: dx (pre-filled by the caller) += the columns summed back into place.
   virtual void col2im(int device, DType t, Buffer col, Buffer dx, const ConvGeometry& g) = 0;
-  /// y (batch, C, out...) from x (batch, C, in...) over each window. f32/f64 (the CPU backend also
-  /// bf16/f16 storage, which the core asks of it alone, as reduce and softmax).
+  /// y (batch, C, out...) from x (batch, C, in...) over each window. f32/f64 (and f16/bf16 where
+  /// reads_half_storage).
   virtual void pool_forward(int device, PoolOp op, DType t, Buffer x, Buffer y, const ConvGeometry& g) = 0;
   /// dx (pre-filled by the caller) += the pooling adjoint of dy; max sends each window's gradient to
   /// the first position (in window order) that holds the maximum y.

@@ -6,6 +6,7 @@
 //   std::cout << report;                                         // later runs read the table
 // The table (kernel_table_path()) is keyed by CPU model, ISA and flux version; a run on another
 // machine ignores it with one warning. Same table and same program: the same bits in every run.
+// (The CPU backend implements this header: src/backends/cpu/tune.cpp.)
 #pragma once
 #include <functional>
 #include <iosfwd>

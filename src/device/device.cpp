@@ -20,11 +20,10 @@
 
 #include "flux/error.hpp"
 #include "flux/version.hpp"
-#include "src/backends/cpu/cpu_backend.hpp"
-#include "src/backends/cpu/tuned_table.hpp"
 #include "src/device/parse_device.hpp"
 #include "src/device/preferences.hpp"
 #include "src/environment.hpp"
+#include "src/internal.hpp"
 
 namespace flux {
 
@@ -117,7 +116,7 @@ Entry& load(const std::string& name) {
   if (e.attempted) return e;
   e.attempted = true;
   if (name == "CPU") {
-    e.backend = &cpu_backend::instance();
+    e.backend = &detail::builtin_cpu_backend();
     return e;
   }
   const char* file = plugin_file(name);
@@ -293,7 +292,7 @@ backend::Backend& backend_for(const std::string& name) {
 backend::Backend& backend_for(const Device& d) {
   if (d.backend() == "CPU") {
     if (d.index() != 0) fail("[device] CPU has one device (index 0); got ", d.backend(), ":", d.index());
-    return cpu_backend::instance();
+    return detail::builtin_cpu_backend();
   }
   backend::Backend& b = backend_for(d.backend());
   if (d.index() < 0 || d.index() >= b.device_count())
@@ -490,13 +489,6 @@ void versioninfo(std::ostream& os) {
   os << "\nPreferred GPU backend: " << (pref.empty() ? "none set" : pref) << " [" << preferences_path().string()
      << "]\nget_device() chooses: " << to_string(chosen)
      << (chosen.is_cpu() ? " (no functional GPU backend; `gpu` is a no-op)" : "") << "\n";
-  const std::string table = cpu_backend::tuned_table_path();
-  std::string why;
-  const std::optional<cpu_backend::TunedEntries> tuned = cpu_backend::read_tuned_table(table, why);
-  os << "CPU kernel table: "
-     << (tuned ? std::to_string(tuned->size()) + " tuned shape(s)"
-               : why.empty() ? "none (the built-in rules choose)" : "ignored (" + why + ")")
-     << " [" << table << "]\n";
 }
 void versioninfo() { versioninfo(std::cout); }
 

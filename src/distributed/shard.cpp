@@ -43,12 +43,10 @@ float bf16_to_float(uint16_t b) {
 }  // namespace
 
 std::shared_ptr<const ShardPlan> make_plan(const Communicator& comm, const std::vector<std::string>& names,
-                                           const std::vector<Tensor>& params, const ShardOptions& options) {
-  if (options.stage == 3)
-    flux::detail::fail("[", kApi, "] stage 3 (parameters sharded between layers, FSDP) is not implemented; "
-                       "use .stage = 1 (optimiser state) or 2 (optimiser state and gradients)");
-  if (options.stage != 1 && options.stage != 2)
-    flux::detail::fail("[", kApi, "] .stage must be 1 or 2, got ", options.stage);
+                                           const std::vector<Tensor>& params, const ShardOptions& options,
+                                           std::vector<std::vector<size_t>> units) {
+  if (options.stage < 1 || options.stage > 3)
+    flux::detail::fail("[", kApi, "] .stage must be 1, 2 or 3, got ", options.stage);
   if (options.bucket_bytes <= 0) flux::detail::fail("[", kApi, "] bucket_bytes must be positive, got ", options.bucket_bytes);
   if (options.wire && *options.wire != DType::bf16)
     flux::detail::fail("[", kApi, "] .wire must be BFloat16 (or none), got ", dtype_name(*options.wire));
@@ -68,6 +66,17 @@ std::shared_ptr<const ShardPlan> make_plan(const Communicator& comm, const std::
   plan->names = names;
   plan->rank = comm.rank();
   plan->ranks = comm.size();
+  if (options.stage == 3) {  // every array in exactly one layer (shard() builds them so)
+    std::vector<int> seen(params.size(), 0);
+    for (const auto& u : units)
+      for (size_t i : u) {
+        if (i >= params.size() || seen[i]++)
+          flux::detail::fail("[", kApi, "] stage 3: array index ", i, " is out of range or in two layers");
+      }
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!seen[i]) flux::detail::fail("[", kApi, "] stage 3: array ", names[i], " belongs to no layer");
+    plan->units = std::move(units);
+  }
   for (const Tensor& p : params) {
     plan->shapes.push_back(p.shape());
     plan->dtypes.push_back(p.dtype());

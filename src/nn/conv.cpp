@@ -2,10 +2,6 @@
 // the conv / conv_transpose ops (src/ops/conv.cpp).
 #include "flux/nn/conv.hpp"
 
-#include <array>
-#include <cstring>
-#include <map>
-#include <mutex>
 #include <utility>
 
 #include "flux/autodiff.hpp"
@@ -15,7 +11,6 @@
 #include "src/nn/match_eltype.hpp"
 #include "src/nn/window_options.hpp"
 #include "src/internal.hpp"
-#include "src/storage_cache.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/trace.hpp"
 
@@ -153,42 +148,6 @@ Tensor Conv::operator()(const Tensor& x0) const {
   return activation(conv(x, weight, bias, p));
 }
 
-namespace {
-/// The BatchNorm folded for the fused conv: scale = weight / sqrt(running_var + eps), shift = bias -
-/// running_mean scale + conv bias scale (the batchnorm op's folding, src/ops/normalisation.cpp).
-/// Kept in running_var's derived-data cache (src/storage_cache.hpp) under the content versions of the
-/// other four tensors and eps: the six small ops ran on every call, 20 times per ResNet-18 inference.
-/// Any write to one of the five (library or Tensor::buffer()) makes a new folding.
-struct Folded final : backend::Prepared {
-  Tensor scale, shift;
-};
-std::pair<Tensor, Tensor> folded_batchnorm(const Conv& conv, const BatchNorm& bn) {
-  const Tensor& var = static_cast<const Tensor&>(bn.running_var);
-  const Tensor* parts[] = {&var, &bn.weight, &static_cast<const Tensor&>(bn.running_mean), &bn.bias, &conv.bias};
-  backend::PreparedKey key{};
-  key[0] = int64_t(detail::CoreEntry::folded_batchnorm);
-  for (size_t i = 0; i < 5; ++i) {
-    key[1 + 2 * i] = int64_t(detail::content_version(*parts[i]));
-    key[2 + 2 * i] = parts[i]->defined() ? int64_t(parts[i]->impl()->offset) : -1;
-  }
-  std::memcpy(&key[11], &bn.eps, sizeof(double));
-  detail::StorageCache& cache = detail::storage_cache(var);
-  if (auto kept = cache.find(key)) {
-    const auto& f = static_cast<const Folded&>(*kept);
-    return {f.scale, f.shift};
-  }
-  Tensor scale = 1.0 / sqrt(bn.running_var + bn.eps);
-  if (bn.weight.defined()) scale = scale * bn.weight;
-  Tensor shift = -(bn.running_mean * scale);
-  if (bn.bias.defined()) shift = shift + bn.bias;
-  if (conv.bias.defined()) shift = shift + conv.bias * scale;
-  auto f = std::make_shared<Folded>();
-  f->scale = scale, f->shift = shift;
-  cache.insert(key, f);
-  return {scale, shift};
-}
-}  // namespace
-
 Tensor detail::conv_batchnorm(const Conv& conv, const BatchNorm& bn, const Tensor& x, const Tensor& residual,
                               bool relu_after) {
   // Only where the result equals the layers' own: see include/flux/nn/conv_fusion.hpp.
@@ -207,7 +166,9 @@ Tensor detail::conv_batchnorm(const Conv& conv, const BatchNorm& bn, const Tenso
     if (v->defined() && (v->dtype() != t || v->device() != x.device())) return Tensor();
   // Folding runs several small kernels: not for a backend without the fused kernel (OpenCL, CUDA).
   if (!x.backend().has_conv_forward_affine()) return Tensor();
-  auto [scale, shift] = folded_batchnorm(conv, bn);
+  // Kept with running_var until one of the parts is written (fold_batchnorm).
+  auto [scale, shift] = fold_batchnorm(bn.weight, bn.bias, static_cast<const Tensor&>(bn.running_mean),
+                                       static_cast<const Tensor&>(bn.running_var), bn.eps, conv.bias, conv.weight);
   ConvParams p;
   p.stride = Dims(conv.stride);
   p.pad = Padding(conv.pad);

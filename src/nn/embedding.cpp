@@ -7,7 +7,7 @@
 #include "flux/nn/show.hpp"
 #include "flux/ops.hpp"
 #include "src/ops/ops_internal.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -41,7 +41,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   if (out.numel())
     weight.backend().gather(weight.device().index(), weight.dtype(), flux::detail::buffer_of(weight), flux::detail::buffer_of(idx), flux::detail::buffer_of(out), 1, vocab,
                             dim, nidx);
-  if (trace::active()) trace::emit("embedding", {weight, indices}, out);
+  if (trace::active()) trace::emit(ops::embedding, {weight, indices}, out);
   if (is_floating(weight.dtype())) {
     Shape table = weight.shape();
     autodiff::record(out, {&weight}, [idx, table, vocab, dim, nidx](const Tensor& g) {

@@ -5,8 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -18,6 +16,7 @@
 #include "flux/ops.hpp"
 #include "src/internal.hpp"
 #include "src/onnx/onnx_common.hpp"
+#include "src/ops/registry.hpp"
 #include "src/trace.hpp"
 
 #if FLUX_HAVE_ONNX
@@ -30,12 +29,6 @@ namespace detail {
 namespace {
 
 using flux::detail::fail;
-using Attrs = std::vector<trace::Attr>;
-
-struct Recorder : trace::Recorder {
-  std::vector<trace::Event> events;
-  void record(trace::Event e) override { events.push_back(std::move(e)); }
-};
 
 struct Trace {
   std::vector<Tensor> inputs, outputs;
@@ -45,7 +38,7 @@ struct Trace {
 Trace run(const Forward& forward, const std::vector<Tensor>& inputs) {
   Trace t;
   t.inputs = inputs;
-  Recorder r;
+  trace::Events r;
   {
     autodiff::NoGrad inference;  // no tape: layers in automatic mode use their inference behaviour
     trace::Scope scope(&r);
@@ -114,24 +107,6 @@ std::vector<size_t> live_events(const Resolved& r) {
   return out;
 }
 
-const trace::Attr* find_attr(const trace::Event& e, const char* name) {
-  for (const trace::Attr& a : e.attrs)
-    if (std::strcmp(a.name, name) == 0) return &a;
-  return nullptr;
-}
-std::vector<int64_t> ints(const trace::Event& e, const char* name) {
-  const trace::Attr* a = find_attr(e, name);
-  return a ? a->ints : std::vector<int64_t>{};
-}
-int64_t int1(const trace::Event& e, const char* name, int64_t dflt = 0) {
-  const trace::Attr* a = find_attr(e, name);
-  return a && !a->ints.empty() ? a->ints[0] : dflt;
-}
-double float1(const trace::Event& e, const char* name, double dflt = 0) {
-  const trace::Attr* a = find_attr(e, name);
-  return a && !a->floats.empty() ? a->floats[0] : dflt;
-}
-
 /// A dimension as the exporter writes it: c + mul * dyn[a] (* dyn[b]), dyn = the inputs' dynamic axes.
 struct DimExpr {
   int64_t constant = 0;  // the value when a < 0
@@ -145,11 +120,9 @@ struct DynAxis {
   std::string name;
 };
 
-std::string shape_text(const Shape& s) { return to_string(s); }
-
 void check_single_assignment(const ::onnx::GraphProto& g);
 
-class Exporter {
+class Exporter final : public ops::OnnxGraph {
  public:
   Exporter(const std::vector<std::pair<std::string, Tensor>>& state, const SaveOptions& o) : opts_(o) {
     for (const auto& [name, t] : state)
@@ -162,40 +135,31 @@ class Exporter {
   ::onnx::ModelProto build(const Forward& forward, const std::vector<Tensor>& inputs);
 
  private:
-  // ---- graph building ----
-  std::string fresh(const std::string& stem) { return stem + "_" + std::to_string(counter_++); }
-  ::onnx::NodeProto* node(const std::string& op, const std::vector<std::string>& in, const std::vector<std::string>& out) {
+  // ---- graph building (ops::OnnxGraph, for the ops' writers in src/ops/registry.cpp) ----
+  int64_t opset() const override { return opts_.opset; }
+  std::string fresh(const std::string& stem) override { return stem + "_" + std::to_string(counter_++); }
+  std::string node(const char* type, const std::vector<std::string>& in, const std::vector<Attr>& attrs = {},
+                   const std::vector<std::string>& outs = {}) override {
     ::onnx::NodeProto* n = graph_->add_node();
-    n->set_op_type(op);
-    n->set_name(op + "_" + std::to_string(graph_->node_size() - 1));
-    for (const auto& s : in) n->add_input(s);
-    for (const auto& s : out) n->add_output(s);
-    return n;
+    n->set_op_type(type);
+    n->set_name(std::string(type) + "_" + std::to_string(graph_->node_size() - 1));
+    for (const auto& x : in) n->add_input(x);
+    for (const auto& x : outs.empty() ? std::vector<std::string>{fresh(type)} : outs) n->add_output(x);
+    using A = ::onnx::AttributeProto;
+    for (const Attr& at : attrs) {
+      auto* a = n->add_attribute();
+      a->set_name(at.name);
+      if (auto* i = std::get_if<int64_t>(&at.value)) a->set_type(A::INT), a->set_i(*i);
+      else if (auto* f = std::get_if<double>(&at.value)) a->set_type(A::FLOAT), a->set_f(float(*f));
+      else if (auto* w = std::get_if<std::string>(&at.value)) a->set_type(A::STRING), a->set_s(*w);
+      else if (auto* t = std::get_if<DType>(&at.value)) a->set_type(A::INT), a->set_i(onnx_dtype(*t));
+      else if (auto* x = std::get_if<Tensor>(&at.value)) a->set_type(A::TENSOR), tensor_proto(*x, "", a->mutable_t());
+      else if (auto* v = std::get_if<std::vector<int64_t>>(&at.value)) a->set_type(A::INTS), a->mutable_ints()->Add(v->begin(), v->end());
+      else if (auto* w = std::get_if<std::vector<std::string>>(&at.value)) a->set_type(A::STRINGS), a->mutable_strings()->Add(w->begin(), w->end());
+    }
+    return n->output(0);
   }
-  std::string node1(const std::string& op, const std::vector<std::string>& in, const std::string& out = "") {
-    std::string o = out.empty() ? fresh(op) : out;
-    node(op, in, {o});
-    return o;
-  }
-  static void attr_i(::onnx::NodeProto* n, const char* name, int64_t v) {
-    auto* a = n->add_attribute();
-    a->set_name(name);
-    a->set_type(::onnx::AttributeProto::INT);
-    a->set_i(v);
-  }
-  static void attr_f(::onnx::NodeProto* n, const char* name, double v) {
-    auto* a = n->add_attribute();
-    a->set_name(name);
-    a->set_type(::onnx::AttributeProto::FLOAT);
-    a->set_f(float(v));
-  }
-  static void attr_ints(::onnx::NodeProto* n, const char* name, const std::vector<int64_t>& v) {
-    auto* a = n->add_attribute();
-    a->set_name(name);
-    a->set_type(::onnx::AttributeProto::INTS);
-    for (int64_t x : v) a->add_ints(x);
-  }
-  std::string const_i64(const std::vector<int64_t>& v) {
+  std::string ints(const std::vector<int64_t>& v) override {
     std::string name = fresh("const_i64");
     auto* t = graph_->add_initializer();
     t->set_name(name);
@@ -204,43 +168,24 @@ class Exporter {
     for (int64_t x : v) t->add_int64_data(x);
     return name;
   }
-  std::string const_i64_scalar(int64_t v) {
-    std::string name = fresh("const_i64");
-    auto* t = graph_->add_initializer();
-    t->set_name(name);
-    t->set_data_type(::onnx::TensorProto::INT64);
-    t->add_int64_data(v);
-    return name;
-  }
-  /// A scalar of dtype t (the dtype of the tensor it meets).
-  std::string const_scalar(double v, DType t) { return const_tensor(Tensor::scalar(v, t)); }
   /// A Constant node, not an initialiser: importers (onnx::load too) make initialisers trainable
   /// parameters, and what the forward computed (an attention scale, GELU's constants) is not one.
-  std::string const_tensor(const Tensor& x) {
-    auto* n = node("Constant", {}, {fresh("const")});
-    auto* a = n->add_attribute();
-    a->set_name("value");
-    a->set_type(::onnx::AttributeProto::TENSOR);
-    tensor_proto(x, "", a->mutable_t());
-    return n->output(0);
-  }
+  std::string constant(const Tensor& x) override { return node("Constant", {}, {{"value", x}}, {fresh("const")}); }
+  std::string shape(const char* api, const Shape& s1, const Shape& s2, bool minus_one, const Shape* in1 = nullptr,
+                    const Shape* in2 = nullptr) override;
+
+  std::string const_i64_scalar(int64_t v) { return constant(Tensor::scalar(double(v), DType::i64)); }
+  /// A scalar of dtype t (the dtype of the tensor it meets).
+  std::string const_scalar(double v, DType t) { return constant(Tensor::scalar(v, t)); }
 
   // ---- dynamic dimensions ----
   std::optional<DimExpr> solve(int64_t v1, int64_t v2) const;
   std::string dim_value(const DimExpr& d);
-  /// A 1-D INT64 shape tensor for a tensor of shapes s1 (trace 1) and s2 (trace 2). `minus_one`: one
-  /// varying dimension may be written -1 (Reshape). `keep_one`: dims equal to `input`'s aligned dim
-  /// in both traces are written 1 (Expand broadcasts them).
-  std::string shape_value(const char* api, const Shape& s1, const Shape& s2, bool minus_one, const Shape* in1 = nullptr,
-                          const Shape* in2 = nullptr);
 
   // ---- conversion ----
   std::string value_of(const Ref& r, const Ref& r2, const Tensor& t1, const Tensor& t2, size_t user_event);
   std::optional<std::string> shaped_constant(const Tensor& t1, const Tensor& t2);
   std::string scalar_dim(int64_t v1, int64_t v2);
-  void convert(size_t k, const trace::Event& e, const trace::Event& e2, const std::vector<std::string>& in,
-               const std::string& out);
-  void recurrent(const trace::Event& e, const std::vector<std::string>& in, const std::string& out);
   std::string near_param(size_t k) const;
   void check_user_names(size_t n_inputs) const;
 
@@ -278,59 +223,56 @@ std::optional<DimExpr> Exporter::solve(int64_t v1, int64_t v2) const {
 }
 
 std::string Exporter::dim_value(const DimExpr& d) {
-  if (d.a < 0) return const_i64({d.constant});
+  if (d.a < 0) return ints({d.constant});
   auto key = std::make_tuple(d.a, d.b, d.mul, d.add, int64_t(0));
   auto it = dim_cache_.find(key);
   if (it != dim_cache_.end()) return it->second;
   auto axis_value = [&](int a) {
     const DynAxis& x = dyn_[size_t(a)];
     std::string& shape = shape_of_input_[x.input];
-    if (shape.empty()) shape = node1("Shape", {input_names_[size_t(x.input)]});
-    return node1("Gather", {shape, const_i64({x.axis})});
+    if (shape.empty()) shape = node("Shape", {input_names_[size_t(x.input)]});
+    return node("Gather", {shape, ints({x.axis})});
   };
   std::string v = axis_value(d.a);
-  if (d.b >= 0) v = node1("Mul", {v, axis_value(d.b)});
-  if (d.mul != 1) v = node1("Mul", {v, const_i64({d.mul})});
-  if (d.add != 0) v = node1("Add", {v, const_i64({d.add})});
+  if (d.b >= 0) v = node("Mul", {v, axis_value(d.b)});
+  if (d.mul != 1) v = node("Mul", {v, ints({d.mul})});
+  if (d.add != 0) v = node("Add", {v, ints({d.add})});
   dim_cache_[key] = v;
   return v;
 }
 
-std::string Exporter::shape_value(const char* api, const Shape& s1, const Shape& s2, bool minus_one, const Shape* in1,
-                                  const Shape* in2) {
+std::string Exporter::shape(const char* api, const Shape& s1, const Shape& s2, bool minus_one, const Shape* in1, const Shape* in2) {
   if (s1.size() != s2.size())
-    fail("[onnx::save] the ", api, " to ", shape_text(s1), " has rank ", s1.size(), " at the second traced size (",
-         shape_text(s2), "): the forward's ranks must not depend on the input sizes");
+    fail("[onnx::save] the ", api, " to ", to_string(s1), " has rank ", s1.size(), " at the second traced size (",
+         to_string(s2), "): the forward's ranks must not depend on the input sizes");
   std::vector<int64_t> fixed;
   int varying = 0;
   for (int i = 0; i < s1.size(); ++i) varying += s1[i] != s2[i];
-  if (varying == 0) return const_i64(s1.vec());
+  if (varying == 0) return ints(s1.vec());
   if (minus_one && varying == 1) {
     for (int i = 0; i < s1.size(); ++i) fixed.push_back(s1[i] != s2[i] ? -1 : s1[i]);
-    return const_i64(fixed);
+    return ints(fixed);
   }
   std::vector<std::string> parts;
   for (int i = 0; i < s1.size(); ++i) {
     if (s1[i] == s2[i]) {
-      parts.push_back(const_i64({s1[i]}));
+      parts.push_back(ints({s1[i]}));
       continue;
     }
     if (in1 && in2) {
       int j = i - (s1.size() - in1->size());
       if (j >= 0 && (*in1)[j] == s1[i] && (*in2)[j] == s2[i]) {
-        parts.push_back(const_i64({1}));
+        parts.push_back(ints({1}));
         continue;
       }
     }
     std::optional<DimExpr> d = solve(s1[i], s2[i]);
     if (!d)
-      fail("[onnx::save] the ", api, " to ", shape_text(s1), " has dimension ", i, " of ", s1[i], " and ", s2[i],
+      fail("[onnx::save] the ", api, " to ", to_string(s1), " has dimension ", i, " of ", s1[i], " and ", s2[i],
            " at the two traced input sizes, which is no simple function of the inputs' dynamic axes");
     parts.push_back(dim_value(*d));
   }
-  auto* n = node("Concat", parts, {fresh("shape")});
-  attr_i(n, "axis", 0);
-  return n->output(0);
+  return node("Concat", parts, {{"axis", int64_t(0)}}, {fresh("shape")});
 }
 
 std::string Exporter::near_param(size_t k) const {
@@ -383,13 +325,13 @@ std::string Exporter::value_of(const Ref& r, const Ref& r2, const Tensor& t1, co
   const trace::Event& e = t1_->events[user];
   std::string name;
   if (r2.kind != Ref::constant)
-    fail("[onnx::save] the op '", e.op, "' read a tensor made outside the traced ops at one traced size but not at the other");
+    fail("[onnx::save] the op '", e.op->name, "' read a tensor made outside the traced ops at one traced size but not at the other");
   if (t1.shape() == t2.shape()) {
     if (host_bytes(t1) != host_bytes(t2))
-      fail("[onnx::save] the op '", e.op, "' (", near_param(user), ") reads a tensor ", summary(t1),
+      fail("[onnx::save] the op '", e.op->name, "' (", near_param(user), ") reads a tensor ", summary(t1),
            " that was computed from the input outside flux's ops (e.g. through Tensor::buffer() or a host copy); "
            "the exported graph cannot compute it. Build it from flux ops");
-    name = const_tensor(t1);
+    name = constant(t1);
   } else {
     // A tensor whose shape follows the inputs (a zero initial state): fine when every element is one value.
     std::vector<double> a = to(t1, Device()).cast(DType::f64).to_vector<double>();
@@ -402,18 +344,13 @@ std::string Exporter::value_of(const Ref& r, const Ref& r2, const Tensor& t1, co
         constant_names_[r.index] = *made;
         return *made;
       }
-      fail("[onnx::save] the op '", e.op, "' (", near_param(user), ") reads a tensor of shape ", shape_text(t1.shape()),
-           " (", shape_text(t2.shape()), " at the second traced size) made outside flux's ops from the input's size "
+      fail("[onnx::save] the op '", e.op->name, "' (", near_param(user), ") reads a tensor of shape ", to_string(t1.shape()),
+           " (", to_string(t2.shape()), " at the second traced size) made outside flux's ops from the input's size "
            "with varying values; only constant-filled tensors (zeros, full), positions (arange) and triangular "
            "masks (causal_mask) may follow the input's size");
     }
-    std::string shape = shape_value("constant", t1.shape(), t2.shape(), false);
-    auto* n = node("ConstantOfShape", {shape}, {fresh("filled")});
-    auto* at = n->add_attribute();
-    at->set_name("value");
-    at->set_type(::onnx::AttributeProto::TENSOR);
-    tensor_proto(full(Shape{1}, a[0], t1.dtype()), "", at->mutable_t());
-    name = n->output(0);
+    name = node("ConstantOfShape", {shape("constant", t1.shape(), t2.shape(), false)}, {{"value", full(Shape{1}, a[0], t1.dtype())}},
+                {fresh("filled")});
   }
   constant_names_[r.index] = name;
   return name;
@@ -422,7 +359,7 @@ std::string Exporter::value_of(const Ref& r, const Ref& r2, const Tensor& t1, co
 std::string Exporter::scalar_dim(int64_t v1, int64_t v2) {
   auto d = solve(v1, v2);
   if (!d) fail("[onnx::save] a length ", v1, " (", v2, " at the second traced size) is no simple function of the inputs' dynamic axes");
-  return node1("Squeeze", {dim_value(*d)});
+  return node("Squeeze", {dim_value(*d)});
 }
 
 /// Tensors made outside flux's ops whose shape and values follow the input's size, in the two forms
@@ -440,12 +377,10 @@ std::optional<std::string> Exporter::shaped_constant(const Tensor& t1, const Ten
       if (a[i] != start + double(i) * step) return std::nullopt;
     for (size_t i = 0; i < b.size(); ++i)
       if (b[i] != start + double(i) * step) return std::nullopt;
-    auto* range = node("Range", {const_i64_scalar(0), scalar_dim(t1.size(0), t2.size(0)), const_i64_scalar(1)}, {fresh("range")});
-    auto* cast = node("Cast", {range->output(0)}, {fresh("positions")});
-    attr_i(cast, "to", onnx_dtype(t));
-    std::string v = cast->output(0);
-    if (step != 1) v = node1("Mul", {v, const_scalar(step, t)});
-    if (start != 0) v = node1("Add", {v, const_scalar(start, t)});
+    std::string range = node("Range", {const_i64_scalar(0), scalar_dim(t1.size(0), t2.size(0)), const_i64_scalar(1)});
+    std::string v = node("Cast", {range}, {{"to", t}}, {fresh("positions")});
+    if (step != 1) v = node("Mul", {v, const_scalar(step, t)});
+    if (start != 0) v = node("Add", {v, const_scalar(start, t)});
     return v;
   }
   const int nd = t1.ndim();
@@ -482,233 +417,20 @@ std::optional<std::string> Exporter::shaped_constant(const Tensor& t1, const Ten
     const int64_t k0 = relative ? m1 - (c1 - r1) : m1;
     if (relative && m2 - (c2 - r2) != k0) continue;
     const std::string rows = scalar_dim(r1, r2), cols = scalar_dim(c1, c2);
-    auto arange = [&](const std::string& n) { return node1("Range", {const_i64_scalar(0), n, const_i64_scalar(1)}); };
-    std::string diff = node1("Sub", {node1("Unsqueeze", {arange(cols), const_i64({0})}), node1("Unsqueeze", {arange(rows), const_i64({1})})});
+    auto arange = [&](const std::string& n) { return node("Range", {const_i64_scalar(0), n, const_i64_scalar(1)}); };
+    std::string diff = node("Sub", {node("Unsqueeze", {arange(cols), ints({0})}), node("Unsqueeze", {arange(rows), ints({1})})});
     std::string m = const_i64_scalar(k0);
-    if (relative) m = node1("Add", {node1("Sub", {cols, rows}), m});
-    std::string cond = node1(lower ? "LessOrEqual" : "GreaterOrEqual", {diff, m});
-    std::string v = node1("Where", {cond, const_scalar(a[0], t), const_scalar(off_value, t)});
+    if (relative) m = node("Add", {node("Sub", {cols, rows}), m});
+    std::string cond = node(lower ? "LessOrEqual" : "GreaterOrEqual", {diff, m});
+    std::string v = node("Where", {cond, const_scalar(a[0], t), const_scalar(off_value, t)});
     if (nd > 2) {
       std::vector<int64_t> lead;
       for (int i = 0; i < nd - 2; ++i) lead.push_back(i);
-      v = node1("Unsqueeze", {v, const_i64(lead)});
+      v = node("Unsqueeze", {v, ints(lead)});
     }
     return v;
   }
   return std::nullopt;
-}
-
-void Exporter::recurrent(const trace::Event& e, const std::vector<std::string>& in, const std::string& out) {
-  // flux's recurrence takes the input gates xg = x W_ihᵀ + b_ih (T, N, G) already computed: ONNX's
-  // LSTM/GRU/RNN then gets X = xg with W = a permutation (ONNX's gate order from PyTorch's), zero W
-  // bias, R = W_hh with its gate blocks permuted (a Gather on the parameter), Rb = b_hh likewise.
-  const Tensor& xg = e.inputs[0];
-  const int64_t g = xg.shape()[2];
-  const bool lstm = e.op == "lstm_recurrence", gru = e.op == "gru_recurrence";
-  const int64_t gates = lstm ? 4 : gru ? 3 : 1, h = g / gates;
-  // ONNX block b takes PyTorch block order[b]: LSTM ONNX i o f c <- PyTorch i f g o; GRU z r h <- r z n.
-  std::vector<int64_t> order = lstm ? std::vector<int64_t>{0, 3, 1, 2} : gru ? std::vector<int64_t>{1, 0, 2} : std::vector<int64_t>{0};
-  std::vector<int64_t> rows;
-  for (int64_t b : order)
-    for (int64_t i = 0; i < h; ++i) rows.push_back(b * h + i);
-  std::vector<double> eye(size_t(g * g), 0.0);
-  for (int64_t r = 0; r < g; ++r) eye[size_t(r * g + rows[size_t(r)])] = 1.0;
-  const Tensor w = Tensor(eye, Shape{1, g, g}).cast(xg.dtype());
-  std::string idx = const_i64(rows);
-  auto permuted = [&](const std::string& x) {
-    auto* n = node("Gather", {x, idx}, {fresh("gates")});
-    attr_i(n, "axis", 0);
-    return node1("Unsqueeze", {n->output(0), const_i64({0})});
-  };
-  std::string r = permuted(in[1]);
-  std::string rb = in[2].empty() ? const_tensor(zeros(Shape{1, g}, xg.dtype())) : permuted(in[2]);
-  auto* cat = node("Concat", {const_tensor(zeros(Shape{1, g}, xg.dtype())), rb}, {fresh("bias")});
-  attr_i(cat, "axis", 1);
-  std::string bias = cat->output(0);
-  std::string h0 = node1("Unsqueeze", {in[3], const_i64({0})});
-  std::vector<std::string> inputs{in[0], const_tensor(w), r, bias, "", h0};
-  if (lstm) inputs.push_back(node1("Unsqueeze", {in[4], const_i64({0})}));
-  std::string y = fresh("Y"), yh = fresh("Y_h"), yc = fresh("Y_c");
-  std::vector<std::string> outs{y, yh};
-  if (lstm) outs.push_back(yc);
-  auto* n = node(lstm ? "LSTM" : gru ? "GRU" : "RNN", inputs, outs);
-  attr_i(n, "hidden_size", h);
-  if (gru) attr_i(n, "linear_before_reset", 1);
-  if (!lstm && !gru && int1(e, "relu")) {
-    auto* a = n->add_attribute();
-    a->set_name("activations");
-    a->set_type(::onnx::AttributeProto::STRINGS);
-    a->add_strings("Relu");
-  }
-  std::string seq = node1("Squeeze", {y, const_i64({1})}, lstm ? "" : out);  // (T, N, H)
-  if (lstm) {
-    auto* c = node("Concat", {seq, yc}, {out});  // rows h_1..h_T, then c_T
-    attr_i(c, "axis", 0);
-  }
-}
-
-void Exporter::convert(size_t k, const trace::Event& e, const trace::Event& e2, const std::vector<std::string>& in,
-                       const std::string& out) {
-  const std::string& op = e.op;
-  const DType t = e.output.dtype();
-  static const std::map<std::string, std::string> simple = {
-      {"add", "Add"}, {"sub", "Sub"}, {"mul", "Mul"}, {"div", "Div"}, {"pow", "Pow"}, {"maximum", "Max"},
-      {"minimum", "Min"}, {"eq", "Equal"}, {"lt", "Less"}, {"le", "LessOrEqual"}, {"gt", "Greater"},
-      {"ge", "GreaterOrEqual"}, {"where", "Where"}, {"neg", "Neg"}, {"exp", "Exp"}, {"log", "Log"},
-      {"sqrt", "Sqrt"}, {"abs", "Abs"}, {"sign", "Sign"}, {"sin", "Sin"}, {"cos", "Cos"}, {"erf", "Erf"}, {"tanh", "Tanh"},
-      {"sigmoid", "Sigmoid"}, {"relu", "Relu"}, {"softplus", "Softplus"}, {"to", "Identity"}};
-  if (auto it = simple.find(op); it != simple.end()) {
-    node1(it->second, in, out);
-    return;
-  }
-  if (op == "ne") {
-    node1("Not", {node1("Equal", in)}, out);
-  } else if (op == "square") {
-    node1("Mul", {in[0], in[0]}, out);
-  } else if (op == "log1p") {
-    node1("Log", {node1("Add", {in[0], const_scalar(1.0, t)})}, out);
-  } else if (op == "leakyrelu" || op == "elu") {
-    auto* n = node(op == "elu" ? "Elu" : "LeakyRelu", in, {out});
-    attr_f(n, "alpha", float1(e, "alpha"));
-  } else if (op == "gelu") {
-    // NNlib's gelu (tanh form): x sigmoid(c2 x (1 + k x²)), c2 = 2 sqrt(2 / pi), k = 0.044715.
-    std::string x2 = node1("Mul", {in[0], in[0]});
-    std::string u = node1("Add", {node1("Mul", {x2, const_scalar(0.044715, t)}), const_scalar(1.0, t)});
-    u = node1("Mul", {node1("Mul", {u, in[0]}), const_scalar(1.5957691216057308, t)});
-    node1("Mul", {in[0], node1("Sigmoid", {u})}, out);
-  } else if (op == "swish") {
-    node1("Mul", {in[0], node1("Sigmoid", {in[0]})}, out);
-  } else if (op == "cast") {
-    auto* n = node("Cast", in, {out});
-    attr_i(n, "to", onnx_dtype(DType(int1(e, "to"))));
-  } else if (op == "reshape") {
-    node1("Reshape", {in[0], shape_value("reshape", e.output.shape(), e2.output.shape(), true)}, out);
-  } else if (op == "broadcast_to") {
-    Shape i1 = e.inputs[0].shape(), i2 = e2.inputs[0].shape();
-    node1("Expand", {in[0], shape_value("broadcast_to", e.output.shape(), e2.output.shape(), false, &i1, &i2)}, out);
-  } else if (op == "permute") {
-    auto* n = node("Transpose", in, {out});
-    attr_ints(n, "perm", ints(e, "perm"));
-  } else if (op == "slice") {
-    std::vector<int64_t> r1 = ints(e, "range"), r2 = ints(e2, "range");
-    const int64_t axis = r1[0];
-    const int64_t n1 = e.inputs[0].shape()[int(axis)], n2 = e2.inputs[0].shape()[int(axis)];
-    auto bound = [&](int64_t v1, int64_t v2, bool stop) -> int64_t {
-      if (stop && v1 == n1 && v2 == n2) return std::numeric_limits<int64_t>::max();
-      if (v1 == v2) return v1;
-      if (v1 - n1 == v2 - n2) return v1 - n1;  // counted from the end
-      fail("[onnx::save] a slice [", r1[1], ", ", r1[2], ") of axis ", axis, " (length ", n1, "; [", r2[1], ", ", r2[2],
-           ") of length ", n2, " at the second traced size) is neither fixed nor counted from the end");
-    };
-    node1("Slice", {in[0], const_i64({bound(r1[1], r2[1], false)}), const_i64({bound(r1[2], r2[2], true)}), const_i64({axis})},
-          out);
-  } else if (op == "concat") {
-    auto* n = node("Concat", in, {out});
-    attr_i(n, "axis", int1(e, "axis"));
-  } else if (op == "index_select" || op == "embedding") {
-    auto* n = node("Gather", in, {out});
-    attr_i(n, "axis", op == "embedding" ? 0 : int1(e, "axis"));
-  } else if (op == "matmul") {
-    std::vector<int64_t> tr = ints(e, "trans");
-    std::vector<std::string> ab = in;
-    for (int i = 0; i < 2; ++i)
-      if (tr[size_t(i)]) {
-        int nd = e.inputs[size_t(i)].ndim();
-        std::vector<int64_t> perm(static_cast<size_t>(nd));
-        for (int j = 0; j < nd; ++j) perm[size_t(j)] = j;
-        std::swap(perm[size_t(nd - 1)], perm[size_t(nd - 2)]);
-        auto* n = node("Transpose", {ab[size_t(i)]}, {fresh("transposed")});
-        attr_ints(n, "perm", perm);
-        ab[size_t(i)] = n->output(0);
-      }
-    node1("MatMul", ab, out);
-  } else if (op == "linear") {
-    bool relu = int1(e, "relu");
-    auto* n = node("Gemm", in, {relu ? fresh("gemm") : out});
-    attr_i(n, "transB", 1);
-    if (relu) node1("Relu", {n->output(0)}, out);
-  } else if (op == "reduce") {
-    const auto r = backend::ReduceOp(int1(e, "op"));
-    const int64_t axis = int1(e, "axis"), keep = int1(e, "keepdims");
-    if (r == backend::ReduceOp::sum) {
-      auto* n = node("ReduceSum", {in[0], const_i64({axis})}, {out});
-      attr_i(n, "keepdims", keep);
-    } else {
-      static const char* names[] = {"ReduceSum", "ReduceMax", "ReduceMin", "ArgMax", "ArgMin"};
-      const bool arg = r == backend::ReduceOp::argmax || r == backend::ReduceOp::argmin;
-      std::vector<std::string> args = in;
-      if (!arg && opts_.opset >= 18) args.push_back(const_i64({axis}));  // ReduceMax/Min: axes an input from 18
-      auto* n = node(names[int(r)], args, {out});
-      if (arg) attr_i(n, "axis", axis);
-      else if (opts_.opset < 18) attr_ints(n, "axes", {axis});
-      attr_i(n, "keepdims", keep);
-    }
-  } else if (op == "softmax" || op == "logsoftmax") {
-    auto* n = node(op == "softmax" ? "Softmax" : "LogSoftmax", in, {out});
-    attr_i(n, "axis", int1(e, "axis"));
-  } else if (op == "conv" || op == "conv_transpose") {
-    const bool relu = int1(e, "relu");
-    std::vector<std::string> args{in[0], in[1]};
-    if (!in[2].empty()) args.push_back(in[2]);
-    auto* n = node(op == "conv" ? "Conv" : "ConvTranspose", args, {relu ? fresh("conv") : out});
-    attr_ints(n, "kernel_shape", ints(e, "kernel"));
-    attr_ints(n, "strides", ints(e, "strides"));
-    attr_ints(n, "dilations", ints(e, "dilations"));
-    attr_ints(n, "pads", ints(e, "pads"));
-    attr_i(n, "group", int1(e, "group"));
-    if (op == "conv_transpose") attr_ints(n, "output_padding", ints(e, "output_padding"));
-    if (relu) node1("Relu", {n->output(0)}, out);
-  } else if (op == "maxpool" || op == "meanpool") {
-    auto* n = node(op == "maxpool" ? "MaxPool" : "AveragePool", in, {out});
-    attr_ints(n, "kernel_shape", ints(e, "kernel"));
-    attr_ints(n, "strides", ints(e, "strides"));
-    attr_ints(n, "pads", ints(e, "pads"));
-    if (op == "meanpool") attr_i(n, "count_include_pad", 1);
-  } else if (op == "batchnorm") {
-    const int64_t c = e.inputs[0].shape()[1];
-    const DType pt = e.inputs[3].dtype();
-    std::string w = in[1].empty() ? const_tensor(ones(Shape{c}, pt)) : in[1];
-    std::string b = in[2].empty() ? const_tensor(zeros(Shape{c}, pt)) : in[2];
-    auto* n = node("BatchNormalization", {in[0], w, b, in[3], in[4]}, {out});
-    attr_f(n, "epsilon", float1(e, "eps"));
-  } else if (op == "rownorm") {
-    if (opts_.opset < 17)
-      fail("[onnx::save] layer/group normalisation (", near_param(k), ") needs opset 17 (LayerNormalization); ",
-           "SaveOptions::opset is ", opts_.opset);
-    const int64_t d = e.inputs[0].shape()[1];
-    std::string w = in[1].empty() ? const_tensor(ones(Shape{d}, t)) : in[1];
-    std::vector<std::string> args{in[0], w};
-    if (!in[2].empty()) args.push_back(in[2]);
-    auto* n = node("LayerNormalization", args, {out});
-    attr_i(n, "axis", -1);
-    attr_f(n, "epsilon", float1(e, "eps"));
-  } else if (op == "shape") {
-    std::vector<int64_t> r = ints(e, "range");
-    auto* n = node("Shape", in, {out});
-    if (r[0] != 0 || r[1] != e.inputs[0].ndim()) {
-      if (opts_.opset < 15) fail("[onnx::save] a partial Shape needs opset 15; SaveOptions::opset is ", opts_.opset);
-      attr_i(n, "start", r[0]);
-      attr_i(n, "end", r[1]);
-    }
-  } else if (op == "lstm_recurrence" || op == "gru_recurrence" || op == "rnn_recurrence") {
-    recurrent(e, in, out);
-  } else {
-    fail("unsupported");  // listed by the caller, which checked supported() first
-  }
-}
-
-/// Why an op has no ONNX form ("" when it has one).
-std::string unsupported_reason(const std::string& op) {
-  if (op == "dropout") return "training-mode Dropout (call testmode(model), or leave its mode automatic)";
-  if (op == "batchnorm_train") return "BatchNorm with batch statistics (training mode: call testmode(model))";
-  if (op == "rand_like") return "random numbers";
-  static const std::set<std::string> known = {
-      "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "where", "neg",
-      "exp", "log", "sqrt", "abs", "sign", "sin", "cos", "tanh", "sigmoid", "relu", "softplus", "to", "square",
-      "log1p", "erf", "leakyrelu", "elu", "gelu", "swish", "cast", "reshape", "broadcast_to", "permute", "slice", "concat",
-      "index_select", "embedding", "matmul", "linear", "reduce", "softmax", "logsoftmax", "conv", "conv_transpose",
-      "maxpool", "meanpool", "batchnorm", "rownorm", "lstm_recurrence", "gru_recurrence", "rnn_recurrence", "shape"};
-  return known.count(op) ? "" : "an op without an ONNX form in this exporter";
 }
 
 ::onnx::ModelProto Exporter::build(const Forward& forward, const std::vector<Tensor>& inputs) {
@@ -785,23 +507,22 @@ std::string unsupported_reason(const std::string& op) {
     bool same = a.op == b.op && a.inputs.size() == b.inputs.size();
     for (size_t j = 0; same && j < a.inputs.size(); ++j) same = same_ref(r1.event_inputs[k][j], r2.event_inputs[k2][j]);
     if (!same)
-      fail(api, " op ", k, " ('", a.op, "', ", near_param(k), ") reads different tensors at the two traced input sizes ('", b.op,
+      fail(api, " op ", k, " ('", a.op->name, "', ", near_param(k), ") reads different tensors at the two traced input sizes ('", b.op->name,
            "' there): export needs a forward whose ops do not depend on the input sizes");
     for (size_t j = 0; j < a.attrs.size(); ++j) {
       const std::string name = a.attrs[j].name;
       if (name == "shape" || name == "range") continue;  // written from the two traces
       if (a.attrs[j].ints != b.attrs[j].ints || a.attrs[j].floats != b.attrs[j].floats)
-        fail(api, " the op '", a.op, "' (", near_param(k), ") has attribute '", name,
+        fail(api, " the op '", a.op->name, "' (", near_param(k), ") has attribute '", name,
              "' that depends on the input size (a window over a dynamic axis?); make that axis static");
     }
   }
   std::ostringstream bad;
   int nbad = 0;
   for (size_t k : l1) {
-    std::string why = unsupported_reason(t1.events[k].op);
-    if (why.empty()) continue;
-    std::string where = near_param(k);
-    bad << (nbad++ ? "; " : "") << "'" << t1.events[k].op << "' (" << why << ", " << where << ")";
+    const ops::Op& op = *t1.events[k].op;
+    if (!op.onnx && !op.write)
+      bad << (nbad++ ? "; " : "") << "'" << op.name << "' (" << (op.no_onnx ? op.no_onnx : "no ONNX form") << ", " << near_param(k) << ")";
   }
   if (nbad) fail(api, " the model runs ", nbad, " op(s) with no ONNX form: ", bad.str());
 
@@ -840,12 +561,13 @@ std::string unsupported_reason(const std::string& op) {
       std::vector<std::string> in;
       for (size_t j = 0; j < e.inputs.size(); ++j)
         in.push_back(value_of(r1.event_inputs[k][j], r2.event_inputs[k2][j], e.inputs[j], e2.inputs[j], k));
-      event_names_[k] = "t" + std::to_string(k) + "_" + e.op;
-      convert(k, e, e2, in, event_names_[k]);
+      event_names_[k] = "t" + std::to_string(k) + "_" + e.op->name;
+      if (e.op->onnx) node(e.op->onnx, in, {}, {event_names_[k]});
+      else e.op->write(*this, ops::Call{e, e2, in, event_names_[k]});
     } catch (const Error& err) {
       const std::string msg = err.what();
       if (msg.find("layer '") != std::string::npos || msg.find("top level") != std::string::npos) throw;
-      fail(msg, " (the op '", e.op, "', ", near_param(k), ")");
+      fail(msg, " (the op '", e.op->name, "', ", near_param(k), ")");
     }
   }
   for (size_t i = 0; i < t1.outputs.size(); ++i) {
@@ -853,7 +575,7 @@ std::string unsupported_reason(const std::string& op) {
     const Ref& r = r1.outputs[i];
     if (r.kind == Ref::none) fail(api, " output ", i, " of the model is an undefined tensor");
     std::string v = value_of(r, r2.outputs[i], t1.outputs[i], t2.outputs[i], 0);
-    node1("Identity", {v}, name);
+    node("Identity", {v}, {}, {name});
     value_info(graph_->add_output(), name, t1.outputs[i], t2.outputs[i]);
   }
   if (opts_.output_names.size() > t1.outputs.size())

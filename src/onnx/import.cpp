@@ -3,10 +3,7 @@
 // against its shape and the memory it needs) and runs it as a layer: each node's runner turns it into
 // flux ops on the device of its data, so autodiff records it like any layer; Conv chains are fused here.
 #include <algorithm>
-#include <array>
 #include <cmath>
-#include <mutex>
-#include <shared_mutex>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -58,11 +55,6 @@ struct Graph {
   std::vector<int> input_slots, output_slots, param_slots, buffer_slots;
   std::vector<std::string> input_names, output_names;
   std::vector<std::string> input_shapes, output_shapes;
-  // Folded BatchNorm (scale, shift) of fused Convs at inference, by the content stamps and offsets of
-  // the statistics, BatchNorm parameters and conv bias (as the Conv + BatchNorm layers keep theirs):
-  // five small ops per Conv per call otherwise, a fifth of ResNet-18's time at batch 1.
-  mutable std::shared_mutex fold_mutex;  // lookups share it
-  mutable std::map<std::array<uint64_t, 11>, std::pair<Tensor, Tensor>> folds;
 };
 
 namespace {
@@ -183,36 +175,7 @@ namespace {
 /// A Conv with the BatchNormalization (bn: its 5 inputs) and/or Relu fused at load: at inference (no
 /// tape, no trace) the backend's conv_affine with the statistics folded in (as the Conv + BatchNorm
 /// layers fuse), else conv_relu, else the ops composed (what a tape records).
-/// The folded (scale, shift) of a fused Conv's BatchNormalization (or ones and the conv bias), kept in g.
-std::pair<Tensor, Tensor> folded(const Graph& g, const Tensor& s, const Tensor& sh, const Tensor& mean, const Tensor& var,
-                                 const Tensor& b, double eps, int64_t channels, DType t, const Device& d) {
-  const Tensor* parts[] = {&s, &sh, &mean, &var, &b};
-  std::array<uint64_t, 11> key{};
-  for (size_t i = 0; i < 5; ++i) {
-    key[2 * i] = parts[i]->defined() ? flux::detail::content_version(*parts[i]) : 0;
-    key[2 * i + 1] = parts[i]->defined() ? uint64_t(parts[i]->impl()->offset) : 0;
-  }
-  std::memcpy(&key[10], &eps, sizeof(double));
-  {
-    std::shared_lock<std::shared_mutex> lock(g.fold_mutex);
-    auto it = g.folds.find(key);
-    if (it != g.folds.end() && it->second.first.device() == d) return it->second;
-  }
-  Tensor scale, shift;
-  if (s.defined()) {
-    scale = s / sqrt(var + eps), shift = sh - mean * scale;
-    if (b.defined()) shift = shift + b * scale;
-  } else {
-    scale = ones(Shape{channels}, t, d);
-    shift = b.defined() ? b : zeros(Shape{channels}, t, d);
-  }
-  std::unique_lock<std::shared_mutex> lock(g.fold_mutex);
-  if (g.folds.size() >= 1024) g.folds.clear();
-  g.folds[key] = {scale, shift};
-  return {scale, shift};
-}
-
-Tensor fused_conv(const Graph& g, const ::onnx::NodeProto& n, const std::vector<Tensor>& in, const ::onnx::NodeProto* bn_node,
+Tensor fused_conv(const ::onnx::NodeProto& n, const std::vector<Tensor>& in, const ::onnx::NodeProto* bn_node,
                   const std::vector<Tensor>& bn, bool relu, Tensor residual, bool relu_after) {
   const Device d = device_of(in);
   if (in.size() < 2 || !in[0].defined() || !in[1].defined()) fail("[onnx] ", where(n), ": needs X and W");
@@ -229,7 +192,8 @@ Tensor fused_conv(const Graph& g, const ::onnx::NodeProto& n, const std::vector<
     eps = attr_f(*bn_node, "epsilon", 1e-5);
   }
   if (!autodiff::recording() && !trace::active() && w.dtype() == x.dtype() && (!bn_node || s.dtype() == x.dtype())) {
-    auto [scale, shift] = folded(g, s, sh, mean, var, b, eps, w.size(0), x.dtype(), d);
+    // The BatchNormalization (or ones and the conv bias) folded once, kept with var or w (fold_batchnorm).
+    auto [scale, shift] = flux::detail::fold_batchnorm(s, sh, mean, var, eps, b, w);
     Tensor y = flux::detail::conv_affine(x, w, scale, shift, residual, p, relu, relu_after);
     if (y.defined()) return y;
   }
@@ -245,7 +209,7 @@ Tensor fused_conv(const Graph& g, const ::onnx::NodeProto& n, const std::vector<
 /// std::out_of_range, ...) from anywhere beneath becomes one. flux::OutOfMemory passes unchanged.
 std::vector<Tensor> run_checked(const ::onnx::NodeProto& n, const Operator& op, int64_t opset, const std::vector<Tensor>& in) {
   try {
-    return op.run({n, opset}, in);
+    return op.run({n, opset, op.entry}, in);
   } catch (const OutOfMemory&) {
     throw;
   } catch (const Error& e) {
@@ -359,7 +323,14 @@ Model parse_unchecked(const std::string& bytes, const std::string& context, cons
   for (const auto& t : graph.initializer()) {
     Tensor v = detail::from_proto(t, api, folder);
     int s = define(t.name(), "initialiser");
-    if (is_floating(v.dtype()) && !statistics.count(t.name())) {
+    // Exporters write constants (attention scales, GELU's factors, masks' fill values) as one-element
+    // initialisers with generated names (PyTorch 2: "val_67"); parameters keep their module path
+    // ("proj.bias"), so a one-element tensor is trainable only when its name has one. Tensors holding
+    // infinities or NaN (attention masks the exporter folded: 0 and -inf) are constants too.
+    const bool floating = is_floating(v.dtype());
+    const bool constant = floating && ((v.numel() == 1 && (v.shape().empty() || t.name().find('.') == std::string::npos)) ||
+                                       (v.numel() > 0 && std::isnan(sum(v * 0.0).item<double>())));
+    if (floating && !statistics.count(t.name()) && !constant) {
       model.parameters.emplace_back(t.name(), v);
       g->param_slots.push_back(s);
     } else {
@@ -479,7 +450,7 @@ std::vector<Tensor> Model::forward(const std::vector<Tensor>& inputs) const {
     if (at.head >= 0) {
       bn.clear();
       for (int s : step.bn_in) bn.push_back(s < 0 ? Tensor() : v[size_t(s)]);
-      out = {detail::fused_conv(g, *step.node, in, step.bn, bn, step.relu,
+      out = {detail::fused_conv(*step.node, in, step.bn, bn, step.relu,
                                 step.residual >= 0 ? v[size_t(step.residual)] : Tensor(), step.relu_after)};
     } else {
       out = detail::run_checked(*step.node, *step.op, g.opset, in);

@@ -17,7 +17,7 @@
 #include "src/internal.hpp"
 #include "src/onnx/onnx_common.hpp"
 #include "src/ops/ops_internal.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux::onnx::detail {
 
@@ -196,7 +196,7 @@ Tensor flip(const Tensor& x, int axis) {
 /// direction, xg = X Wᵀ + Wb with the gate blocks in PyTorch's order (flux's), then the recurrence with
 /// R and Rb likewise; the reverse direction runs on X reversed in time and its outputs are reversed
 /// back. Outputs: Y (T, D, N, H), Y_h (D, N, H), LSTM's Y_c (D, N, H).
-std::vector<Tensor> recurrent(const Node& node, const std::vector<Tensor>& in) {
+std::vector<Tensor> run_recurrent(const Node& node, const std::vector<Tensor>& in) {
   const auto& n = node.proto;
   const std::string& op = n.op_type();
   const bool lstm = op == "LSTM", gru = op == "GRU";
@@ -280,25 +280,24 @@ std::string recurrent_check(const Node& node) {
 
 // ---- elementwise ----
 
+/// An operator that is a registry entry's op, input for input (Add, Relu, ...).
+std::vector<Tensor> run_entry(const Node& n, const std::vector<Tensor>& in) {
+  if (n.entry->unary) return {n.entry->unary(need(n, in, 0))};
+  const Device d = device_of(in);
+  return {n.entry->binary(on(need(n, in, 0), d), on(need(n, in, 1), d))};
+}
+
+/// Div (integers truncate), Pow (the exponent in the base's dtype), Max and Min (of any number of inputs).
 Tensor binary_op(const std::string& op, Tensor a, Tensor b) {
   const Device d = device_of({a, b});
   a = on(a, d), b = on(b, d);
-  if (op == "Add") return add(a, b);
-  if (op == "Sub") return sub(a, b);
-  if (op == "Mul") return mul(a, b);
   if (op == "Div") {
     if (!is_floating(a.dtype()) && !is_floating(b.dtype()))  // ONNX integer division truncates
       return div(a, b).cast(DType::f64).cast(a.dtype());
     return div(a, b);
   }
   if (op == "Pow") return pow(a, b.cast(a.dtype()));
-  if (op == "Max") return maximum(a, b);
-  if (op == "Min") return minimum(a, b);
-  if (op == "Equal") return eq(a, b);
-  if (op == "Less") return lt(a, b);
-  if (op == "Greater") return gt(a, b);
-  if (op == "LessOrEqual") return le(a, b);
-  return ge(a, b);
+  return op == "Max" ? maximum(a, b) : minimum(a, b);
 }
 
 std::vector<Tensor> run_binary(const Node& n, const std::vector<Tensor>& in) {
@@ -343,26 +342,9 @@ std::vector<Tensor> run_logic(const Node& n, const std::vector<Tensor>& in) {
   return {where(a, where(b, f, t), b)};  // Xor
 }
 
-/// Unary ops with no attributes.
-std::vector<Tensor> run_unary(const Node& n, const std::vector<Tensor>& in) {
-  const std::string& op = n.proto.op_type();
-  const Tensor& x = need(n, in, 0);
-  if (op == "Relu") return {relu(x)};
-  if (op == "Sigmoid") return {sigmoid(x)};
-  if (op == "Tanh") return {flux::detail::tanh_op(x)};
-  if (op == "Exp") return {exp(x)};
-  if (op == "Log") return {log(x)};
-  if (op == "Erf") return {erf(x)};
-  if (op == "Sqrt") return {sqrt(x)};
-  if (op == "Neg") return {neg(x)};
-  if (op == "Abs") return {abs(x)};
-  if (op == "Sin") return {sin(x)};
-  if (op == "Cos") return {cos(x)};
-  if (op == "Sign") return {sign(x)};
-  if (op == "Reciprocal") return {1.0 / x};
-  if (op == "Softplus") return {log1p(exp(x))};
-  fail("[onnx] ", where(n.proto), ": no unary rule");  // the table lists only the ops above
-}
+std::vector<Tensor> run_reciprocal(const Node& n, const std::vector<Tensor>& in) { return {1.0 / need(n, in, 0)}; }
+/// Softplus as the spec writes it, log(exp(x) + 1).
+std::vector<Tensor> run_softplus(const Node& n, const std::vector<Tensor>& in) { return {log1p(exp(need(n, in, 0)))}; }
 
 /// HardSigmoid max(0, min(1, alpha x + beta)); HardSwish x HardSigmoid(x) with alpha 1/6, beta 1/2.
 std::vector<Tensor> run_hard(const Node& n, const std::vector<Tensor>& in) {
@@ -419,7 +401,7 @@ std::vector<Tensor> run_shape(const Node& n, const std::vector<Tensor>& in) {
   std::vector<int64_t> dims(x.shape().begin() + start, x.shape().begin() + end);
   Tensor s(dims, Shape{int64_t(dims.size())});
   // Traced as an op (onnx::save of an imported model): the sizes follow the input.
-  if (trace::active()) trace::emit("shape", {x}, s, {{"range", {start, end}, {}}});
+  if (trace::active()) trace::emit(ops::shape, {x}, s, {{"range", {start, end}, {}}});
   return {s};
 }
 
@@ -1029,8 +1011,9 @@ std::string batchnorm_check(const Node& n) {
 std::vector<Tensor> run_leakyrelu(const Node& n, const std::vector<Tensor>& in) {
   return {leakyrelu(need(n, in, 0), attr_f(n.proto, "alpha", 0.01))};
 }
-
-std::vector<Tensor> run_recurrent(const Node& n, const std::vector<Tensor>& in) { return recurrent(n, in); }
+std::vector<Tensor> run_elu(const Node& n, const std::vector<Tensor>& in) {
+  return {flux::detail::elu_op(need(n, in, 0), attr_f(n.proto, "alpha", 1.0))};
+}
 
 }  // namespace
 
@@ -1056,16 +1039,18 @@ const std::map<std::string, Operator>& operator_table() {
     auto add = [&](std::initializer_list<const char*> names, Operator op) {
       for (const char* name : names) (*t)[name] = op;
     };
-    add({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"},
-        {.run = run_binary});
+    for (const ops::Op* op : ops::all())
+      if (op->unary || op->binary) (*t)[op->onnx] = {.run = run_entry, .entry = op};
+    add({"Div", "Pow", "Max", "Min"}, {.run = run_binary});
     add({"Mod"}, {.run = run_mod});
     add({"Not", "And", "Or", "Xor"}, {.run = run_logic});
-    add({"Relu", "Sigmoid", "Tanh", "Exp", "Log", "Erf", "Sqrt", "Neg", "Abs", "Sin", "Cos", "Sign", "Reciprocal", "Softplus"},
-        {.run = run_unary});
+    add({"Reciprocal"}, {.run = run_reciprocal});
+    add({"Softplus"}, {.run = run_softplus});
     add({"HardSigmoid"}, {.run = run_hard});
     add({"HardSwish"}, {.since = 14, .run = run_hard});
     add({"Gelu"}, {.since = 20, .run = run_gelu});
     add({"LeakyRelu"}, {.run = run_leakyrelu});
+    add({"Elu"}, {.run = run_elu});
     add({"Clip"}, {.run = run_clip});
     add({"Where"}, {.run = run_where});
     add({"Identity"}, {.run = run_identity});

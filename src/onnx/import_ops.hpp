@@ -1,6 +1,7 @@
 // The importer's operators (not installed): ONE table, name -> {opsets, runner, load-time check}, from
 // which onnx::supported_operators() and every node's dispatch are made (import.cpp resolves each node
-// to its entry once, at load). Runners read the file's opset for the semantics that changed between
+// to its entry once, at load). The operators that are an op of the registry (src/ops/registry.hpp)
+// input for input come from its entries. Runners read the file's opset for the semantics that changed between
 // versions (axes as inputs from 13/18, Softmax's axis at 13, GroupNormalization's scale at 21, ...).
 #pragma once
 #include <map>
@@ -9,6 +10,7 @@
 
 #include "flux/ops.hpp"
 #include "flux/tensor.hpp"
+#include "src/ops/registry.hpp"
 
 #if FLUX_HAVE_ONNX
 #include <onnx/onnx_pb.h>
@@ -19,10 +21,11 @@ namespace flux::onnx::detail {
 /// PyTorch 2.x 18 to 20 (IR 10 with the dynamo exporter), ONNX Runtime 1.2x reads up to 21/22.
 inline constexpr int64_t kMinImportOpset = 11, kMaxImportOpset = 21, kMaxIrVersion = 10;
 
-/// One node as a runner sees it: its proto and the file's opset.
+/// One node as a runner sees it: its proto, the file's opset, and its operator's registry entry.
 struct Node {
   const ::onnx::NodeProto& proto;
   int64_t opset;
+  const ops::Op* entry = nullptr;
 };
 using Run = std::vector<Tensor> (*)(const Node&, const std::vector<Tensor>&);
 /// A load-time check of a node's attributes: "" when the runner can run it, else what it lacks.
@@ -32,6 +35,7 @@ struct Operator {
   int64_t until = kMaxImportOpset;  // the last
   Run run = nullptr;
   Check check = nullptr;  // nullptr: any attributes the runner reads are fine
+  const ops::Op* entry = nullptr;  // the registry's op it runs (run_entry), or none
 };
 /// The table, sorted by name.
 const std::map<std::string, Operator>& operator_table();

@@ -23,7 +23,7 @@
 #include "src/ops/ops_internal.hpp"
 #include "src/ops/through_float32.hpp"
 #include "src/storage_cache.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -165,7 +165,7 @@ Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, co
   if (is_half(x.dtype())) {
     // The backend's low-precision kernel (float32 accumulation), else through float32.
     ConvGeometry g = geometry;
-    if (inference_call()) g.weight_cache = &detail::storage_cache(w);
+    if (inference_call()) g.weight_cache = &detail::storage_cache(w), g.inference = true;
     backend::Backend& be = x.backend();
     const int dev = x.device().index();
     const backend::Buffer xb = flux::detail::buffer_of(x), wb = flux::detail::buffer_of(w), yb = flux::detail::buffer_of(y);
@@ -180,7 +180,7 @@ Tensor conv_forward_raw(const Tensor& x, const Tensor& w, const Tensor& bias, co
   ConvGeometry g = geometry;
   // Inference: the backend may keep w prepared in its kernel's layout (never in training, forward or
   // backward: a step writes w, so a prepared copy would be made and dropped each time).
-  if (inference_call()) g.weight_cache = &detail::storage_cache(w);
+  if (inference_call()) g.weight_cache = &detail::storage_cache(w), g.inference = true;
   backend::Backend& be = x.backend();
   int dev = x.device().index();
   backend::Buffer b = bias.defined() ? flux::detail::buffer_of(bias) : backend::Buffer{};
@@ -398,7 +398,7 @@ Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const Con
   const bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
   // One node keeping x and w in their own dtype: the backward's raw kernels take the half dtypes too.
   return through_float32(
-      "conv", {&x, &w, &bias}, {need_w ? x : Tensor(), need_x ? w : Tensor()},
+      &ops::conv, {&x, &w, &bias}, {need_w ? x : Tensor(), need_x ? w : Tensor()},
       [&](std::vector<Tensor>& keep) {
         Tensor y = conv_forward_raw(x, w, bias, g, relu);
         // relu's derivative from its output: y > 0 exactly where conv(x, w) + bias > 0.
@@ -434,7 +434,7 @@ Tensor detail::conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale
     return conv_affine(autocast_to(x, *low), autocast_to(w, *low), autocast_to(scale, *low), autocast_to(shift, *low),
                        autocast_to(residual, *low), p, relu, relu_after);
   ConvGeometry g = conv_geometry(x, w, Tensor(), p);
-  g.weight_cache = &detail::storage_cache(w);
+  g.weight_cache = &detail::storage_cache(w), g.inference = true;
   const DType t = x.dtype();
   for (const Tensor* v : {&scale, &shift})
     if (!v->defined() || v->dtype() != t || v->device() != x.device() || v->shape() != Shape{g.out_channels})
@@ -507,7 +507,7 @@ Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, cons
   }
   const bool need_x = autodiff::tracked(x), need_w = autodiff::tracked(w), need_b = autodiff::tracked(bias);
   return through_float32(
-      "conv_transpose", {&x, &w, &bias}, {need_w ? x : Tensor(), need_x ? w : Tensor()},
+      &ops::conv_transpose, {&x, &w, &bias}, {need_w ? x : Tensor(), need_x ? w : Tensor()},
       [&](std::vector<Tensor>&) { return conv_data_raw(x, w, g, bias); },
       [g, need_x, need_w, need_b](const Grads& k, const Tensor& gy) {
         Tensor dx, dw, db;

@@ -10,6 +10,8 @@
 #include "src/checked_size.hpp"
 #include "src/autocast.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/ops/registry.hpp"
+#include "src/ops/through_float32.hpp"
 #include "src/trace.hpp"
 
 namespace flux {
@@ -79,7 +81,7 @@ Tensor raw_cast(const Tensor& x, DType t) {
   if (x.dtype() == t) return x;
   Tensor out = Tensor::empty(x.shape(), t, x.device());
   if (x.numel()) x.backend().cast(x.device().index(), x.dtype(), flux::detail::buffer_of(x), t, flux::detail::buffer_of(out), x.numel());
-  if (trace::active()) trace::emit("cast", {x}, out, {{"to", {int64_t(t)}, {}}});
+  if (trace::active()) trace::emit(ops::cast, {x}, out, {{"to", {int64_t(t)}, {}}});
   return out;
 }
 
@@ -162,7 +164,7 @@ Tensor to(const Tensor& x, const Device& d) {
     }
   }
   autodiff::record(out, {&x}, [from](const Tensor& g) { return Grads{to(g, from)}; });
-  if (trace::active()) trace::emit("to", {x}, out);
+  if (trace::active()) trace::emit(ops::to, {x}, out);
   return out;
 }
 
@@ -228,7 +230,8 @@ Grads binary_grads(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& 
   }
 }
 
-Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) {
+Tensor binary(const ops::Op& entry, BinaryOp op, const Tensor& a0, const Tensor& b0) {
+  const char* api = entry.name;
   check_defined(api, a0);
   check_defined(api, b0);
   check_same_device(api, a0, b0);
@@ -238,63 +241,45 @@ Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) 
   // `/` is true division as in Julia and NumPy: integers divide to Float32 (never truncate).
   if ((op == BinaryOp::pow || op == BinaryOp::div) && !is_floating(t)) t = DType::f32;
   DType compute = is_half(t) ? DType::f32 : t;
-  // Half operands that no tape records: one pass on the backend where it has one (the same bits).
-  if (is_half(t) && a0.dtype() == t && b0.dtype() == t && !autodiff::tracked(a0) && !autodiff::tracked(b0) &&
-      !trace::active()) {
-    Shape s = broadcast_shapes(api, a0.shape(), b0.shape());
-    Tensor out = Tensor::empty(s, cmp ? DType::boolean : t, a0.device());
-    if (out.numel() == 0) return out;
-    backend::Broadcast plan = make_plan(s, {&a0.shape(), &b0.shape()});
-    if (a0.backend().binary_half(a0.device().index(), op, t, flux::detail::buffer_of(a0), flux::detail::buffer_of(b0),
-                                 flux::detail::buffer_of(out), plan))
-      return out;
-  }
-  // Half operands on a tape: the forward through float32, one node on the half operands, which are
-  // what it keeps (what autocast's memory saving rests on: no Float32 copies outlive the op); the
-  // backward casts them up and runs the float32 formulas.
-  if (is_half(t) && !cmp && a0.dtype() == t && b0.dtype() == t && !trace::active()) {
-    Tensor out;
-    {
-      autodiff::NoGrad inner;  // recorded below
-      // One pass on the backend where it has one (binary_half: the same bits as the three passes).
-      const Shape s = broadcast_shapes(api, a0.shape(), b0.shape());
-      out = Tensor::empty(s, t, a0.device());
-      if (out.numel() == 0 ||
-          !a0.backend().binary_half(a0.device().index(), op, t, flux::detail::buffer_of(a0), flux::detail::buffer_of(b0),
-                                    flux::detail::buffer_of(out), make_plan(s, {&a0.shape(), &b0.shape()})))
-        out = raw_cast(binary_raw(api, op, raw_cast(a0, DType::f32), raw_cast(b0, DType::f32)), t);
-    }
+  // Half operands: one node on the half operands, which are what it keeps (what autocast's memory
+  // saving rests on: no Float32 copies outlive the op). x + y and x - y (residual connections, bias
+  // adds): an operand of the output's shape gets g or -g exactly, in the low dtype; a broadcast one, g
+  // summed in Float32. The others cast the kept operands up and run the Float32 formulas.
+  if (is_half(t) && a0.dtype() == t && b0.dtype() == t && !trace::active()) {
+    const Shape s = broadcast_shapes(api, a0.shape(), b0.shape());
     const bool need_a = autodiff::tracked(a0), need_b = autodiff::tracked(b0);
-    // x + y and x - y (residual connections, bias adds): an operand of the output's shape gets g or -g
-    // exactly, in the low dtype (no Float32 round trip); a broadcast one, g summed in Float32 (as below).
-    if ((op == BinaryOp::add || op == BinaryOp::sub) && (a0.shape() == out.shape() || b0.shape() == out.shape())) {
-      autodiff::record(out, {&a0, &b0}, [op, t, need_a, need_b, sa = a0.shape(), sb = b0.shape()](const Tensor& g0) {
-        const Tensor g = g0.dtype() == t ? g0 : raw_cast(g0, t);
-        auto grad = [&](const Shape& s, bool negate) {
-          if (s == g.shape()) return negate ? -g : g;
-          const Tensor summed = sum_to(raw_cast(g, DType::f32), s);
-          return raw_cast(negate ? -summed : summed, t);
+    const bool exact = (op == BinaryOp::add || op == BinaryOp::sub) && (a0.shape() == s || b0.shape() == s);
+    LowBackward backward;
+    if (exact)
+      backward = [op, need_a, need_b, sa = a0.shape(), sb = b0.shape()](const Grads&, const Tensor& g) {
+        auto grad = [&](const Shape& to, bool negate) {
+          if (to == g.shape()) return negate ? -g : g;
+          const Tensor summed = sum_to(raw_cast(g, DType::f32), to);
+          return negate ? -summed : summed;
         };
         return Grads{need_a ? grad(sa, false) : Tensor(), need_b ? grad(sb, op == BinaryOp::sub) : Tensor()};
-      });
-      return out;
-    }
-    const Tensor keep_a = operand_read(op, 0, need_a, need_b) ? a0 : Tensor();
-    const Tensor keep_b = operand_read(op, 1, need_a, need_b) ? b0 : Tensor();
-    autodiff::record(out, {&a0, &b0}, [api, op, keep_a, keep_b, sa = a0.shape(), sb = b0.shape(), need_a, need_b,
-                                       t](const Tensor& g) {
-      Grads grads;
-      {  // the float32 copies go before the gradients are cast down
-        auto up = [](const Tensor& x) { return x.defined() ? raw_cast(x, DType::f32) : x; };
-        const Tensor a = up(keep_a), b = up(keep_b);
-        const Tensor o = op == BinaryOp::pow ? binary_raw(api, op, a, b) : Tensor();
-        grads = binary_grads(op, a, b, o, sa, sb, need_a, need_b, raw_cast(g, DType::f32));
-      }
-      for (Tensor& d : grads)
-        if (d.defined()) d = raw_cast(d, t);
-      return grads;
-    });
-    return out;
+      };
+    else
+      backward = [api, op, need_a, need_b, sa = a0.shape(), sb = b0.shape()](const Grads& k, const Tensor& g) {
+        const Tensor o = op == BinaryOp::pow ? binary_raw(api, op, k[0], k[1]) : Tensor();
+        return binary_grads(op, k[0], k[1], o, sa, sb, need_a, need_b, g);
+      };
+    const Tensor none;  // a comparison has no gradient: no node
+    return through_float32(
+        nullptr, {cmp ? &none : &a0, cmp ? &none : &b0},
+        {operand_read(op, 0, need_a, need_b) ? a0 : Tensor(), operand_read(op, 1, need_a, need_b) ? b0 : Tensor()},
+        [&](Grads&) {
+          // One pass on the backend where it reads half storage (binary_half: the same bits as the three passes).
+          if (half_storage(a0)) {
+            Tensor out = Tensor::empty(s, cmp ? DType::boolean : t, a0.device());
+            if (out.numel() == 0 || a0.backend().binary_half(a0.device().index(), op, t, buffer_of(a0), buffer_of(b0),
+                                                             buffer_of(out), make_plan(s, {&a0.shape(), &b0.shape()})))
+              return out;
+          }
+          const Tensor out = binary_raw(api, op, raw_cast(a0, DType::f32), raw_cast(b0, DType::f32));
+          return cmp ? out : raw_cast(out, t);
+        },
+        std::move(backward), {}, exact ? std::optional<DType>(t) : DType::f32);
   }
   Tensor a = a0.dtype() == compute ? a0 : a0.cast(compute);
   Tensor b = b0.dtype() == compute ? b0 : b0.cast(compute);
@@ -303,7 +288,7 @@ Tensor binary(const char* api, BinaryOp op, const Tensor& a0, const Tensor& b0) 
     autodiff::NoGrad inner;  // the casts above are recorded; the raw op is recorded below
     out = binary_raw(api, op, a, b);
   }
-  if (trace::active()) trace::emit(api, {a, b}, out);
+  if (trace::active()) trace::emit(entry, {a, b}, out);
   if (!cmp && is_floating(compute)) {
     // Only the gradients of tracked operands are computed: x * 2.0 or x + bias_constant would
     // otherwise pay a full-size product and a reduction for the constant (undefined = zero); only
@@ -331,17 +316,17 @@ Tensor scalar_like(const Tensor& x, double v) {
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary("add", BinaryOp::add, a, b); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary("sub", BinaryOp::sub, a, b); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary("mul", BinaryOp::mul, a, b); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary("div", BinaryOp::div, a, b); }
-Tensor pow(const Tensor& a, const Tensor& b) { return binary("pow", BinaryOp::pow, a, b); }
+Tensor add(const Tensor& a, const Tensor& b) { return binary(ops::add, BinaryOp::add, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(ops::sub, BinaryOp::sub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(ops::mul, BinaryOp::mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(ops::div, BinaryOp::div, a, b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary(ops::pow, BinaryOp::pow, a, b); }
 Tensor pow(const Tensor& a, double e) {
   if (e == 2.0) return square(a);
-  return binary("pow", BinaryOp::pow, a, scalar_like(a, e).cast(is_floating(a.dtype()) ? a.dtype() : DType::f32));
+  return binary(ops::pow, BinaryOp::pow, a, scalar_like(a, e).cast(is_floating(a.dtype()) ? a.dtype() : DType::f32));
 }
-Tensor maximum(const Tensor& a, const Tensor& b) { return binary("maximum", BinaryOp::maximum, a, b); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return binary("minimum", BinaryOp::minimum, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(ops::maximum, BinaryOp::maximum, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary(ops::minimum, BinaryOp::minimum, a, b); }
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
 Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
@@ -356,12 +341,12 @@ Tensor operator*(double a, const Tensor& b) { return mul(scalar_like(b, a), b); 
 Tensor operator/(double a, const Tensor& b) { return div(scalar_like(b, a), b); }
 Tensor operator-(const Tensor& a) { return neg(a); }
 
-Tensor eq(const Tensor& a, const Tensor& b) { return binary("eq", BinaryOp::eq, a, b); }
-Tensor ne(const Tensor& a, const Tensor& b) { return binary("ne", BinaryOp::ne, a, b); }
-Tensor lt(const Tensor& a, const Tensor& b) { return binary("lt", BinaryOp::lt, a, b); }
-Tensor le(const Tensor& a, const Tensor& b) { return binary("le", BinaryOp::le, a, b); }
-Tensor gt(const Tensor& a, const Tensor& b) { return binary("gt", BinaryOp::gt, a, b); }
-Tensor ge(const Tensor& a, const Tensor& b) { return binary("ge", BinaryOp::ge, a, b); }
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(ops::eq, BinaryOp::eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(ops::ne, BinaryOp::ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(ops::lt, BinaryOp::lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(ops::le, BinaryOp::le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(ops::gt, BinaryOp::gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(ops::ge, BinaryOp::ge, a, b); }
 Tensor operator==(const Tensor& a, const Tensor& b) { return eq(a, b); }
 Tensor operator!=(const Tensor& a, const Tensor& b) { return ne(a, b); }
 Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
@@ -388,7 +373,7 @@ Tensor where(const Tensor& cond, const Tensor& a0, const Tensor& b0) {
     backend::Broadcast plan = make_plan(s, {&cond.shape(), &a.shape(), &b.shape()});
     a.backend().where(a.device().index(), compute, flux::detail::buffer_of(cond), flux::detail::buffer_of(a), flux::detail::buffer_of(b), flux::detail::buffer_of(out), plan);
   }
-  if (trace::active()) trace::emit("where", {cond, a, b}, out);
+  if (trace::active()) trace::emit(ops::where, {cond, a, b}, out);
   if (is_floating(compute)) {
     const bool need_a = autodiff::tracked(a), need_b = autodiff::tracked(b);  // e.g. where(mask, s, -inf)
     autodiff::record(out, {&a, &b}, [cond, sa = a.shape(), sb = b.shape(), need_a, need_b](const Tensor& g) {
@@ -401,11 +386,19 @@ Tensor where(const Tensor& cond, const Tensor& a0, const Tensor& b0) {
 
 // ---------------- unary ----------------
 namespace {
+// op(x) unrecorded; Float16/BFloat16 in one pass where the backend reads half storage (unary_half: the
+// same bits), else through Float32.
 Tensor unary_raw(UnaryOp op, const Tensor& x, double alpha = 0) {
-  if (is_half(x.dtype())) return raw_cast(unary_raw(op, raw_cast(x, DType::f32), alpha), x.dtype());
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (x.numel()) x.backend().unary(x.device().index(), op, x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(out), x.numel(), alpha);
-  return out;
+  const bool half = is_half(x.dtype());
+  if (!half || half_storage(x)) {
+    Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+    backend::Backend& be = x.backend();
+    const int dev = x.device().index();
+    if (x.numel() == 0) return out;
+    if (!half) be.unary(dev, op, x.dtype(), buffer_of(x), buffer_of(out), x.numel(), alpha);
+    if (!half || be.unary_half(dev, op, x.dtype(), buffer_of(x), buffer_of(out), x.numel(), alpha)) return out;
+  }
+  return raw_cast(unary_raw(op, raw_cast(x, DType::f32), alpha), x.dtype());
 }
 
 bool needs_float(UnaryOp op) {
@@ -417,71 +410,70 @@ bool needs_float(UnaryOp op) {
 }
 
 // Forward in the compute dtype, record backward(x, y, g), cast back for half types.
-template <class B> Tensor unary(const char* api, UnaryOp op, const Tensor& x0, double alpha, B backward) {
+template <class B> Tensor unary(const ops::Op& entry, UnaryOp op, const Tensor& x0, double alpha, B backward) {
+  const char* api = entry.name;
   check_defined(api, x0);
   DType t = x0.dtype();
   if (needs_float(op) && !is_floating(t)) t = DType::f32;
   if (t == DType::boolean) t = DType::i64;
   DType compute = is_half(t) ? DType::f32 : t;
   if (is_half(t) && x0.dtype() == t) {
-    // Half storage: one pass on the backend where it has one, else through float32 (the same bits).
-    // The tape keeps x and y in the half dtype (what autocast's memory saving rests on) and runs the
-    // backward formula in float32.
-    Tensor y = Tensor::empty(x0.shape(), t, x0.device());
-    if (x0.numel() && !x0.backend().unary_half(x0.device().index(), op, t, flux::detail::buffer_of(x0),
-                                               flux::detail::buffer_of(y), x0.numel(), alpha))
-      y = unary_raw(op, x0, alpha);
-    if (trace::active()) trace::emit(api, {x0}, y, {{"alpha", {}, {alpha}}});
-    autodiff::record(y, {&x0}, [x0, y, backward, t](const Tensor& g) {
-      const Tensor xf = raw_cast(x0, DType::f32), yf = raw_cast(y, DType::f32);
-      return Grads{Tensor(backward(xf, yf, g.cast(DType::f32))).cast(t)};
-    });
-    return y;
+    // Half storage: the tape keeps x and y in the half dtype (what autocast's memory saving rests on)
+    // and runs the backward formula in Float32.
+    return through_float32(
+        &entry, {&x0}, {x0},
+        [&](Grads& kept) {
+          Tensor y = unary_raw(op, x0, alpha);
+          kept.push_back(y);
+          return y;
+        },
+        [backward](const Grads& k, const Tensor& g) { return Grads{backward(k[0], k[1], g)}; },
+        {{"alpha", {}, {alpha}}});
   }
   Tensor x = x0.cast(compute);
   Tensor y = unary_raw(op, x, alpha);
-  if (trace::active()) trace::emit(api, {x}, y, {{"alpha", {}, {alpha}}});
+  if (trace::active()) trace::emit(entry, {x}, y, {{"alpha", {}, {alpha}}});
   if (is_floating(compute))
     autodiff::record(y, {&x}, [x, y, backward](const Tensor& g) { return Grads{backward(x, y, g)}; });
   return is_half(t) ? y.cast(t) : y;
 }
 }  // namespace
 
-Tensor neg(const Tensor& x) { return unary("neg", UnaryOp::neg, x, 0, [](auto&, auto&, const Tensor& g) { return -g; }); }
+Tensor neg(const Tensor& x) { return unary(ops::neg, UnaryOp::neg, x, 0, [](auto&, auto&, const Tensor& g) { return -g; }); }
 // exp and log are on autocast's Float32 list.
 Tensor exp(const Tensor& x0) {
   const Tensor x = autocast_f32(x0);
-  return unary("exp", UnaryOp::exp, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y; });
+  return unary(ops::exp, UnaryOp::exp, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y; });
 }
 Tensor log(const Tensor& x0) {
   const Tensor x = autocast_f32(x0);
-  return unary("log", UnaryOp::log, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / x; });
+  return unary(ops::log, UnaryOp::log, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / x; });
 }
 Tensor sqrt(const Tensor& x) {
-  return unary("sqrt", UnaryOp::sqrt, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g / (y * 2.0); });
+  return unary(ops::sqrt, UnaryOp::sqrt, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g / (y * 2.0); });
 }
 Tensor abs(const Tensor& x) {
-  return unary("abs", UnaryOp::abs, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * sign(x); });
+  return unary(ops::abs, UnaryOp::abs, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * sign(x); });
 }
 Tensor sign(const Tensor& x) {
-  return unary("sign", UnaryOp::sign, x, 0, [](auto&, auto&, const Tensor& g) { return zeros_like(g); });
+  return unary(ops::sign, UnaryOp::sign, x, 0, [](auto&, auto&, const Tensor& g) { return zeros_like(g); });
 }
 Tensor square(const Tensor& x) {
-  return unary("square", UnaryOp::square, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * x * 2.0; });
+  return unary(ops::square, UnaryOp::square, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * x * 2.0; });
 }
-Tensor sin(const Tensor& x) { return unary("sin", UnaryOp::sin, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * cos(x); }); }
-Tensor cos(const Tensor& x) { return unary("cos", UnaryOp::cos, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return -(g * sin(x)); }); }
+Tensor sin(const Tensor& x) { return unary(ops::sin, UnaryOp::sin, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * cos(x); }); }
+Tensor cos(const Tensor& x) { return unary(ops::cos, UnaryOp::cos, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return -(g * sin(x)); }); }
 // erf'(x) = 2/sqrt(pi) exp(-x^2)
 Tensor erf(const Tensor& x) {
-  return unary("erf", UnaryOp::erf, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+  return unary(ops::erf, UnaryOp::erf, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
     return g * exp(-(x * x)) * 1.1283791670955126;
   });
 }
 Tensor log1p(const Tensor& x) {
-  return unary("log1p", UnaryOp::log1p, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / (x + 1.0); });
+  return unary(ops::log1p, UnaryOp::log1p, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g / (x + 1.0); });
 }
 Tensor detail::tanh_op(const Tensor& x) {
-  return unary("tanh", UnaryOp::tanh, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * (1.0 - y * y); });
+  return unary(ops::tanh, UnaryOp::tanh, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * (1.0 - y * y); });
 }
 Tensor clamp(const Tensor& x, double lo, double hi) {
   if (lo > hi) fail("[clamp] lower bound ", lo, " is above upper bound ", hi);
@@ -490,34 +482,23 @@ Tensor clamp(const Tensor& x, double lo, double hi) {
 
 namespace detail {
 Tensor sigmoid_op(const Tensor& x) {
-  return unary("sigmoid", UnaryOp::sigmoid, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); });
+  return unary(ops::sigmoid, UnaryOp::sigmoid, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); });
 }
 Tensor relu_op(const Tensor& x) {
-  if (x.defined() && is_half(x.dtype()) && autodiff::tracked(x)) {
-    // A low activation on a tape: the mask product is exact in the low dtype, so the backward runs
-    // there, one pass each where the backend has half kernels (no float32 copies of x, y and g).
-    const DType t = x.dtype();
-    Tensor y = Tensor::empty(x.shape(), t, x.device());
-    if (x.numel() && !x.backend().unary_half(x.device().index(), UnaryOp::relu, t, flux::detail::buffer_of(x),
-                                             flux::detail::buffer_of(y), x.numel(), 0))
-      y = unary_raw(UnaryOp::relu, x);
-    if (trace::active()) trace::emit("relu", {x}, y, {{"alpha", {}, {0.0}}});
-    autodiff::record(y, {&x}, [x, t](const Tensor& g) {
-      Tensor mask = Tensor::empty(x.shape(), t, x.device());
-      if (x.numel() && !x.backend().unary_half(x.device().index(), UnaryOp::step, t, flux::detail::buffer_of(x),
-                                               flux::detail::buffer_of(mask), x.numel(), 0))
-        mask = unary_raw(UnaryOp::step, x);
-      const Tensor dx = (g.dtype() == t ? g : raw_cast(g, t)) * mask;
-      return Grads{dx};
-    });
-    return y;
+  if (x.defined() && is_half(x.dtype())) {
+    // A low activation: the mask product is exact in the low dtype, so the backward runs there, one
+    // pass each where the backend reads half storage (no Float32 copies of x, y and g).
+    return through_float32(
+        &ops::relu, {&x}, {x}, [&](Grads&) { return unary_raw(UnaryOp::relu, x); },
+        [](const Grads& k, const Tensor& g) { return Grads{g * unary_raw(UnaryOp::step, k[0])}; },
+        {{"alpha", {}, {0.0}}}, x.dtype());
   }
-  return unary("relu", UnaryOp::relu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+  return unary(ops::relu, UnaryOp::relu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
     return g * unary_raw(UnaryOp::step, x);
   });
 }
 Tensor leakyrelu_op(const Tensor& x, double a) {
-  return unary("leakyrelu", UnaryOp::leakyrelu, x, a, [a](const Tensor& x, auto&, const Tensor& g) {
+  return unary(ops::leakyrelu, UnaryOp::leakyrelu, x, a, [a](const Tensor& x, auto&, const Tensor& g) {
     Tensor s = unary_raw(UnaryOp::step, x);
     return g * (s * (1.0 - a) + a);
   });
@@ -528,7 +509,7 @@ Tensor leakyrelu_op(const Tensor& x, double a) {
 // exp/tanh. sigmoid' = y (1 - y) and tanh' = 1 - y^2 (as NNlib and PyTorch) have no large factor:
 // their error is at most ~1 ulp of 1, and 0 where y is exactly 1 (the kernels saturate exactly).
 Tensor elu_op(const Tensor& x, double a) {
-  return unary("elu", UnaryOp::elu, x, a, [a](const Tensor& x, auto&, const Tensor& g) {
+  return unary(ops::elu, UnaryOp::elu, x, a, [a](const Tensor& x, auto&, const Tensor& g) {
     return where(x > 0.0, g, g * exp(x) * a);
   });
 }
@@ -545,7 +526,7 @@ Tensor fused_unary_grad(UnaryOp op, const Tensor& x, const Tensor& g) {
   return dx;
 }
 Tensor gelu_op(const Tensor& x) {
-  return unary("gelu", UnaryOp::gelu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+  return unary(ops::gelu, UnaryOp::gelu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
     if (Tensor dx = fused_unary_grad(UnaryOp::gelu, x, g); dx.defined()) return dx;
     // gelu(x) = x s(u), u = c2 x (1 + k x^2), c2 = 2 sqrt(2 / pi):
     // gelu'(x) = s(u) + x s(u) s(-u) c2 (1 + 3 k x^2)
@@ -556,12 +537,24 @@ Tensor gelu_op(const Tensor& x) {
     return g * (s + x * s * sigmoid_op(-u) * (1.0 + x2 * (3.0 * k)) * c2);
   });
 }
-Tensor gelu_erf_op(const Tensor& x) { return x * (1.0 + erf(x * 0.70710678118654752440)) * 0.5; }
+// PyTorch's exact GELU from public ops (their backward comes with them). Traced as one "gelu_erf"
+// event, so that the exporter can write it as one node (ONNX Gelu from opset 20).
+Tensor gelu_erf_op(const Tensor& x) {
+  auto composite = [&] { return x * (1.0 + erf(x * 0.70710678118654752440)) * 0.5; };
+  if (!trace::active()) return composite();
+  Tensor y;
+  {
+    trace::Scope untraced(nullptr);
+    y = composite();
+  }
+  trace::emit(ops::gelu_erf, {x}, y);
+  return y;
+}
 Tensor softplus_op(const Tensor& x) {
-  return unary("softplus", UnaryOp::softplus, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * sigmoid_op(x); });
+  return unary(ops::softplus, UnaryOp::softplus, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return g * sigmoid_op(x); });
 }
 Tensor swish_op(const Tensor& x) {
-  return unary("swish", UnaryOp::swish, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+  return unary(ops::swish, UnaryOp::swish, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
     if (Tensor dx = fused_unary_grad(UnaryOp::swish, x, g); dx.defined()) return dx;
     Tensor s = sigmoid_op(x);  // swish'(x) = s + x s (1 - s), with 1 - s = sigmoid(-x): exact for large x
     return g * (s + x * s * sigmoid_op(-x));

@@ -7,7 +7,7 @@
 #include "src/autocast.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/storage_cache.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -56,7 +56,7 @@ Tensor matmul_core(const Tensor& a, const Tensor& b, bool ta, bool tb) {
       be.cast(dev, DType::f32, flux::detail::buffer_of(cf), a.dtype(), flux::detail::buffer_of(c), c.numel());
     }
   }
-  if (trace::active()) trace::emit("matmul", {a, b}, c, {{"trans", {int64_t(ta), int64_t(tb)}, {}}});
+  if (trace::active()) trace::emit(ops::matmul, {a, b}, c, {{"trans", {int64_t(ta), int64_t(tb)}, {}}});
   if (is_floating(a.dtype())) {
     // Only the gradients of recorded inputs are computed: a Dense layer's input batch needs none.
     bool need_a = autodiff::tracked(a), need_b = autodiff::tracked(b);
@@ -129,7 +129,7 @@ Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool re
   if (!need_x && !need_w && !need_b && library_kernels() &&
       x.backend().linear_forward(x.device().index(), t, flux::detail::buffer_of(x), flux::detail::buffer_of(w), &detail::storage_cache(w), flux::detail::buffer_of(b),
                                  flux::detail::buffer_of(y), n, in, out, relu)) {
-    if (trace::active()) trace::emit("linear", {x, w, b}, y, {{"relu", {int64_t(relu)}, {}}});
+    if (trace::active()) trace::emit(ops::linear, {x, w, b}, y, {{"relu", {int64_t(relu)}, {}}});
     return y;
   }
   if (is_half(t)) return half_linear_training(x, w, b, y, relu, need_x, need_w, need_b);
@@ -146,7 +146,7 @@ Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool re
   g.stride_a = n * in, g.stride_b = out * in, g.stride_c = n * out;
   g.beta = 1.0;
   x.backend().matmul(x.device().index(), t, flux::detail::buffer_of(x), flux::detail::buffer_of(w), flux::detail::buffer_of(y), g);
-  if (trace::active()) trace::emit("linear", {x, w, b}, y, {{"relu", {0}, {}}});
+  if (trace::active()) trace::emit(ops::linear, {x, w, b}, y, {{"relu", {0}, {}}});
   autodiff::record(y, {&x, &w, &b}, [x, w, need_x, need_w, need_b](const Tensor& gy) {
     Tensor dx, dw, db;
     if (need_x) dx = matmul(gy, w);                 // (n, out) (out, in)

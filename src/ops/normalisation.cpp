@@ -7,11 +7,18 @@
 // xc = x - mean, inv = 1 / sqrt(var + eps), a = weight * inv:
 //   dbias = Σ dy,  dweight = inv Σ dy xc,  dx = a dy - a Σdy / m - xc a inv² Σ(dy xc) / m.
 #include <algorithm>
+#include <cstring>
+#include <memory>
+#include <tuple>
 
 #include "flux/autodiff.hpp"
 #include "src/autocast.hpp"
+#include "src/internal.hpp"
+#include "src/storage_cache.hpp"
 #include "flux/ops.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/ops/registry.hpp"
+#include "src/ops/through_float32.hpp"
 #include "src/trace.hpp"
 
 namespace flux {
@@ -60,7 +67,6 @@ Tensor f32_param(const Tensor& p) { return p.defined() && p.dtype() != DType::f3
 // y, and the batch's mean and var; false where it has none (the caller goes through Float32 copies).
 bool batchnorm_forward_low(const Tensor& x, const Tensor& w32, const Tensor& b32, double eps, int64_t n, int64_t c,
                            int64_t s, Tensor& y, Tensor& mean, Tensor& var) {
-  if (!detail::library_kernels() || trace::active()) return false;
   y = Tensor::empty(x.shape(), x.dtype(), x.device());
   mean = Tensor::empty(Shape{c}, DType::f32, x.device());
   var = Tensor::empty(Shape{c}, DType::f32, x.device());
@@ -70,49 +76,44 @@ bool batchnorm_forward_low(const Tensor& x, const Tensor& w32, const Tensor& b32
 }
 
 // batchnorm with batch statistics under autocast, x in Float16/BFloat16: statistics and arithmetic in
-// Float32, the output in x's dtype. The tape keeps x itself (not a Float32 copy) and the Float32
-// statistics. Where the backend has a kernel for the half storage (the CPU's), forward and backward
-// read and write it directly; elsewhere x (and the gradient) are cast up, the Float32 kernels run and
-// the result is cast down, so the saved activation costs what the low dtype costs either way.
+// Float32, the output in x's dtype, one node keeping x itself and the Float32 statistics. Where the
+// backend reads half storage (reads_half) its kernels read and write it directly, forward and backward;
+// elsewhere x (and the gradient) are cast up, the Float32 kernels run and the result is cast down.
 Tensor batchnorm_low(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor* batch_mean,
                      Tensor* batch_var) {
   const DType low = x.dtype();
   const int64_t n = x.shape()[0], c = x.shape()[1], s = x.numel() / std::max<int64_t>(1, n * c);
-  Tensor y, mean, var;
-  bool direct = false;  // the backend read and wrote the half storage itself
-  {
-    autodiff::NoGrad no_grad;  // recorded once, below
-    auto fits = [&](const Tensor& p) { return !p.defined() || (p.shape() == Shape{c} && p.device() == x.device()); };
-    const bool params_fit = fits(weight) && fits(bias);
-    direct = params_fit && n * s >= 2 && batchnorm_forward_low(x, f32_param(weight), f32_param(bias), eps, n, c, s, y, mean, var);
-    if (!direct) y = detail::raw_cast(batchnorm(detail::raw_cast(x, DType::f32), weight, bias, eps, &mean, &var), low);
-  }
+  auto fits = [&](const Tensor& p) { return !p.defined() || (p.shape() == Shape{c} && p.device() == x.device()); };
+  const bool direct = detail::reads_half(x) && detail::library_kernels() && fits(weight) && fits(bias) && n * s >= 2;
+  const bool has_weight = weight.defined(), has_bias = bias.defined();
+  Tensor mean, var;
+  Tensor y = detail::through_float32(
+      nullptr, {&x, &weight, &bias}, {x, weight},
+      [&](Grads& kept) {
+        Tensor out;
+        if (!(direct && batchnorm_forward_low(x, f32_param(weight), f32_param(bias), eps, n, c, s, out, mean, var)))
+          out = detail::raw_cast(batchnorm(detail::raw_cast(x, DType::f32), weight, bias, eps, &mean, &var), low);
+        kept.push_back(mean), kept.push_back(var);
+        return out;
+      },
+      [=](const Grads& k, const Tensor& g) {
+        const Tensor &xk = k[0], w32 = f32_param(k[1]), &m = k[2], &v = k[3];
+        if (xk.dtype() == low && g.dtype() == low) {  // the backend's half kernel: dx in the low dtype
+          Tensor dx = Tensor::empty(xk.shape(), low, g.device());
+          Tensor dweight = has_weight ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
+          Tensor dbias = has_bias ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
+          if (g.backend().batchnorm_backward(g.device().index(), low, flux::detail::buffer_of(xk), flux::detail::buffer_of(g),
+                                             buffer_or_none(w32), flux::detail::buffer_of(m), flux::detail::buffer_of(v),
+                                             flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), n,
+                                             c, s, eps))
+            return Grads{dx, dweight, dbias};
+        }
+        return batchnorm_backward(detail::float32_of(xk), detail::raw_cast(g, DType::f32), w32, m, v, eps, n, c, s,
+                                  has_weight, has_bias);
+      },
+      {}, direct ? detail::kAsStored : DType::f32);
   if (batch_mean) *batch_mean = mean;
   if (batch_var) *batch_var = var;
-  const bool has_weight = weight.defined(), has_bias = bias.defined();
-  autodiff::record(y, {&x, &weight, &bias}, [=](const Tensor& g) {
-    if (direct && g.dtype() == low) {  // the backend's half kernel: dx in the low dtype, Float32 dweight, dbias
-      const Tensor w32 = f32_param(weight);
-      Tensor dx = Tensor::empty(x.shape(), low, g.device());
-      Tensor dweight = has_weight ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
-      Tensor dbias = has_bias ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
-      if (g.backend().batchnorm_backward(g.device().index(), low, flux::detail::buffer_of(x), flux::detail::buffer_of(g),
-                                         buffer_or_none(w32), flux::detail::buffer_of(mean), flux::detail::buffer_of(var),
-                                         flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), n, c,
-                                         s, eps)) {
-        if (has_weight && dweight.dtype() != weight.dtype()) dweight = dweight.cast(weight.dtype());
-        if (has_bias && dbias.dtype() != bias.dtype()) dbias = dbias.cast(bias.dtype());
-        return Grads{dx, dweight, dbias};
-      }
-    }
-    // The float32 copies of x and g go before dx is cast down.
-    Grads grads = batchnorm_backward(detail::raw_cast(x, DType::f32), detail::raw_cast(g, DType::f32), weight, mean, var,
-                                     eps, n, c, s, has_weight, has_bias);
-    grads[0] = detail::raw_cast(grads[0], low);
-    if (has_weight && grads[1].dtype() != weight.dtype()) grads[1] = grads[1].cast(weight.dtype());
-    if (has_bias && grads[2].dtype() != bias.dtype()) grads[2] = grads[2].cast(bias.dtype());
-    return grads;
-  });
   return y;
 }
 }  // namespace
@@ -168,7 +169,7 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
     mean = mean3.reshape(Shape{c});
     var = var3.reshape(Shape{c});
   }
-  if (trace::active()) trace::emit("batchnorm_train", {x, weight, bias}, y, {{"eps", {}, {eps}}});
+  if (trace::active()) trace::emit(ops::batchnorm_train, {x, weight, bias}, y, {{"eps", {}, {eps}}});
   if (batch_mean) *batch_mean = mean;
   if (batch_var) *batch_var = var;
   Shape xshape = x.shape();
@@ -216,23 +217,67 @@ Tensor channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift,
 }
 }  // namespace
 
+namespace {
+// A BatchNorm folded into (scale, shift), kept in a storage cache (fold_batchnorm).
+struct FoldedBatchNorm final : backend::Prepared {
+  Tensor scale, shift;
+};
+}  // namespace
+
+std::pair<Tensor, Tensor> detail::fold_batchnorm(const Tensor& weight, const Tensor& bias, const Tensor& mean,
+                                                 const Tensor& var, double eps, const Tensor& conv_bias,
+                                                 const Tensor& conv_weight) {
+  auto fold = [&]() -> std::pair<Tensor, Tensor> {
+    if (!var.defined()) {
+      const int64_t c = conv_weight.shape()[0];
+      return {ones(Shape{c}, conv_weight.dtype(), conv_weight.device()),
+              conv_bias.defined() ? conv_bias : zeros(Shape{c}, conv_weight.dtype(), conv_weight.device())};
+    }
+    Tensor scale = 1.0 / sqrt(var + eps);
+    if (weight.defined()) scale = scale * weight;
+    Tensor shift = -(mean * scale);
+    if (bias.defined()) shift = shift + bias;
+    if (conv_bias.defined()) shift = shift + conv_bias * scale;
+    return {scale, shift};
+  };
+  const Tensor* parts[] = {&var, &weight, &mean, &bias, &conv_bias};
+  bool constant = !trace::active();  // else the trace records the small ops
+  for (const Tensor* p : parts) constant = constant && !autodiff::tracked(*p);
+  if (!constant) return fold();
+  backend::PreparedKey key{};
+  key[0] = int64_t(CoreEntry::folded_batchnorm);
+  for (size_t i = 0; i < 5; ++i) {
+    key[1 + 2 * i] = int64_t(content_version(*parts[i]));
+    key[2 + 2 * i] = parts[i]->defined() ? int64_t(parts[i]->impl()->offset) : -1;
+  }
+  std::memcpy(&key[11], &eps, sizeof(double));
+  key[12] = var.defined() ? var.numel() : conv_weight.shape()[0];
+  StorageCache& cache = storage_cache(var.defined() ? var : conv_weight);
+  if (auto kept = cache.find(key)) {
+    const auto& f = static_cast<const FoldedBatchNorm&>(*kept);
+    return {f.scale, f.shift};
+  }
+  auto f = std::make_shared<FoldedBatchNorm>();
+  std::tie(f->scale, f->shift) = fold();
+  cache.insert(key, f);
+  return {f->scale, f->shift};
+}
+
 Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean, const Tensor& var,
                  double eps) {
   detail::check_defined("batchnorm", x);
   if (detail::autocast_active() && detail::is_half(x.dtype())) {
-    // Outside a tape: the backend's channel_affine on the half storage (scale and shift folded in
-    // Float32 as below); else, or where it has none, through Float32 copies.
+    // Outside a tape, where the backend reads the half storage: its channel_affine on it, the statistics
+    // folded in Float32; else through Float32 copies.
     const Tensor* operands[] = {&x, &weight, &bias, &mean, &var};
-    bool plain = detail::library_kernels() && !trace::active() && x.ndim() >= 2 && mean.defined() && var.defined();
+    bool plain = detail::reads_half(x) && detail::library_kernels() && x.ndim() >= 2 && mean.defined() && var.defined();
     for (const Tensor* p : operands) plain = plain && !autodiff::tracked(*p) && (!p->defined() || p->device() == x.device());
     const int64_t c = x.ndim() >= 2 ? x.shape()[1] : 0;
     for (const Tensor* p : {&weight, &bias, &mean, &var}) plain = plain && (!p->defined() || p->shape() == Shape{c});
     if (plain) {
       autodiff::NoGrad no_grad;
-      Tensor scale = 1.0 / sqrt(f32_param(var) + eps);
-      if (weight.defined()) scale = scale * f32_param(weight);
-      Tensor shift = -(f32_param(mean) * scale);
-      if (bias.defined()) shift = shift + f32_param(bias);
+      const auto [scale, shift] =
+          detail::fold_batchnorm(f32_param(weight), f32_param(bias), f32_param(mean), f32_param(var), eps);
       const int64_t n = x.shape()[0], s = x.numel() / std::max<int64_t>(1, n * c);
       Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
       if (x.backend().channel_affine(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(scale),
@@ -255,15 +300,12 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
                    "; got ", to_string(p->shape()));
     detail::check_same_device("batchnorm", x, *p);
   }
-  // Fold the statistics into per-channel scale and shift (small recorded ops), then one pass over x.
-  Tensor scale = 1.0 / sqrt(var + eps);
-  if (weight.defined()) scale = scale * weight;
-  Tensor shift = -(mean * scale);
-  if (bias.defined()) shift = shift + bias;
+  // The statistics folded into per-channel scale and shift, then one pass over x.
+  auto [scale, shift] = detail::fold_batchnorm(weight, bias, mean, var, eps);
   if (scale.dtype() != x.dtype()) scale = scale.cast(x.dtype());
   if (shift.dtype() != x.dtype()) shift = shift.cast(x.dtype());
   Tensor y = channel_affine(x, scale, shift, n, c, s);
-  if (trace::active()) trace::emit("batchnorm", {x, weight, bias, mean, var}, y, {{"eps", {}, {eps}}});
+  if (trace::active()) trace::emit(ops::batchnorm, {x, weight, bias, mean, var}, y, {{"eps", {}, {eps}}});
   return y;
 }
 
@@ -292,7 +334,7 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
     Tensor mean = Tensor::empty(Shape{r}, t, x2.device()), rstd = Tensor::empty(Shape{r}, t, x2.device());
     if (x2.backend().rownorm_forward(x2.device().index(), t, flux::detail::buffer_of(x2), buffer_or_none(weight), buffer_or_none(bias),
                                      flux::detail::buffer_of(y), flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd), r, d, eps)) {
-      if (trace::active()) trace::emit("rownorm", {x2, weight, bias}, y, {{"eps", {}, {eps}}});
+      if (trace::active()) trace::emit(ops::rownorm, {x2, weight, bias}, y, {{"eps", {}, {eps}}});
       autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
         Tensor g = dy.dtype() == t ? dy : dy.cast(t);
         Tensor dx = Tensor::empty(x2.shape(), t, g.device());
@@ -321,7 +363,7 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
     y = has_weight ? xhat * weight : xhat;
     if (has_bias) y = y + bias;
   }
-  if (trace::active()) trace::emit("rownorm", {x2, weight, bias}, y, {{"eps", {}, {eps}}});
+  if (trace::active()) trace::emit(ops::rownorm, {x2, weight, bias}, y, {{"eps", {}, {eps}}});
   autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
     Tensor g = has_weight ? dy * weight : dy;
     Tensor dx = inv * (g - sum(g, 1, true) / double(d) - xhat * (sum(g * xhat, 1, true) / double(d)));
@@ -334,103 +376,83 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
 
 // normalise_rows under autocast, x2 in Float16/BFloat16: statistics and arithmetic in Float32, the
 // output in x2's dtype. The tape keeps x2 itself and the rows' Float32 mean and 1 / std (R values each),
-// not a Float32 copy of the rows; the backend's half kernels read it directly where it has them.
+// not a Float32 copy of the rows; the backend's kernels read it directly where it reads half storage
+// (backend.hpp: x, y, dy, dx in the low dtype, the rest Float32; bitwise the Float32 path).
 Tensor normalise_rows_low(const Tensor& x2, const Tensor& weight, const Tensor& bias, double eps) {
   const int64_t r = x2.shape()[0], d = x2.shape()[1];
   const DType low = x2.dtype(), f32 = DType::f32;
   const bool has_weight = weight.defined(), has_bias = bias.defined();
-  Tensor w32 = has_weight ? detail::raw_cast(weight, f32) : Tensor(), b32 = has_bias ? detail::raw_cast(bias, f32) : Tensor();
-  Tensor y, mean, rstd;  // mean, rstd: (R, 1)
-  // The backend's kernel on the half storage directly (backend.hpp: x, y, dy, dx in the low dtype, the
-  // rest Float32): bitwise the Float32 path below, without its full-tensor Float32 copies.
-  bool direct = false;
-  if (detail::library_kernels() && !trace::active()) {
-    y = Tensor::empty(x2.shape(), low, x2.device());
-    mean = Tensor::empty(Shape{r, 1}, f32, x2.device()), rstd = Tensor::empty(Shape{r, 1}, f32, x2.device());
-    direct = x2.backend().rownorm_forward(x2.device().index(), low, flux::detail::buffer_of(x2), buffer_or_none(w32),
-                                          buffer_or_none(b32), flux::detail::buffer_of(y), flux::detail::buffer_of(mean),
-                                          flux::detail::buffer_of(rstd), r, d, eps);
-  }
-  if (!direct) {
-    autodiff::NoGrad no_grad;  // recorded once, below
-    Tensor x32 = detail::raw_cast(x2, f32);
-    Tensor y32 = Tensor::empty(x2.shape(), f32, x2.device());
-    mean = Tensor::empty(Shape{r, 1}, f32, x2.device()), rstd = Tensor::empty(Shape{r, 1}, f32, x2.device());
-    if (!(detail::library_kernels() &&
-          x2.backend().rownorm_forward(x2.device().index(), f32, flux::detail::buffer_of(x32), buffer_or_none(w32),
-                                       buffer_or_none(b32), flux::detail::buffer_of(y32), flux::detail::buffer_of(mean),
-                                       flux::detail::buffer_of(rstd), r, d, eps))) {
-      mean = sum(x32, 1, true) / double(d);
-      Tensor xc = x32 - mean;
-      rstd = 1.0 / sqrt(sum(square(xc), 1, true) / double(d) + eps);
-      y32 = has_weight ? xc * rstd * w32 : xc * rstd;
-      if (has_bias) y32 = y32 + b32;
-    }
-    y = detail::raw_cast(y32, low);
-  }
-  if (trace::active()) trace::emit("rownorm", {x2, weight, bias}, y, {{"eps", {}, {eps}}});
-  autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
-    if (direct && dy.dtype() == low) {
-      Tensor dx = Tensor::empty(x2.shape(), low, dy.device());
-      Tensor dweight = has_weight ? Tensor::empty(Shape{d}, f32, dy.device()) : Tensor();
-      Tensor dbias = has_bias ? Tensor::empty(Shape{d}, f32, dy.device()) : Tensor();
-      if (dy.backend().rownorm_backward(dy.device().index(), low, flux::detail::buffer_of(x2), flux::detail::buffer_of(dy),
+  const bool direct = detail::reads_half(x2) && detail::library_kernels();
+  // The backend's kernel in dtype t (the low one, or Float32 on Float32 copies): false where it has none.
+  auto fused = [r, d, has_weight, has_bias](DType t, const Tensor& x, const Tensor& g, const Tensor& w32,
+                                             const Tensor& mean, const Tensor& rstd, Grads& grads) {
+    grads = {Tensor::empty(x.shape(), t, x.device()), has_weight ? Tensor::empty(Shape{d}, DType::f32, x.device()) : Tensor(),
+             has_bias ? Tensor::empty(Shape{d}, DType::f32, x.device()) : Tensor()};
+    return detail::library_kernels() &&
+           x.backend().rownorm_backward(x.device().index(), t, flux::detail::buffer_of(x), flux::detail::buffer_of(g),
                                         buffer_or_none(w32), flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd),
-                                        flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), r, d)) {
-        Grads grads{dx, dweight, dbias};
-        if (has_weight && dweight.dtype() != weight.dtype()) grads[1] = detail::raw_cast(dweight, weight.dtype());
-        if (has_bias && dbias.dtype() != bias.dtype()) grads[2] = detail::raw_cast(dbias, bias.dtype());
-        return grads;
-      }
-    }
-    Tensor x32 = detail::raw_cast(x2, f32), g = detail::raw_cast(dy, f32);
-    Tensor dx = Tensor::empty(x2.shape(), f32, g.device());
-    Tensor dweight = has_weight ? Tensor::empty(Shape{d}, f32, g.device()) : Tensor();
-    Tensor dbias = has_bias ? Tensor::empty(Shape{d}, f32, g.device()) : Tensor();
-    if (!(detail::library_kernels() &&
-          g.backend().rownorm_backward(g.device().index(), f32, flux::detail::buffer_of(x32), flux::detail::buffer_of(g),
-                                       buffer_or_none(w32), flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd),
-                                       flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), r, d))) {
-      Tensor xhat = (x32 - mean) * rstd;
-      Tensor gw = has_weight ? g * w32 : g;
-      dx = rstd * (gw - sum(gw, 1, true) / double(d) - xhat * (sum(gw * xhat, 1, true) / double(d)));
-      if (has_weight) dweight = sum(g * xhat, 0);
-      if (has_bias) dbias = sum(g, 0);
-    }
-    Grads grads{detail::raw_cast(dx, low), dweight, dbias};
-    if (has_weight && dweight.dtype() != weight.dtype()) grads[1] = detail::raw_cast(dweight, weight.dtype());
-    if (has_bias && dbias.dtype() != bias.dtype()) grads[2] = detail::raw_cast(dbias, bias.dtype());
-    return grads;
-  });
-  return y;
+                                        flux::detail::buffer_of(grads[0]), buffer_or_none(grads[1]), buffer_or_none(grads[2]),
+                                        r, d);
+  };
+  return detail::through_float32(
+      &ops::rownorm, {&x2, &weight, &bias}, {x2, weight},
+      [&](Grads& kept) {
+        const Tensor w32 = f32_param(weight), b32 = f32_param(bias);
+        Tensor mean = Tensor::empty(Shape{r, 1}, f32, x2.device()), rstd = Tensor::empty(Shape{r, 1}, f32, x2.device());
+        auto forward = [&](DType t, const Tensor& x, const Tensor& y) {
+          return detail::library_kernels() &&
+                 x.backend().rownorm_forward(x.device().index(), t, flux::detail::buffer_of(x), buffer_or_none(w32),
+                                             buffer_or_none(b32), flux::detail::buffer_of(y), flux::detail::buffer_of(mean),
+                                             flux::detail::buffer_of(rstd), r, d, eps);
+        };
+        Tensor y = direct ? Tensor::empty(x2.shape(), low, x2.device()) : Tensor();
+        if (!(direct && forward(low, x2, y))) {
+          const Tensor x32 = detail::raw_cast(x2, f32);
+          Tensor y32 = Tensor::empty(x2.shape(), f32, x2.device());
+          if (!forward(f32, x32, y32)) {
+            mean = sum(x32, 1, true) / double(d);
+            Tensor xc = x32 - mean;
+            rstd = 1.0 / sqrt(sum(square(xc), 1, true) / double(d) + eps);
+            y32 = has_weight ? xc * rstd * w32 : xc * rstd;
+            if (has_bias) y32 = y32 + b32;
+          }
+          y = detail::raw_cast(y32, low);
+        }
+        kept.push_back(mean), kept.push_back(rstd);
+        return y;
+      },
+      [=](const Grads& k, const Tensor& dy) {
+        const Tensor &x = k[0], w32 = f32_param(k[1]), &mean = k[2], &rstd = k[3];
+        Grads grads;
+        if (x.dtype() == low && dy.dtype() == low && fused(low, x, dy, w32, mean, rstd, grads)) return grads;
+        const Tensor x32 = detail::float32_of(x), g = detail::raw_cast(dy, f32);
+        if (fused(f32, x32, g, w32, mean, rstd, grads)) return grads;
+        const Tensor xhat = (x32 - mean) * rstd, gw = has_weight ? g * w32 : g;
+        return Grads{rstd * (gw - sum(gw, 1, true) / double(d) - xhat * (sum(gw * xhat, 1, true) / double(d))),
+                     has_weight ? sum(g * xhat, 0) : Tensor(), has_bias ? sum(g, 0) : Tensor()};
+      },
+      {{"eps", {}, {eps}}}, direct ? detail::kAsStored : f32);
 }
 
 // y (N, C, S) in Float16/BFloat16 * weight + bias per channel (each (C,) or undefined) in Float32, the
 // output in y's dtype: GroupNorm's affine under autocast, one recorded op that keeps y itself.
 Tensor channel_affine_low(const Tensor& y, const Tensor& weight, const Tensor& bias) {
-  const DType low = y.dtype(), f32 = DType::f32;
   const int64_t c = y.shape()[1];
   const Shape per_channel{1, c, 1};
   const bool has_weight = weight.defined(), has_bias = bias.defined();
-  Tensor out;
-  {
-    autodiff::NoGrad no_grad;  // recorded once, below
-    Tensor o = detail::raw_cast(y, f32);
-    if (has_weight) o = o * detail::raw_cast(weight, f32).reshape(per_channel);
-    if (has_bias) o = o + detail::raw_cast(bias, f32).reshape(per_channel);
-    out = detail::raw_cast(o, low);
-  }
-  const Tensor keep_y = has_weight && autodiff::tracked(weight) ? y : Tensor();
-  autodiff::record(out, {&y, &weight, &bias}, [=](const Tensor& g) {
-    const Tensor g32 = detail::raw_cast(g, f32);
-    Grads grads{detail::raw_cast(has_weight ? g32 * detail::raw_cast(weight, f32).reshape(per_channel) : g32, low), Tensor(),
-                Tensor()};
-    if (keep_y.defined())
-      grads[1] = detail::raw_cast(channel_sum(g32 * detail::raw_cast(keep_y, f32)).reshape(Shape{c}), weight.dtype());
-    if (has_bias) grads[2] = detail::raw_cast(channel_sum(g32).reshape(Shape{c}), bias.dtype());
-    return grads;
-  });
-  return out;
+  return detail::through_float32(
+      nullptr, {&y, &weight, &bias}, {has_weight && autodiff::tracked(weight) ? y : Tensor(), weight},
+      [&](Grads&) {
+        Tensor o = detail::raw_cast(y, DType::f32);
+        if (has_weight) o = o * detail::raw_cast(weight, DType::f32).reshape(per_channel);
+        if (has_bias) o = o + detail::raw_cast(bias, DType::f32).reshape(per_channel);
+        return detail::raw_cast(o, y.dtype());
+      },
+      [=](const Grads& k, const Tensor& g) {
+        return Grads{has_weight ? g * k[1].reshape(per_channel) : g,
+                     k[0].defined() ? channel_sum(g * k[0]).reshape(Shape{c}) : Tensor(),
+                     has_bias ? channel_sum(g).reshape(Shape{c}) : Tensor()};
+      });
 }
 }  // namespace
 

@@ -1,6 +1,7 @@
 // Helpers shared by the op implementation files (not installed).
 #pragma once
 #include <initializer_list>
+#include <utility>
 
 #include "flux/backend.hpp"
 #include "flux/ops.hpp"
@@ -53,6 +54,15 @@ bool library_kernels();
 /// or a backend without the kernel; the caller then composes the ops. Shapes are checked as conv's.
 Tensor conv_affine(const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& shift, const Tensor& residual,
                    const ConvParams& p, bool relu, bool relu_after);
+
+/// BatchNorm on running statistics as y = x * scale + shift per channel, with the bias of a conv before
+/// it folded in: scale = weight / sqrt(var + eps), shift = bias - mean * scale + conv_bias * scale
+/// (weight, bias, conv_bias may be undefined). Without statistics (var undefined): scale 1, shift
+/// conv_bias or 0, in conv_weight's dtype, device and out channels. Recorded ops while a part is tracked
+/// or a trace runs; else made once and kept in the storage cache of var (or conv_weight) under
+/// CoreEntry::folded_batchnorm and the parts' content versions, so that any write makes a new one.
+std::pair<Tensor, Tensor> fold_batchnorm(const Tensor& weight, const Tensor& bias, const Tensor& mean, const Tensor& var,
+                                         double eps, const Tensor& conv_bias = Tensor(), const Tensor& conv_weight = Tensor());
 
 /// One operand of fused_attention: base's elements from `offset`, at element strides `stride` over its
 /// (b0, b1, row) axes, each row of the op's width contiguous (src/ops/attention.cpp).

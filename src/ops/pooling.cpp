@@ -19,6 +19,8 @@
 #include "flux/ops.hpp"
 #include "src/ops/conv_geometry.hpp"
 #include "src/ops/ops_internal.hpp"
+#include "src/ops/registry.hpp"
+#include "src/ops/through_float32.hpp"
 #include "src/trace.hpp"
 
 namespace flux {
@@ -55,66 +57,44 @@ void window_fits(const char* api, ConvGeometry& g) {
 }
 
 // y = pool(x) over g through the backend, with its backward recorded: dx = the adjoint of dy, max
-// sending each window's gradient to its first maximum in window order.
+// sending each window's gradient to its first maximum in window order. Float16/BFloat16 as the backend
+// takes them (reads_half) or through Float32 (a max is exact; a mean is rounded once); the tape keeps x
+// and y in their own dtype either way, and a max's y cast up is the Float32 maximum exactly.
 Tensor pool_raw(PoolOp op, const Tensor& x, const ConvGeometry& g) {
-  // Float16/BFloat16 through float32 (a max is exact; a mean is rounded once). The tape keeps x and y
-  // in their own dtype (what autocast's memory saving rests on: no Float32 copies outlive the op); the
-  // backward casts them up, and a max's y cast up is the float32 maximum exactly.
-  // The CPU backend pools half storage itself (pooling.cpp: per-plane float32 copies in cache, the same
-  // bits); backend.hpp asks the other backends for f32/f64 only.
-  if (is_half(x.dtype()) && x.device().is_cpu() && !trace::active()) {
-    const DType t = x.dtype();
-    Tensor y = Tensor::empty(output_shape(g), t, x.device());
-    if (y.numel())
-      x.backend().pool_forward(x.device().index(), op, t, flux::detail::buffer_of(x), flux::detail::buffer_of(y), g);
-    autodiff::record(y, {&x}, [op, x, y, g, t](const Tensor& dy) {
-      // A gradient of another dtype (Float32) goes through Float32 copies: rounding it first would lose bits.
-      const DType u = dy.dtype() == t ? t : DType::f32;
-      auto as_u = [u](const Tensor& v) { return v.dtype() == u ? v : raw_cast(v, u); };
-      Tensor dx = zeros(x.shape(), u, x.device());
-      if (dy.numel())
-        x.backend().pool_backward(x.device().index(), op, u, flux::detail::buffer_of(as_u(x)), flux::detail::buffer_of(as_u(y)),
-                                  flux::detail::buffer_of(as_u(dy)), flux::detail::buffer_of(dx), g);
-      return Grads{u == t ? dx : raw_cast(dx, t)};
-    });
-    return y;
-  }
-  if (is_half(x.dtype())) {
-    const DType t = x.dtype();
-    Tensor y;
-    {
-      autodiff::NoGrad no_grad;  // recorded once, below
-      y = raw_cast(pool_raw(op, raw_cast(x, DType::f32), g), t);
-    }
-    autodiff::record(y, {&x}, [op, x, y, g, t](const Tensor& dy) {
-      Tensor dx = zeros(x.shape(), DType::f32, x.device());
-      if (dy.numel()) {  // the float32 copies go before dx is cast down
-        const Tensor x32 = raw_cast(x, DType::f32), y32 = raw_cast(y, DType::f32), dy32 = raw_cast(dy, DType::f32);
-        x.backend().pool_backward(x.device().index(), op, DType::f32, flux::detail::buffer_of(x32), flux::detail::buffer_of(y32),
-                                  flux::detail::buffer_of(dy32), flux::detail::buffer_of(dx), g);
-      }
-      return Grads{raw_cast(dx, t)};
-    });
-    return y;
-  }
-  Tensor y = Tensor::empty(output_shape(g), x.dtype(), x.device());
-  if (y.numel()) {
-    x.backend().pool_forward(x.device().index(), op, x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(y), g);
-  }
-  if (trace::active()) {
+  const DType t = x.dtype();
+  const bool half = is_half(t), direct = reads_half(x);
+  std::vector<trace::Attr> attrs;
+  if (trace::active() && !half) {  // (a half x while tracing: the trace keeps the casts)
     std::vector<int64_t> kernel, stride, pads;
     for (int i = 0; i < g.spatial; ++i) kernel.push_back(g.kernel[i]), stride.push_back(g.stride[i]), pads.push_back(g.pad_lo[i]);
     for (int i = 0; i < g.spatial; ++i) pads.push_back(g.pad_hi[i]);
-    trace::emit(op == PoolOp::max ? "maxpool" : "meanpool", {x}, y, {{"kernel", kernel, {}}, {"strides", stride, {}}, {"pads", pads, {}}});
+    attrs = {{"kernel", kernel, {}}, {"strides", stride, {}}, {"pads", pads, {}}};
   }
-  autodiff::record(y, {&x}, [op, x, y, g](const Tensor& dy0) {
-    Tensor dy = dy0.dtype() == x.dtype() ? dy0 : raw_cast(dy0, x.dtype());
-    Tensor dx = zeros(x.shape(), x.dtype(), x.device());
-    if (dy.numel())
-      x.backend().pool_backward(x.device().index(), op, x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(y), flux::detail::buffer_of(dy), flux::detail::buffer_of(dx), g);
-    return Grads{dx};
-  });
-  return y;
+  return through_float32(
+      half ? nullptr : op == PoolOp::max ? &ops::maxpool : &ops::meanpool, {&x}, {x},
+      [&](Grads& kept) {
+        Tensor y;
+        if (half && !direct) {
+          y = raw_cast(pool_raw(op, raw_cast(x, DType::f32), g), t);
+        } else {
+          y = Tensor::empty(output_shape(g), t, x.device());
+          if (y.numel()) x.backend().pool_forward(x.device().index(), op, t, buffer_of(x), buffer_of(y), g);
+        }
+        kept.push_back(y);
+        return y;
+      },
+      [op, g](const Grads& k, const Tensor& dy) {
+        // A gradient of another dtype than the kept x (Float32 for a half x) goes through Float32 copies:
+        // rounding it first would lose bits.
+        const DType u = dy.dtype() == k[0].dtype() ? dy.dtype() : DType::f32;
+        auto as_u = [u](const Tensor& v) { return v.dtype() == u ? v : raw_cast(v, u); };
+        Tensor dx = zeros(k[0].shape(), u, dy.device());
+        if (dy.numel())
+          dy.backend().pool_backward(dy.device().index(), op, u, buffer_of(as_u(k[0])), buffer_of(as_u(k[1])),
+                                     buffer_of(as_u(dy)), buffer_of(dx), g);
+        return Grads{dx};
+      },
+      std::move(attrs), half ? (direct ? kAsStored : DType::f32) : std::optional<DType>(t));
 }
 
 // The number of spatial axes implied by an option with 1 to 3 values (1 value: every axis of x).

@@ -7,7 +7,7 @@
 #include "flux/ops.hpp"
 #include "src/internal.hpp"
 #include "src/ops/ops_internal.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -44,7 +44,7 @@ Tensor rand_like(const Tensor& x) {
     detail::fail("[rand_like] needs a floating-point tensor; got ", summary(x));
   Tensor u = uniform_raw(x.shape(), generator_dtype(x.dtype()), x.device());
   u = u.dtype() == x.dtype() ? u : detail::raw_cast(u, x.dtype());
-  if (trace::active()) trace::emit("rand_like", {x}, u);
+  if (trace::active()) trace::emit(ops::rand_like, {x}, u);
   return u;
 }
 
@@ -86,7 +86,7 @@ Tensor dropout(const Tensor& x, double p, const std::vector<int>& dims) {
     if (mask.dtype() != x.dtype()) mask = detail::raw_cast(mask, x.dtype());  // f16/bf16 keep their dtype
   }
   Tensor y = mul(x, mask);
-  if (trace::active()) trace::emit("dropout", {x}, y, {{"p", {}, {p}}});
+  if (trace::active()) trace::emit(ops::dropout, {x}, y, {{"p", {}, {p}}});
   return y;
 }
 

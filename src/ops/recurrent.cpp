@@ -21,7 +21,7 @@
 #include "src/ops/ops_internal.hpp"
 #include "src/ops/through_float32.hpp"
 #include "src/storage_cache.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -31,11 +31,11 @@ using backend::RecurrentCell;
 using detail::fail;
 using Grads = std::vector<Tensor>;
 
-const char* cell_api(RecurrentCell cell) {
+const ops::Op& cell_op(RecurrentCell cell) {
   switch (cell) {
-    case RecurrentCell::lstm: return "lstm_recurrence";
-    case RecurrentCell::gru: return "gru_recurrence";
-    default: return "rnn_recurrence";
+    case RecurrentCell::lstm: return ops::lstm_recurrence;
+    case RecurrentCell::gru: return ops::gru_recurrence;
+    default: return ops::rnn_recurrence;
   }
 }
 int64_t gate_count(RecurrentCell cell) {
@@ -182,7 +182,7 @@ Recurrence run_forward(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh,
     if (lstm) assign(hist[steps + 1], c_hist[steps]);
   }
   Tensor y = hist.slice(1, hist.size(0));
-  if (trace::active()) trace::emit(cell_api(cell), {xg, w_hh, b_hh, h0, c0}, y, {{"relu", {int64_t(cell == RecurrentCell::rnn_relu)}, {}}});
+  if (trace::active()) trace::emit(cell_op(cell), {xg, w_hh, b_hh, h0, c0}, y, {{"relu", {int64_t(cell == RecurrentCell::rnn_relu)}, {}}});
   return {y, hist, c_hist, saved};
 }
 
@@ -222,7 +222,7 @@ Grads run_backward(RecurrentCell cell, const Recurrence& r, const Tensor& w_hh, 
 /// The common recurrence. Returns (T, N, H) hidden states, plus c_T as row T for LSTM ((T + 1, N, H)).
 Tensor recurrence(RecurrentCell cell, const Tensor& xg, const Tensor& w_hh, const Tensor& b_hh, const Tensor& h0,
                   const Tensor& c0) {
-  const char* api = cell_api(cell);
+  const char* api = cell_op(cell).name;
   const bool lstm = cell == RecurrentCell::lstm;
   detail::check_defined(api, xg);
   detail::check_defined(api, w_hh);

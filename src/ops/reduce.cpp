@@ -7,7 +7,7 @@
 #include "src/autocast.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/ops/through_float32.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -44,7 +44,7 @@ Tensor reduce_raw(ReduceOp op, const Tensor& x, int axis, bool keepdims, DType o
   Tensor out = Tensor::empty(keepdims ? p.kept : p.dropped, out_t, x.device());
   if (out.numel()) x.backend().reduce(x.device().index(), op, x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(out), p.outer, p.len, p.inner);
   if (trace::active())
-    trace::emit("reduce", {x}, out, {{"op", {int64_t(op)}, {}}, {"axis", {axis}, {}}, {"keepdims", {int64_t(keepdims)}, {}}});
+    trace::emit(ops::reduce, {x}, out, {{"op", {int64_t(op)}, {}}, {"axis", {axis}, {}}, {"keepdims", {int64_t(keepdims)}, {}}});
   return out;
 }
 // A Float16/BFloat16 operand as the reduce and softmax kernels take it: as it is where the backend reads
@@ -184,7 +184,7 @@ Tensor softmax_raw(const Tensor& x, int a, bool log) {
   Split p = split(x.shape(), a);
   Tensor y = Tensor::empty(x.shape(), is_half(x.dtype()) ? DType::f32 : x.dtype(), x.device());
   if (y.numel()) x.backend().softmax(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(y), p.outer, p.len, p.inner, log);
-  if (trace::active()) trace::emit(log ? "logsoftmax" : "softmax", {x}, y, {{"axis", {a}, {}}});
+  if (trace::active()) trace::emit(log ? ops::logsoftmax : ops::softmax, {x}, y, {{"axis", {a}, {}}});
   return y;
 }
 

@@ -7,7 +7,7 @@
 #include "flux/ops.hpp"
 #include "src/checked_size.hpp"
 #include "src/ops/ops_internal.hpp"
-#include "src/trace.hpp"
+#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -66,7 +66,7 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
     }
     x.backend().strided_copy(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(out), p);
   }
-  if (trace::active()) trace::emit("broadcast_to", {x}, out, {{"shape", shape.vec(), {}}});
+  if (trace::active()) trace::emit(ops::broadcast_to, {x}, out, {{"shape", shape.vec(), {}}});
   Shape from = x.shape();
   autodiff::record(out, {&x}, [from](const Tensor& g) { return Grads{sum_to(g, from)}; });
   return out;
@@ -117,7 +117,7 @@ Tensor permute(const Tensor& x, const std::vector<int>& axes) {
     }
     x.backend().strided_copy(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(out), p);
   }
-  if (trace::active()) trace::emit("permute", {x}, out, {{"perm", std::vector<int64_t>(norm.begin(), norm.end()), {}}});
+  if (trace::active()) trace::emit(ops::permute, {x}, out, {{"perm", std::vector<int64_t>(norm.begin(), norm.end()), {}}});
   std::vector<int> inverse(n);
   for (int i = 0; i < n; ++i) inverse[norm[i]] = i;
   autodiff::record(out, {&x}, [inverse](const Tensor& g) { return Grads{permute(g, inverse)}; });
@@ -145,7 +145,7 @@ Tensor slice(const Tensor& x, int axis, int64_t start, int64_t stop) {
   } else {
     out = window_copy(x, out_shape, a, start, false);
   }
-  if (trace::active()) trace::emit("slice", {x}, out, {{"range", {a, start, stop}, {}}});
+  if (trace::active()) trace::emit(ops::slice, {x}, out, {{"range", {a, start, stop}, {}}});
   Shape full_shape = x.shape();
   autodiff::record(out, {&x}, [full_shape, a, start](const Tensor& g) {
     return Grads{window_copy(g, full_shape, a, start, true)};
@@ -196,7 +196,7 @@ Tensor concat(const std::vector<Tensor>& xs, int axis) {
     }
     offset += x.shape()[a];
   }
-  if (trace::active()) trace::emit("concat", inputs, out, {{"axis", {a}, {}}});
+  if (trace::active()) trace::emit(ops::concat, inputs, out, {{"axis", {a}, {}}});
   if (!is_floating(t)) return out;
   std::vector<std::pair<int64_t, int64_t>> ranges;
   std::vector<const Tensor*> recorded;
@@ -256,7 +256,7 @@ Tensor index_select(const Tensor& x, int axis, const Tensor& indices) {
   out_shape[a] = nidx;
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
   if (out.numel()) x.backend().gather(x.device().index(), x.dtype(), flux::detail::buffer_of(x), flux::detail::buffer_of(idx), flux::detail::buffer_of(out), outer, len, inner, nidx);
-  if (trace::active()) trace::emit("index_select", {x, indices}, out, {{"axis", {a}, {}}});
+  if (trace::active()) trace::emit(ops::index_select, {x, indices}, out, {{"axis", {a}, {}}});
   Shape full_shape = x.shape();
   if (is_floating(x.dtype()))
     autodiff::record(out, {&x}, [idx, full_shape, outer, len, inner, nidx](const Tensor& g) {

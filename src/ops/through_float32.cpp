@@ -8,35 +8,35 @@
 
 namespace flux::detail {
 
-bool reads_half(const Tensor& x) {
-  // The CPU backend's reduce and softmax take bf16/f16 (cpu_backend.hpp's reduce_half, softmax_half);
-  // backend.hpp asks the other backends for f32/f64 only.
-  return is_half(x.dtype()) && x.device().is_cpu() && !trace::active();
+bool half_storage(const Tensor& x) {
+  return x.defined() && is_half(x.dtype()) && x.backend().reads_half_storage(x.device().index());
 }
+
+bool reads_half(const Tensor& x) { return half_storage(x) && !trace::active(); }
 
 Tensor float32_of(const Tensor& t) { return t.defined() && is_half(t.dtype()) ? raw_cast(t, DType::f32) : t; }
 
-Tensor through_float32(const char* api, std::initializer_list<const Tensor*> inputs, std::vector<Tensor> keep,
+Tensor through_float32(const ops::Op* op, std::initializer_list<const Tensor*> inputs, std::vector<Tensor> keep,
                        const std::function<Tensor(std::vector<Tensor>& kept)>& forward, LowBackward backward,
-                       std::vector<trace::Attr> attrs, DType compute, unsigned float32_grads) {
+                       std::vector<trace::Attr> attrs, std::optional<DType> compute, unsigned float32_grads) {
   Tensor y;
   {
     RecordedForward training(autodiff::recording());  // what derives from weights: not kept (inference_call)
     autodiff::NoGrad no_grad;                          // recorded once, below
     y = forward(keep);
   }
-  if (api && trace::active()) {
+  if (op && trace::active()) {
     std::vector<Tensor> traced;
     for (const Tensor* t : inputs) traced.push_back(*t);
-    trace::emit(api, std::move(traced), y, std::move(attrs));
+    trace::emit(*op, std::move(traced), y, std::move(attrs));
   }
   bool any = false;
   for (const Tensor* t : inputs) any = any || autodiff::tracked(*t);
   if (!any) return y;
   std::vector<DType> dtypes;
-  for (const Tensor* t : inputs) dtypes.push_back(t->defined() ? t->dtype() : compute);
+  for (const Tensor* t : inputs) dtypes.push_back(t->defined() ? t->dtype() : y.dtype());
   auto to = [compute](const Tensor& t) {
-    return t.defined() && is_floating(t.dtype()) && t.dtype() != compute ? raw_cast(t, compute) : t;
+    return compute && t.defined() && is_floating(t.dtype()) && t.dtype() != *compute ? raw_cast(t, *compute) : t;
   };
   autodiff::record(y, inputs, [keep = std::move(keep), backward = std::move(backward), dtypes, to,
                                float32_grads](const Tensor& gy) {

@@ -3,6 +3,7 @@
 //   flux_mpi_fault hang    rank 1 stops answering at step 3 (sleeps instead of joining the allreduce)
 //   flux_mpi_fault late    rank 1 starts 120 s late (never joins within the timeout)
 //   flux_mpi_fault shard-hang   as hang, in sharded training (distributed::shard, stage 2)
+//   flux_mpi_fault shard3-hang  as hang, at stage 3 (the first layer's gather in the forward)
 // The other ranks must end with a clear error within FLUX_DISTRIBUTED_TIMEOUT, never hang. Each
 // rank prints "rank R: ..." lines; an error ends the program with status 1.
 #include <chrono>
@@ -17,9 +18,10 @@ using namespace flux;
 
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "";
-  const bool sharded = !std::strcmp(mode, "shard-hang");
+  const bool stage3 = !std::strcmp(mode, "shard3-hang");
+  const bool sharded = !std::strcmp(mode, "shard-hang") || stage3;
   if (std::strcmp(mode, "kill") && std::strcmp(mode, "hang") && std::strcmp(mode, "late") && !sharded) {
-    std::fprintf(stderr, "usage: %s kill|hang|late|shard-hang\n", argv[0]);
+    std::fprintf(stderr, "usage: %s kill|hang|late|shard-hang|shard3-hang\n", argv[0]);
     return 2;
   }
   const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
@@ -33,7 +35,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     auto model = distributed::broadcast(comm, Chain(Dense(8, 32, relu), Dense(32, 1)), 0);
     auto opt = optimisers::setup(optimisers::Adam(1e-3), model);
-    auto [sharded_model, sharded_state] = distributed::shard(comm, model, opt, {.stage = 2});
+    auto [sharded_model, sharded_state] = distributed::shard(comm, model, opt, {.stage = stage3 ? 3 : 2});
     Tensor x = randn({16, 8}), y = randn({16, 1});
     for (int step = 0; step < 1000; ++step) {
       if (step == 3 && rank == 1) {

@@ -6,6 +6,7 @@
 // without mpirun) load it and continue.
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
@@ -15,6 +16,7 @@
 #include <gmock/gmock.h>
 
 #include "flux/distributed/shard.hpp"
+#include "src/storage_stats.hpp"
 #include "test_devices.hpp"
 
 using namespace flux;
@@ -118,9 +120,10 @@ class ShardParity : public ::testing::TestWithParam<std::tuple<Device, ShardCase
 INSTANTIATE_TEST_SUITE_P(
     Stages, ShardParity,
     ::testing::Combine(::testing::ValuesIn(test_devices()),
-                       ::testing::Values(ShardCase{1, "Adam", false}, ShardCase{2, "Adam", false},
-                                         ShardCase{1, "AdamW", true}, ShardCase{2, "AdamW", true},
-                                         ShardCase{1, "ClipNormAdam", false}, ShardCase{2, "ClipNormAdam", true})),
+                       ::testing::Values(ShardCase{1, "Adam", false}, ShardCase{2, "Adam", false}, ShardCase{3, "Adam", false},
+                                         ShardCase{1, "AdamW", true}, ShardCase{2, "AdamW", true}, ShardCase{3, "AdamW", true},
+                                         ShardCase{1, "ClipNormAdam", false}, ShardCase{2, "ClipNormAdam", true},
+                                         ShardCase{3, "ClipNormAdam", true})),
     [](const auto& info) {
       const ShardCase& c = std::get<1>(info.param);
       return clean(to_string(std::get<0>(info.param)) + "_stage" + std::to_string(c.stage) + "_" + c.rule +
@@ -143,7 +146,7 @@ TEST_P(ShardParity, TwentyStepsMatchOneProcess) {
                                            {.stage = sc.stage, .bucket_bytes = 160});
   std::vector<double> got = sharded_run(comm, model, state, d, 0, b, steps, dev, sc.schedule);
   for (int64_t s = 0; s < steps; ++s) EXPECT_NEAR(got[size_t(s)], want[size_t(s)], 2e-6 * (1 + std::abs(want[size_t(s)]))) << "step " << s;
-  const double worst = max_abs_diff(params(model.model), params(reference));
+  const double worst = max_abs_diff(params(distributed::gather_model(model)), params(reference));
   EXPECT_LT(worst, 2e-5) << "parameters after 20 steps";
   EXPECT_EQ(state.steps(), steps);
   // this rank holds 1/p of the optimiser state (each array padded to a multiple of p)
@@ -173,7 +176,7 @@ TEST_P(ShardParity, Bf16WireFollowsOneProcess) {
                                            {.stage = sc.stage, .bucket_bytes = 160, .wire = DType::bf16});
   std::vector<double> got = sharded_run(comm, model, state, d, 0, b, steps, dev, false);
   for (int64_t s = 0; s < steps; ++s) EXPECT_NEAR(got[size_t(s)], want[size_t(s)], 1e-2 * (1 + std::abs(want[size_t(s)]))) << "step " << s;
-  EXPECT_LT(max_abs_diff(params(model.model), params(reference)), 2e-2);
+  EXPECT_LT(max_abs_diff(params(distributed::gather_model(model)), params(reference)), 2e-2);
 }
 
 // bf16 autocast: float32 model and masters, matmuls in bf16; against one process under autocast.
@@ -195,7 +198,7 @@ TEST_P(ShardParity, AutocastBf16FollowsOneProcess) {
   auto [model, state] = distributed::shard(comm, start, optimisers::setup(optimisers::Adam(0.02), start), {.stage = sc.stage});
   sharded_run(comm, model, state, d, 0, b, steps, dev, false, {.autocast = DType::bf16});
   for (const Tensor& m : state.masters) EXPECT_EQ(m.dtype(), DType::f32);
-  EXPECT_LT(max_abs_diff(params(model.model), params(reference)), 2e-2);
+  EXPECT_LT(max_abs_diff(params(distributed::gather_model(model)), params(reference)), 2e-2);
 }
 
 // A bf16 model: float32 masters sharded, the model's arrays are the masters rounded to bf16; the run
@@ -223,7 +226,7 @@ TEST_P(ShardParity, Bf16ModelKeepsFloat32Masters) {
     auto [loss_ref, grads_ref] = distributed::withgradient(alone, [&](auto& m) { return mse(m(xs).f32(), ys); }, reference);
     optimisers::update(reference_state, reference, grads_ref);
   }
-  std::vector<Tensor> ps = params(model.model);
+  std::vector<Tensor> ps = params(distributed::gather_model(model));
   for (size_t i = 0; i < ps.size(); ++i) {
     EXPECT_EQ(ps[i].dtype(), DType::bf16);
     EXPECT_EQ(state.masters[i].dtype(), DType::f32);
@@ -245,7 +248,7 @@ TEST_P(ShardParity, Bf16ModelKeepsFloat32Masters) {
       EXPECT_LT(max_abs_diff({state.masters[i].slice(0, hi - lo)}, {reference_state.masters[i].slice(lo, hi)}), 2e-3) << "array " << i;
     }
   }
-  EXPECT_LT(max_abs_diff(ps, params(reference.model)), 1e-2);
+  EXPECT_LT(max_abs_diff(ps, params(distributed::gather_model(reference))), 1e-2);
 }
 
 // GradScaler({.comm}): one rank's chunk holds an inf, every rank skips the step together.
@@ -259,17 +262,17 @@ TEST_P(ShardParity, GradScalerSkipsOnEveryRank) {
   optimisers::GradScaler scaler({.init_scale = 256, .comm = comm});
   Tensor x = to(randn({2, 6}), dev), y = to(zeros({2, 3}), dev);
   std::vector<Tensor> before;
-  for (const Tensor& t : params(model.model)) before.push_back(t.contiguous_copy());
+  for (const Tensor& t : params(distributed::gather_model(model))) before.push_back(t.contiguous_copy());
   auto [loss, grads] = distributed::withgradient(comm, [&](auto& m) { return scaler.scale(mse(m(x), y)); }, model);
   if (comm.rank() == comm.size() - 1) grads[0] = full_like(grads[0], std::numeric_limits<double>::infinity());
   EXPECT_FALSE(scaler.step(state, model, grads)) << "rank " << comm.rank();
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 128.0);
-  EXPECT_EQ(max_abs_diff(params(model.model), before), 0.0);
+  EXPECT_EQ(max_abs_diff(params(distributed::gather_model(model)), before), 0.0);
   auto [loss2, grads2] = distributed::withgradient(comm, [&](auto& m) { return scaler.scale(mse(m(x), y)); }, model);
   EXPECT_TRUE(scaler.step(state, model, grads2));
   scaler.update();
-  EXPECT_GT(max_abs_diff(params(model.model), before), 0.0);
+  EXPECT_GT(max_abs_diff(params(distributed::gather_model(model)), before), 0.0);
 }
 
 // Checkpoints at this run's size: the folder loads back sharded (same ranks) and into one process.
@@ -302,8 +305,8 @@ TEST_P(ShardParity, CheckpointRoundTrips) {
   if (comm.rank() == 0) std::filesystem::create_directories(blocker);
   distributed::barrier(comm);
   Model unsaved = make_model(dev, 55);  // other values, which must not reach the checkpoint
-  auto [unsaved_s, unsaved_state] = distributed::shard(comm, unsaved, *make_rule(sc.rule), {.stage = sc.stage});
-  EXPECT_THAT(error_of([&] { distributed::save_checkpoint(dir, unsaved_s, unsaved_state); }),
+  auto unsaved_shard = distributed::shard(comm, unsaved, *make_rule(sc.rule), {.stage = sc.stage});
+  EXPECT_THAT(error_of([&] { distributed::save_checkpoint(dir, unsaved_shard.model, unsaved_shard.state); }),
               ::testing::HasSubstr("could not write its shard"));
   distributed::barrier(comm);
   if (comm.rank() == 0) std::filesystem::remove_all(blocker);
@@ -315,7 +318,7 @@ TEST_P(ShardParity, CheckpointRoundTrips) {
   EXPECT_EQ(state2.steps(), 3);
   std::vector<double> again = sharded_run(comm, model2, state2, d, 3 * b * p, b, 3, dev, false);
   EXPECT_EQ(again, after);
-  EXPECT_EQ(max_abs_diff(params(model2.model), params(model.model)), 0.0);
+  EXPECT_EQ(max_abs_diff(params(distributed::gather_model(model2)), params(distributed::gather_model(model))), 0.0);
 
   Model single = make_model(dev, 98);
   auto opt = optimisers::setup(*make_rule(sc.rule), single);
@@ -323,7 +326,7 @@ TEST_P(ShardParity, CheckpointRoundTrips) {
   EXPECT_EQ(opt.steps, 3);
   std::vector<double> single_losses = reference_run(single, opt, d, 3 * b * p, b * p, 3, dev, false);
   for (size_t s = 0; s < 3; ++s) EXPECT_NEAR(single_losses[s], after[s], 2e-6) << "step " << s;
-  EXPECT_LT(max_abs_diff(params(single), params(model.model)), 2e-5);
+  EXPECT_LT(max_abs_diff(params(single), params(distributed::gather_model(model))), 2e-5);
   distributed::barrier(comm);
 }
 
@@ -341,10 +344,12 @@ TEST(ShardCheckpoint, SaveOrResume) {
   Model reference = make_model(dev, 3);
   auto opt_ref = optimisers::setup(*make_rule("ClipNormAdam"), reference);
   std::vector<double> want = reference_run(reference, opt_ref, d, 0, rows, 10, dev, true);
+  const char* stage_env = std::getenv("FLUX_SHARD_CHECKPOINT_STAGE");  // of the saving and the loading run
+  const int stage = stage_env ? std::atoi(stage_env) : 2;
   if (std::string(mode) == "save") {
     ASSERT_EQ(comm.size(), 4) << "the checkpoint is written at np 4";
     Model start = distributed::broadcast(comm, make_model(dev, 3), 0);
-    auto [model, state] = distributed::shard(comm, start, optimisers::setup(*make_rule("ClipNormAdam"), start), {.stage = 2});
+    auto [model, state] = distributed::shard(comm, start, optimisers::setup(*make_rule("ClipNormAdam"), start), {.stage = stage});
     std::vector<double> got = sharded_run(comm, model, state, d, 0, rows / 4, 5, dev, true);
     for (size_t s = 0; s < 5; ++s) EXPECT_NEAR(got[s], want[s], 2e-6) << "step " << s;
     if (comm.rank() == 0) std::filesystem::remove_all(dir);
@@ -365,11 +370,12 @@ TEST(ShardCheckpoint, SaveOrResume) {
     final_params = params(model);
   } else {
     ASSERT_EQ(rows % comm.size(), 0);
-    auto [sharded, state] = distributed::shard(comm, model, optimisers::setup(*make_rule("ClipNormAdam"), model), {.stage = 1});
+    auto [sharded, state] = distributed::shard(comm, model, optimisers::setup(*make_rule("ClipNormAdam"), model),
+                                               {.stage = stage == 3 ? 3 : 1});
     distributed::load_checkpoint(dir, sharded, state);
     EXPECT_EQ(state.steps(), 5);
     got = sharded_run(comm, sharded, state, d, 5 * rows, rows / comm.size(), 5, dev, true);
-    final_params = params(sharded.model);
+    final_params = params(distributed::gather_model(sharded));
   }
   for (size_t s = 0; s < 5; ++s) EXPECT_NEAR(got[s], want[5 + s], 2e-6 * (1 + std::abs(want[5 + s]))) << "step " << 5 + s;
   EXPECT_LT(max_abs_diff(final_params, params(reference)), 2e-5);
@@ -380,16 +386,206 @@ TEST(Shard, BadOptionsAreNamed) {
   auto comm = world();
   Model m = make_model(Device(), 1);
   auto opt = optimisers::setup(optimisers::Adam(), m);
-  EXPECT_THAT(error_of([&] { distributed::shard(comm, m, opt, {.stage = 3}); }),
-              ::testing::HasSubstr("[distributed::shard] stage 3 (parameters sharded between layers, FSDP) is not implemented"));
+  EXPECT_THAT(error_of([&] { distributed::shard(comm, m, opt, {.stage = 4}); }),
+              ::testing::HasSubstr("[distributed::shard] .stage must be 1, 2 or 3, got 4"));
   EXPECT_THAT(error_of([&] { distributed::shard(comm, m, opt, {.stage = 0}); }),
-              ::testing::HasSubstr("[distributed::shard] .stage must be 1 or 2, got 0"));
+              ::testing::HasSubstr("[distributed::shard] .stage must be 1, 2 or 3, got 0"));
   EXPECT_THAT(error_of([&] { distributed::shard(comm, m, opt, {.stage = 1, .wire = DType::f16}); }),
               ::testing::HasSubstr("[distributed::shard] .wire must be BFloat16"));
   auto small = Chain(Dense(2, 2));
   EXPECT_THAT(error_of([&] { distributed::shard(comm, m, optimisers::setup(optimisers::Adam(), small)); }),
               ::testing::HasSubstr("[distributed::shard] the optimiser state has 2 arrays but the model has 6"));
   EXPECT_THAT(error_of([&] { load_checkpoint("no_such_sharded_checkpoint", m, opt); }), ::testing::HasSubstr("no_such"));
+}
+
+// ---- stage 3 ----
+// Misuse: arrays tied between two layers cannot be gathered one layer at a time; f must call the
+// model, once.
+TEST(Shard, Stage3RefusesWhatItCannotShard) {
+  auto comm = world();
+  seed(5);
+  Dense shared(4, 4);
+  auto tied = Chain(shared, Dense(4, 4), shared);
+  EXPECT_THAT(error_of([&] { distributed::shard(comm, tied, optimisers::Adam(), {.stage = 3}); }),
+              ::testing::HasSubstr("[distributed::shard] stage 3 gathers one layer of the Chain at a time, but array "
+                                   "0.weight is tied between layers 0 and 2"));
+  Model m = distributed::broadcast(comm, make_model(Device(), 1), 0);
+  auto sharded = distributed::shard(comm, m, optimisers::Adam(), {.stage = 3});
+  auto& model = sharded.model;  // a reference, not a structured binding: clang 15 captures no binding
+  Tensor x = randn({2, 6}), y = randn({2, 3});
+  EXPECT_THAT(error_of([&] { distributed::withgradient(comm, [&](auto&) { return sum(x); }, model); }),
+              ::testing::HasSubstr("[distributed::withgradient] stage 3: f did not call the model"));
+  EXPECT_THAT(error_of([&] { distributed::withgradient(comm, [&](auto& s) { return mse(s(x), y) + mse(s(x), y); }, model); }),
+              ::testing::HasSubstr("[distributed::withgradient] stage 3: the model was called more than once in one step"));
+  // between steps the model holds no trainable array; called outside withgradient it gathers them
+  for (const Tensor& t : params(model.model)) EXPECT_EQ(t.impl()->storage->bytes, 0u);
+  EXPECT_LT(max_abs_diff({model(x)}, {m(x)}), 1e-6);
+  for (const Tensor& t : params(model.model)) EXPECT_EQ(t.impl()->storage->bytes, 0u);
+}
+
+// Memory per rank (the live-storage counter, src/storage_stats.hpp) of 8 Dense(256 => 256) layers
+// (2.1 MB of float32 arrays) trained with Adam: between steps a stage-3 rank holds its 1/N of the
+// masters and of the two moments, and no whole array; during a step at most a few layers' arrays are
+// whole at once. Stage 2 beside it keeps the whole model on every rank.
+TEST(Shard, Stage3ParameterMemoryPerRank) {
+  auto comm = world();
+  const int64_t p = comm.size(), width = 256, batch = 4;
+  using Wide = Chain<Dense, Dense, Dense, Dense, Dense, Dense, Dense, Dense>;
+  auto make = [&] {
+    seed(21);
+    return distributed::broadcast(comm, Wide(Dense(width, width, relu), Dense(width, width, relu), Dense(width, width, relu),
+                                             Dense(width, width, relu), Dense(width, width, relu), Dense(width, width, relu),
+                                             Dense(width, width, relu), Dense(width, width)),
+                                  0);
+  };
+  const double whole = double(8 * (width * width + width) * 4);  // bytes of the float32 arrays
+  const double layer = double((width * width + width) * 4);
+  Tensor x = randn({batch, width}), y = randn({batch, width});
+  for (int stage : {2, 3}) {
+    const size_t before = flux::detail::live_storage_bytes();
+    auto [model, state] = [&] {
+      Wide start = make();
+      return distributed::shard(comm, start, optimisers::Adam(1e-3), {.stage = stage, .bucket_bytes = 64 << 10});
+    }();  // `start` is gone: what lives is the sharded model and state
+    const double held = double(flux::detail::live_storage_bytes()) - double(before);
+    double peak = 0;
+    for (int step = 0; step < 2; ++step) {
+      const size_t at = flux::detail::live_storage_bytes();
+      flux::detail::reset_peak_storage_bytes();
+      auto [loss, grads] = distributed::withgradient(comm, [&](auto& m) { return mse(m(x), y); }, model);
+      optimisers::update(state, model, grads);
+      peak = std::max(peak, double(flux::detail::peak_storage_bytes()) - double(at));
+    }
+    const double after = double(flux::detail::live_storage_bytes()) - double(before);
+    if (stage == 3) {
+      // 8 layers: 8 gathers in the forward, 7 again for the backward (the last layer's arrays stay);
+      // all but the first started one layer before they were needed
+      const distributed::LayerGatherStats g = distributed::last_layer_gather_stats();
+      EXPECT_EQ(g.gathers, 15);
+      EXPECT_EQ(g.prefetched, 14);
+      if (comm.rank() == 0)
+        std::printf("[shard gathers] np %lld: %d gathers, %d prefetched, %d complete when needed, %.2f ms waiting\n",
+                    static_cast<long long>(p), g.gathers, g.prefetched, g.ready_when_needed, 1e3 * g.wait_seconds);
+    }
+    if (comm.rank() == 0)
+      std::printf("[shard memory] stage %d np %lld: between steps %.3f MB per rank (whole float32 model %.3f MB), "
+                  "step peak above that %.3f MB, peak %.3f MB\n",
+                  stage, static_cast<long long>(p), held / 1e6, whole / 1e6, peak / 1e6, (held + peak) / 1e6);
+    // masters and two Adam moments: 3 x whole / p, up to the padding of each array
+    const double sharded_part = 3 * whole / double(p) + 3 * 16 * 4 * double(p);
+    if (stage == 3) {
+      EXPECT_LE(held, sharded_part) << "stage 3 keeps no whole array between steps";
+      EXPECT_LE(after, sharded_part);
+      // during a step: this rank's gradient chunks of every array (whole / p, until update), and whole
+      // at once only the layer that computes, the next one's gather (receive and send buffers) and
+      // the gradients not yet sent (buckets of 64 kB, one layer each here)
+      EXPECT_LT(peak, whole / double(p) + 4.5 * layer) << "whole model " << whole;
+    } else {
+      EXPECT_GE(held, whole) << "stage 2 keeps the whole model";
+      EXPECT_LE(held, whole + sharded_part);
+    }
+    RecordProperty("stage" + std::to_string(stage) + "_held_bytes", std::to_string(held));
+    RecordProperty("stage" + std::to_string(stage) + "_step_peak_bytes", std::to_string(peak));
+  }
+}
+
+// Stage 3 on a Chain with layers that hold no array (MaxPool, flatten, an activation), BatchNorm's
+// running statistics (non-trainable, updated in place by the forward), arrays tied inside one layer
+// (a SkipConnection around a Chain using one Dense twice) and a layer whose array is never read
+// (its gradient is final before backward starts): it must train exactly as stage 2 on
+// the same ranks (the same per-rank batches and statistics), on every device.
+// A layer whose array the forward does not read: its gradient is zero and final before backward starts.
+struct Spare {
+  Tensor spare;
+  Tensor operator()(const Tensor& x) const { return x; }
+};
+FLUX_LAYER(Spare, spare)
+
+class ShardStage3Layers : public ::testing::TestWithParam<Device> {};
+INSTANTIATE_TEST_SUITE_P(Devices, ShardStage3Layers, ::testing::ValuesIn(test_devices()),
+                         [](const auto& info) { return clean(to_string(info.param)); });
+TEST_P(ShardStage3Layers, ConvBatchNormAndTiedLayersMatchStage2) {
+  auto comm = world();
+  const Device dev = GetParam();
+  auto make = [&] {
+    seed(41);
+    Dense tied(12, 12, tanh_act);
+    return distributed::broadcast(comm,
+                                  Chain(Conv({3, 3}, 2, 4), BatchNorm(4, relu), MaxPool({2, 2}), flatten, Dense(4 * 3 * 3, 12),
+                                        SkipConnection(Chain(tied, tied), plus), relu, Spare{randn({5})}, Dense(12, 3)) |
+                                      dev,
+                                  0);
+  };
+  seed(42 + uint64_t(comm.rank()));
+  std::vector<Tensor> xs, ys;
+  for (int s = 0; s < 6; ++s) {
+    xs.push_back(to(randn({3, 2, 8, 8}), dev));
+    ys.push_back(to(randn({3, 3}), dev));
+  }
+  auto train = [&](int stage) {
+    auto start = make();
+    auto r = distributed::shard(comm, start, optimisers::Adam(0.01), {.stage = stage, .bucket_bytes = 256});
+    std::vector<double> losses;
+    for (size_t s = 0; s < xs.size(); ++s) {
+      auto [loss, grads] = distributed::withgradient(comm, [&](auto& m) { return mse(m(xs[s]), ys[s]); }, r.model);
+      optimisers::update(r.state, r.model, grads);
+      losses.push_back(mean_over_ranks(comm, loss));
+    }
+    auto whole = distributed::gather_model(r.model);
+    std::vector<Tensor> all;  // trainable arrays and BatchNorm's running statistics
+    for (const auto& l : distributed::detail::named_leaves(whole)) all.push_back(l.tensor);
+    return std::make_pair(losses, all);
+  };
+  auto [want_losses, want] = train(2);
+  auto [got_losses, got] = train(3);
+  for (size_t s = 0; s < want_losses.size(); ++s) EXPECT_NEAR(got_losses[s], want_losses[s], 1e-6) << "step " << s;
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_LT(max_abs_diff(got, want), 1e-5);
+}
+
+// A model that does not fit one process's FLUX_CPU_MEMORY_LIMIT trains at np 4, stage 3 (the ctest
+// entries mpi.shard_memory_limit.* set the limit and FLUX_SHARD_MEMORY_MODE). 8 Dense(512 => 512):
+// 8.4 MB of float32 arrays; one process's Adam training holds the arrays, their gradients and two
+// moments (33.6 MB and more); a stage-3 rank of 4 holds a quarter of the masters and moments
+// (6.3 MB) between steps, and the whole model only while shard() cuts it.
+TEST(ShardMemoryLimit, Stage3FitsWhereOneProcessDoesNot) {
+  const char* mode = std::getenv("FLUX_SHARD_MEMORY_MODE");
+  if (!mode) GTEST_SKIP() << "FLUX_SHARD_MEMORY_MODE unset (the ctest entries mpi.shard_memory_limit.* set it)";
+  auto comm = world();
+  using Big = Chain<Dense, Dense, Dense, Dense, Dense, Dense, Dense, Dense>;
+  const int64_t width = 512;
+  auto make = [&] {
+    seed(31);  // the same values on every rank, without a broadcast (which would hold a second copy)
+    return Big(Dense(width, width, relu), Dense(width, width, relu), Dense(width, width, relu), Dense(width, width, relu),
+               Dense(width, width, relu), Dense(width, width, relu), Dense(width, width, relu), Dense(width, width));
+  };
+  seed(32);
+  Tensor x = randn({8, width}), y = randn({8, width});
+  if (std::string(mode) == "plain") {
+    EXPECT_THAT(error_of([&] {
+                  Big model = make();
+                  auto opt = optimisers::setup(optimisers::Adam(1e-3), model);
+                  for (int step = 0; step < 3; ++step) {
+                    auto [loss, grads] = withgradient([&](const Big& m) { return mse(m(x), y); }, model);
+                    optimisers::update(opt, model, grads);
+                  }
+                }),
+                ::testing::HasSubstr("FLUX_CPU_MEMORY_LIMIT"));
+    return;
+  }
+  ASSERT_EQ(std::string(mode), "stage3");
+  ASSERT_EQ(comm.size(), 4) << "the limit is set for 4 ranks";
+  auto sharded = [&] { return distributed::shard(comm, make(), optimisers::Adam(1e-3), {.stage = 3, .bucket_bytes = 1 << 20}); }();
+  std::vector<double> losses;
+  for (int step = 0; step < 5; ++step) {
+    auto [loss, grads] = distributed::withgradient(comm, [&](auto& m) { return mse(m(x), y); }, sharded.model);
+    optimisers::update(sharded.state, sharded.model, grads);
+    losses.push_back(loss.item<double>());
+  }
+  EXPECT_LT(losses.back(), losses.front());
+  if (comm.rank() == 0)
+    std::printf("[shard memory limit] stage 3 np 4: peak live storage %.2f MB per rank, losses %.4f -> %.4f\n",
+                double(flux::detail::peak_storage_bytes()) / 1e6, losses.front(), losses.back());
 }
 
 int main(int argc, char** argv) {

@@ -4,6 +4,8 @@
 // device named by argv[2] at batch 2. For every model it writes <dir>/<name>.onnx and
 // <dir>/<name>.safetensors holding the inputs and flux's outputs at batch 2 and at batch 3 (x2, y2,
 // x3, y3): ORT must reproduce y2 and y3 from the one file (its batch axis is dynamic).
+// With the model name "examples": every model of examples/ instead (export_examples), at batch 2 and 5
+// and two sequence lengths where they read sequences (x.B_T, y.B_T).
 #include <cstdio>
 #include <string>
 
@@ -11,6 +13,7 @@
 #include "flux/io/safetensors.hpp"
 #include "flux/models/resnet.hpp"
 #include "flux/onnx.hpp"
+#include "../../examples/zoo/gpt.hpp"
 
 using namespace flux;
 
@@ -96,11 +99,105 @@ Tensor ids(int64_t n, int64_t t, int64_t vocab) {
   return Tensor(v, Shape{n, t});
 }
 
+/// Every case (batch, length) of one model: x.B_T and its outputs y.B_T (y.B_T.out1, ... for more than
+/// one), flux's, from the one file traced at the first case. lengths {} for models without a sequence.
+template <class M, class MakeInput>
+void export_cases(const std::string& dir, const std::string& name, M model, const Device& dev, MakeInput make_input,
+                  std::vector<int64_t> lengths, onnx::SaveOptions options = {}) {
+  randomise(model);
+  testmode(model);
+  auto m = model | dev;
+  const bool sequence = !lengths.empty();
+  if (!sequence) lengths = {0};
+  if (sequence && options.dynamic_axes.empty()) options.dynamic_axes = {{0, 1}};
+  TensorMap cases;
+  bool traced = false;
+  for (int64_t t : lengths) {
+    for (int64_t n : {2, 5}) {
+      Tensor x = make_input(n, t);
+      if (!traced) onnx::save(dir + "/" + name + ".onnx", m, to(x, dev), options), traced = true;
+      const std::string c = std::to_string(n) + "_" + std::to_string(t);
+      std::vector<Tensor> ys = onnx::detail::outputs_of(m(to(x, dev)));
+      cases["x." + c] = x;
+      for (size_t k = 0; k < ys.size(); ++k) cases["y." + c + (k ? ".out" + std::to_string(k) : "")] = to(ys[k], Device());
+    }
+  }
+  save_state(dir + "/" + name + ".safetensors", cases);
+  std::printf("exported %s on %s: %zu cases\n", name.c_str(), to_string(dev).c_str(), cases.size());
+}
+
+/// examples/zoo/vae_mnist.cpp's encoder: x (N, 784) -> (mu, logsigma), each (N, latent).
+struct VaeEncoder {
+  Dense linear, mu, logsigma;
+  std::pair<Tensor, Tensor> operator()(const Tensor& x) const {
+    Tensor h = linear(x);
+    return {mu(h), logsigma(h)};
+  }
+};
+FLUX_LAYER(VaeEncoder, linear, mu, logsigma)
+
+/// Every model of examples/ (and examples/zoo/), as each program builds it (default options), exported
+/// as example_<program>[_<part>]: ONNX Runtime must match flux at batch 2 and 5, and at two sequence
+/// lengths where the model reads sequences (their axis dynamic).
+void export_examples(const std::string& dir, const Device& dev) {
+  auto image = [](int64_t side) { return [side](int64_t n, int64_t) { return rand({n, 1, side, side}); }; };
+  auto features = [](int64_t f) { return [f](int64_t n, int64_t) { return rand({n, f}); }; };
+  export_cases(dir, "example_seed_training_loop", Chain(Dense(10, 64, relu), Dense(64, 1)), dev, features(10), {});
+  export_cases(dir, "example_digits_mlp", Chain(Dense(64, 128, relu), Dense(128, 64, relu), Dense(64, 10)), dev, features(64), {});
+  export_cases(dir, "example_digits_lenet",
+               Chain(Conv({3, 3}, 1, 16, {.pad = 1}), BatchNorm(16, relu), MaxPool({2, 2}), Conv({3, 3}, 16, 32, {.pad = 1}),
+                     BatchNorm(32, relu), MaxPool({2, 2}), flatten, Dense(128, 64, relu), Dense(64, 10)),
+               dev, image(8), {});
+  export_cases(dir, "example_fashion_mnist_cnn",
+               Chain(Conv({3, 3}, 1, 16, {.pad = 1}), BatchNorm(16, relu), MaxPool({2, 2}), Conv({3, 3}, 16, 32, {.pad = 1}),
+                     BatchNorm(32, relu), MaxPool({2, 2}), flatten, Dropout(0.25), Dense(32 * 7 * 7, 128, relu), Dense(128, 10)),
+               dev, image(28), {});
+  export_cases(dir, "example_distributed_mnist_mlp", Chain(flatten, Dense(784, 1024, relu), Dense(1024, 1024, relu), Dense(1024, 10)),
+               dev, image(28), {});
+  export_cases(dir, "example_distributed_mnist_cnn",
+               Chain(Conv({3, 3}, 1, 16, relu, {.pad = 1}), MaxPool({2, 2}), Conv({3, 3}, 16, 32, relu, {.pad = 1}), MaxPool({2, 2}),
+                     flatten, Dense(32 * 7 * 7, 128, relu), Dense(128, 10)),
+               dev, image(28), {});
+  export_cases(dir, "example_onnx_roundtrip",
+               Chain(Conv({3, 3}, 1, 8, relu, {.pad = 1}), BatchNorm(8), MaxPool({2, 2}), Conv({3, 3}, 8, 16, relu), GlobalMeanPool(),
+                     flatten, Dense(16, 2)),
+               dev, image(12), {});
+  // char_lstm: one-hot (N, T, V) of a 62-symbol vocabulary, hidden 256.
+  export_cases(dir, "example_char_lstm", CharModel{LSTM(62, 256), Dense(256, 62)}, dev,
+               [](int64_t n, int64_t t) { return onehot(ids(n, t, 62).reshape({n * t}), 62).reshape({n, t, 62}); }, {7, 12});
+  // tiny_transformer: seq_len 64, dim 64; ids (N, T <= 64).
+  export_cases(dir, "example_tiny_transformer", TinyTransformer(62, 64, 64), dev, [](int64_t n, int64_t t) { return ids(n, t, 62); },
+               {9, 16});
+  // zoo/conv_mnist: LeNet5 (autosize's widths written out).
+  export_cases(dir, "example_zoo_conv_mnist",
+               Chain(Conv({5, 5}, 1, 6, relu), MaxPool({2, 2}), Conv({5, 5}, 6, 16, relu), MaxPool({2, 2}), flatten, Dense(256, 120, relu),
+                     Dense(120, 84, relu), Dense(84, 10)),
+               dev, image(28), {});
+  // zoo/dcgan_mnist: the generator (latent 100) and the discriminator.
+  export_cases(dir, "example_zoo_dcgan_generator",
+               Chain(Dense(100, 7 * 7 * 256, DenseOptions{.bias = false}), BatchNorm(7 * 7 * 256, relu),
+                     [](const Tensor& x) { return x.reshape({-1, 256, 7, 7}); },
+                     ConvTranspose({5, 5}, 256, 128, {.stride = 1, .pad = 2, .bias = false}), BatchNorm(128, relu),
+                     ConvTranspose({4, 4}, 128, 64, {.stride = 2, .pad = 1, .bias = false}), BatchNorm(64, relu),
+                     ConvTranspose({4, 4}, 64, 1, tanh, {.stride = 2, .pad = 1, .bias = false})),
+               dev, features(100), {});
+  export_cases(dir, "example_zoo_dcgan_discriminator",
+               Chain(Conv({4, 4}, 1, 64, {.stride = 2, .pad = 1}), LeakyRelu{0.2}, Dropout(0.25), Conv({4, 4}, 64, 128, {.stride = 2, .pad = 1}),
+                     LeakyRelu{0.2}, Dropout(0.25), flatten, Dense(128 * 7 * 7, 1)),
+               dev, image(28), {});
+  // zoo/gpt: TransformerGPT with the zoo's defaults (6 layers, n_embed 64), seq_len 64, 65 symbols.
+  export_cases(dir, "example_zoo_gpt", zoo::TransformerGPT(65, 64), dev, [](int64_t n, int64_t t) { return ids(n, t, 65); }, {10, 17});
+  // zoo/vae_mnist: the encoder (two outputs) and the decoder (latent 2, hidden 500).
+  export_cases(dir, "example_zoo_vae_encoder", VaeEncoder{Dense(784, 500, tanh), Dense(500, 2), Dense(500, 2)}, dev, features(784), {});
+  export_cases(dir, "example_zoo_vae_decoder", Chain(Dense(2, 500, tanh), Dense(500, 784)), dev, features(2), {});
+}
+
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: onnx_export_models DIR DEVICE (CPU, OpenCL:0) [MODEL...]\n");
+    std::fprintf(stderr, "usage: onnx_export_models DIR DEVICE (CPU, OpenCL:0) [MODEL... | examples]\n");
     return 2;
   }
   const std::string dir = argv[1], dev_name = argv[2];
@@ -116,6 +213,10 @@ int main(int argc, char** argv) {
     return false;
   };
   seed(38);
+  if (argc > 3 && std::string(argv[3]) == "examples") {
+    export_examples(dir, dev);
+    return 0;
+  }
   if (wanted("mlp"))
     export_model(dir, "mlp", Chain(Dense(20, 64, relu), Dense(64, 32, tanh), Dense(32, 10), softmax), dev,
                  [](int64_t n) { return rand({n, 20}); });
@@ -147,6 +248,10 @@ int main(int argc, char** argv) {
   if (wanted("tiny_transformer_opset20"))
     export_model(dir, "tiny_transformer_opset20", TinyTransformer(20, 16, 32), dev, [](int64_t n) { return ids(n, 16, 20); },
                  {.opset = 20});
+  // Exact GELU (gelu_erf) as one Gelu node at opset 20, with the dynamic length's masks.
+  if (wanted("causal_block_opset20"))
+    export_model(dir, "causal_block_opset20", CausalBlock{}, dev, [](int64_t n) { return rand({n, n + 3, 16}); },
+                 {.dynamic_axes = {{0, 1}}, .opset = 20});
   if (wanted("resnet18_opset21"))
     export_model(dir, "resnet18_opset21", models::ResNet18(10), dev, [](int64_t n) { return rand({n, 3, 32, 32}); }, {.opset = 21});
   return 0;

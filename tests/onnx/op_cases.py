@@ -103,6 +103,7 @@ case("gelu_none_opset20", [N("Gelu", ["x"], ["y"])], {"x": xa * 3}, opset=20)
 case("gelu_tanh_opset20", [N("Gelu", ["x"], ["y"], approximate="tanh")], {"x": xa * 3}, opset=20)
 case("hardswish", [N("HardSwish", ["x"], ["y"])], {"x": xa * 4})
 case("hardsigmoid", [N("HardSigmoid", ["x"], ["y"], alpha=0.3, beta=0.4)], {"x": xa * 4})
+case("elu", [N("Elu", ["x"], ["y"], alpha=0.5)], {"x": xa * 3})
 case("expand", [N("Expand", ["x", "s"], ["y"])], {"x": randn(3, 1, 5)}, [const("s", np.array([2, 1, 4, 1], np.int64))])
 case("tile", [N("Tile", ["x", "r"], ["y"])], {"x": xa}, [const("r", np.array([2, 1, 3], np.int64))])
 case("range_where", [N("Shape", ["x"], ["s"]), N("Gather", ["s", "i"], ["n"]), N("Range", ["z", "n", "one"], ["r"]),

@@ -205,6 +205,42 @@ TEST_P(OnnxExport, CausalMasksFromTheDynamicLengthExportAndRoundTrip) {
   }
 }
 
+// GELU, exact (gelu_erf, PyTorch's default) and tanh (flux's gelu): one Gelu node from opset 20 (its
+// approximate attribute "tanh" for the latter), the formula's nodes before; read back, each file equals
+// the model at two batch sizes with the same parameter count.
+TEST_P(OnnxExport, GeluIsOneNodeFromOpset20AndRoundTrips) {
+  const Device dev = GetParam();
+  seed(11);
+  for (bool exact : {true, false}) {
+    for (int64_t opset : {17, 20}) {
+      SCOPED_TRACE(std::string(exact ? "gelu_erf" : "gelu") + " at opset " + std::to_string(opset));
+      auto act = [exact](const Tensor& x) { return exact ? gelu_erf(x) : gelu(x); };
+      auto model = Chain(Dense(6, 8), act, Dense(8, 3)) | dev;
+      const std::string path = temp_dir() + "/gelu.onnx";
+      flux::onnx::save(path, model, to(rand({2, 6}), dev), {.opset = opset});
+      ::onnx::ModelProto m = read(path);
+      auto ops = op_types(m);
+      EXPECT_EQ(ops.count("Gelu"), opset >= 20 ? 1u : 0u);
+      EXPECT_EQ(ops.count("Erf") + ops.count("Sigmoid"), opset >= 20 ? 0u : 1u);
+      for (const auto& n : m.graph().node()) {
+        if (n.op_type() != "Gelu") continue;
+        std::string approximate = "none";
+        for (const auto& a : n.attribute())
+          if (a.name() == "approximate") approximate = a.s();
+        EXPECT_EQ(approximate, exact ? "none" : "tanh");
+      }
+      auto net = flux::onnx::load(path) | dev;
+      EXPECT_EQ(parameter_count(net), parameter_count(model));
+      for (int64_t n : {2, 5}) {
+        Tensor x = to(rand({n, 6}) * 6.0 - 3.0, dev);
+        std::vector<double> got = to(net(x), Device()).to_vector<double>(), want = to(model(x), Device()).to_vector<double>();
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5) << "batch " << n << ", [" << i << "]";
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, OnnxExport, ::testing::ValuesIn(test_devices()), device_test_name);
 
 TEST(OnnxExportErrors, OpsetNewerThanSupportedNamesBoth) {

@@ -4,7 +4,9 @@
 // inconsistent files), built with ONNX's own protobuf classes.
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <onnx/onnx_pb.h>
@@ -382,6 +384,45 @@ TEST(OnnxImportErrors, ModByZero) {
   std::vector<float> y = net.forward({Tensor({7.5f, -7.5f}), Tensor({2.0f, -2.0f})})[0].to_vector<float>();
   EXPECT_EQ(y, (std::vector<float>{1.5f, -1.5f}));
   EXPECT_EQ(net.forward({Tensor({7.5f}), Tensor({0.0f})})[0].numel(), 1);
+}
+
+// What PyTorch 2's exporters write besides parameters: one-element constants with generated names
+// ("val_67": a scale) and folded attention masks (0 and -inf) come back NonTrainable; a module path's
+// one-element bias ("head.bias") and generated names of larger tensors (a transposed weight) train.
+TEST(OnnxImportErrors, ExporterConstantsAreNotTrainable) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  ::onnx::ModelProto m;
+  m.set_ir_version(10);
+  m.add_opset_import()->set_version(20);
+  auto* g = m.mutable_graph();
+  g->add_input()->set_name("x");
+  auto add_float = [&](const std::string& name, std::vector<int64_t> dims, std::vector<float> values) {
+    auto* t = g->add_initializer();
+    t->set_name(name), t->set_data_type(::onnx::TensorProto::FLOAT);
+    for (int64_t d : dims) t->add_dims(d);
+    for (float v : values) t->add_float_data(v);
+  };
+  add_float("val_67", {1}, {0.5f});
+  add_float("scale", {}, {2.0f});
+  add_float("head.bias", {1}, {0.25f});
+  add_float("val_13", {2, 1}, {1.0f, -1.0f});
+  add_float("unsqueeze_5", {2, 2}, {0.0f, -INFINITY, 0.0f, 0.0f});
+  std::string prev = "x";
+  for (const char* c : {"val_67", "scale", "head.bias", "val_13", "unsqueeze_5"}) {  // x (2, 2) + each, broadcast
+    auto* n = g->add_node();
+    n->set_op_type("Add"), n->set_name(std::string("add_") + c), n->add_input(prev), n->add_input(c);
+    prev = std::string("y_") + c;
+    n->add_output(prev);
+  }
+  g->add_output()->set_name(prev);
+  auto net = flux::onnx::load_from_bytes(m.SerializeAsString());
+  std::set<std::string> trained, fixed;
+  for (auto& [name, t] : net.parameters) trained.insert(name);
+  for (auto& [name, t] : net.buffers) fixed.insert(name);
+  EXPECT_EQ(trained, (std::set<std::string>{"head.bias", "val_13"}));
+  EXPECT_EQ(fixed, (std::set<std::string>{"val_67", "scale", "unsqueeze_5"}));
+  std::vector<float> y = net(Tensor(std::vector<float>{0.0f, 0.0f, 0.0f, 0.0f}, Shape{2, 2})).to_vector<float>();
+  EXPECT_EQ(y, (std::vector<float>{3.75f, -INFINITY, 1.75f, 1.75f}));
 }
 
 // Issue 49: an initialiser declaring 2^38 floats in a sparse external data file (1 TiB, no blocks)

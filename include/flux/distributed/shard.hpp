@@ -1,8 +1,8 @@
-// Sharded data-parallel training (DeepSpeed's ZeRO stages 1 and 2; PyTorch's ZeroRedundancyOptimizer
-// and FSDP's SHARD_GRAD_OP): every trainable array is cut, flattened, into `ranks` equal chunks of
-// ceil(numel / ranks) elements (the last padded with zeros); rank r keeps chunk r of every array as
-// its float32 master copy (arrays of f16/bf16 get float32 masters) together with the optimiser's state
-// for it, so the optimiser's memory per rank is 1/ranks of data-parallel training's.
+// Sharded data-parallel training (DeepSpeed's ZeRO stages 1 to 3; PyTorch's ZeroRedundancyOptimizer,
+// FSDP's SHARD_GRAD_OP and FULL_SHARD): every trainable array is cut, flattened, into `ranks` equal
+// chunks of ceil(numel / ranks) elements (the last padded with zeros); rank r keeps chunk r of every
+// array as its float32 master copy (arrays of f16/bf16 get float32 masters) together with the
+// optimiser's state for it, so the optimiser's memory per rank is 1/ranks of data-parallel training's.
 //   auto [model_s, state_s] = distributed::shard(comm, model, optimisers::setup(Adam(1e-3), model), {.stage = 2});
 //   auto [loss, grads] = distributed::withgradient(comm, f, model_s);   // this rank's gradient chunks
 //   optimisers::update(state_s, model_s, grads);                        // its chunks, then all-gathered
@@ -10,26 +10,37 @@
 // Stage 1 reduce-scatters the gradients once backward has ended (the whole gradient lives until then);
 // stage 2 reduce-scatters them in buckets while backward runs. Both give each rank the mean of its
 // chunks; update() steps the chunks and all-gathers the new values into every rank's whole model.
+// Stage 3 (FSDP's FULL_SHARD) keeps no whole array between steps: the model's trainable arrays are
+// empty shells (shape and dtype only) and each layer of a Chain (the whole model when it is not a
+// Chain) has its arrays all-gathered from the masters just before its forward, the next layer's
+// gather in flight while it computes, freed after it, gathered again for its backward (the previous
+// layer's in flight) and freed after that; gradients are reduce-scattered in buckets during backward
+// as at stage 2, and update() only steps the chunks. f must call the model (m(x)) once; gather_model()
+// gives the whole model (to save it or to look at it).
 // Every optimiser works: the elementwise rules chunk by chunk, ClipNorm with each array's norm summed
-// over the ranks. GradScaler({.comm = comm}) makes every rank skip together. Stage 3 (parameters
-// sharded between steps) is not implemented: shard() refuses it.
+// over the ranks. GradScaler({.comm = comm}) makes every rank skip together.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "flux/autodiff.hpp"
 #include "flux/distributed.hpp"
 #include "flux/io/safetensors.hpp"
+#include "flux/nn/chain.hpp"
 #include "flux/optimisers/grad_scaler.hpp"
 #include "flux/optimisers/optimisers.hpp"
 
 namespace flux::distributed {
 
 struct ShardOptions {
-  /// 1: optimiser state and master weights sharded; 2: gradients too (reduce-scatter during backward).
+  /// 1: optimiser state and master weights sharded; 2: gradients too (reduce-scatter during backward);
+  /// 3: parameters too (each layer all-gathered around its forward and its backward, FSDP).
   int stage = 1;
   /// Gradients are reduce-scattered in buckets of about this many bytes (of the wire dtype), in reverse
   /// parameter order; parameters are all-gathered in buckets of the same size.
@@ -39,6 +50,15 @@ struct ShardOptions {
   /// float64 arrays) reduce-scatter.
   std::optional<DType> wire = std::nullopt;
 };
+
+/// What the last stage-3 step (withgradient) or call of a sharded model on this thread gathered.
+struct LayerGatherStats {
+  int gathers = 0;             // layer all-gathers waited for (forward, then again for backward)
+  int prefetched = 0;          // of them, started before the layer needed them (one layer earlier)
+  int ready_when_needed = 0;   // of those, already complete when the layer needed them
+  double wait_seconds = 0;     // waiting for gathers to complete
+};
+LayerGatherStats last_layer_gather_stats();
 
 namespace detail {
 
@@ -52,11 +72,14 @@ struct ShardPlan {
   std::vector<DType> master_dtypes;  // float32 for f16/bf16 arrays, else the array's
   std::vector<Device> devices;
   std::vector<int64_t> chunk;        // ceil(numel / ranks): elements per rank
+  std::vector<std::vector<size_t>> units;  // stage 3: each layer's arrays (indices above), in call order
   int rank = 0, ranks = 1;
 };
 
+/// `units`: stage 3's layers (each array in exactly one); empty below stage 3.
 std::shared_ptr<const ShardPlan> make_plan(const Communicator& comm, const std::vector<std::string>& names,
-                                           const std::vector<Tensor>& params, const ShardOptions& options);
+                                           const std::vector<Tensor>& params, const ShardOptions& options,
+                                           std::vector<std::vector<size_t>> units = {});
 /// This rank's chunk of x (flattened, padded with zeros to the plan's chunk), in `master` dtype.
 Tensor chunk_of(const ShardPlan& plan, size_t i, const Tensor& x, DType master);
 /// A state over the chunks: every buffer of `full` (the rule's state for the whole arrays) chunked.
@@ -83,6 +106,40 @@ class ShardReducer {
   struct State;
   std::unique_ptr<State> state_;
 };
+
+/// Stage 3: the whole arrays of one layer at a time. arrays(k) waits for layer k's all-gather (started
+/// by the previous call, else now) and starts the next layer's; leave(k) frees layer k's arrays after
+/// its forward. With a tape the arrays are tracked leaves, and backward is followed through the tape's
+/// gradient-final reports (ready()): once every array of a layer has its final gradient, the layer's
+/// backward no longer reads them, so they are freed, the layer before it gets its arrays back (its
+/// gather was started one layer earlier) and the gather of the one before that starts. Freeing swaps
+/// an array's storage for an empty one; the tape's references to the array then see the values again
+/// once they are gathered back. The last layer's arrays stay from its forward to its backward.
+class LayerGather {
+ public:
+  LayerGather(std::shared_ptr<const ShardPlan> plan, std::vector<Tensor> masters, autodiff::Tape* tape);
+  ~LayerGather();
+  LayerGather(const LayerGather&) = delete;
+  LayerGather& operator=(const LayerGather&) = delete;
+  /// Layer k's arrays, whole, in plan->units[k] order (tracked on the tape when there is one). keep:
+  /// the caller keeps them (gather_model); nothing here frees them.
+  std::vector<Tensor> arrays(size_t k, bool keep = false);
+  /// Layer k's forward has ended: its arrays are freed (with a tape, all but the last layer's).
+  void leave(size_t k);
+  /// The tape reports that tape entry `tape_id`'s gradient is final.
+  void ready(int64_t tape_id);
+  /// The tracked arrays in params() order (fails unless f called the model, once).
+  std::vector<Tensor> leaves() const;
+  /// After backward (or inference): frees every array and completes any gather in flight.
+  void release();
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+/// A stage-3 array between steps: shape and dtype, no memory (an empty storage on the device).
+Tensor shell_of(const Tensor& x);
 
 /// (PyTorch-style name, tensor, trainable) of each distinct leaf, in state() order.
 struct NamedLeaf {
@@ -122,82 +179,258 @@ struct ShardedState {
 
 /// A model whose training is sharded: stages 1 and 2 keep the whole model on every rank (for the
 /// forward and backward); `model` is that model, updated by optimisers::update(state, sharded, grads).
+/// At stage 3 `model`'s trainable arrays are shells (shape, dtype, device; no memory) and calling the
+/// sharded model gathers each layer's arrays around its forward (collective: every rank calls it).
 template <class M> struct Sharded {
   M model;
   std::shared_ptr<const detail::ShardPlan> plan;
-  template <class... A> auto operator()(A&&... a) const { return model(std::forward<A>(a)...); }
+  std::vector<Tensor> masters;            // stage 3: the ShardedState's master chunks (shared)
+  detail::LayerGather* gather = nullptr;  // stage 3, inside distributed::withgradient
+
+  template <class... A> auto operator()(A&&... a) const {
+    if constexpr (sizeof...(A) == 1 && std::is_same_v<decltype(model(std::forward<A>(a)...)), Tensor>) {
+      if (plan && plan->options.stage == 3) return forward_sharded(Tensor(std::forward<A>(a)...));
+    } else {
+      if (plan && plan->options.stage == 3)
+        flux::detail::fail("[distributed::shard] a stage-3 model is called on one tensor and returns one tensor");
+    }
+    return model(std::forward<A>(a)...);
+  }
+
+ private:
+  Tensor forward_sharded(const Tensor& x) const;
 };
+
+namespace detail {
+/// Stage 3's layers: each element of a Chain, or the whole model; one list of params() indices each.
+/// Fails when an array is tied between two layers (one layer's gather would have to keep it alive).
+template <class M>
+std::vector<std::vector<size_t>> layer_units(const M& model, const std::vector<std::string>& names) {
+  std::vector<Tensor> ps = params(model);
+  std::unordered_map<const TensorImpl*, size_t> index;
+  for (size_t i = 0; i < ps.size(); ++i) index.emplace(ps[i].impl(), i);
+  std::vector<std::vector<size_t>> units;
+  if constexpr (is_chain<M>::value) {
+    std::vector<int64_t> owner(ps.size(), -1);
+    auto add = [&](int64_t k, const std::vector<Tensor>& layer_params) {
+      units.emplace_back();
+      for (const Tensor& t : layer_params) {
+        const size_t i = index.at(t.impl());
+        if (owner[i] >= 0)
+          flux::detail::fail("[distributed::shard] stage 3 gathers one layer of the Chain at a time, but array ", names[i],
+                             " is tied between layers ", owner[i], " and ", k,
+                             "; keep tied arrays inside one layer (e.g. a Chain element of its own), or use .stage = 2");
+        owner[i] = k;
+        units.back().push_back(i);
+      }
+    };
+    [&]<size_t... I>(std::index_sequence<I...>) {
+      (add(int64_t(I), params(std::get<I>(model.layers))), ...);
+    }(std::make_index_sequence<M::size()>{});
+  } else {
+    units.emplace_back();
+    for (size_t i = 0; i < ps.size(); ++i) units.back().push_back(i);
+  }
+  return units;
+}
+
+/// One layer of a stage-3 model: its arrays gathered, the layer run on them, the arrays freed.
+template <class L>
+Tensor call_layer(LayerGather& g, size_t k, const L& layer, const std::vector<Tensor>& shells, const ShardPlan& plan,
+                  const Tensor& x) {
+  std::unordered_map<const TensorImpl*, Tensor> whole;
+  {
+    std::vector<Tensor> arrays = g.arrays(k);
+    for (size_t j = 0; j < arrays.size(); ++j) whole.emplace(shells[plan.units[k][j]].impl(), arrays[j]);
+  }
+  Tensor y;
+  {
+    L live = fmap(
+        [&](const Tensor& t) {
+          auto it = whole.find(t.impl());
+          return it == whole.end() ? t : it->second;
+        },
+        layer);
+    whole.clear();
+    y = live(x);
+  }
+  g.leave(k);
+  return y;
+}
+
+template <class M> Tensor run_layers(LayerGather& g, const M& model, const ShardPlan& plan, const Tensor& x) {
+  const std::vector<Tensor> shells = params(model);
+  if constexpr (is_chain<M>::value) {
+    Tensor y = x;
+    [&]<size_t... I>(std::index_sequence<I...>) {
+      ((y = call_layer(g, I, std::get<I>(model.layers), shells, plan, y)), ...);
+    }(std::make_index_sequence<M::size()>{});
+    return y;
+  } else {
+    return call_layer(g, 0, model, shells, plan, x);
+  }
+}
+
+/// `model` with every trainable array replaced by a shell (tied arrays stay tied).
+template <class M> M with_shells(const M& model) {
+  std::unordered_map<const TensorImpl*, Tensor> out;
+  for (const Tensor& p : params(model)) out.emplace(p.impl(), shell_of(p));
+  return fmap(
+      [&](const Tensor& t) {
+        auto it = out.find(t.impl());
+        return it == out.end() ? t : it->second;
+      },
+      model);
+}
+}  // namespace detail
+
+template <class M> Tensor Sharded<M>::forward_sharded(const Tensor& x) const {
+  if (gather) return detail::run_layers(*gather, model, *plan, x);
+  detail::LayerGather g(plan, masters, nullptr);  // inference, or a gradient that is not distributed's
+  Tensor y = detail::run_layers(g, model, *plan, x);
+  g.release();
+  return y;
+}
 
 template <class M> struct ShardResult {
   Sharded<M> model;
   ShardedState state;
 };
 
+namespace detail {
+template <class M> ShardResult<M> finish_shard(const M& model, std::shared_ptr<const ShardPlan> plan, ShardedState state) {
+  Sharded<M> s{model, plan, {}, nullptr};
+  if (plan->options.stage == 3) {
+    s.model = with_shells(model);
+    s.masters = state.masters;
+  }
+  return {std::move(s), std::move(state)};
+}
+template <class M> std::vector<std::string> trainable_names(const M& model) {
+  std::vector<std::string> names;
+  for (const NamedLeaf& l : named_leaves(model))
+    if (l.trainable) names.push_back(l.name);
+  return names;
+}
+}  // namespace detail
+
 /// Shards `model`'s training over the ranks of `comm`: `opt_state` (from optimisers::setup, fresh or
 /// trained) is cut into this rank's chunks. Every rank must pass the same model (broadcast it first).
-/// Fails on stage 3, a non-positive bucket size, a wire dtype other than BFloat16, or models whose
-/// trainable arrays differ between ranks.
+/// At stage 3 the returned model holds no trainable array: let `model` go to free its memory.
+/// Fails on a stage other than 1, 2 or 3, a non-positive bucket size, a wire dtype other than
+/// BFloat16, models whose trainable arrays differ between ranks, and at stage 3 on arrays tied
+/// between two layers of a Chain.
 template <class M> ShardResult<M> shard(const Communicator& comm, const M& model, const optimisers::State& opt_state,
                                         ShardOptions options = {}) {
-  std::vector<std::string> names;
-  for (const detail::NamedLeaf& l : detail::named_leaves(model))
-    if (l.trainable) names.push_back(l.name);
+  std::vector<std::string> names = detail::trainable_names(model);
   std::vector<Tensor> ps = params(model);
-  auto plan = detail::make_plan(comm, names, ps, options);
+  auto plan = detail::make_plan(comm, names, ps, options,
+                                options.stage == 3 ? detail::layer_units(model, names) : std::vector<std::vector<size_t>>{});
   ShardedState state{detail::chunk_state(*plan, opt_state), {}, plan};
   for (size_t i = 0; i < ps.size(); ++i) state.masters.push_back(detail::chunk_of(*plan, i, ps[i], plan->master_dtypes[i]));
-  return {Sharded<M>{model, plan}, std::move(state)};
+  return detail::finish_shard(model, plan, std::move(state));
 }
 
 /// shard() with a fresh optimiser state made directly on the chunks (the whole-model state of
 /// optimisers::setup never exists: the memory a sharded run should save is never taken).
 template <class M>
 ShardResult<M> shard(const Communicator& comm, const M& model, const optimisers::Rule& rule, ShardOptions options = {}) {
-  std::vector<std::string> names;
-  for (const detail::NamedLeaf& l : detail::named_leaves(model))
-    if (l.trainable) names.push_back(l.name);
+  std::vector<std::string> names = detail::trainable_names(model);
   std::vector<Tensor> ps = params(model);
-  auto plan = detail::make_plan(comm, names, ps, options);
+  auto plan = detail::make_plan(comm, names, ps, options,
+                                options.stage == 3 ? detail::layer_units(model, names) : std::vector<std::vector<size_t>>{});
   ShardedState state{optimisers::setup(rule, std::vector<Tensor>{}), {}, plan};
   for (size_t i = 0; i < ps.size(); ++i) {
     state.masters.push_back(detail::chunk_of(*plan, i, ps[i], plan->master_dtypes[i]));
     state.opt.leaves.emplace_back();
     state.opt.rule->init(state.opt.leaves.back(), state.masters.back());
   }
-  return {Sharded<M>{model, plan}, std::move(state)};
+  return detail::finish_shard(model, plan, std::move(state));
+}
+
+/// The whole model: `model.model` at stages 1 and 2; at stage 3 a copy whose arrays are all-gathered
+/// from the masters (to save it, evaluate it unsharded or compare it). Collective.
+template <class M> M gather_model(const Sharded<M>& model) {
+  if (model.plan->options.stage != 3) return model.model;
+  detail::LayerGather g(model.plan, model.masters, nullptr);
+  const std::vector<Tensor> shells = params(model.model);
+  std::unordered_map<const TensorImpl*, Tensor> whole;
+  for (size_t k = 0; k < model.plan->units.size(); ++k) {
+    std::vector<Tensor> arrays = g.arrays(k, true);
+    for (size_t j = 0; j < arrays.size(); ++j) whole.emplace(shells[model.plan->units[k][j]].impl(), arrays[j]);
+  }
+  g.release();
+  return fmap(
+      [&](const Tensor& t) {
+        auto it = whole.find(t.impl());
+        return it == whole.end() ? t : it->second;
+      },
+      model.model);
 }
 
 /// withgradient for a sharded model: the value, and this rank's chunk of every trainable array's
 /// gradient averaged over the ranks (params() order; shape (chunk,), in the master dtype). Only
-/// `options.autocast` is read (the bucket size is the shard's).
+/// `options.autocast` is read (the bucket size is the shard's). At stages 1 and 2 f is called with the
+/// whole model (M), at stage 3 with the sharded one (Sharded<M>), whose call gathers each layer: write
+/// f as [&](auto& m) { return loss(m(x), y); }.
 template <class F, class M>
 WithGradient<std::vector<Tensor>> withgradient(const Communicator& comm, F&& f, const Sharded<M>& model,
                                                GradientOptions options = {}) {
   if (&comm.state() != &model.plan->comm.state())
     flux::detail::fail("[distributed::withgradient] the model was sharded over another communicator");
   autodiff::Tape tape;
-  M tracked = fmap([&](const Tensor& t) { return tape.leaf(t); }, model.model);
-  detail::ShardReducer reducer(model.plan, params(tracked), tape);
-  tape.on_gradient_final([&](int64_t id) { reducer.ready(id); });
   Tensor value;
-  {
-    AutocastScope scope(options.autocast);
-    value = f(tracked);
+  std::vector<Tensor> chunks;
+  if (model.plan->options.stage == 3) {
+    if constexpr (std::is_invocable_v<F&, Sharded<M>&>) {
+      detail::LayerGather gather(model.plan, model.masters, &tape);
+      Sharded<M> view = model;
+      view.gather = &gather;
+      {
+        AutocastScope scope(options.autocast);
+        value = f(view);
+      }
+      if (!value.defined()) flux::detail::fail("[distributed::withgradient] the function returned an undefined tensor");
+      detail::ShardReducer reducer(model.plan, gather.leaves(), tape);
+      tape.on_gradient_final([&](int64_t id) {
+        gather.ready(id);
+        reducer.ready(id);
+      });
+      tape.backward(value, 1.0 / comm.size());
+      gather.release();
+      chunks = reducer.finish();
+    } else {
+      flux::detail::fail("[distributed::withgradient] at stage 3 f is called with the sharded model (Sharded<M>&); "
+                         "take it as auto&");
+    }
+  } else {
+    if constexpr (std::is_invocable_v<F&, M&>) {
+      M tracked = fmap([&](const Tensor& t) { return tape.leaf(t); }, model.model);
+      detail::ShardReducer reducer(model.plan, params(tracked), tape);
+      tape.on_gradient_final([&](int64_t id) { reducer.ready(id); });
+      {
+        AutocastScope scope(options.autocast);
+        value = f(tracked);
+      }
+      if (!value.defined()) flux::detail::fail("[distributed::withgradient] the function returned an undefined tensor");
+      tape.backward(value, 1.0 / comm.size());  // the reduce-scatter's sum is then the mean
+      chunks = reducer.finish();
+    } else {
+      flux::detail::fail("[distributed::withgradient] at stages 1 and 2 f is called with the whole model (M&)");
+    }
   }
-  if (!value.defined()) flux::detail::fail("[distributed::withgradient] the function returned an undefined tensor");
-  tape.backward(value, 1.0 / comm.size());  // the reduce-scatter's sum is then the mean
-  std::vector<Tensor> chunks = reducer.finish();
   Tensor plain(std::make_shared<TensorImpl>(*value.impl()));
   plain.impl()->tape_id = -1;
   return {plain, std::move(chunks)};
 }
 
-/// One optimiser step of a sharded model: this rank steps its chunks, then every rank's new chunks
-/// are all-gathered into the whole model. Collective: every rank calls it.
+/// One optimiser step of a sharded model: this rank steps its chunks, then (stages 1 and 2) every
+/// rank's new chunks are all-gathered into the whole model. Collective: every rank calls it.
 template <class M> void update(ShardedState& state, Sharded<M>& model, const std::vector<Tensor>& grads) {
   if (state.plan != model.plan) flux::detail::fail("[update] the sharded state belongs to another sharded model");
   detail::step_chunks(*state.plan, state.opt, state.masters, grads);
-  detail::gather_params(*state.plan, state.masters, params(model.model));
+  if (state.plan->options.stage == 3) model.masters = state.masters;
+  else detail::gather_params(*state.plan, state.masters, params(model.model));
 }
 
 /// Sets the learning rate (schedules), as optimisers::adjust.
@@ -209,6 +442,11 @@ template <class M> io_detail::Targets untrainable(const M& model) {
   for (NamedLeaf& l : named_leaves(model))
     if (!l.trainable) out.emplace_back(l.name, l.tensor);
   return out;
+}
+/// The model after its masters changed: all-gathered into it (stages 1, 2), or handed to it (stage 3).
+template <class M> void refresh(const ShardPlan& plan, const std::vector<Tensor>& masters, Sharded<M>& model) {
+  if (plan.options.stage == 3) model.masters = masters;
+  else gather_params(plan, masters, params(model.model));
 }
 }  // namespace detail
 
@@ -231,13 +469,13 @@ void save_checkpoint(const std::string& path, const Sharded<M>& model, const Sha
 /// process loads it with flux::load_checkpoint(path, model, opt_state), which gathers the chunks.
 template <class M> Metadata load_checkpoint(const std::string& path, Sharded<M>& model, ShardedState& state) {
   Metadata meta = detail::load_sharded(path, *state.plan, state.masters, state.opt, detail::untrainable(model.model), nullptr);
-  detail::gather_params(*state.plan, state.masters, params(model.model));
+  detail::refresh(*state.plan, state.masters, model);
   return meta;
 }
 template <class M>
 Metadata load_checkpoint(const std::string& path, Sharded<M>& model, ShardedState& state, optimisers::GradScaler& scaler) {
   Metadata meta = detail::load_sharded(path, *state.plan, state.masters, state.opt, detail::untrainable(model.model), &scaler);
-  detail::gather_params(*state.plan, state.masters, params(model.model));
+  detail::refresh(*state.plan, state.masters, model);
   return meta;
 }
 

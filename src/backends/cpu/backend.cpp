@@ -1,6 +1,7 @@
 // The CPU backend object: memory (a caching pool), copies, and dispatch to the kernel files.
 #include <sys/sysinfo.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdint>
@@ -8,6 +9,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "flux/error.hpp"
@@ -19,7 +22,9 @@
 #include "src/backends/cpu/float_mode.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/pass_count.hpp"
+#include "src/backends/cpu/tuned_table.hpp"
 #include "src/environment.hpp"
+#include "src/internal.hpp"
 
 #ifndef FLUX_BLAS_NAME
 #define FLUX_BLAS_NAME "unknown BLAS"
@@ -32,12 +37,24 @@ namespace {
 /// A buffer's address, or nullptr for an absent (null-handle) optional buffer.
 void* or_null(backend::Buffer b) { return b.handle ? ptr(b) : nullptr; }
 
+/// versioninfo's line for the kernel table that flux-tune writes (tuned_table.hpp).
+std::string kernel_table_line() {
+  const std::string table = tuned_table_path();
+  std::string why;
+  const std::optional<TunedEntries> tuned = read_tuned_table(table, why);
+  return "CPU kernel table: " +
+         (tuned ? std::to_string(tuned->size()) + " tuned shape(s)"
+                : why.empty() ? "none (the built-in rules choose)" : "ignored (" + why + ")") +
+         " [" + table + "]";
+}
+
 /// FLUX_CPU_MEMORY_LIMIT: the most bytes the CPU pool may hold (live tensors plus cached blocks), as
 /// a number of bytes with an optional K, M or G (powers of 1024); unset or 0: no limit but the system's.
 size_t cpu_memory_limit() { return environment::bytes("FLUX_CPU_MEMORY_LIMIT"); }
 
 // 64-byte aligned host blocks through a caching pool: the best-fit pool with splitting and coalescing
-// (best_fit_pool.hpp), or with FLUX_CPU_POOL=size_classes the size-class cache it replaced
+// (best_fit_pool.hpp; its large blocks in a range of address space per arena, its small segments
+// from aligned_alloc), or with FLUX_CPU_POOL=size_classes the size-class cache it replaced
 // (caching_pool.hpp, kept as the simple reference). A request the system refuses, or one that would take the pool beyond
 // FLUX_CPU_MEMORY_LIMIT, empties the cache and is tried once more; then flux::OutOfMemory names the
 // size and the figures.
@@ -45,6 +62,7 @@ class HostPool {
  public:
   void* allocate(size_t bytes) {
     const size_t limit = limit_once();
+    if (best_.limit() != limit) best_.set_limit(limit);
     auto system = [&](size_t r) -> void* {
       if (limit && used() + cached() + r > limit) return nullptr;
       return std::aligned_alloc(64, r);
@@ -85,7 +103,13 @@ class HostPool {
     return yes;
   }
   backends::CachingPool<void*> classes_{64};
-  backends::BestFitPool best_;
+  // Each arena's range for large blocks: as much address space as the machine has memory, at most 64 GiB.
+  static size_t range_bytes() {
+    struct sysinfo si {};
+    sysinfo(&si);
+    return std::min(size_t(si.totalram) * si.mem_unit, size_t(64) << 30);
+  }
+  backends::BestFitPool best_{size_t(1) << 30, range_bytes()};
 };
 
 // Every kernel that does float arithmetic runs under FloatModeScope: flush-to-zero for the dtypes the
@@ -97,10 +121,12 @@ class CpuBackend final : public backend::Backend {
   int device_count() override { return 1; }
   std::string device_name(int) override { return "CPU (" + std::to_string(num_threads()) + " threads, " FLUX_BLAS_NAME ")"; }
   bool device_is_cpu(int) override { return true; }
+  // reduce, softmax, pooling, normalisation and half_elementwise.cpp read bf16/f16 storage themselves.
+  bool reads_half_storage(int) override { return true; }
   std::string version_info() override {
     return "  BLAS: " FLUX_BLAS_NAME "; threads: " + std::to_string(num_threads()) + " (FLUX_NUM_THREADS)\n" +
            "  ISA: " + isa_name(active_isa()) + "; bf16/f16 units: " + low_precision_units_text(low_precision_units()) +
-           "\n  Libraries: " + dependency_line() + "\n";
+           "\n  Libraries: " + dependency_line() + "\n  " + kernel_table_line() + "\n";
   }
   // bf16 runs on AVX512-BF16 or AMX-BF16 through oneDNN; oneDNN 2.6 has no f16 compute on the CPU.
   // Autocast asks per low-list op: the answers for each ISA level are made once (the units at a level
@@ -413,6 +439,8 @@ backend::Backend& instance() {
 }  // namespace flux::cpu_backend
 
 namespace flux::detail {
+backend::Backend& builtin_cpu_backend() { return cpu_backend::instance(); }
+
 // For bench/flux_bench.cpp (--passes): the CPU backend's pass counts (pass_count.hpp) and their reset.
 void cpu_pass_counts(int64_t* conversions, int64_t* conversion_bytes, int64_t* kernels) {
   const cpu_backend::PassCounts c = cpu_backend::pass_counts();

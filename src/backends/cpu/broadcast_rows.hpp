@@ -1,4 +1,4 @@
-// The register-blocked product under conv_own.cpp's few-pixel forwards, matmul.cpp's Dense panels and
+// The register-blocked product under conv_own.cpp's few-pixel forwards, matmul_own.cpp's Dense panels and
 // (through the panels) winograd.cpp: R rows of y held in registers as R x V vectors over one pass of
 // k, each x value broadcast against the V vectors of b's row. Vec: L floats, the active ISA's vector
 // (4-byte aligned, so loads and stores through Vec* need no alignment). No local's address is taken:

@@ -32,10 +32,6 @@ bool fits_32_bits(const backend::ConvGeometry& g) {
 /// The seam's question for a forward (Site::conv_forward, conv_query.hpp).
 Query conv_query(const backend::ConvGeometry& g, bool affine) { return ConvQuery::of(g, affine).query(num_threads()); }
 
-/// Whether a forward runs at inference: the core hands the weights' prepared-data cache to forwards
-/// then alone (backend.hpp), so what is made from the weights can be kept for later calls.
-bool at_inference(const backend::ConvGeometry& g) { return g.weight_cache != nullptr; }
-
 /// The kernels that take a forward: oneDNN wherever built in, the few-pixel kernel where it fits,
 /// Winograd where it fits at inference (its transformed weights are kept with the weight tensor).
 /// bf16: oneDNN alone (flux's own kernels are float32).
@@ -43,7 +39,7 @@ Candidates forward_candidates(const backend::ConvGeometry& g, DType dt = DType::
   Candidates c = FLUX_HAVE_ONEDNN ? bit(Kernel::onednn) : 0;
   if (dt != DType::f32) return c;
   if (few_pixel_fits(g)) c |= bit(Kernel::few_pixel);
-  if (at_inference(g) && winograd_fits(g)) c |= bit(Kernel::winograd);
+  if (g.inference && winograd_fits(g)) c |= bit(Kernel::winograd);
   return c;
 }
 
@@ -77,7 +73,7 @@ double time_conv(const Query& q, Kernel kernel, int reps) {
   for (int i = 0; i < g.spatial; ++i) in *= g.in[i], out *= g.out[i], w *= g.kernel[i];
   std::vector<float> x(size_t(in), 0.5f), wt(size_t(w), 0.01f), b(size_t(g.out_channels), 0.1f), y(size_t(out), 0.f);
   LocalPreparedCache cache;
-  g.weight_cache = &cache;
+  g.weight_cache = &cache, g.inference = true;
   ConvArrays a;
   a.x = x.data(), a.w = wt.data(), a.y = y.data();
   ConvEpilogue ep;

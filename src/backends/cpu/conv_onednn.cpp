@@ -382,6 +382,7 @@ void execute(const Entry& e, const std::vector<void*>& buffers, const void* resi
   dnnl::stream& stream = onednn::stream();
   onednn::set_team(config().pool_threading ? 1 : num_threads());
   Bound& b = bound_of(e);
+  onednn::CallScratch scratch;
   std::unordered_map<int, memory> args;
   memory dst;
   for (size_t i = 0; i < e.operands.size(); ++i) {
@@ -398,7 +399,7 @@ void execute(const Entry& e, const std::vector<void*>& buffers, const void* resi
       continue;
     }
     memory& inner = b.inner[i];
-    inner.set_data_handle(onednn::thread_scratch(scratch_of(op.arg), op.inner.get_size()));
+    inner.set_data_handle(scratch.get(scratch_of(op.arg), op.inner.get_size()));
     if (op.input) reorder_input(e, op, user, inner, op.scales >= 0 ? buffers[size_t(op.scales)] : nullptr);
     if (op.arg == DNNL_ARG_DST) dst = inner;
     args[op.arg] = inner;
@@ -410,7 +411,7 @@ void execute(const Entry& e, const std::vector<void*>& buffers, const void* resi
     else std::memcpy(dst.get_data_handle(), residual, r.plain.get_size());  // plain: dst starts as it
   }
   if (const size_t bytes = e.scratchpad.get_size()) {
-    b.scratchpad.set_data_handle(onednn::thread_scratch(onednn::Scratch::scratchpad, bytes));
+    b.scratchpad.set_data_handle(scratch.get(onednn::Scratch::scratchpad, bytes));
     args[DNNL_ARG_SCRATCHPAD] = b.scratchpad;
   }
   e.primitive.execute(stream, args);
@@ -564,7 +565,7 @@ bool onednn_conv(ConvKind kind, const backend::ConvGeometry& g, const ConvArrays
   }
   // Inference forwards read their weights prepared (kept with the weight tensor).
   std::shared_ptr<const ConvWeights> weights;
-  if (is_forward(kind) && g.weight_cache) {
+  if (is_forward(kind) && g.inference) {
     std::vector<const Entry*> es;
     std::vector<int64_t> o0;
     std::vector<void*> w_of;

@@ -1,5 +1,5 @@
 // A conv forward's question to the kernel-choice seam (Site::conv_forward, kernel_choice.hpp), by name:
-// what conv.cpp asks, what its tuner timer turns back into a geometry, and what tune.cpp prints.
+// what conv.cpp asks, what its tuner timer turns back into a geometry, and what the tuner (tune.cpp) prints.
 // Query::dims holds the fields in the order written here (the tuned table stores them so); padding is
 // not part of the question.
 #pragma once

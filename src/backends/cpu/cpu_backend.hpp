@@ -85,7 +85,7 @@ bool linear_forward(DType t, const void* x, const void* w, backend::PreparedCach
 int64_t gemm_engine_calls(Kernel engine);
 /// Tests: the kernel linear_forward runs for this call shape at the present thread count.
 Kernel linear_kernel(int64_t n, int64_t in, int64_t out, bool bias, bool relu);
-/// linear_forward's panel kernel for other kernels (matmul.cpp): w (out, in) packed into
+/// linear_forward's panel kernel for other kernels (matmul_own.cpp): w (out, in) packed into
 /// panel_floats(in, out) floats of 16-output panels; y (n, out) = x (n, in) w^T on the calling thread.
 size_t panel_floats(int64_t in, int64_t out);
 void panel_pack(const float* w, int64_t in, int64_t out, float* to);

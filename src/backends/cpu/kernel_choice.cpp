@@ -14,8 +14,10 @@
 #include <set>
 #include <tuple>
 
+#include "src/backends/cpu/conv_query.hpp"
 #include "src/backends/cpu/dependency_check.hpp"
 #include "src/backends/cpu/isa.hpp"
+#include "src/backends/cpu/matmul_query.hpp"
 #include "src/backends/cpu/tuned_table.hpp"
 
 namespace flux::cpu_backend {
@@ -54,7 +56,8 @@ bool has(Candidates c, Kernel k) { return (c & bit(k)) != 0; }
 // with each library at the CPU's level: where OpenBLAS runs an older core's kernels (it does not know
 // the CPU model), oneDNN; where oneDNN runs below the CPU, OpenBLAS (dependency_check.hpp).
 Kernel gemm_rule(const Query& q, Candidates c) {
-  const int64_t m = q.dims[0], n = q.dims[1], k = q.dims[2];
+  const GemmQuery g = GemmQuery::from(q);
+  const int64_t m = g.m, n = g.n, k = g.k;
   if (has(c, Kernel::onednn) && blas_below_cpu()) return Kernel::onednn;
   if (has(c, Kernel::openblas) && onednn_below_cpu()) return Kernel::openblas;
   if (has(c, Kernel::onednn) && std::min({m, n, k}) <= 16) return Kernel::onednn;
@@ -78,7 +81,8 @@ Kernel linear_rule(const Query&, Candidates c) {
 // output pixels over the batch: weight-bound, see conv_own.cpp); oneDNN otherwise. With AVX-512, where
 // oneDNN's direct kernels are stronger, no Winograd (not yet measured there).
 Kernel conv_rule(const Query& q, Candidates c) {
-  const int64_t pixels = q.dims[1] * q.dims[5] * q.dims[6] * q.dims[7];  // batch x in (= out for 3x3 s1 "same")
+  const ConvQuery conv = ConvQuery::from(q);
+  const int64_t pixels = conv.batch * conv.in[0] * conv.in[1] * conv.in[2];  // = out pixels for 3x3 s1 "same"
   if (has(c, Kernel::winograd) && active_isa() != Isa::avx512 && pixels >= 48) return Kernel::winograd;
   if (has(c, Kernel::few_pixel)) return Kernel::few_pixel;
   if (has(c, Kernel::onednn)) return Kernel::onednn;

@@ -15,18 +15,18 @@
 
 namespace flux::cpu_backend {
 
-/// Where a choice is made. The dims each site passes are listed with it.
+/// Where a choice is made. Each site's dims are a struct of named fields (matmul_query.hpp, conv_query.hpp).
 enum class Site : int8_t {
-  gemm = 0,          // one f32 GEMM piece: m n k trans_a trans_b lda ldb ldc beta!=0
-  linear = 1,        // a Dense inference y = x w^T (+ b, relu): n in out bias relu
-  conv_forward = 2,  // an inference conv forward: spatial batch C O groups in[3] kernel[3] stride[3] dilation[3] affine
+  gemm = 0,          // one f32 GEMM piece (GemmQuery)
+  linear = 1,        // a Dense inference y = x w^T (+ b, relu) (LinearQuery)
+  conv_forward = 2,  // a conv forward (ConvQuery)
 };
 constexpr int kSites = 3;
 
 enum class Kernel : int8_t {
   openblas = 0,   // gemm: OpenBLAS sgemm on the calling thread
   onednn = 1,     // gemm: oneDNN matmul; linear: oneDNN matmul on prepared (reordered) weights; conv: oneDNN
-  panels = 2,     // linear: flux's 16-output panels (matmul.cpp)
+  panels = 2,     // linear: flux's 16-output panels (matmul_own.cpp)
   winograd = 3,   // conv forward: flux's Winograd F(2x2, 3x3) (winograd.cpp)
   few_pixel = 4,  // conv forward: flux's few-output-pixel kernel (conv_own.cpp)
 };

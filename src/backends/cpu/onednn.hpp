@@ -1,4 +1,4 @@
-// oneDNN in the CPU backend (matmul.cpp, linear.cpp, conv_onednn.cpp): the one engine, the calling
+// oneDNN in the CPU backend (matmul_onednn.cpp, matmul_bf16.cpp, conv_onednn.cpp): the one engine, the calling
 // thread's stream, and how the calls run. Debian's oneDNN runs on libgomp's OpenMP, whose idle team
 // threads spin and fought our pool and OpenBLAS for the cores: every oneDNN call runs on one pool
 // thread with a one-thread OpenMP team (set_team(1)), which starts no OpenMP threads, and large calls
@@ -10,6 +10,8 @@
 
 #include <cstddef>
 
+#include "src/backends/cpu/call_scratch.hpp"
+
 namespace flux::cpu_backend::onednn {
 
 /// The CPU engine (created once, never destroyed, as the backend).
@@ -20,12 +22,9 @@ dnnl::stream& stream();
 void set_team(int threads);
 /// An attribute with a user scratchpad (scratchpad_mode::user).
 dnnl::primitive_attr user_scratchpad();
-/// Which of the calling thread's scratch blocks: one per operand a call may need at once.
+/// Which of a call's scratch blocks (call_scratch.hpp): one per operand a call may need at once.
 enum class Scratch : int { scratchpad = 0, src = 1, weights = 2, dst = 3, bias = 4, output = 5 };
-constexpr int kScratchBlocks = 6;
-/// The calling thread's scratch block `which`, at least `bytes` (grown and kept: no page faults per
-/// call; 64-byte aligned). Valid until the thread's next call for the same block.
-void* thread_scratch(Scratch which, size_t bytes);
+using CallScratch = cpu_backend::CallScratch<Scratch, 6>;
 
 }  // namespace flux::cpu_backend::onednn
 #endif

@@ -1,5 +1,5 @@
 // The CPU backend's one thread pool (FLUX_NUM_THREADS threads, the caller included). It is also the
-// BLAS's: matmul.cpp keeps the BLAS on one thread and splits the GEMM over this pool, and oneDNN runs
+// BLAS's: matmul_blas.cpp keeps the BLAS on one thread and splits the GEMM over this pool, and oneDNN runs
 // one OpenMP thread per pool task (conv_onednn.cpp), so no second team of threads competes for the cores.
 //
 // Hand-off: a region is cut into one piece

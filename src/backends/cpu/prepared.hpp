@@ -13,7 +13,7 @@
 namespace flux::cpu_backend {
 
 /// The first entry of a PreparedKey: which kernel the prepared weights are for.
-/// The bf16 kinds hold oneDNN's bf16 layouts of a bf16 weight tensor (matmul.cpp, conv_onednn.cpp).
+/// The bf16 kinds hold oneDNN's bf16 layouts of a bf16 weight tensor (matmul_onednn.cpp, conv_onednn.cpp).
 enum class PreparedKind : int64_t {
   panels = 0, onednn_linear = 1, onednn_conv = 2, winograd = 3, onednn_linear_bf16 = 4, onednn_conv_bf16 = 5
 };

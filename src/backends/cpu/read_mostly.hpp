@@ -1,5 +1,5 @@
 // A map filled once per key and then only read, by any number of threads at once: the CPU backend's
-// oneDNN primitives by shape (matmul.cpp, conv_onednn.cpp). Lookups share a reader lock; a miss makes
+// oneDNN primitives by shape (matmul_onednn.cpp, conv_onednn.cpp). Lookups share a reader lock; a miss makes
 // the value under one process-wide creation lock (oneDNN's primitive-descriptor creation touches its
 // global caches, which a sanitizer cannot see synchronised; only misses wait, and a thread that
 // waited finds the value made) and stores it. Values are never freed while the

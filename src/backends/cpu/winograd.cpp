@@ -3,7 +3,7 @@
 // input pixels: with d that input block of one channel and g a 3x3 kernel, the tile is
 // A^T [(G g G^T) .* (B^T d B)] A, so a 3x3 conv becomes 16 independent products, one per position
 // xi of the 4x4 transformed tile: M[xi] (tiles, O) = V[xi] (tiles, C) U[xi]^T, 16 x C x O
-// multiply-adds a tile instead of 36 x C x O (2.25x fewer). Those products run on matmul.cpp's panel
+// multiply-adds a tile instead of 36 x C x O (2.25x fewer). Those products run on matmul_own.cpp's panel
 // kernel (U[xi] packed into 16-output panels, kept prepared with the weights as the Dense weights are).
 //   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]   G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1]
 //   A^T = [1 1 1 0; 0 1 -1 -1]

@@ -1,6 +1,6 @@
-// tune_kernels (include/flux/tune.hpp): records the kernel choices a workload makes, times each
-// candidate with the site's registered Timer (kernel_choice.hpp), and saves the winners as the tuned
-// table (src/backends/cpu/tuned_table.hpp).
+// tune_kernels (include/flux/tune.hpp), the CPU backend's tuner: records the kernel choices a workload
+// makes, times each candidate with the site's registered Timer (kernel_choice.hpp), and saves the
+// winners as the tuned table (tuned_table.hpp).
 #include "flux/tune.hpp"
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include "src/backends/cpu/conv_query.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/kernel_choice.hpp"
+#include "src/backends/cpu/matmul_query.hpp"
 #include "src/backends/cpu/tuned_table.hpp"
 
 namespace flux {
@@ -28,18 +29,21 @@ using cpu_backend::Kernel;
 using cpu_backend::Query;
 using cpu_backend::Site;
 
-// A query's dims as words, per site (the dims each site passes are listed in kernel_choice.hpp).
+// A query's fields as words, per site (matmul_query.hpp, conv_query.hpp).
 std::string describe(const Query& q) {
-  const auto& d = q.dims;
   std::ostringstream os;
   switch (q.site) {
-    case Site::gemm:  // m n k trans_a trans_b lda ldb ldc beta!=0
-      os << "m " << d[0] << " n " << d[1] << " k " << d[2] << (d[3] ? " a^T" : "") << (d[4] ? " b^T" : "") << " ld "
-         << d[5] << "," << d[6] << "," << d[7] << (d[8] ? " +C" : "");
+    case Site::gemm: {
+      const cpu_backend::GemmQuery g = cpu_backend::GemmQuery::from(q);
+      os << "m " << g.m << " n " << g.n << " k " << g.k << (g.trans_a ? " a^T" : "") << (g.trans_b ? " b^T" : "")
+         << " ld " << g.lda << "," << g.ldb << "," << g.ldc << (g.accumulate ? " +C" : "");
       break;
-    case Site::linear:  // n in out bias relu
-      os << "n " << d[0] << " in " << d[1] << " out " << d[2] << (d[3] ? " bias" : "") << (d[4] ? " relu" : "");
+    }
+    case Site::linear: {
+      const cpu_backend::LinearQuery l = cpu_backend::LinearQuery::from(q);
+      os << "n " << l.n << " in " << l.in << " out " << l.out << (l.bias ? " bias" : "") << (l.relu ? " relu" : "");
       break;
+    }
     case Site::conv_forward: {
       const cpu_backend::ConvQuery c = cpu_backend::ConvQuery::from(q);
       const int64_t spatial = std::clamp<int64_t>(c.spatial, 1, 3);
