@@ -95,7 +95,7 @@ Tensor half_linear_training(const Tensor& x, const Tensor& w, const Tensor& b, T
       !x.backend().linear_forward(x.device().index(), t, flux::detail::buffer_of(x), flux::detail::buffer_of(w), nullptr,
                                   flux::detail::buffer_of(b), flux::detail::buffer_of(y), n, in, out, relu))
     return Tensor();
-  if (trace::active()) trace::emit("linear", {x, w, b}, y, {{"relu", {int64_t(relu)}, {}}});
+  if (trace::active()) trace::emit(ops::linear, {x, w, b}, y, {{"relu", {int64_t(relu)}, {}}});
   const Tensor kept_y = relu ? y : Tensor();
   autodiff::record(y, {&x, &w, &b}, [x, w, kept_y, t, need_x, need_w, need_b](const Tensor& g0) {
     Tensor g = g0.dtype() == t ? g0 : raw_cast(g0, t);
