@@ -292,8 +292,8 @@ class BestFitPool {
   }
 
   // Before a new large segment: the arena's wholly free large segments go back to the system, so the
-  // reserve follows the live bytes rather than the sum of segments that no longer fit (ResNet-18
-  // training kept ~30% more than its storage peak without this; bench/results/2026-12-06-blas-below-cpu.md).
+  // reserve follows the live bytes rather than the sum of segments that no longer fit (figures in
+  // bench/results/2026-12-06-blas-below-cpu.md).
   template <class Free> void trim_large(Arena& a, Free free) {
     for (auto it = a.free_large.begin(); it != a.free_large.end();) {
       Block* b = *it;

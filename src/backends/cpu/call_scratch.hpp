@@ -1,8 +1,8 @@
 // Scratch memory for one kernel call (oneDNN's user scratchpads and its operands in the kernels'
 // layouts), taken from the CPU pool as the call asks for it and given back when the call ends.
 // Scratch thus shares the pool's cached blocks with the tensors, instead of a block kept per thread
-// and operand sized to the largest call beside the pool (~40 MB in ResNet-18 training:
-// bench/results/2026-12-06-pool-rss.md), and FLUX_CPU_MEMORY_LIMIT counts it (beyond the limit:
+// and operand sized to the largest call beside the pool (figures in
+// bench/results/2026-12-06-pool-range.md), and FLUX_CPU_MEMORY_LIMIT counts it (beyond the limit:
 // flux::OutOfMemory, as for a tensor).
 #pragma once
 #include <algorithm>

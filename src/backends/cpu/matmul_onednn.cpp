@@ -111,8 +111,7 @@ bool onednn_gemm_takes(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_
 }
 
 // ---- Dense inference with its weights prepared (Backend::linear_forward) ----
-// OpenBLAS packs both operands on every call (its packing routines were ~4% of the MNIST MLP's
-// batch-128 inference). At inference the weights do not change between calls: they are reordered
+// OpenBLAS packs both operands on every call. At inference the weights do not change between calls: they are reordered
 // once into the layout of oneDNN's kernel (weights format `any`) and kept in the weight tensor's
 // cache (prepared.hpp), which the core empties on any write. Each piece is its own rows of w.
 namespace {
