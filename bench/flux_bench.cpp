@@ -1,9 +1,10 @@
 // One benchmark case with flux-cpp; prints "key value" lines for bench/run_bench.py.
 // Usage: flux_bench CASE [DEVICE]   CASE: seed | mnist | mnist_converged | wide | overhead | infer | sgemm | lenet |
-//                                         fmnist | resnet | resnet_train | onnx_resnet | lstm | lstm_converged |
+//                                         fmnist | resnet | resnet_train | onnx_resnet | onnx_encoder | lstm | lstm_converged |
 //                                         transformer | encoder | decoder | attention_memory | passes | serve | blas | info
-// --autocast=bf16|f16 runs mnist, infer, resnet, resnet_train, encoder and decoder under flux's autocast (training:
-// withgradient with .autocast; inference: autocast(dtype, model call)); without it they run in float32.
+// --autocast=bf16|f16 runs mnist, infer, resnet, resnet_train, encoder, decoder, onnx_resnet and onnx_encoder
+// under flux's autocast (training: withgradient with .autocast; inference: autocast(dtype, model call));
+// without it they run in float32.
 // info: the CPU backend's ISA and bf16/f16 units line of versioninfo(), and its libraries line
 // (what OpenBLAS and oneDNN run against the CPU), for the table's header.
 // passes: the CPU backend's full-tensor conversion passes and kernel calls in one step (see passes_case).
@@ -430,9 +431,50 @@ void resnet_case() { std::printf("skipped ResNet-18 (flux/models/resnet.hpp) not
 void resnet_train_case() { resnet_case(); }
 #endif
 
+#ifdef FLUX_BENCH_ONNX
+// The same model built from layers and imported (onnx::save then onnx::load), timed alternately in
+// this one process (3 rounds, so that a load change hits both alike), under --autocast when given.
+// Prints KEY_layers_ms, KEY_onnx_ms (wall time per call), KEY_layers_cpu_ms, KEY_onnx_cpu_ms (process
+// CPU time per call, all threads: steadier on shared cores) and KEY_onnx_ratio, KEY_onnx_cpu_ratio.
+template <class M, class N> void compare_imported(const std::string& key, const M& model, const N& net, const Tensor& x,
+                                                  double seconds) {
+  auto layers = [&] { Tensor y = forward(model, x); g_dev.synchronize(); return 0.f; };
+  auto imported = [&] { Tensor y = forward(net, x); g_dev.synchronize(); return 0.f; };
+  for (int i = 0; i < 3; ++i) layers(), imported();
+  auto cpu_now = [] {
+    rusage r{};
+    getrusage(RUSAGE_SELF, &r);
+    return double(r.ru_utime.tv_sec + r.ru_stime.tv_sec) + 1e-6 * double(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+  };
+  auto timed = [&](const auto& run, double* wall_ms, double* cpu_ms) {
+    const double c0 = cpu_now();
+    Timer t;
+    const double r = bench::rate(run, seconds);
+    *wall_ms += 1e3 / r;
+    *cpu_ms += 1e3 * (cpu_now() - c0) / (r * t.seconds());
+  };
+  double a = 0, b = 0, ac = 0, bc = 0;
+  for (int round = 0; round < 3; ++round) timed(layers, &a, &ac), timed(imported, &b, &bc);
+  const char* k = key.c_str();
+  std::printf("%s_layers_ms %.6g\n%s_onnx_ms %.6g\n%s_onnx_ratio %.4g\n%s_layers_cpu_ms %.6g\n%s_onnx_cpu_ms %.6g\n"
+              "%s_onnx_cpu_ratio %.4g\n",
+              k, a / 3, k, b / 3, k, b / a, k, ac / 3, k, bc / 3, k, bc / ac);
+  std::fflush(stdout);
+}
+
+// A model through onnx::save (traced on x) and onnx::load, on g_dev.
+template <class M> onnx::Model imported(const M& model, const Tensor& x, const char* name) {
+  const std::string path = "/tmp/flux_bench_" + std::string(name) + "_" + std::to_string(::getpid()) + ".onnx";
+  onnx::save(path, model, x);
+  auto net = onnx::load(path) | g_dev;
+  std::remove(path.c_str());
+  return net;
+}
+#endif
+
 #if defined(FLUX_BENCH_RESNET) && !defined(FLUX_BENCH_LOCAL_RESNET) && defined(FLUX_BENCH_ONNX)
 // onnx_resnet: models::ResNet18 exported with onnx::save and imported with onnx::load, timed against
-// the layers themselves, alternating, in this one process: the import's cost (issue 38 asks within 10%).
+// the layers themselves (compare_imported), batch 1 and 32: the import's cost (issue 48 asks within 10%).
 void onnx_resnet_case() {
   if (!onnx::available()) {
     std::printf("skipped onnx_resnet: built without ONNX\n");
@@ -441,24 +483,12 @@ void onnx_resnet_case() {
   auto model = models::ResNet18() | g_dev;
   testmode(model);
   const int64_t hw = bench::kResnetSize;
-  const std::string path = "/tmp/flux_bench_resnet18_" + std::to_string(::getpid()) + ".onnx";
-  onnx::save(path, model, to(rand({1, 3, hw, hw}), g_dev));
-  auto net = onnx::load(path) | g_dev;
-  std::remove(path.c_str());
+  auto net = imported(model, to(rand({1, 3, hw, hw}), g_dev), "resnet18");
   std::printf("onnx_resnet_hw %lld\n", (long long)hw);
   for (int64_t batch : {int64_t(1), int64_t(32)}) {
     if (g_only_batch && batch != g_only_batch) continue;
-    Tensor x = to(rand({batch, 3, hw, hw}), g_dev);
-    auto layers = [&] { Tensor y = model(x); g_dev.synchronize(); return 0.f; };
-    auto imported = [&] { Tensor y = net(x); g_dev.synchronize(); return 0.f; };
-    for (int i = 0; i < 3; ++i) layers(), imported();
-    double a = 0, b = 0;
-    for (int round = 0; round < 3; ++round) {  // alternate, so that a load change hits both alike
-      a += 1e3 / bench::rate(layers, batch == 1 ? 0.5 : 1.0);
-      b += 1e3 / bench::rate(imported, batch == 1 ? 0.5 : 1.0);
-    }
-    std::printf("resnet%lld_layers_ms %.6g\nresnet%lld_onnx_ms %.6g\nresnet%lld_onnx_ratio %.4g\n", (long long)batch,
-                a / 3, (long long)batch, b / 3, (long long)batch, b / a);
+    compare_imported("resnet" + std::to_string(batch), model, net, to(rand({batch, 3, hw, hw}), g_dev),
+                     batch == 1 ? 0.5 : 1.0);
   }
 }
 #else
@@ -601,6 +631,28 @@ void passes_case() {
   auto model = Chain(encoder_layer(), encoder_layer(), encoder_layer(), encoder_layer(), LayerNorm(kEncDim)) | g_dev;
   Tensor x = to(rand({kEncBatch, kEncLen, kEncDim}), g_dev), y = to(rand({kEncBatch, kEncLen, kEncDim}), g_dev);
   count_passes("encoder", model, x, y, [](const Tensor& a, const Tensor& b) { return mse(a, b); });
+}
+
+// onnx_encoder: the encoder case's model exported with onnx::save and imported with onnx::load, timed
+// against the layers (compare_imported) at batch 1 and kEncBatch, inference.
+void onnx_encoder_case() {
+#ifdef FLUX_BENCH_ONNX
+  if (!onnx::available()) {
+    std::printf("skipped onnx_encoder: built without ONNX\n");
+    return;
+  }
+  using namespace bench;
+  auto model = Chain(encoder_layer(), encoder_layer(), encoder_layer(), encoder_layer(), LayerNorm(kEncDim)) | g_dev;
+  testmode(model);
+  auto net = imported(model, to(rand({2, kEncLen, kEncDim}), g_dev), "encoder");
+  for (int64_t batch : {int64_t(1), kEncBatch}) {
+    if (g_only_batch && batch != g_only_batch) continue;
+    compare_imported("encoder" + std::to_string(batch), model, net, to(rand({batch, kEncLen, kEncDim}), g_dev),
+                     batch == 1 ? 0.5 : 1.0);
+  }
+#else
+  std::printf("skipped onnx_encoder: flux/onnx.hpp missing\n");
+#endif
 }
 
 // decoder (issue 44): bench_common.hpp's GPT-style causal decoder; inference and a training step as
@@ -794,7 +846,7 @@ void serve_case() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: flux_bench seed|mnist|mnist_converged|wide|overhead|infer|sgemm|lenet|fmnist|resnet|resnet_train|onnx_resnet|lstm|lstm_converged|transformer|encoder|decoder|attention_memory|passes|serve|blas|info [cpu|opencl] [--autocast=bf16|f16]\n");
+    std::fprintf(stderr, "usage: flux_bench seed|mnist|mnist_converged|wide|overhead|infer|sgemm|lenet|fmnist|resnet|resnet_train|onnx_resnet|onnx_encoder|lstm|lstm_converged|transformer|encoder|decoder|attention_memory|passes|serve|blas|info [cpu|opencl] [--autocast=bf16|f16]\n");
     return 2;
   }
   std::string which = argv[1], device = argc > 2 ? argv[2] : "cpu";
@@ -910,6 +962,7 @@ int main(int argc, char** argv) {
   else if (which == "attention_memory") attention_memory_case();
   else if (which == "info") info_case();
   else if (which == "onnx_resnet") onnx_resnet_case();
+  else if (which == "onnx_encoder") onnx_encoder_case();
   else if (which == "lstm") lstm_case();
   else if (which == "lstm_converged") lstm_case(g_converge_steps ? g_converge_steps : int(bench::kLstmConvergeSteps));
   else if (which == "transformer") transformer_case();
