@@ -50,8 +50,29 @@ struct Graph {
     std::vector<int> bn_in;
     int residual = -1, head = -1;
     bool relu = false, relu_after = false, skip = false;
+    int chain = -1;  // the last member of chains[chain]: the chain runs here
   };
   std::vector<Step> steps;
+  // Fusion (load time) of other chains: Gemm + Relu as Dense's fused linear, and attention
+  // (Mul by a constant scale, MatMul with a transposed K, Softmax on the last axis, MatMul with V, then
+  // optionally the heads joined by Transpose [0, 2, 1, 3]) as the fused attention kernel, its Q, K and
+  // V read in place from the projection (N, T, 3, H, d) where they are its Transpose [2, 0, 3, 1, 4],
+  // Slice and Reshape. Each runs at its last member's position; where its fast path does not apply at
+  // run time (shapes, a tape without the kernel, an ONNX trace), its members run one by one instead.
+  struct Source {  // one of attention's Q, K, V
+    int slot = -1;     // (B, H, T, d); or, when part >= 0, the projection (N, T, S, H, d)
+    int64_t part = -1;  // which of the S parts (the Slice on axis 0 of the Transpose)
+    bool to_end = false;  // the Slice's end is past the axis: part must be the last
+    int target = -1;    // the Reshape's shape input (checked at run time)
+  };
+  struct Chain {
+    bool attention = false;  // else Gemm + Relu
+    std::vector<int> members;  // steps, in graph order
+    Source q, k, v;
+    double scale = 1.0;
+    bool heads_last = false;  // the output is written (B, T, H, dv): the Transpose after was fused
+  };
+  std::vector<Chain> chains;
   std::vector<int> input_slots, output_slots, param_slots, buffer_slots;
   std::vector<std::string> input_names, output_names;
   std::vector<std::string> input_shapes, output_shapes;
@@ -218,6 +239,208 @@ std::vector<Tensor> run_checked(const ::onnx::NodeProto& n, const Operator& op, 
   } catch (const std::exception& e) {
     fail("[onnx] ", where(n), ": ", e.what(), " (a C++ exception inside the importer: please report it)");
   }
+}
+
+// ---- the other fused chains (Graph::Chain) ----
+
+std::vector<int64_t> ints_attribute(const ::onnx::NodeProto& n, const char* name) {
+  for (const auto& a : n.attribute())
+    if (a.name() == name && a.type() == ::onnx::AttributeProto::INTS) return {a.ints().begin(), a.ints().end()};
+  return {};
+}
+
+/// Finds the Gemm + Relu and attention chains (Graph::Chain) among the steps no Conv chain took.
+void find_chains(Graph& g, const ::onnx::GraphProto& graph, const std::unordered_map<std::string, int>& slot) {
+  const size_t ns = size_t(g.nslots);
+  std::vector<int> uses(ns, 0), producer(ns, -1);
+  std::vector<std::vector<int>> readers(ns);
+  for (size_t i = 0; i < g.steps.size(); ++i) {
+    const Graph::Step& st = g.steps[i];
+    for (int s : st.in)
+      if (s >= 0) ++uses[size_t(s)], readers[size_t(s)].push_back(int(i));
+    if (!st.skip && st.head < 0)
+      for (int s : st.out)
+        if (s >= 0) producer[size_t(s)] = int(i);
+  }
+  for (const auto& o : graph.output())
+    if (auto it = slot.find(o.name()); it != slot.end()) uses[size_t(it->second)] += 2;
+  std::vector<char> taken(g.steps.size(), 0);
+  auto free_step = [&](int i, const char* op) {
+    if (i < 0) return false;
+    const Graph::Step& st = g.steps[size_t(i)];
+    return !taken[size_t(i)] && !st.skip && st.head < 0 && st.out.size() == 1 && st.node->op_type() == op;
+  };
+  // The step of type `op` that makes s, when s is read by one step alone.
+  auto made_by = [&](int s, const char* op) {
+    return s >= 0 && uses[size_t(s)] == 1 && free_step(producer[size_t(s)], op) ? producer[size_t(s)] : -1;
+  };
+  // The one step that reads s, as its first input, when it is of type `op`.
+  auto only_reader = [&](int s, const char* op) {
+    if (s < 0 || uses[size_t(s)] != 1 || !free_step(readers[size_t(s)][0], op)) return -1;
+    const int r = readers[size_t(s)][0];
+    return g.steps[size_t(r)].in[0] == s ? r : -1;
+  };
+  auto in_at = [&](int i, size_t k) { return k < g.steps[size_t(i)].in.size() ? g.steps[size_t(i)].in[k] : -1; };
+  auto perm = [&](int i) { return ints_attribute(*g.steps[size_t(i)].node, "perm"); };
+  // A value known at load: an initialiser or a Constant node's value (host tensor), else undefined.
+  auto constant = [&](int s) -> Tensor {
+    if (s < 0) return Tensor();
+    for (const auto& t : graph.initializer())
+      if (slot.at(t.name()) == s) return from_proto(t, g.context);
+    const int p = producer[size_t(s)];
+    if (p >= 0 && g.steps[size_t(p)].node->op_type() == "Constant")
+      for (const auto& a : g.steps[size_t(p)].node->attribute())
+        if (a.name() == "value" && a.type() == ::onnx::AttributeProto::TENSOR) return from_proto(a.t(), g.context);
+    return Tensor();
+  };
+  auto scalar = [&](int s, double* value) {
+    Tensor t = constant(s);
+    if (!t.defined() || t.numel() != 1 || !is_floating(t.dtype())) return false;
+    *value = t.item<double>();
+    return true;
+  };
+  auto ints = [&](int s, std::vector<int64_t>* value) {
+    Tensor t = constant(s);
+    if (!t.defined() || is_floating(t.dtype()) || t.numel() > 8) return false;
+    *value = t.to_vector<int64_t>();
+    return true;
+  };
+  auto add_chain = [&](Graph::Chain c) {
+    std::sort(c.members.begin(), c.members.end());
+    for (int m : c.members) taken[size_t(m)] = 1, g.steps[size_t(m)].skip = true;
+    g.steps[size_t(c.members.back())].chain = int(g.chains.size());
+    g.chains.push_back(std::move(c));
+  };
+  for (size_t i = 0; i < g.steps.size(); ++i) {
+    if (!free_step(int(i), "Gemm")) continue;
+    if (const int r = only_reader(g.steps[i].out[0], "Relu"); r >= 0) {
+      Graph::Chain c;
+      c.members = {int(i), r};
+      add_chain(std::move(c));
+    }
+  }
+  if (g.opset < 13) return;  // Softmax over the last axis alone from opset 13
+  for (size_t i = 0; i < g.steps.size(); ++i) {
+    if (!free_step(int(i), "Softmax")) continue;
+    const int64_t axis = [&] {
+      for (const auto& a : g.steps[i].node->attribute())
+        if (a.name() == "axis") return a.i();
+      return int64_t(-1);
+    }();
+    const int scores = made_by(in_at(int(i), 0), "MatMul"), product = only_reader(g.steps[i].out[0], "MatMul");
+    if ((axis != -1 && axis != 3) || scores < 0 || product < 0 || in_at(product, 1) == g.steps[i].out[0]) continue;
+    const int kt = made_by(in_at(scores, 1), "Transpose");
+    if (kt < 0 || perm(kt) != std::vector<int64_t>{0, 1, 3, 2}) continue;
+    Graph::Chain c;
+    c.attention = true, c.members = {scores, int(i), product, kt};
+    int q = in_at(scores, 0);
+    if (const int mul = made_by(q, "Mul"); mul >= 0) {  // q * scale (either order)
+      for (size_t k = 0; k < 2; ++k)
+        if (scalar(in_at(mul, k), &c.scale)) {
+          q = in_at(mul, 1 - k), c.members.push_back(mul);
+          break;
+        }
+    } else if (const int div = made_by(q, "Div"); div >= 0 && scalar(in_at(div, 1), &c.scale) && c.scale != 0) {
+      c.scale = 1.0 / c.scale, q = in_at(div, 0), c.members.push_back(div);
+    }
+    if (q == in_at(scores, 0) && c.members.size() == 4) c.scale = 1.0;  // no scale node
+    if (const int joined = only_reader(g.steps[size_t(product)].out[0], "Transpose");
+        joined >= 0 && perm(joined) == std::vector<int64_t>{0, 2, 1, 3})
+      c.heads_last = true, c.members.push_back(joined);
+    c.q.slot = q, c.k.slot = in_at(kt, 0), c.v.slot = in_at(product, 1);
+    // Q, K and V as parts of one projection: Reshape(Slice(Transpose(R, [2, 0, 3, 1, 4]), axis 0, [p, p + 1])).
+    std::vector<int> split;
+    Graph::Source parts[3];
+    int heads = -1;
+    for (int k = 0; k < 3; ++k) {
+      const Graph::Source& src = k == 0 ? c.q : k == 1 ? c.k : c.v;
+      const int reshape = made_by(src.slot, "Reshape");
+      const int sl = reshape < 0 ? -1 : made_by(in_at(reshape, 0), "Slice");
+      std::vector<int64_t> starts, ends, axes, steps{1};
+      if (sl < 0 || !ints(in_at(sl, 1), &starts) || !ints(in_at(sl, 2), &ends) || !ints(in_at(sl, 3), &axes) ||
+          (in_at(sl, 4) >= 0 && !ints(in_at(sl, 4), &steps)) || starts.size() != 1 || ends.size() != 1 ||
+          axes != std::vector<int64_t>{0} || steps != std::vector<int64_t>{1} || starts[0] < 0 ||
+          (ends[0] != starts[0] + 1 && ends[0] < (int64_t(1) << 31)))
+        break;
+      const int t = producer[size_t(in_at(sl, 0))];
+      if (t < 0 || (heads >= 0 && t != heads) || !free_step(t, "Transpose") || perm(t) != std::vector<int64_t>{2, 0, 3, 1, 4})
+        break;
+      heads = t;
+      parts[k] = {.slot = in_at(t, 0), .part = starts[0], .to_end = ends[0] != starts[0] + 1, .target = in_at(reshape, 1)};
+      split.push_back(reshape), split.push_back(sl);
+    }
+    if (split.size() == 6 && uses[size_t(g.steps[size_t(heads)].out[0])] == 3) {
+      c.q = parts[0], c.k = parts[1], c.v = parts[2];
+      c.members.insert(c.members.end(), split.begin(), split.end());
+      c.members.push_back(heads);
+    }
+    add_chain(std::move(c));
+  }
+}
+
+/// One plain step: its runner on its inputs, its outputs stored.
+void run_step(const Graph& g, const Graph::Step& step, std::vector<Tensor>& v) {
+  std::vector<Tensor> in;
+  for (int s : step.in) in.push_back(s < 0 ? Tensor() : v[size_t(s)]);
+  std::vector<Tensor> out = run_checked(*step.node, *step.op, g.opset, in);
+  for (size_t k = 0; k < step.out.size(); ++k) {
+    if (step.out[k] < 0) continue;
+    if (k >= out.size()) fail("[onnx::Model] ", where(*step.node), ": output ", k, " is not supported");
+    v[size_t(step.out[k])] = out[k];
+  }
+}
+
+/// A chain's fast path (Graph::Chain); false when it does not apply to these values (the caller then
+/// runs the members). Its output is stored in the last member's output slot.
+bool run_chain(const Graph& g, const Graph::Chain& c, std::vector<Tensor>& v) {
+  auto value = [&](int s) { return s < 0 ? Tensor() : v[size_t(s)]; };
+  const Graph::Step& last = g.steps[size_t(c.members.back())];
+  if (!c.attention) {
+    const Graph::Step& gemm = g.steps[size_t(c.members[0])];
+    Tensor a = value(gemm.in[0]), b = value(gemm.in.size() > 1 ? gemm.in[1] : -1), bias = value(gemm.in.size() > 2 ? gemm.in[2] : -1);
+    if (!a.defined() || !b.defined()) return false;
+    const Device d = device_of({a, b, bias});
+    Tensor y = gemm_linear(*gemm.node, on(a, d), on(b, d), on(bias, d), true);
+    if (!y.defined()) return false;
+    v[size_t(last.out[0])] = y;
+    return true;
+  }
+  // Each of Q, K, V as (b0, b1, rows, width) and its view.
+  struct Part {
+    int64_t b0 = 0, b1 = 0, rows = 0, width = 0;
+    flux::detail::AttentionView view;
+  };
+  auto part = [&](const Graph::Source& s, Part* p) {
+    const Tensor x = value(s.slot);
+    if (!x.defined()) return false;
+    const Shape& sh = x.shape();
+    if (s.part < 0) {  // (B, H, T, d), contiguous
+      if (x.ndim() != 4) return false;
+      *p = {sh[0], sh[1], sh[2], sh[3], {x, 0, {sh[1] * sh[2] * sh[3], sh[2] * sh[3], sh[3]}}};
+      return true;
+    }
+    // The projection (N, T, S, H, d): part s.part of its axis 2, read as (N, H, T, d).
+    if (x.ndim() != 5 || s.part >= sh[2] || (s.to_end && s.part + 1 != sh[2])) return false;
+    const Tensor target = value(s.target);
+    if (!target.defined() || is_floating(target.dtype()) || target.numel() != 4) return false;
+    const std::vector<int64_t> want = target.to_vector<int64_t>(), dims{sh[0], sh[3], sh[1], sh[4]};
+    for (size_t k = 0; k < 4; ++k)
+      if (want[k] != dims[k] && want[k] != -1) return false;
+    *p = {sh[0], sh[3], sh[1], sh[4], {x, s.part * sh[3] * sh[4], {sh[1] * sh[2] * sh[3] * sh[4], sh[4], sh[2] * sh[3] * sh[4]}}};
+    return true;
+  };
+  Part q, k, w;
+  if (!part(c.q, &q) || !part(c.k, &k) || !part(c.v, &w)) return false;
+  if (q.b0 != k.b0 || q.b0 != w.b0 || q.b1 != k.b1 || q.b1 != w.b1 || q.width != k.width || k.rows != w.rows) return false;
+  backend::Attention a;
+  a.b0 = q.b0, a.b1 = q.b1, a.tq = q.rows, a.tk = k.rows, a.d = q.width, a.dv = w.width, a.scale = c.scale;
+  if (c.heads_last) a.o_stride[0] = a.tq * a.b1 * a.dv, a.o_stride[1] = a.dv, a.o_stride[2] = a.b1 * a.dv;
+  else a.o_stride[0] = a.b1 * a.tq * a.dv, a.o_stride[1] = a.tq * a.dv, a.o_stride[2] = a.dv;
+  const Shape out = c.heads_last ? Shape{a.b0, a.tq, a.b1, a.dv} : Shape{a.b0, a.b1, a.tq, a.dv};
+  Tensor y = flux::detail::fused_attention(q.view, k.view, w.view, Tensor(), a, out);
+  if (!y.defined()) return false;
+  v[size_t(last.out[0])] = y;
+  return true;
 }
 
 std::string shape_string(const ::onnx::ValueInfoProto& v) {
@@ -406,6 +629,7 @@ Model parse_unchecked(const std::string& bytes, const std::string& context, cons
       }
     }
   }
+  detail::find_chains(*g, graph, slot);
   if (graph.output_size() == 0) fail(api, ": the graph has no output");
   for (const auto& v : graph.output()) {
     auto it = slot.find(v.name());
@@ -442,6 +666,12 @@ std::vector<Tensor> Model::forward(const std::vector<Tensor>& inputs) const {
   std::vector<Tensor> in;
   std::vector<Tensor> bn;
   for (const auto& at : g.steps) {
+    if (at.chain >= 0) {
+      const detail::Graph::Chain& c = g.chains[size_t(at.chain)];
+      if (!detail::run_chain(g, c, v))
+        for (int m : c.members) detail::run_step(g, g.steps[size_t(m)], v);
+      continue;
+    }
     if (at.skip && at.head < 0) continue;
     const auto& step = at.head >= 0 ? g.steps[size_t(at.head)] : at;  // a fused chain runs at its last node
     in.clear();
@@ -485,6 +715,10 @@ std::string Model::summary() const {
   int fused = 0;
   for (const auto& s : graph->steps) fused += s.head >= 0;
   if (fused) os << ", " << fused << " Conv fused with their BatchNormalization/Relu/residual Add";
+  int attention = 0;
+  for (const auto& c : graph->chains) attention += c.attention;
+  if (attention) os << ", " << attention << " attention fused";
+  if (graph->chains.size() > size_t(attention)) os << ", " << graph->chains.size() - size_t(attention) << " Gemm fused with their Relu";
   os << "; ";
   for (size_t i = 0; i < graph->input_names.size(); ++i)
     os << (i ? ", " : "") << graph->input_names[i] << " " << graph->input_shapes[i];

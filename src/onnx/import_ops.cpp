@@ -14,6 +14,7 @@
 #include "flux/autodiff.hpp"
 #include "flux/backend.hpp"
 #include "flux/nn/activations.hpp"
+#include "src/autocast.hpp"
 #include "src/internal.hpp"
 #include "src/onnx/onnx_common.hpp"
 #include "src/ops/ops_internal.hpp"
@@ -603,10 +604,7 @@ std::vector<Tensor> run_gemm(const Node& n, const std::vector<Tensor>& in) {
   Tensor a = on(need(n, in, 0), d), b = on(need(n, in, 1), d), c = on(in_or(in, 2), d);
   const bool ta = attr_i(n.proto, "transA", 0), tb = attr_i(n.proto, "transB", 0);
   const double alpha = attr_f(n.proto, "alpha", 1.0), beta = attr_f(n.proto, "beta", 1.0);
-  if (!ta && tb && alpha == 1.0 && beta == 1.0 && c.defined() && c.ndim() == 1) {
-    Tensor y = flux::detail::linear(a, b, c);  // Dense's fused path where the operands fit
-    if (y.defined()) return {y};
-  }
+  if (Tensor y = gemm_linear(n.proto, a, b, c, false); y.defined()) return {y};
   Tensor y = matmul(a, b, ta, tb);
   if (alpha != 1.0) y = y * alpha;
   if (c.defined()) y = y + (beta != 1.0 ? c * beta : c);
@@ -1016,6 +1014,17 @@ std::vector<Tensor> run_elu(const Node& n, const std::vector<Tensor>& in) {
 }
 
 }  // namespace
+
+Tensor gemm_linear(const ::onnx::NodeProto& n, const Tensor& a, const Tensor& b, const Tensor& c, bool relu) {
+  if (attr_i(n, "transA", 0) || !attr_i(n, "transB", 0) || attr_f(n, "alpha", 1.0) != 1.0 || attr_f(n, "beta", 1.0) != 1.0 ||
+      !c.defined() || c.ndim() != 1)
+    return Tensor();
+  // Under autocast in its low dtype on the kept casts of W and b, as Dense runs.
+  if (auto low = flux::detail::autocast_low({&a, &b}))
+    return flux::detail::linear(flux::detail::autocast_to(a, *low), flux::detail::autocast_to(b, *low),
+                                flux::detail::autocast_to(c, *low), relu);
+  return flux::detail::linear(a, b, c, relu);
+}
 
 double attr_f(const ::onnx::NodeProto& n, const char* name, double dflt) {
   const auto* a = attr(n, name, ::onnx::AttributeProto::FLOAT);

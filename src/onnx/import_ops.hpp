@@ -48,6 +48,10 @@ Tensor from_proto(const ::onnx::TensorProto& p, const std::string& context, cons
 /// ONNX Conv attributes (strides, pads, dilations, group) for a weight of w's rank.
 ConvParams conv_params(const ::onnx::NodeProto& n, const Tensor& w);
 double attr_f(const ::onnx::NodeProto& n, const char* name, double dflt);
+/// A Gemm node's A Bᵀ + c (then relu) as Dense runs it (flux::detail::linear: bias and relu fused, W
+/// kept packed; under autocast in its low dtype): undefined when the node is not that form (transA,
+/// no transB, alpha or beta not 1, c not (N,)) or the operands do not fit; the caller composes the ops.
+Tensor gemm_linear(const ::onnx::NodeProto& n, const Tensor& a, const Tensor& b, const Tensor& c, bool relu);
 /// x on device d (no copy when it is there already, or undefined).
 Tensor on(const Tensor& x, const Device& d);
 /// The device where an op runs: that of its first input not on the CPU (data), else the CPU.
