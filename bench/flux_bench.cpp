@@ -78,6 +78,7 @@ bool library_kernels();
 #include <sstream>
 
 #include "bench_common.hpp"
+#include "examples/example_models.hpp"
 #include "src/storage_stats.hpp"
 
 // From src/backends/cpu (not installed): the CPU kernels' ISA level and a cap on it (FLUX_BENCH_MAX_ISA,
@@ -498,16 +499,9 @@ void onnx_resnet_case() { std::printf("skipped onnx_resnet: flux/onnx.hpp or mod
 // ---- Sequence cases (bench_common.hpp: shapes; the same models are in torch_bench.cpp and
 // torch_bench.py). The batch is encoded once, as a data loader hands it over. ----
 
-// examples/char_lstm.cpp's model: one-hot (N, T, V) -> LSTM(V => H) -> (N T, H) -> Dense(H => V).
-struct BenchCharLSTM {
-  LSTM lstm;
-  Dense head;
-  Tensor operator()(const Tensor& x) const {
-    Tensor h = lstm(x);
-    return head(h.reshape({h.size(0) * h.size(1), h.size(2)}));
-  }
-};
-FLUX_LAYER(BenchCharLSTM, lstm, head)
+// examples/char_lstm.cpp's model (examples/example_models.hpp): one-hot (N, T, V) -> LSTM(V => H) -> (N T, H)
+// -> Dense(H => V).
+using examples::CharModel;
 
 // Next-symbol targets (N T, V) one-hot.
 Tensor seq_targets() { return to(onehot(Tensor(bench::seq_ids(1), Shape{bench::kSeqBatch * bench::kSeqLen}), bench::kVocab), g_dev); }
@@ -523,7 +517,7 @@ void check_parameters(const char* which, int64_t got, int64_t expected) {
 
 void lstm_case(int pretrain = 0) {
   using namespace bench;
-  auto model = BenchCharLSTM{LSTM(kVocab, kLstmHidden), Dense(kLstmHidden, kVocab)} | g_dev;
+  auto model = CharModel(kVocab, kLstmHidden) | g_dev;
   check_parameters("lstm", parameter_count(model), kLstmParameters);
   Tensor ids(seq_ids(), Shape{kSeqBatch * kSeqLen});
   Tensor x = to(onehot(ids, kVocab).reshape({kSeqBatch, kSeqLen, kVocab}), g_dev), y = seq_targets();
@@ -532,35 +526,16 @@ void lstm_case(int pretrain = 0) {
   std::printf("%s %.6g\n", pretrain ? "lstm_converged_steps_per_s" : "lstm_steps_per_s", r);
 }
 
-// examples/tiny_transformer.cpp's model at its defaults.
-auto transformer_block(int64_t d) {
-  return Chain(SkipConnection(Chain(LayerNorm(d), MultiHeadAttention(d, {.nheads = bench::kHeads, .causal = true})), plus),
-               SkipConnection(Chain(LayerNorm(d), Dense(d, 4 * d, gelu), Dense(4 * d, d)), plus));
-}
-using TransformerBlock = decltype(transformer_block(1));
-
-struct BenchTinyTransformer {
-  Embedding token, position;  // (V, D), (T, D)
-  Chain<TransformerBlock, TransformerBlock> blocks;
-  LayerNorm norm;
-  Dense head;  // D => V
-  BenchTinyTransformer(int64_t vocab, int64_t seq_len, int64_t d)
-      : token(vocab, d), position(seq_len, d), blocks(transformer_block(d), transformer_block(d)), norm(d), head(d, vocab) {}
-  /// ids (N, T) -> logits (N T, V).
-  Tensor operator()(const Tensor& ids) const {
-    const int64_t n = ids.shape()[0], t = ids.shape()[1];
-    Tensor h = token(ids) + position(arange(t, DType::i64, ids.device()));
-    return head(norm(blocks(h))).reshape(Shape{n * t, token.weight.size(0)});
-  }
-};
-FLUX_LAYER(BenchTinyTransformer, token, position, blocks, norm, head)
-
+// examples/tiny_transformer.cpp's model at its defaults (examples/example_models.hpp; kHeads = its 4);
+// its logits (N, T, V) are scored as (N T, V) rows.
 void transformer_case() {
   using namespace bench;
-  auto model = BenchTinyTransformer(kVocab, kSeqLen, kModelDim) | g_dev;
+  static_assert(kHeads == 4, "examples::TinyTransformer has 4 heads");
+  auto model = examples::TinyTransformer(kVocab, kSeqLen, kModelDim) | g_dev;
   check_parameters("transformer", parameter_count(model), kTransformerParameters);
   Tensor x = to(Tensor(seq_ids(), Shape{kSeqBatch, kSeqLen}), g_dev), y = seq_targets();
-  double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a, b); },
+  double r = train_steps_per_s(model, x, y,
+                               [](const Tensor& a, const Tensor& b) { return logitcrossentropy(a.reshape({-1, kVocab}), b); },
                                3, 2.0);
   std::printf("transformer_steps_per_s %.6g\n", r);
 }
@@ -836,7 +811,7 @@ void serve_case() {
   }
 #endif
   {
-    auto lstm = BenchCharLSTM{LSTM(kServeLstmIn, kServeLstmHidden), Dense(kServeLstmHidden, kServeLstmIn)} | g_dev;
+    auto lstm = CharModel(kServeLstmIn, kServeLstmHidden) | g_dev;
     testmode(lstm);
     const Shape x{kServeLstmBatch, kServeLstmSteps, kServeLstmIn};
     serve_model("lstm4", run(lstm, {to(rand(x), g_dev), to(rand(x), g_dev)}), s / 2, 5);

@@ -26,6 +26,7 @@
 #include <iostream>
 #include <random>
 
+#include "example_models.hpp"
 #include "example_support.hpp"
 
 using namespace flux;
@@ -104,16 +105,7 @@ Options parse_args(int argc, char** argv) {
   return o;
 }
 
-/// LSTM then a Dense head applied to every step: (N, T, V) one-hot -> (N T, V) logits.
-struct CharModel {
-  LSTM lstm;
-  Dense head;
-  Tensor operator()(const Tensor& x) const {
-    Tensor h = lstm(x);
-    return head(h.reshape({h.size(0) * h.size(1), h.size(2)}));
-  }
-};
-FLUX_LAYER(CharModel, lstm, head)
+using examples::CharModel;  // example_models.hpp: (N, T, V) one-hot -> (N T, V) logits
 
 std::ostream& operator<<(std::ostream& os, const CharModel& m) {
   return os << "CharModel(" << layer_string(m.lstm) << ", " << layer_string(m.head) << ")  # "
@@ -188,7 +180,7 @@ int run(const Options& opt) {
               (long long)train_ids.size(0), (long long)valid_ids.size(0), (long long)V, opt.path.c_str(),
               (long long)train.inputs.size(0), (long long)opt.seq_len, to_string(dev).c_str());
 
-  CharModel model = fmap([&](const Tensor& t) { return to(t, dev); }, CharModel{LSTM(V, opt.hidden), Dense(opt.hidden, V)});
+  CharModel model = fmap([&](const Tensor& t) { return to(t, dev); }, CharModel(V, opt.hidden));
   std::cout << model << "\n";
   std::cout.flush();
 

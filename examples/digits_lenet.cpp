@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "example_models.hpp"
 #include "example_support.hpp"
 
 using namespace flux;
@@ -74,12 +75,6 @@ Options parse_args(int argc, char** argv) {
   return o;
 }
 
-auto lenet() {
-  return Chain(Conv({3, 3}, 1, 16, {.pad = 1}), BatchNorm(16, relu), MaxPool({2, 2}),   // (N, 16, 4, 4)
-               Conv({3, 3}, 16, 32, {.pad = 1}), BatchNorm(32, relu), MaxPool({2, 2}),  // (N, 32, 2, 2)
-               flatten, Dense(128, 64, relu), Dense(64, 10));
-}
-
 int run(const Options& opt) {
   Digits data = load_digits(opt.data_path);
 
@@ -96,7 +91,7 @@ int run(const Options& opt) {
   std::printf("digits: %lld images (1x8x8) from %s, %lld train / %lld test, device %s\n", (long long)data.n,
               data.path.c_str(), (long long)ntrain, (long long)(data.n - ntrain), to_string(dev).c_str());
 
-  auto model = lenet() | dev;
+  auto model = examples::digits_lenet() | dev;
   std::cout << model << "\n";
   std::cout.flush();
 

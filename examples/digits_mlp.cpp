@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "example_models.hpp"
 #include "example_support.hpp"
 
 using namespace examples;
@@ -208,7 +209,7 @@ int run(const Options& opt) {
   std::printf("device %s (%s): %s\n", to_string(dev).c_str(), dev.name().c_str(),
               device_reason(opt.device, dev).c_str());
 
-  auto model = Chain(Dense(kPixels, 128, relu), Dense(128, 64, relu), Dense(64, kClasses)) | dev;
+  auto model = examples::digits_mlp() | dev;
   std::cout << model << "\n";
 
   DataLoader loader({Xtrain, Ytrain}, {.batchsize = opt.batchsize, .shuffle = true});

@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "example_models.hpp"
 #include "example_support.hpp"
 
 using namespace flux;
@@ -200,12 +201,8 @@ int run(const Options& opt) {
                 comm.backend().c_str(), (long long)Xtrain.shape()[0], (long long)opt.batchsize);
   seed(opt.seed);
   if (opt.model == "cnn")
-    return train(opt, comm,
-                 Chain(Conv({3, 3}, 1, 16, relu, {.pad = 1}), MaxPool({2, 2}), Conv({3, 3}, 16, 32, relu, {.pad = 1}),
-                       MaxPool({2, 2}), flatten, Dense(32 * 7 * 7, 128, relu), Dense(128, 10)),
-                 Xtrain, ytrain, Xtest, ytest);
-  return train(opt, comm, Chain(flatten, Dense(784, 1024, relu), Dense(1024, 1024, relu), Dense(1024, 10)), Xtrain,
-               ytrain, Xtest, ytest);
+    return train(opt, comm, examples::distributed_cnn(), Xtrain, ytrain, Xtest, ytest);
+  return train(opt, comm, examples::distributed_mlp(), Xtrain, ytrain, Xtest, ytest);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "example_models.hpp"
 #include "example_support.hpp"
 
 using namespace flux;
@@ -97,12 +98,6 @@ Options parse_args(int argc, char** argv) {
   return o;
 }
 
-auto fashion_cnn() {
-  return Chain(Conv({3, 3}, 1, 16, {.pad = 1}), BatchNorm(16, relu), MaxPool({2, 2}),   // (N, 16, 14, 14)
-               Conv({3, 3}, 16, 32, {.pad = 1}), BatchNorm(32, relu), MaxPool({2, 2}),  // (N, 32, 7, 7)
-               flatten, Dropout(0.25), Dense(32 * 7 * 7, 128, relu), Dense(128, 10));
-}
-
 data::FashionMnist load_data(const std::string& folder) {
   try {
     return data::load_fashion_mnist(folder);
@@ -131,7 +126,7 @@ int run(const Options& opt) {
               (long long)Xtrain.shape()[0], (long long)Xtest.shape()[0], fm.folder.c_str(), load_s,
               to_string(dev).c_str());
 
-  auto model = fashion_cnn() | dev;
+  auto model = examples::fashion_cnn() | dev;
   std::cout << model << "\n";
   std::cout.flush();
 

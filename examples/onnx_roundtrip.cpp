@@ -14,6 +14,8 @@
 #include <flux/flux.hpp>
 #include <flux/onnx.hpp>
 
+#include "example_models.hpp"
+
 using namespace flux;
 
 namespace {
@@ -57,8 +59,7 @@ int main(int argc, char** argv) {
   try {
     Device dev = device == "CPU" ? get_device("CPU") : get_device("OpenCL", std::atoi(device.c_str() + device.find(':') + 1));
     seed(7);
-    auto model = Chain(Conv({3, 3}, 1, 8, relu, {.pad = 1}), BatchNorm(8), MaxPool({2, 2}), Conv({3, 3}, 8, 16, relu),
-                       GlobalMeanPool(), flatten, Dense(16, 2)) | dev;
+    auto model = examples::roundtrip_cnn() | dev;
     auto opt = optimisers::setup(optimisers::Adam(3e-3), model);
     auto [x_train, y_train] = bars(512);
     auto [x_test, y_test] = bars(128);

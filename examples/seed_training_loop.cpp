@@ -5,13 +5,16 @@
 #include <iostream>
 
 #include <flux/flux.hpp>
+
+#include "example_models.hpp"
+
 using namespace flux;
 
 int main(int argc, char** argv) {
   int epochs = argc > 1 ? std::atoi(argv[1]) : 10;
   seed(42);
   Device dev = get_device({.verbose = true});
-  auto model = Chain(Dense(10, 64, relu), Dense(64, 1)) | dev;
+  auto model = examples::seed_mlp() | dev;
   std::cout << model << "\n";
 
   Tensor X = rand({1000, 10}), Y = rand({1000, 1});  // observations along the FIRST axis

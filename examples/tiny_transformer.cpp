@@ -26,6 +26,7 @@
 #include <iostream>
 #include <random>
 
+#include "example_models.hpp"
 #include "example_support.hpp"
 
 using namespace flux;
@@ -76,29 +77,7 @@ Options parse_args(int argc, char** argv) {
   return o;
 }
 
-auto block(int64_t d) {
-  return Chain(SkipConnection(Chain(LayerNorm(d), MultiHeadAttention(d, {.nheads = 4, .causal = true})), plus),
-               SkipConnection(Chain(LayerNorm(d), Dense(d, 4 * d, gelu), Dense(4 * d, d)), plus));
-}
-using Block = decltype(block(1));
-
-struct TinyTransformer {
-  Embedding token, position;  // (V, D), (T, D)
-  Chain<Block, Block> blocks;
-  LayerNorm norm;
-  Dense head;  // D => V
-
-  TinyTransformer(int64_t vocab, int64_t seq_len, int64_t d)
-      : token(vocab, d), position(seq_len, d), blocks(block(d), block(d)), norm(d), head(d, vocab) {}
-  /// ids (N, T <= seq_len) -> logits (N, T, V).
-  Tensor operator()(const Tensor& ids) const {
-    const int64_t t = ids.shape()[1];
-    Tensor pos = position(arange(t, DType::i64, ids.device()));  // (T, D), broadcast over N
-    Tensor h = token(ids) + pos;
-    return head(norm(blocks(h)));
-  }
-};
-FLUX_LAYER(TinyTransformer, token, position, blocks, norm, head)
+using examples::TinyTransformer;  // example_models.hpp: ids (N, T <= seq_len) -> logits (N, T, V)
 
 // Mean next-character cross-entropy (nats) of logits (N, T, V) against targets (N, T).
 Tensor char_loss(const Tensor& logits, const Tensor& targets, int64_t vocab) {

@@ -16,6 +16,8 @@
 
 #include <flux/flux.hpp>
 
+#include "mnist_models.hpp"
+
 using namespace flux;
 
 struct Args {
@@ -29,13 +31,6 @@ struct Args {
   double min_accuracy = -1;
   std::string folder = data::kFashionMnistFolder;
 };
-
-// LeNet-5; autosize gives each Dense(_, ...) the width that reaches it (Flux's @autosize).
-auto LeNet5() {
-  return autosize({1, 1, 28, 28}, Chain(Conv({5, 5}, 1, 6, relu), MaxPool({2, 2}),
-                                        Conv({5, 5}, 6, 16, relu), MaxPool({2, 2}), flatten,
-                                        Dense(_, 120, relu), Dense(_, 84, relu), Dense(_, 10)));
-}
 
 Tensor loss(const Tensor& yhat, const Tensor& y) { return logitcrossentropy(yhat, y); }
 
@@ -90,7 +85,7 @@ int main(int argc, char** argv) {
     auto train_loader = DataLoader({xtrain, ytrain}, {.batchsize = args.batchsize, .shuffle = true}) | device;
     auto test_loader = DataLoader({xtest, ytest}, {.batchsize = args.batchsize}) | device;
 
-    auto model = LeNet5() | device;
+    auto model = zoo::LeNet5() | device;
     std::cout << model << "\n";
     auto opt_state = optimisers::setup(optimisers::OptimiserChain(optimisers::WeightDecay({.lambda = args.lambda}),
                                                                   optimisers::Adam({.eta = args.eta})),

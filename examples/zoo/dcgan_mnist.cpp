@@ -18,6 +18,8 @@
 
 #include <flux/flux.hpp>
 
+#include "mnist_models.hpp"
+
 using namespace flux;
 
 struct HyperParams {
@@ -32,20 +34,6 @@ struct HyperParams {
   double max_dscr_loss = -1;
   std::string folder = data::kFashionMnistFolder;
 };
-
-auto Generator(int64_t latent_dim) {
-  return Chain(Dense(latent_dim, 7 * 7 * 256, DenseOptions{.bias = false}), BatchNorm(7 * 7 * 256, relu),
-               [](const Tensor& x) { return x.reshape({-1, 256, 7, 7}); },
-               ConvTranspose({5, 5}, 256, 128, {.stride = 1, .pad = 2, .bias = false}), BatchNorm(128, relu),
-               ConvTranspose({4, 4}, 128, 64, {.stride = 2, .pad = 1, .bias = false}), BatchNorm(64, relu),
-               ConvTranspose({4, 4}, 64, 1, tanh, {.stride = 2, .pad = 1, .bias = false}));
-}
-
-auto Discriminator() {
-  return autosize({1, 1, 28, 28}, Chain(Conv({4, 4}, 1, 64, {.stride = 2, .pad = 1}), LeakyRelu{0.2}, Dropout(0.25),
-                                        Conv({4, 4}, 64, 128, {.stride = 2, .pad = 1}), LeakyRelu{0.2}, Dropout(0.25),
-                                        flatten, Dense(_, 1)));
-}
 
 Tensor discriminator_loss(const Tensor& real_output, const Tensor& fake_output) {
   return logitbinarycrossentropy(real_output, 1) + logitbinarycrossentropy(fake_output, 0);
@@ -105,8 +93,8 @@ int main(int argc, char** argv) {
     images = 2.0 * images - 1.0;  // [-1, 1], the range of the generator's tanh
     auto dataloader = DataLoader({images}, {.batchsize = hparams.batch_size, .shuffle = true}) | device;
 
-    auto dscr = Discriminator() | device;
-    auto gen = Generator(hparams.latent_dim) | device;
+    auto dscr = zoo::Discriminator() | device;
+    auto gen = zoo::Generator(hparams.latent_dim) | device;
     std::cout << dscr << "\n" << gen << "\n";
     auto opt_dscr = optimisers::setup(optimisers::Adam({.eta = hparams.lr_dscr}), dscr);
     auto opt_gen = optimisers::setup(optimisers::Adam({.eta = hparams.lr_gen}), gen);

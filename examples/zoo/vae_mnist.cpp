@@ -17,6 +17,8 @@
 
 #include <flux/flux.hpp>
 
+#include "mnist_models.hpp"
+
 using namespace flux;
 
 struct Args {
@@ -33,30 +35,6 @@ struct Args {
   double max_loss = -1;
   std::string folder = data::kFashionMnistFolder;
 };
-
-namespace zoo {
-struct Encoder {
-  Dense linear, mu, logsigma;
-  Encoder(int64_t input_dim, int64_t latent_dim, int64_t hidden_dim)
-      : linear(input_dim, hidden_dim, tanh), mu(hidden_dim, latent_dim), logsigma(hidden_dim, latent_dim) {}
-  std::pair<Tensor, Tensor> operator()(const Tensor& x) const {
-    Tensor h = linear(x);
-    return {mu(h), logsigma(h)};
-  }
-};
-FLUX_LAYER(Encoder, linear, mu, logsigma)
-
-inline auto Decoder(int64_t input_dim, int64_t latent_dim, int64_t hidden_dim) {
-  return Chain(Dense(latent_dim, hidden_dim, tanh), Dense(hidden_dim, input_dim));
-}
-using DecoderT = decltype(Decoder(1, 1, 1));
-
-struct VAE {
-  Encoder encoder;
-  DecoderT decoder;
-};
-FLUX_LAYER(VAE, encoder, decoder)
-}  // namespace zoo
 
 // μ, logσ and the decoder's logits for z = μ + ε exp(logσ), ε ~ N(0, 1).
 std::tuple<Tensor, Tensor, Tensor> reconstruct(const zoo::VAE& m, const Tensor& x) {

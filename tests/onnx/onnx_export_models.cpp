@@ -13,44 +13,16 @@
 #include "flux/io/safetensors.hpp"
 #include "flux/models/resnet.hpp"
 #include "flux/onnx.hpp"
+#include "../../examples/example_models.hpp"
 #include "../../examples/zoo/gpt.hpp"
+#include "../../examples/zoo/mnist_models.hpp"
 
 using namespace flux;
 
 namespace {
 
-/// LSTM then a Dense head on every step, as examples/char_lstm.cpp: (N, T, V) one-hot -> (N T, V).
-struct CharModel {
-  LSTM lstm;
-  Dense head;
-  Tensor operator()(const Tensor& x) const {
-    Tensor h = lstm(x);
-    return head(h.reshape({h.size(0) * h.size(1), h.size(2)}));
-  }
-};
-FLUX_LAYER(CharModel, lstm, head)
-
-auto block(int64_t d) {
-  return Chain(SkipConnection(Chain(LayerNorm(d), MultiHeadAttention(d, {.nheads = 4, .causal = true})), plus),
-               SkipConnection(Chain(LayerNorm(d), Dense(d, 4 * d, gelu), Dense(4 * d, d)), plus));
-}
-using Block = decltype(block(1));
-
-/// examples/tiny_transformer.cpp's model: ids (N, T) -> logits (N, T, V).
-struct TinyTransformer {
-  Embedding token, position;
-  Chain<Block, Block> blocks;
-  LayerNorm norm;
-  Dense head;
-  TinyTransformer(int64_t vocab, int64_t seq_len, int64_t d)
-      : token(vocab, d), position(seq_len, d), blocks(block(d), block(d)), norm(d), head(d, vocab) {}
-  Tensor operator()(const Tensor& ids) const {
-    const int64_t t = ids.shape()[1];
-    Tensor pos = position(arange(t, DType::i64, ids.device()));
-    return head(norm(blocks(token(ids) + pos)));
-  }
-};
-FLUX_LAYER(TinyTransformer, token, position, blocks, norm, head)
+using examples::CharModel;        // examples/char_lstm.cpp's: (N, T, V) one-hot -> (N T, V)
+using examples::TinyTransformer;  // examples/tiny_transformer.cpp's: ids (N, T) -> logits (N, T, V)
 
 /// Every floating tensor of m random (variances positive), so that no parameter is a trivial 0 or 1.
 template <class M> void randomise(M& m) {
@@ -126,70 +98,34 @@ void export_cases(const std::string& dir, const std::string& name, M model, cons
   std::printf("exported %s on %s: %zu cases\n", name.c_str(), to_string(dev).c_str(), cases.size());
 }
 
-/// examples/zoo/vae_mnist.cpp's encoder: x (N, 784) -> (mu, logsigma), each (N, latent).
-struct VaeEncoder {
-  Dense linear, mu, logsigma;
-  std::pair<Tensor, Tensor> operator()(const Tensor& x) const {
-    Tensor h = linear(x);
-    return {mu(h), logsigma(h)};
-  }
-};
-FLUX_LAYER(VaeEncoder, linear, mu, logsigma)
-
 /// Every model of examples/ (and examples/zoo/), as each program builds it (default options), exported
 /// as example_<program>[_<part>]: ONNX Runtime must match flux at batch 2 and 5, and at two sequence
 /// lengths where the model reads sequences (their axis dynamic).
 void export_examples(const std::string& dir, const Device& dev) {
   auto image = [](int64_t side) { return [side](int64_t n, int64_t) { return rand({n, 1, side, side}); }; };
   auto features = [](int64_t f) { return [f](int64_t n, int64_t) { return rand({n, f}); }; };
-  export_cases(dir, "example_seed_training_loop", Chain(Dense(10, 64, relu), Dense(64, 1)), dev, features(10), {});
-  export_cases(dir, "example_digits_mlp", Chain(Dense(64, 128, relu), Dense(128, 64, relu), Dense(64, 10)), dev, features(64), {});
-  export_cases(dir, "example_digits_lenet",
-               Chain(Conv({3, 3}, 1, 16, {.pad = 1}), BatchNorm(16, relu), MaxPool({2, 2}), Conv({3, 3}, 16, 32, {.pad = 1}),
-                     BatchNorm(32, relu), MaxPool({2, 2}), flatten, Dense(128, 64, relu), Dense(64, 10)),
-               dev, image(8), {});
-  export_cases(dir, "example_fashion_mnist_cnn",
-               Chain(Conv({3, 3}, 1, 16, {.pad = 1}), BatchNorm(16, relu), MaxPool({2, 2}), Conv({3, 3}, 16, 32, {.pad = 1}),
-                     BatchNorm(32, relu), MaxPool({2, 2}), flatten, Dropout(0.25), Dense(32 * 7 * 7, 128, relu), Dense(128, 10)),
-               dev, image(28), {});
-  export_cases(dir, "example_distributed_mnist_mlp", Chain(flatten, Dense(784, 1024, relu), Dense(1024, 1024, relu), Dense(1024, 10)),
-               dev, image(28), {});
-  export_cases(dir, "example_distributed_mnist_cnn",
-               Chain(Conv({3, 3}, 1, 16, relu, {.pad = 1}), MaxPool({2, 2}), Conv({3, 3}, 16, 32, relu, {.pad = 1}), MaxPool({2, 2}),
-                     flatten, Dense(32 * 7 * 7, 128, relu), Dense(128, 10)),
-               dev, image(28), {});
-  export_cases(dir, "example_onnx_roundtrip",
-               Chain(Conv({3, 3}, 1, 8, relu, {.pad = 1}), BatchNorm(8), MaxPool({2, 2}), Conv({3, 3}, 8, 16, relu), GlobalMeanPool(),
-                     flatten, Dense(16, 2)),
-               dev, image(12), {});
+  export_cases(dir, "example_seed_training_loop", examples::seed_mlp(), dev, features(10), {});
+  export_cases(dir, "example_digits_mlp", examples::digits_mlp(), dev, features(64), {});
+  export_cases(dir, "example_digits_lenet", examples::digits_lenet(), dev, image(8), {});
+  export_cases(dir, "example_fashion_mnist_cnn", examples::fashion_cnn(), dev, image(28), {});
+  export_cases(dir, "example_distributed_mnist_mlp", examples::distributed_mlp(), dev, image(28), {});
+  export_cases(dir, "example_distributed_mnist_cnn", examples::distributed_cnn(), dev, image(28), {});
+  export_cases(dir, "example_onnx_roundtrip", examples::roundtrip_cnn(), dev, image(12), {});
   // char_lstm: one-hot (N, T, V) of a 62-symbol vocabulary, hidden 256.
-  export_cases(dir, "example_char_lstm", CharModel{LSTM(62, 256), Dense(256, 62)}, dev,
+  export_cases(dir, "example_char_lstm", CharModel(62, 256), dev,
                [](int64_t n, int64_t t) { return onehot(ids(n, t, 62).reshape({n * t}), 62).reshape({n, t, 62}); }, {7, 12});
   // tiny_transformer: seq_len 64, dim 64; ids (N, T <= 64).
   export_cases(dir, "example_tiny_transformer", TinyTransformer(62, 64, 64), dev, [](int64_t n, int64_t t) { return ids(n, t, 62); },
                {9, 16});
-  // zoo/conv_mnist: LeNet5 (autosize's widths written out).
-  export_cases(dir, "example_zoo_conv_mnist",
-               Chain(Conv({5, 5}, 1, 6, relu), MaxPool({2, 2}), Conv({5, 5}, 6, 16, relu), MaxPool({2, 2}), flatten, Dense(256, 120, relu),
-                     Dense(120, 84, relu), Dense(84, 10)),
-               dev, image(28), {});
+  export_cases(dir, "example_zoo_conv_mnist", zoo::LeNet5(), dev, image(28), {});
   // zoo/dcgan_mnist: the generator (latent 100) and the discriminator.
-  export_cases(dir, "example_zoo_dcgan_generator",
-               Chain(Dense(100, 7 * 7 * 256, DenseOptions{.bias = false}), BatchNorm(7 * 7 * 256, relu),
-                     [](const Tensor& x) { return x.reshape({-1, 256, 7, 7}); },
-                     ConvTranspose({5, 5}, 256, 128, {.stride = 1, .pad = 2, .bias = false}), BatchNorm(128, relu),
-                     ConvTranspose({4, 4}, 128, 64, {.stride = 2, .pad = 1, .bias = false}), BatchNorm(64, relu),
-                     ConvTranspose({4, 4}, 64, 1, tanh, {.stride = 2, .pad = 1, .bias = false})),
-               dev, features(100), {});
-  export_cases(dir, "example_zoo_dcgan_discriminator",
-               Chain(Conv({4, 4}, 1, 64, {.stride = 2, .pad = 1}), LeakyRelu{0.2}, Dropout(0.25), Conv({4, 4}, 64, 128, {.stride = 2, .pad = 1}),
-                     LeakyRelu{0.2}, Dropout(0.25), flatten, Dense(128 * 7 * 7, 1)),
-               dev, image(28), {});
+  export_cases(dir, "example_zoo_dcgan_generator", zoo::Generator(100), dev, features(100), {});
+  export_cases(dir, "example_zoo_dcgan_discriminator", zoo::Discriminator(), dev, image(28), {});
   // zoo/gpt: TransformerGPT with the zoo's defaults (6 layers, n_embed 64), seq_len 64, 65 symbols.
   export_cases(dir, "example_zoo_gpt", zoo::TransformerGPT(65, 64), dev, [](int64_t n, int64_t t) { return ids(n, t, 65); }, {10, 17});
   // zoo/vae_mnist: the encoder (two outputs) and the decoder (latent 2, hidden 500).
-  export_cases(dir, "example_zoo_vae_encoder", VaeEncoder{Dense(784, 500, tanh), Dense(500, 2), Dense(500, 2)}, dev, features(784), {});
-  export_cases(dir, "example_zoo_vae_decoder", Chain(Dense(2, 500, tanh), Dense(500, 784)), dev, features(2), {});
+  export_cases(dir, "example_zoo_vae_encoder", zoo::Encoder(784, 2, 500), dev, features(784), {});
+  export_cases(dir, "example_zoo_vae_decoder", zoo::Decoder(784, 2, 500), dev, features(2), {});
 }
 
 
@@ -232,7 +168,7 @@ int main(int argc, char** argv) {
   if (wanted("resnet18"))
     export_model(dir, "resnet18", models::ResNet18(100), dev, [](int64_t n) { return rand({n, 3, 64, 64}); });
   if (wanted("char_lstm"))
-    export_model(dir, "char_lstm", CharModel{LSTM(12, 32), Dense(32, 12)}, dev,
+    export_model(dir, "char_lstm", CharModel(12, 32), dev,
                  [](int64_t n) { return rand({n, 7, 12}); });
   // A GRU whose sequence axis is dynamic too: batch 2 with 5 steps, then batch 3 with 6.
   if (wanted("gru_sequence"))
