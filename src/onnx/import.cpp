@@ -1,7 +1,8 @@
 // onnx::load: reads an ONNX file with ONNX's protobuf classes, checks it whole (opset and IR version,
 // every operator against the one table in import_ops.cpp, the graph's wiring, every initialiser's data
 // against its shape and the memory it needs) and runs it as a layer: each node's runner turns it into
-// flux ops on the device of its data, so autodiff records it like any layer; Conv chains are fused here.
+// flux ops on the device of its data, so autodiff records it like any layer; Conv, Gemm + Relu and
+// attention chains are fused here (Graph::Step, Graph::Chain).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -286,7 +287,8 @@ void find_chains(Graph& g, const ::onnx::GraphProto& graph, const std::unordered
   auto constant = [&](int s) -> Tensor {
     if (s < 0) return Tensor();
     for (const auto& t : graph.initializer())
-      if (slot.at(t.name()) == s) return from_proto(t, g.context);
+      if (slot.at(t.name()) == s)
+        return t.data_location() == ::onnx::TensorProto::EXTERNAL ? Tensor() : from_proto(t, g.context);
     const int p = producer[size_t(s)];
     if (p >= 0 && g.steps[size_t(p)].node->op_type() == "Constant")
       for (const auto& a : g.steps[size_t(p)].node->attribute())
