@@ -417,6 +417,90 @@ INSTANTIATE_TEST_SUITE_P(Cpu, HalfBatchNorm,
                                   (std::get<1>(i.param).s > 1000 ? "_RowByRow" : "_WholeChannel");
                          });
 
+// batchnorm_bf16.cpp's AVX-512 kernels (bf16 read and widened in registers) against the portable
+// kernels (the ISA forced to baseline: forward_half / backward_half in normalisation.cpp), bitwise, on
+// row lengths that exercise their 8-lane sums' tails and 1024-float rounding chunks; and the gradient
+// against float64 BatchNorm, itself checked by central differences of a float64 loss.
+TEST(CpuBf16BatchNorm, Avx512KernelIsBitwiseThePortableKernelAndMatchesFloat64) {
+  if (!cpu_backend::batchnorm_bf16_avx512_available()) {
+    std::printf("[ skipped  ] the AVX-512 bf16 BatchNorm kernel: this CPU (or ISA cap) has no AVX-512\n");
+    return;
+  }
+  IsaGuard guard;
+  for (const auto& [n, c, s] : {BatchNormShape{2, 3, 7}, BatchNormShape{3, 2, 9}, BatchNormShape{2, 4, 16},
+                                BatchNormShape{4, 3, 2049}, BatchNormShape{2, 2, 3136}}) {
+    SCOPED_TRACE("n " + std::to_string(n) + " c " + std::to_string(c) + " s " + std::to_string(s));
+    const size_t len = size_t(n * c * s), cs = size_t(c);
+    const HalfData x = half_data(DType::bf16, len, 11, 3.f, 2.f), dy = half_data(DType::bf16, len, 12);
+    const HalfData w = half_data(DType::bf16, cs, 13, 1.f, 0.5f), b = half_data(DType::bf16, cs, 14);
+    struct Out {
+      std::vector<uint16_t> y, dx;
+      std::vector<float> mean, var, dw, db;
+    };
+    auto run = [&](Isa isa) {
+      cpu_backend::force_isa(isa);
+      Out o{std::vector<uint16_t>(len), std::vector<uint16_t>(len), std::vector<float>(cs), std::vector<float>(cs),
+            std::vector<float>(cs), std::vector<float>(cs)};
+      EXPECT_TRUE(cpu_backend::batchnorm_forward(DType::bf16, x.h.data(), w.f.data(), b.f.data(), o.y.data(),
+                                                 o.mean.data(), o.var.data(), n, c, s, 1e-5));
+      EXPECT_TRUE(cpu_backend::batchnorm_backward(DType::bf16, x.h.data(), dy.h.data(), w.f.data(), o.mean.data(),
+                                                  o.var.data(), o.dx.data(), o.dw.data(), o.db.data(), n, c, s, 1e-5));
+      return o;
+    };
+    const Out fast = run(Isa::avx512);
+    ASSERT_TRUE(cpu_backend::batchnorm_bf16_avx512_available());
+    const Out portable = run(Isa::baseline);
+    ASSERT_FALSE(cpu_backend::batchnorm_bf16_avx512_available());  // the baseline run took the portable kernel
+    cpu_backend::force_isa(cpu_backend::detected_isa());
+    EXPECT_EQ(fast.y, portable.y);
+    EXPECT_EQ(fast.mean, portable.mean);
+    EXPECT_EQ(fast.var, portable.var);
+    EXPECT_EQ(fast.dx, portable.dx);
+    EXPECT_EQ(fast.dw, portable.dw);
+    EXPECT_EQ(fast.db, portable.db);
+
+    // Float64 on the same (bf16-exact) values; loss = sum(y * dy).
+    std::vector<double> x64(x.f.begin(), x.f.end()), dy64(dy.f.begin(), dy.f.end()), w64(w.f.begin(), w.f.end()),
+        b64(b.f.begin(), b.f.end());
+    auto forward64 = [&](const std::vector<double>& xs, std::vector<double>& y, std::vector<double>& mean,
+                         std::vector<double>& var) {
+      y.assign(len, 0), mean.assign(cs, 0), var.assign(cs, 0);
+      EXPECT_TRUE(cpu_backend::batchnorm_forward(DType::f64, xs.data(), w64.data(), b64.data(), y.data(), mean.data(),
+                                                 var.data(), n, c, s, 1e-5));
+    };
+    std::vector<double> y64, mean64, var64, dx64(len), dw64(cs), db64(cs);
+    forward64(x64, y64, mean64, var64);
+    ASSERT_TRUE(cpu_backend::batchnorm_backward(DType::f64, x64.data(), dy64.data(), w64.data(), mean64.data(),
+                                                var64.data(), dx64.data(), dw64.data(), db64.data(), n, c, s, 1e-5));
+    auto loss = [&](const std::vector<double>& xs) {
+      std::vector<double> y, m, v;
+      forward64(xs, y, m, v);
+      double l = 0;
+      for (size_t i = 0; i < len; ++i) l += y[i] * dy64[i];
+      return l;
+    };
+    for (size_t i = 0; i < len; i += std::max<size_t>(1, len / 17)) {  // central differences on a few elements
+      std::vector<double> xp = x64, xm = x64;
+      const double h = 1e-4;
+      xp[i] += h, xm[i] -= h;
+      EXPECT_NEAR(dx64[i], (loss(xp) - loss(xm)) / (2 * h), 1e-5 * (1 + std::fabs(dx64[i]))) << "element " << i;
+    }
+    double scale = 0;
+    for (double v : dx64) scale = std::max(scale, std::fabs(v));
+    for (size_t i = 0; i < len; ++i) {
+      const double got = half_bits::bfloat16_to_float(fast.dx[i]);
+      ASSERT_NEAR(got, dx64[i], 0x1p-8 * std::fabs(dx64[i]) + 1e-4 * scale) << "dx element " << i;
+      ASSERT_NEAR(half_bits::bfloat16_to_float(fast.y[i]), y64[i], 0x1p-8 * std::fabs(y64[i]) + 1e-4) << "y element " << i;
+    }
+    for (size_t ch = 0; ch < cs; ++ch) {
+      EXPECT_NEAR(fast.mean[ch], mean64[ch], 1e-6 * (1 + std::fabs(mean64[ch])));
+      EXPECT_NEAR(fast.var[ch], var64[ch], 1e-6 * var64[ch]);
+      EXPECT_NEAR(fast.dw[ch], dw64[ch], 1e-5 * (1 + std::fabs(dw64[ch])));
+      EXPECT_NEAR(fast.db[ch], db64[ch], 1e-5 * (1 + std::fabs(db64[ch])));
+    }
+  }
+}
+
 TEST_P(HalfCast, RowNormOnHalfActivationsIsBitwiseTheFloat32Kernel) {
   const DType t = GetParam();
   const int64_t r = 45, d = 67;
