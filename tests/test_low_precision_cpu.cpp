@@ -501,6 +501,88 @@ TEST(CpuBf16BatchNorm, Avx512KernelIsBitwiseThePortableKernelAndMatchesFloat64) 
   }
 }
 
+// pooling.cpp's AVX-512 blocks of the 3x3 stride-2 max backward (ResNet's stem pool) against the
+// scalar loop (the ISA forced to baseline), bitwise, float32 and bf16: inputs with many ties (the
+// gradient goes to the first maximum in window order), zeros of both signs, NaNs in x and dy, widths
+// that leave blocks of 16 windows and scalar rests, and a dx that already holds values (accumulated).
+TEST(CpuBf16MaxPool, Avx512BackwardIsBitwiseTheScalarLoop) {
+  if (cpu_backend::detected_isa() != Isa::avx512) {
+    std::printf("[ skipped  ] the AVX-512 max-pool backward: this CPU has no AVX-512\n");
+    return;
+  }
+  IsaGuard guard;
+  std::mt19937 gen(45);
+  for (const int64_t w : {int64_t(56), int64_t(37), int64_t(70), int64_t(112)}) {
+    for (const int64_t pad : {int64_t(1), int64_t(0)}) {
+      backend::ConvGeometry g;
+      g.spatial = 2, g.batch = 2, g.in_channels = g.out_channels = 3;
+      g.in[0] = w - 3, g.in[1] = w;
+      g.kernel[0] = g.kernel[1] = 3, g.stride[0] = g.stride[1] = 2;
+      g.pad_lo[0] = g.pad_lo[1] = g.pad_hi[0] = g.pad_hi[1] = pad;
+      for (int i = 0; i < 2; ++i) g.out[i] = (g.in[i] + 2 * pad - 3) / 2 + 1;
+      const size_t in_len = size_t(g.batch * 3 * g.in[0] * g.in[1]), out_len = size_t(g.batch * 3 * g.out[0] * g.out[1]);
+      std::vector<float> x(in_len), dy(out_len), dx0(in_len);
+      std::uniform_int_distribution<int> pick(0, 9);
+      std::normal_distribution<float> normal;
+      for (float& v : x) {  // relu-like: ties of zeros and of a few repeated values
+        const int k = pick(gen);
+        v = k < 4 ? 0.f : k == 4 ? -0.f : k < 7 ? float(k) : normal(gen);
+      }
+      x[7] = std::nanf(""), x[in_len / 2] = std::nanf("");
+      for (float& v : dy) v = pick(gen) == 0 ? -0.f : normal(gen);
+      dy[3] = std::nanf("");
+      for (float& v : dx0) v = pick(gen) < 3 ? -0.f : pick(gen) < 5 ? 0.f : normal(gen);
+      for (const DType t : {DType::f32, DType::bf16}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " width " + std::to_string(w) + " pad " + std::to_string(pad));
+        const size_t es = t == DType::f32 ? 4 : 2;
+        std::vector<uint8_t> xs(in_len * es), dys(out_len * es), ys(out_len * es), base(in_len * es);
+        if (t == DType::f32) {
+          std::memcpy(xs.data(), x.data(), in_len * 4), std::memcpy(dys.data(), dy.data(), out_len * 4);
+          std::memcpy(base.data(), dx0.data(), in_len * 4);
+        } else {
+          auto to16 = [&](const std::vector<float>& f, std::vector<uint8_t>& out) {
+            cpu_backend::float_to_half_storage_reference(t, f.data(), reinterpret_cast<uint16_t*>(out.data()),
+                                                         int64_t(f.size()));
+          };
+          to16(x, xs), to16(dy, dys), to16(dx0, base);
+        }
+        cpu_backend::pool_forward(backend::PoolOp::max, t, xs.data(), ys.data(), g);
+        std::vector<std::vector<uint8_t>> got;
+        for (const Isa isa : {Isa::avx512, Isa::baseline}) {
+          cpu_backend::force_isa(isa);
+          std::vector<uint8_t> dx = base;
+          cpu_backend::pool_backward(backend::PoolOp::max, t, xs.data(), ys.data(), dys.data(), dx.data(), g);
+          got.push_back(std::move(dx));
+        }
+        cpu_backend::force_isa(cpu_backend::detected_isa());
+        ASSERT_EQ(got[0], got[1]);
+        // And against the definition, float32: dx = dx0 + dy at each window's first maximum.
+        if (t == DType::f32) {
+          std::vector<float> want = dx0, ys32(out_len);
+          std::memcpy(ys32.data(), ys.data(), out_len * 4);
+          for (int64_t p = 0; p < g.batch * 3; ++p)
+            for (int64_t oh = 0; oh < g.out[0]; ++oh)
+              for (int64_t ow = 0; ow < g.out[1]; ++ow) {
+                const size_t o = size_t((p * g.out[0] + oh) * g.out[1] + ow);
+                bool done = false;
+                for (int64_t r = 0; r < 3 && !done; ++r)
+                  for (int64_t c = 0; c < 3 && !done; ++c) {
+                    const int64_t h = oh * 2 - pad + r, col = ow * 2 - pad + c;
+                    if (h < 0 || h >= g.in[0] || col < 0 || col >= g.in[1]) continue;
+                    const size_t i = size_t((p * g.in[0] + h) * g.in[1] + col);
+                    if (x[i] == ys32[o] || (std::isnan(x[i]) && std::isnan(ys32[o]))) want[i] += dy[o], done = true;
+                  }
+              }
+          std::vector<float> have(in_len);
+          std::memcpy(have.data(), got[0].data(), in_len * 4);
+          for (size_t i = 0; i < in_len; ++i)
+            ASSERT_TRUE(have[i] == want[i] || (std::isnan(have[i]) && std::isnan(want[i]))) << "element " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST_P(HalfCast, RowNormOnHalfActivationsIsBitwiseTheFloat32Kernel) {
   const DType t = GetParam();
   const int64_t r = 45, d = 67;
