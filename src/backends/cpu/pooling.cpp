@@ -162,42 +162,53 @@ FLUX_TARGET_POOL_AVX512 int64_t max3_backward_blocks(const float* x, const float
   const __m512i low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   const __m512i zero = _mm512_setzero_si512();
-  for (; ow + 16 <= ow_end; ow += 16) {
+  // Full blocks of 16 windows, then one masked block for the rest (n < 16 windows: its 2 n + 1 columns
+  // loaded and stored masked; lanes past n hit nothing and add nothing).
+  for (; ow < ow_end; ow += 16) {
+    const int64_t n = std::min<int64_t>(16, ow_end - ow);
+    const bool full = n == 16;
+    const __mmask16 lanes = full ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+    const int64_t cols = 2 * n + 1;  // columns the block's windows cover (full: the 33rd read apart)
+    const __mmask16 m0 = full ? __mmask16(0xffff) : __mmask16(cols >= 16 ? 0xffff : (1u << cols) - 1);
+    const __mmask16 m1 = full ? __mmask16(0xffff) : __mmask16(cols > 16 ? (1u << (cols - 16)) - 1 : 0);
     const int64_t b = offset + ow * 2;  // window ow + j starts at column b + 2 j of its rows
-    const __m512 yv = _mm512_loadu_ps(y + ow), g = _mm512_loadu_ps(dy + ow);
+    const __m512 yv = _mm512_maskz_loadu_ps(lanes, y + ow), g = _mm512_maskz_loadu_ps(lanes, dy + ow);
     const __mmask16 y_nan = _mm512_cmp_ps_mask(yv, yv, _CMP_UNORD_Q);
-    __mmask16 free = 0xffff, hit[3][3];
+    __mmask16 free = lanes, hit[3][3];
     for (int r = 0; r < 3; ++r) {
       const float* xr = x + b + r * W;
-      const __m512 v0 = _mm512_loadu_ps(xr), v1 = _mm512_loadu_ps(xr + 16);
+      const __m512 v0 = _mm512_maskz_loadu_ps(m0, xr), v1 = _mm512_maskz_loadu_ps(m1, xr + 16);
       const __m512 first = _mm512_permutex2var_ps(v0, even, v1), second = _mm512_permutex2var_ps(v0, odd, v1);
-      const __m512 third = _mm512_castsi512_ps(
-          _mm512_alignr_epi32(_mm512_castps_si512(_mm512_set1_ps(xr[32])), _mm512_castps_si512(first), 1));
-      const __m512 cols[3] = {first, second, third};
+      const __m512 next = full ? _mm512_set1_ps(xr[32]) : _mm512_setzero_ps();  // lane 15's third column
+      const __m512 third =
+          _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(next), _mm512_castps_si512(first), 1));
+      const __m512 cols3[3] = {first, second, third};
       for (int c = 0; c < 3; ++c) {
-        const __mmask16 holds = _mm512_cmp_ps_mask(cols[c], yv, _CMP_EQ_OQ) |
-                                (_mm512_cmp_ps_mask(cols[c], cols[c], _CMP_UNORD_Q) & y_nan);
+        const __mmask16 holds = _mm512_cmp_ps_mask(cols3[c], yv, _CMP_EQ_OQ) |
+                                (_mm512_cmp_ps_mask(cols3[c], cols3[c], _CMP_UNORD_Q) & y_nan);
         hit[r][c] = free & holds;
         free &= __mmask16(~hit[r][c]);
       }
     }
     for (int r = 0; r < 3; ++r) {
       float* dr = dx + b + r * W;
-      const __m512 d0 = _mm512_loadu_ps(dr), d1 = _mm512_loadu_ps(dr + 16);
+      const __m512 d0 = _mm512_maskz_loadu_ps(m0, dr), d1 = _mm512_maskz_loadu_ps(m1, dr + 16);
       __m512 de = _mm512_permutex2var_ps(d0, even, d1), d_odd = _mm512_permutex2var_ps(d0, odd, d1);
       const __m512 c0 = _mm512_maskz_mov_ps(hit[r][0], g), c1 = _mm512_maskz_mov_ps(hit[r][1], g);
       const __m512 c2 = _mm512_maskz_mov_ps(hit[r][2], g);
       // The third columns of windows j - 1 land on the first columns of windows j (lane 0: the previous
       // block's, already added), before those windows' own first columns.
       const __m512 shifted = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(c2), zero, 15));
-      de = _mm512_mask_add_ps(de, 0xfffe, de, shifted);
-      de = _mm512_add_ps(de, c0);
-      d_odd = _mm512_add_ps(d_odd, c1);
-      _mm512_storeu_ps(dr, _mm512_permutex2var_ps(de, low, d_odd));
-      _mm512_storeu_ps(dr + 16, _mm512_permutex2var_ps(de, high, d_odd));
-      alignas(64) float last[16];
-      _mm512_store_ps(last, c2);
-      dr[32] += last[15];  // window ow + 15's third column: the next block's first
+      de = _mm512_mask_add_ps(de, __mmask16(0xfffe & (uint32_t(lanes) << 1)), de, shifted);
+      de = _mm512_mask_add_ps(de, lanes, de, c0);
+      d_odd = _mm512_mask_add_ps(d_odd, lanes, d_odd, c1);
+      _mm512_mask_storeu_ps(dr, m0, _mm512_permutex2var_ps(de, low, d_odd));
+      _mm512_mask_storeu_ps(dr + 16, m1, _mm512_permutex2var_ps(de, high, d_odd));
+      if (full) {
+        alignas(64) float last[16];
+        _mm512_store_ps(last, c2);
+        dr[32] += last[15];  // window ow + 15's third column: the next block's first
+      }
     }
   }
   return ow;
