@@ -15,6 +15,10 @@
 
 #include <gtest/gtest.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 // Not flux/flux.hpp: its flux::cpu (the mover) would hide the backend namespace flux::cpu_backend.
 #include "flux/backend.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
@@ -581,6 +585,67 @@ TEST(CpuBf16MaxPool, Avx512BackwardIsBitwiseTheScalarLoop) {
       }
     }
   }
+}
+
+// half_elementwise.cpp's bf16 AVX-512 paths (relu / step on the bits; add / sub / mul widened in
+// registers) against the convert / float32 kernel / convert composition (the ISA forced to baseline),
+// bitwise: every bf16 pattern for relu and step, random and special pairs (NaNs, infinities,
+// subnormals, signed zeros) for the arithmetic, lengths with tails; and relu under denormals-are-zero,
+// where the float32 comparison sees a positive subnormal as zero.
+TEST(CpuBf16Elementwise, Avx512PathsAreBitwiseTheFloat32Composition) {
+  if (cpu_backend::half_cast_best_path(DType::bf16) < HalfCastPath::avx512) {
+    std::printf("[ skipped  ] the bf16 AVX-512 elementwise paths: this CPU has no AVX-512\n");
+    return;
+  }
+  IsaGuard guard;
+  const int64_t n = 65536 + 37;
+  std::vector<uint16_t> h(static_cast<size_t>(n)), other(static_cast<size_t>(n));
+  std::mt19937 gen(7);
+  for (int64_t i = 0; i < n; ++i) h[size_t(i)] = uint16_t(i), other[size_t(i)] = uint16_t(gen());
+  for (int64_t i = 0; i < n; i += 5) other[size_t(i)] = uint16_t(gen() % 4 == 0 ? 0x8000 : gen() % 3 == 0 ? 0x3f80 : 0);
+  auto run = [&](Isa isa, auto&& fn) {
+    cpu_backend::force_isa(isa);
+    std::vector<uint16_t> out(static_cast<size_t>(n), 0x1234);
+    fn(out);
+    cpu_backend::force_isa(cpu_backend::detected_isa());
+    return out;
+  };
+  for (const auto op : {backend::UnaryOp::relu, backend::UnaryOp::step}) {
+    for (const int64_t len : {n, int64_t(45), int64_t(3)}) {
+      auto fn = [&](std::vector<uint16_t>& out) {
+        ASSERT_TRUE(cpu_backend::unary_half(op, DType::bf16, h.data() + 1, out.data(), len - 1, 0.0));
+      };
+      EXPECT_EQ(run(Isa::avx512, fn), run(Isa::baseline, fn)) << "unary op " << int(op) << " length " << len;
+    }
+  }
+  for (const auto op : {backend::BinaryOp::add, backend::BinaryOp::sub, backend::BinaryOp::mul}) {
+    for (const int64_t len : {n, int64_t(2049), int64_t(13)}) {
+      backend::Broadcast plan;
+      plan.ndim = 1, plan.shape[0] = len, plan.contiguous = true;
+      plan.stride[0][0] = plan.stride[1][0] = plan.stride[2][0] = 1;
+      auto fn = [&](std::vector<uint16_t>& out) {
+        ASSERT_TRUE(cpu_backend::binary_half(op, DType::bf16, h.data(), other.data(), out.data(), plan));
+      };
+      // Bitwise, except that with two NaN operands either payload may come out (IEEE 754 leaves it
+      // open; the compiled float32 kernels differ in operand order between ISA levels).
+      const std::vector<uint16_t> fast = run(Isa::avx512, fn), slow = run(Isa::baseline, fn);
+      auto nan = [](uint16_t v) { return (v & 0x7fff) > 0x7f80; };
+      for (size_t i = 0; i < fast.size(); ++i)
+        if (fast[i] != slow[i] && !(nan(h[i]) && nan(other[i]) && nan(fast[i]) && nan(slow[i])))
+          FAIL() << std::hex << "binary op " << int(op) << ": a 0x" << h[i] << ", b 0x" << other[i] << " gave 0x"
+                 << fast[i] << ", the float32 composition 0x" << slow[i] << std::dec << " (length " << len << ")";
+    }
+  }
+#if defined(__x86_64__) && defined(__GNUC__)
+  // Denormals-are-zero (MXCSR bit 6): relu of the positive subnormal 0x0001 is +0, as in float32.
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x0040);
+  const uint16_t sub = 0x0001;
+  uint16_t got = 0x1234;
+  EXPECT_TRUE(cpu_backend::unary_half(backend::UnaryOp::relu, DType::bf16, &sub, &got, 1, 0.0));
+  _mm_setcsr(csr);
+  EXPECT_EQ(got, 0x0000);
+#endif
 }
 
 TEST_P(HalfCast, RowNormOnHalfActivationsIsBitwiseTheFloat32Kernel) {
