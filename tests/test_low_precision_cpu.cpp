@@ -505,11 +505,11 @@ TEST(CpuBf16BatchNorm, Avx512KernelIsBitwiseThePortableKernelAndMatchesFloat64) 
   }
 }
 
-// pooling.cpp's AVX-512 blocks of the 3x3 stride-2 max backward (ResNet's stem pool) against the
-// scalar loop (the ISA forced to baseline), bitwise, float32 and bf16: inputs with many ties (the
+// pooling.cpp's AVX-512 blocks of the 3x3 stride-2 max forward and backward (ResNet's stem pool)
+// against the scalar loops (the ISA forced to baseline), bitwise, float32 and bf16: inputs with many ties (the
 // gradient goes to the first maximum in window order), zeros of both signs, NaNs in x and dy, widths
 // that leave blocks of 16 windows and scalar rests, and a dx that already holds values (accumulated).
-TEST(CpuBf16MaxPool, Avx512BackwardIsBitwiseTheScalarLoop) {
+TEST(CpuBf16MaxPool, Avx512ForwardAndBackwardAreBitwiseTheScalarLoops) {
   if (cpu_backend::detected_isa() != Isa::avx512) {
     std::printf("[ skipped  ] the AVX-512 max-pool backward: this CPU has no AVX-512\n");
     return;
@@ -551,6 +551,13 @@ TEST(CpuBf16MaxPool, Avx512BackwardIsBitwiseTheScalarLoop) {
           to16(x, xs), to16(dy, dys), to16(dx0, base);
         }
         cpu_backend::pool_forward(backend::PoolOp::max, t, xs.data(), ys.data(), g);
+        {  // the forward's AVX-512 blocks against its scalar loop
+          std::vector<uint8_t> ys_scalar(ys.size());
+          cpu_backend::force_isa(Isa::baseline);
+          cpu_backend::pool_forward(backend::PoolOp::max, t, xs.data(), ys_scalar.data(), g);
+          cpu_backend::force_isa(cpu_backend::detected_isa());
+          ASSERT_EQ(ys, ys_scalar);
+        }
         std::vector<std::vector<uint8_t>> got;
         for (const Isa isa : {Isa::avx512, Isa::baseline}) {
           cpu_backend::force_isa(isa);
