@@ -78,15 +78,10 @@ FLUX_TARGET_HALF_EW_AVX512 void arith_bf16(backend::BinaryOp op, const uint16_t*
 #endif
 #endif
 
-// Whether the bf16 AVX-512 paths above may run now.
-bool bf16_avx512(DType t) {
 #if FLUX_HALF_EW_X86
-  return t == DType::bf16 && half_cast_path(t) >= HalfCastPath::avx512;
-#else
-  (void)t;
-  return false;
+// Whether the bf16 AVX-512 paths above may run now.
+bool bf16_avx512(DType t) { return t == DType::bf16 && half_cast_path(t) >= HalfCastPath::avx512; }
 #endif
-}
 
 }  // namespace
 
