@@ -15,6 +15,10 @@
 
 #include <gtest/gtest.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 // Not flux/flux.hpp: its flux::cpu (the mover) would hide the backend namespace flux::cpu_backend.
 #include "flux/backend.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
@@ -416,6 +420,240 @@ INSTANTIATE_TEST_SUITE_P(Cpu, HalfBatchNorm,
                            return std::string(dtype_name(std::get<0>(i.param))) +
                                   (std::get<1>(i.param).s > 1000 ? "_RowByRow" : "_WholeChannel");
                          });
+
+// batchnorm_bf16.cpp's AVX-512 kernels (bf16 read and widened in registers) against the portable
+// kernels (the ISA forced to baseline: forward_half / backward_half in normalisation.cpp), bitwise, on
+// row lengths that exercise their 8-lane sums' tails and 1024-float rounding chunks; and the gradient
+// against float64 BatchNorm, itself checked by central differences of a float64 loss.
+TEST(CpuBf16BatchNorm, Avx512KernelIsBitwiseThePortableKernelAndMatchesFloat64) {
+  if (!cpu_backend::batchnorm_bf16_avx512_available()) {
+    std::printf("[ skipped  ] the AVX-512 bf16 BatchNorm kernel: this CPU (or ISA cap) has no AVX-512\n");
+    return;
+  }
+  IsaGuard guard;
+  for (const auto& [n, c, s] : {BatchNormShape{2, 3, 7}, BatchNormShape{3, 2, 9}, BatchNormShape{2, 4, 16},
+                                BatchNormShape{4, 3, 2049}, BatchNormShape{2, 2, 3136}}) {
+    SCOPED_TRACE("n " + std::to_string(n) + " c " + std::to_string(c) + " s " + std::to_string(s));
+    const size_t len = size_t(n * c * s), cs = size_t(c);
+    const HalfData x = half_data(DType::bf16, len, 11, 3.f, 2.f), dy = half_data(DType::bf16, len, 12);
+    const HalfData w = half_data(DType::bf16, cs, 13, 1.f, 0.5f), b = half_data(DType::bf16, cs, 14);
+    struct Out {
+      std::vector<uint16_t> y, dx;
+      std::vector<float> mean, var, dw, db;
+    };
+    auto run = [&](Isa isa) {
+      cpu_backend::force_isa(isa);
+      Out o{std::vector<uint16_t>(len), std::vector<uint16_t>(len), std::vector<float>(cs), std::vector<float>(cs),
+            std::vector<float>(cs), std::vector<float>(cs)};
+      EXPECT_TRUE(cpu_backend::batchnorm_forward(DType::bf16, x.h.data(), w.f.data(), b.f.data(), o.y.data(),
+                                                 o.mean.data(), o.var.data(), n, c, s, 1e-5));
+      EXPECT_TRUE(cpu_backend::batchnorm_backward(DType::bf16, x.h.data(), dy.h.data(), w.f.data(), o.mean.data(),
+                                                  o.var.data(), o.dx.data(), o.dw.data(), o.db.data(), n, c, s, 1e-5));
+      return o;
+    };
+    const Out fast = run(Isa::avx512);
+    ASSERT_TRUE(cpu_backend::batchnorm_bf16_avx512_available());
+    const Out portable = run(Isa::baseline);
+    ASSERT_FALSE(cpu_backend::batchnorm_bf16_avx512_available());  // the baseline run took the portable kernel
+    cpu_backend::force_isa(cpu_backend::detected_isa());
+    EXPECT_EQ(fast.y, portable.y);
+    EXPECT_EQ(fast.mean, portable.mean);
+    EXPECT_EQ(fast.var, portable.var);
+    EXPECT_EQ(fast.dx, portable.dx);
+    EXPECT_EQ(fast.dw, portable.dw);
+    EXPECT_EQ(fast.db, portable.db);
+
+    // Float64 on the same (bf16-exact) values; loss = sum(y * dy).
+    std::vector<double> x64(x.f.begin(), x.f.end()), dy64(dy.f.begin(), dy.f.end()), w64(w.f.begin(), w.f.end()),
+        b64(b.f.begin(), b.f.end());
+    auto forward64 = [&](const std::vector<double>& xs, std::vector<double>& y, std::vector<double>& mean,
+                         std::vector<double>& var) {
+      y.assign(len, 0), mean.assign(cs, 0), var.assign(cs, 0);
+      EXPECT_TRUE(cpu_backend::batchnorm_forward(DType::f64, xs.data(), w64.data(), b64.data(), y.data(), mean.data(),
+                                                 var.data(), n, c, s, 1e-5));
+    };
+    std::vector<double> y64, mean64, var64, dx64(len), dw64(cs), db64(cs);
+    forward64(x64, y64, mean64, var64);
+    ASSERT_TRUE(cpu_backend::batchnorm_backward(DType::f64, x64.data(), dy64.data(), w64.data(), mean64.data(),
+                                                var64.data(), dx64.data(), dw64.data(), db64.data(), n, c, s, 1e-5));
+    auto loss = [&](const std::vector<double>& xs) {
+      std::vector<double> y, m, v;
+      forward64(xs, y, m, v);
+      double l = 0;
+      for (size_t i = 0; i < len; ++i) l += y[i] * dy64[i];
+      return l;
+    };
+    for (size_t i = 0; i < len; i += std::max<size_t>(1, len / 17)) {  // central differences on a few elements
+      std::vector<double> xp = x64, xm = x64;
+      const double h = 1e-4;
+      xp[i] += h, xm[i] -= h;
+      EXPECT_NEAR(dx64[i], (loss(xp) - loss(xm)) / (2 * h), 1e-5 * (1 + std::fabs(dx64[i]))) << "element " << i;
+    }
+    double scale = 0;
+    for (double v : dx64) scale = std::max(scale, std::fabs(v));
+    for (size_t i = 0; i < len; ++i) {
+      const double got = half_bits::bfloat16_to_float(fast.dx[i]);
+      ASSERT_NEAR(got, dx64[i], 0x1p-8 * std::fabs(dx64[i]) + 1e-4 * scale) << "dx element " << i;
+      ASSERT_NEAR(half_bits::bfloat16_to_float(fast.y[i]), y64[i], 0x1p-8 * std::fabs(y64[i]) + 1e-4) << "y element " << i;
+    }
+    for (size_t ch = 0; ch < cs; ++ch) {
+      EXPECT_NEAR(fast.mean[ch], mean64[ch], 1e-6 * (1 + std::fabs(mean64[ch])));
+      EXPECT_NEAR(fast.var[ch], var64[ch], 1e-6 * var64[ch]);
+      EXPECT_NEAR(fast.dw[ch], dw64[ch], 1e-5 * (1 + std::fabs(dw64[ch])));
+      EXPECT_NEAR(fast.db[ch], db64[ch], 1e-5 * (1 + std::fabs(db64[ch])));
+    }
+  }
+}
+
+// pooling.cpp's AVX-512 blocks of the 3x3 stride-2 max forward and backward (ResNet's stem pool)
+// against the scalar loops (the ISA forced to baseline), bitwise, float32 and bf16: inputs with many ties (the
+// gradient goes to the first maximum in window order), zeros of both signs, NaNs in x and dy, widths
+// that leave blocks of 16 windows and scalar rests, and a dx that already holds values (accumulated).
+TEST(CpuBf16MaxPool, Avx512ForwardAndBackwardAreBitwiseTheScalarLoops) {
+  if (cpu_backend::detected_isa() != Isa::avx512) {
+    std::printf("[ skipped  ] the AVX-512 max-pool backward: this CPU has no AVX-512\n");
+    return;
+  }
+  IsaGuard guard;
+  std::mt19937 gen(45);
+  for (const int64_t w : {int64_t(56), int64_t(37), int64_t(70), int64_t(112)}) {
+    for (const int64_t pad : {int64_t(1), int64_t(0)}) {
+      backend::ConvGeometry g;
+      g.spatial = 2, g.batch = 2, g.in_channels = g.out_channels = 3;
+      g.in[0] = w - 3, g.in[1] = w;
+      g.kernel[0] = g.kernel[1] = 3, g.stride[0] = g.stride[1] = 2;
+      g.pad_lo[0] = g.pad_lo[1] = g.pad_hi[0] = g.pad_hi[1] = pad;
+      for (int i = 0; i < 2; ++i) g.out[i] = (g.in[i] + 2 * pad - 3) / 2 + 1;
+      const size_t in_len = size_t(g.batch * 3 * g.in[0] * g.in[1]), out_len = size_t(g.batch * 3 * g.out[0] * g.out[1]);
+      std::vector<float> x(in_len), dy(out_len), dx0(in_len);
+      std::uniform_int_distribution<int> pick(0, 9);
+      std::normal_distribution<float> normal;
+      for (float& v : x) {  // relu-like: ties of zeros and of a few repeated values
+        const int k = pick(gen);
+        v = k < 4 ? 0.f : k == 4 ? -0.f : k < 7 ? float(k) : normal(gen);
+      }
+      x[7] = std::nanf(""), x[in_len / 2] = std::nanf("");
+      for (float& v : dy) v = pick(gen) == 0 ? -0.f : normal(gen);
+      dy[3] = std::nanf("");
+      for (float& v : dx0) v = pick(gen) < 3 ? -0.f : pick(gen) < 5 ? 0.f : normal(gen);
+      for (const DType t : {DType::f32, DType::bf16}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " width " + std::to_string(w) + " pad " + std::to_string(pad));
+        const size_t es = t == DType::f32 ? 4 : 2;
+        std::vector<uint8_t> xs(in_len * es), dys(out_len * es), ys(out_len * es), base(in_len * es);
+        if (t == DType::f32) {
+          std::memcpy(xs.data(), x.data(), in_len * 4), std::memcpy(dys.data(), dy.data(), out_len * 4);
+          std::memcpy(base.data(), dx0.data(), in_len * 4);
+        } else {
+          auto to16 = [&](const std::vector<float>& f, std::vector<uint8_t>& out) {
+            cpu_backend::float_to_half_storage_reference(t, f.data(), reinterpret_cast<uint16_t*>(out.data()),
+                                                         int64_t(f.size()));
+          };
+          to16(x, xs), to16(dy, dys), to16(dx0, base);
+        }
+        cpu_backend::pool_forward(backend::PoolOp::max, t, xs.data(), ys.data(), g);
+        {  // the forward's AVX-512 blocks against its scalar loop
+          std::vector<uint8_t> ys_scalar(ys.size());
+          cpu_backend::force_isa(Isa::baseline);
+          cpu_backend::pool_forward(backend::PoolOp::max, t, xs.data(), ys_scalar.data(), g);
+          cpu_backend::force_isa(cpu_backend::detected_isa());
+          ASSERT_EQ(ys, ys_scalar);
+        }
+        std::vector<std::vector<uint8_t>> got;
+        for (const Isa isa : {Isa::avx512, Isa::baseline}) {
+          cpu_backend::force_isa(isa);
+          std::vector<uint8_t> dx = base;
+          cpu_backend::pool_backward(backend::PoolOp::max, t, xs.data(), ys.data(), dys.data(), dx.data(), g);
+          got.push_back(std::move(dx));
+        }
+        cpu_backend::force_isa(cpu_backend::detected_isa());
+        ASSERT_EQ(got[0], got[1]);
+        // And against the definition, float32: dx = dx0 + dy at each window's first maximum.
+        if (t == DType::f32) {
+          std::vector<float> want = dx0, ys32(out_len);
+          std::memcpy(ys32.data(), ys.data(), out_len * 4);
+          for (int64_t p = 0; p < g.batch * 3; ++p)
+            for (int64_t oh = 0; oh < g.out[0]; ++oh)
+              for (int64_t ow = 0; ow < g.out[1]; ++ow) {
+                const size_t o = size_t((p * g.out[0] + oh) * g.out[1] + ow);
+                bool done = false;
+                for (int64_t r = 0; r < 3 && !done; ++r)
+                  for (int64_t c = 0; c < 3 && !done; ++c) {
+                    const int64_t h = oh * 2 - pad + r, col = ow * 2 - pad + c;
+                    if (h < 0 || h >= g.in[0] || col < 0 || col >= g.in[1]) continue;
+                    const size_t i = size_t((p * g.in[0] + h) * g.in[1] + col);
+                    if (x[i] == ys32[o] || (std::isnan(x[i]) && std::isnan(ys32[o]))) want[i] += dy[o], done = true;
+                  }
+              }
+          std::vector<float> have(in_len);
+          std::memcpy(have.data(), got[0].data(), in_len * 4);
+          for (size_t i = 0; i < in_len; ++i)
+            ASSERT_TRUE(have[i] == want[i] || (std::isnan(have[i]) && std::isnan(want[i]))) << "element " << i;
+        }
+      }
+    }
+  }
+}
+
+// half_elementwise.cpp's bf16 AVX-512 paths (relu / step on the bits; add / sub / mul widened in
+// registers) against the convert / float32 kernel / convert composition (the ISA forced to baseline),
+// bitwise: every bf16 pattern for relu and step, random and special pairs (NaNs, infinities,
+// subnormals, signed zeros) for the arithmetic, lengths with tails; and relu under denormals-are-zero,
+// where the float32 comparison sees a positive subnormal as zero.
+TEST(CpuBf16Elementwise, Avx512PathsAreBitwiseTheFloat32Composition) {
+  if (cpu_backend::half_cast_best_path(DType::bf16) < HalfCastPath::avx512) {
+    std::printf("[ skipped  ] the bf16 AVX-512 elementwise paths: this CPU has no AVX-512\n");
+    return;
+  }
+  IsaGuard guard;
+  const int64_t n = 65536 + 37;
+  std::vector<uint16_t> h(static_cast<size_t>(n)), other(static_cast<size_t>(n));
+  std::mt19937 gen(7);
+  for (int64_t i = 0; i < n; ++i) h[size_t(i)] = uint16_t(i), other[size_t(i)] = uint16_t(gen());
+  for (int64_t i = 0; i < n; i += 5) other[size_t(i)] = uint16_t(gen() % 4 == 0 ? 0x8000 : gen() % 3 == 0 ? 0x3f80 : 0);
+  auto run = [&](Isa isa, auto&& fn) {
+    cpu_backend::force_isa(isa);
+    std::vector<uint16_t> out(static_cast<size_t>(n), 0x1234);
+    fn(out);
+    cpu_backend::force_isa(cpu_backend::detected_isa());
+    return out;
+  };
+  for (const auto op : {backend::UnaryOp::relu, backend::UnaryOp::step}) {
+    for (const int64_t len : {n, int64_t(45), int64_t(3)}) {
+      auto fn = [&](std::vector<uint16_t>& out) {
+        ASSERT_TRUE(cpu_backend::unary_half(op, DType::bf16, h.data() + 1, out.data(), len - 1, 0.0));
+      };
+      EXPECT_EQ(run(Isa::avx512, fn), run(Isa::baseline, fn)) << "unary op " << int(op) << " length " << len;
+    }
+  }
+  for (const auto op : {backend::BinaryOp::add, backend::BinaryOp::sub, backend::BinaryOp::mul}) {
+    for (const int64_t len : {n, int64_t(2049), int64_t(13)}) {
+      backend::Broadcast plan;
+      plan.ndim = 1, plan.shape[0] = len, plan.contiguous = true;
+      plan.stride[0][0] = plan.stride[1][0] = plan.stride[2][0] = 1;
+      auto fn = [&](std::vector<uint16_t>& out) {
+        ASSERT_TRUE(cpu_backend::binary_half(op, DType::bf16, h.data(), other.data(), out.data(), plan));
+      };
+      // Bitwise, except that with two NaN operands either payload may come out (IEEE 754 leaves it
+      // open; the compiled float32 kernels differ in operand order between ISA levels).
+      const std::vector<uint16_t> fast = run(Isa::avx512, fn), slow = run(Isa::baseline, fn);
+      auto nan = [](uint16_t v) { return (v & 0x7fff) > 0x7f80; };
+      for (size_t i = 0; i < fast.size(); ++i)
+        if (fast[i] != slow[i] && !(nan(h[i]) && nan(other[i]) && nan(fast[i]) && nan(slow[i])))
+          FAIL() << std::hex << "binary op " << int(op) << ": a 0x" << h[i] << ", b 0x" << other[i] << " gave 0x"
+                 << fast[i] << ", the float32 composition 0x" << slow[i] << std::dec << " (length " << len << ")";
+    }
+  }
+#if defined(__x86_64__) && defined(__GNUC__)
+  // Denormals-are-zero (MXCSR bit 6): relu of the positive subnormal 0x0001 is +0, as in float32.
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x0040);
+  const uint16_t sub = 0x0001;
+  uint16_t got = 0x1234;
+  EXPECT_TRUE(cpu_backend::unary_half(backend::UnaryOp::relu, DType::bf16, &sub, &got, 1, 0.0));
+  _mm_setcsr(csr);
+  EXPECT_EQ(got, 0x0000);
+#endif
+}
 
 TEST_P(HalfCast, RowNormOnHalfActivationsIsBitwiseTheFloat32Kernel) {
   const DType t = GetParam();

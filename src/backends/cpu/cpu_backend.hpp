@@ -112,6 +112,14 @@ bool batchnorm_backward(DType t, const void* x, const void* dy, const void* weig
                         void* dx, void* dweight, void* dbias, int64_t n, int64_t c, int64_t s, double eps);
 bool channel_affine(DType t, const void* x, const void* scale, const void* shift, void* y, int64_t n, int64_t c,
                     int64_t s);
+/// batchnorm_bf16.cpp: the bf16 training forward / backward (s > 1) read and written as bf16 with AVX-512,
+/// bitwise the float32 kernel on the widened values; available where the bf16 casts run at AVX-512 or above.
+bool batchnorm_bf16_avx512_available();
+void batchnorm_forward_bf16_avx512(const uint16_t* x, const float* weight, const float* bias, uint16_t* y, float* mean,
+                                   float* var, int64_t n, int64_t c, int64_t s, double eps);
+void batchnorm_backward_bf16_avx512(const uint16_t* x, const uint16_t* dy, const float* weight, const float* mean,
+                                    const float* var, uint16_t* dx, float* dweight, float* dbias, int64_t n, int64_t c,
+                                    int64_t s, double eps);
 // Convolution. conv_reference.cpp: the portable path's primitives.
 void im2col(DType t, const void* x, void* col, const backend::ConvGeometry& g);
 void col2im(DType t, const void* col, void* dx, const backend::ConvGeometry& g);

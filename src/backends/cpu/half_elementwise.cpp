@@ -3,11 +3,20 @@
 // float32 kernel (unary.cpp, binary.cpp) and converted down, so the tensor is read and written once
 // instead of the three passes (cast up, compute, cast down) and two float32 temporaries the core makes
 // otherwise. The values are bitwise those of the three passes: the same conversions and kernels.
+// With AVX-512, bf16 relu / step work on the bits and bf16 add / sub / mul widen in registers (below).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "src/backends/cpu/cpu_backend.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FLUX_HALF_EW_X86 1
+#define FLUX_TARGET_HALF_EW_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#else
+#define FLUX_HALF_EW_X86 0
+#endif
 
 namespace flux::cpu_backend {
 
@@ -24,10 +33,69 @@ bool half(DType t) { return t == DType::bf16 || t == DType::f16; }
 const uint16_t* at(const void* p, int64_t i) { return static_cast<const uint16_t*>(p) + i; }
 uint16_t* at(void* p, int64_t i) { return static_cast<uint16_t*>(p) + i; }
 
+#if FLUX_HALF_EW_X86
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's intrinsics start from _mm512_undefined_*
+#endif
+// AVX-512 paths on bf16 without the float32 blocks (taken where the bf16 casts run at AVX-512 or
+// above), bitwise the convert / float32 kernel / convert composition below:
+// relu and step on the bf16 bits, 32 at a time: relu(x) = x <= 0 ? +0 : x, step(x) = x > 0 ? 1 : 0,
+// NaN -> the NaN quieted as the cast down quiets it (| 0x40). Not under denormals-are-zero, where the
+// float32 comparison sees a positive subnormal as 0 (the caller checks).
+FLUX_TARGET_HALF_EW_AVX512 void relu_or_step_bf16(bool step, const uint16_t* s, uint16_t* d, int64_t b, int64_t e) {
+  const __m512i magnitude = _mm512_set1_epi16(0x7fff), inf = _mm512_set1_epi16(0x7f80);
+  const __m512i quiet = _mm512_set1_epi16(0x40), one = _mm512_set1_epi16(0x3f80), zero = _mm512_setzero_si512();
+  for (int64_t i = b; i < e; i += 32) {
+    const int64_t left = e - i;
+    const __mmask32 m = left >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << left) - 1);
+    const __m512i h = _mm512_maskz_loadu_epi16(m, s + i);
+    const __mmask32 nan = _mm512_cmpgt_epu16_mask(_mm512_and_si512(h, magnitude), inf);
+    const __mmask32 positive = _mm512_cmpgt_epi16_mask(h, zero);  // sign clear and not +0
+    __m512i r = _mm512_maskz_mov_epi16(positive, step ? one : h);
+    r = _mm512_mask_mov_epi16(r, nan, _mm512_or_si512(h, quiet));
+    _mm512_mask_storeu_epi16(d + i, m, r);
+  }
+}
+// out = a op b (add, sub, mul) on dense bf16 operands: widened in registers, the float32 result
+// rounded by the cast down (float_to_half_storage) from one block in L1.
+FLUX_TARGET_HALF_EW_AVX512 void arith_bf16(backend::BinaryOp op, const uint16_t* a, const uint16_t* b, uint16_t* out,
+                                           int64_t len, float* z) {
+  for (int64_t k = 0; k < len; k += 16) {
+    const int64_t left = len - k;
+    const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a + k)), 16));
+    const __m512 y = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b + k)), 16));
+    const __m512 r = op == backend::BinaryOp::add   ? _mm512_add_ps(x, y)
+                     : op == backend::BinaryOp::sub ? _mm512_sub_ps(x, y)
+                                                    : _mm512_mul_ps(x, y);
+    _mm512_mask_storeu_ps(z + k, m, r);
+  }
+  float_to_half_storage(DType::bf16, z, out, len);
+}
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+#if FLUX_HALF_EW_X86
+// Whether the bf16 AVX-512 paths above may run now.
+bool bf16_avx512(DType t) { return t == DType::bf16 && half_cast_path(t) >= HalfCastPath::avx512; }
+#endif
+
 }  // namespace
 
 bool unary_half(backend::UnaryOp op, DType t, const void* src, void* dst, int64_t n, double alpha) {
   if (!half(t)) return false;
+#if FLUX_HALF_EW_X86
+  if ((op == backend::UnaryOp::relu || op == backend::UnaryOp::step) && bf16_avx512(t) && !(_mm_getcsr() & 0x0040)) {
+    const bool step = op == backend::UnaryOp::step;
+    parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+      relu_or_step_bf16(step, static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), b, e);
+    });
+    return true;
+  }
+#endif
   parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
     alignas(64) float x[kBlock];
     for (int64_t i = b; i < e; i += kBlock) {
@@ -61,6 +129,17 @@ bool binary_half(backend::BinaryOp op, DType t, const void* a, const void* b, vo
   if (a_run == 0 || b_run == 0 || (a_run < n && b_run < n)) return false;
   const bool a_repeats = a_run < n, b_repeats = b_run < n;
   const bool compare = op >= backend::BinaryOp::eq;  // a Bool output, written directly
+#if FLUX_HALF_EW_X86
+  if (!a_repeats && !b_repeats && bf16_avx512(t) &&
+      (op == backend::BinaryOp::add || op == backend::BinaryOp::sub || op == backend::BinaryOp::mul)) {
+    parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+      alignas(64) float z[kBlock];
+      for (int64_t i = begin; i < end; i += kBlock)
+        arith_bf16(op, at(a, i), at(b, i), at(out, i), std::min(kBlock, end - i), z);
+    });
+    return true;
+  }
+#endif
   // The repeated operand in float32, once (a single element or a short row).
   std::vector<float> run(size_t(a_repeats ? a_run : b_repeats ? b_run : 0));
   if (!run.empty()) half_storage_to_float(t, static_cast<const uint16_t*>(a_repeats ? a : b), run.data(), int64_t(run.size()));

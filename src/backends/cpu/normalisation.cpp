@@ -3,6 +3,8 @@
 // Threads split the channels. x, y, dy, dx are (n, c, s) row-major; per-channel arrays are (c,).
 // bf16/f16 activations (backend.hpp: per-channel and per-row arrays then Float32) run the float32 row
 // code on rows converted in cache (see "bf16/f16 activations" below); BatchNorm's s == 1 case declines.
+// bf16 BatchNorm training on AVX-512 takes batchnorm_bf16.cpp's kernels (widened in registers, same
+// bits); forward_half / backward_half below stay the portable path and its reference.
 // The portable path (src/ops/normalisation.cpp) composes the same formulas from public ops.
 #include <algorithm>
 #include <cmath>
@@ -435,6 +437,9 @@ template <class T> T* out(void* p) { return static_cast<T*>(p); }
 bool batchnorm_forward(DType t, const void* x, const void* weight, const void* bias, void* y, void* mean, void* var,
                        int64_t n, int64_t c, int64_t s, double eps) {
   if (t == DType::f32) forward(in<float>(x), in<float>(weight), in<float>(bias), out<float>(y), out<float>(mean), out<float>(var), n, c, s, eps);
+  else if (t == DType::bf16 && s > 1 && batchnorm_bf16_avx512_available())
+    batchnorm_forward_bf16_avx512(in_half(x), in<float>(weight), in<float>(bias), out_half(y), out<float>(mean),
+                                  out<float>(var), n, c, s, eps);
   else if (half(t) && s > 1)
     forward_half(t, in_half(x), in<float>(weight), in<float>(bias), out_half(y), out<float>(mean), out<float>(var), n, c, s, eps);
   else if (t == DType::f64) forward(in<double>(x), in<double>(weight), in<double>(bias), out<double>(y), out<double>(mean), out<double>(var), n, c, s, eps);
@@ -446,6 +451,9 @@ bool batchnorm_backward(DType t, const void* x, const void* dy, const void* weig
                         void* dx, void* dweight, void* dbias, int64_t n, int64_t c, int64_t s, double eps) {
   if (t == DType::f32)
     backward(in<float>(x), in<float>(dy), in<float>(weight), in<float>(mean), in<float>(var), out<float>(dx), out<float>(dweight), out<float>(dbias), n, c, s, eps);
+  else if (t == DType::bf16 && s > 1 && batchnorm_bf16_avx512_available())
+    batchnorm_backward_bf16_avx512(in_half(x), in_half(dy), in<float>(weight), in<float>(mean), in<float>(var),
+                                   out_half(dx), out<float>(dweight), out<float>(dbias), n, c, s, eps);
   else if (half(t) && s > 1)
     backward_half(t, in_half(x), in_half(dy), in<float>(weight), in<float>(mean), in<float>(var), out_half(dx),
                   out<float>(dweight), out<float>(dbias), n, c, s, eps);
