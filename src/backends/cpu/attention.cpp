@@ -27,6 +27,10 @@
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/vector_math.hpp"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 namespace flux::cpu_backend {
 
 namespace {
@@ -122,6 +126,75 @@ FLUX_CPU_INLINE void online_softmax_bf16_body(const float* s, int64_t ld, int64_
   }
 }
 FLUX_CPU_VARIANTS(online_softmax_bf16, online_softmax_bf16_body)
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FLUX_ATTENTION_AVX512_BF16 1
+#define FLUX_TARGET_ATTENTION_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
+// GCC 12's AVX-512 headers' "undefined" vectors (__m512 __Y = __Y) trip -Wmaybe-uninitialized: a false
+// positive (as half_cast.cpp).
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// e^x for x <= 0 or NaN, 16 lanes: exp_f32's reduction and polynomial (vector_math.hpp), 2^n by
+// vscalefps; 0 below -104 as exp_f32.
+FLUX_TARGET_ATTENTION_BF16 inline __m512 exp_nonpositive(__m512 x) {
+  const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);  // a NaN x stays NaN (max_ps returns x)
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 q = _mm512_set1_ps(1.9875691500e-4f);
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.3981999507e-3f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(8.3334519073e-3f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.1665795894e-2f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.6666665459e-1f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(5.0000001201e-1f));
+  q = _mm512_fmadd_ps(_mm512_mul_ps(q, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512 y = _mm512_scalef_ps(q, n);
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_NLT_UQ), y);
+}
+
+// online_softmax_bf16_body in AVX-512 (GCC does not vectorise lane_max's selects): the bf16 tile path
+// with the AVX512-BF16 kernel, so p is rounded by vcvtneps2bf16.
+FLUX_TARGET_ATTENTION_BF16 void online_softmax_bf16_avx512_bf16(const float* s, int64_t ld, int64_t rows, int64_t n,
+                                                                float* m, float* l, float* alpha, uint16_t* pb,
+                                                                int64_t ldp) {
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = s + r * ld;
+    uint16_t* p = pb + r * ldp;
+    if (n % 2) p[n] = 0;
+    __m512 vmax = neg_inf;
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 mk = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1u);
+      vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, mk, x + j));
+    }
+    const float mnew = std::max(m[r], _mm512_reduce_max_ps(vmax));
+    if (mnew == kNegInf) {
+      for (int64_t j = 0; j < n; ++j) p[j] = 0;
+      alpha[r] = 1;
+      continue;
+    }
+    alpha[r] = m[r] == mnew || m[r] == kNegInf ? 1.0f : vmath::exp(m[r] - mnew);
+    const __m512 vm = _mm512_set1_ps(mnew);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 mk = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1u);
+      const __m512 e = _mm512_maskz_mov_ps(mk, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + j), vm)));
+      sum = _mm512_add_ps(sum, e);
+      _mm256_mask_storeu_epi16(p + j, mk, (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(sum);
+    m[r] = mnew;
+  }
+}
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#else
+#define FLUX_ATTENTION_AVX512_BF16 0
+#endif
 
 // The backward's probabilities: s (rows, n) -> p = exp(s - lse) (a row without visible keys, lse = -inf: 0).
 FLUX_CPU_INLINE void probabilities_body(float* s, int64_t ld, int64_t rows, int64_t n, const float* lse) {
@@ -354,8 +427,14 @@ void forward_tasks_bf16(bool fast, const uint16_t* q, const uint16_t* k, const u
       bf16_tile_product(fast, rows, n, d, float(a.scale), qt, a.q_stride[2], 2, kt.data() + 2 * j0, tk, s.data(),
                         kForwardK, false);
       if (tile_masked(i0, j0, n, hm != nullptr, a)) mask_tile(s.data(), kForwardK, i0, rows, j0, n, hm, a);
-      online_softmax_bf16(static_cast<const float*>(s.data()), kForwardK, rows, n, m.data(), l.data(), alpha.data(),
-                          pb.data(), kForwardK);
+#if FLUX_ATTENTION_AVX512_BF16
+      if (fast)
+        online_softmax_bf16_avx512_bf16(s.data(), kForwardK, rows, n, m.data(), l.data(), alpha.data(), pb.data(),
+                                        kForwardK);
+      else
+#endif
+        online_softmax_bf16(static_cast<const float*>(s.data()), kForwardK, rows, n, m.data(), l.data(), alpha.data(),
+                            pb.data(), kForwardK);
       for (int64_t r = 0; r < rows; ++r)
         if (alpha[size_t(r)] != 1.0f)
           for (int64_t c = 0; c < dv; ++c) o[size_t(r * dv + c)] *= alpha[size_t(r)];
