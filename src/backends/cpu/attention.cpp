@@ -129,6 +129,7 @@ FLUX_CPU_VARIANTS(online_softmax_bf16, online_softmax_bf16_body)
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define FLUX_ATTENTION_AVX512_BF16 1
+#define FLUX_TARGET_ATTENTION_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
 #define FLUX_TARGET_ATTENTION_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
 // GCC 12's AVX-512 headers' "undefined" vectors (__m512 __Y = __Y) trip -Wmaybe-uninitialized: a false
 // positive (as half_cast.cpp).
@@ -138,7 +139,7 @@ FLUX_CPU_VARIANTS(online_softmax_bf16, online_softmax_bf16_body)
 #endif
 // e^x for x <= 0 or NaN, 16 lanes: exp_f32's reduction and polynomial (vector_math.hpp), 2^n by
 // vscalefps; 0 below -104 as exp_f32.
-FLUX_TARGET_ATTENTION_BF16 inline __m512 exp_nonpositive(__m512 x) {
+FLUX_TARGET_ATTENTION_AVX512 inline __m512 exp_nonpositive(__m512 x) {
   const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);  // a NaN x stays NaN (max_ps returns x)
   const __m512 n =
       _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -184,6 +185,37 @@ FLUX_TARGET_ATTENTION_BF16 void online_softmax_bf16_avx512_bf16(const float* s, 
       const __m512 e = _mm512_maskz_mov_ps(mk, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + j), vm)));
       sum = _mm512_add_ps(sum, e);
       _mm256_mask_storeu_epi16(p + j, mk, (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(sum);
+    m[r] = mnew;
+  }
+}
+
+// online_softmax_body in AVX-512 for the Float32 tiles on an AVX-512 CPU: p = exp(s - m') in place.
+FLUX_TARGET_ATTENTION_AVX512 void online_softmax_f32_avx512(float* s, int64_t ld, int64_t rows, int64_t n, float* m,
+                                                           float* l, float* alpha) {
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = s + r * ld;
+    __m512 vmax = neg_inf;
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 mk = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1u);
+      vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, mk, x + j));
+    }
+    const float mnew = std::max(m[r], _mm512_reduce_max_ps(vmax));
+    if (mnew == kNegInf) {
+      for (int64_t j = 0; j < n; ++j) x[j] = 0;
+      alpha[r] = 1;
+      continue;
+    }
+    alpha[r] = m[r] == mnew || m[r] == kNegInf ? 1.0f : vmath::exp(m[r] - mnew);
+    const __m512 vm = _mm512_set1_ps(mnew);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 mk = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1u);
+      const __m512 e = _mm512_maskz_mov_ps(mk, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + j), vm)));
+      sum = _mm512_add_ps(sum, e);
+      _mm512_mask_storeu_ps(x + j, mk, e);
     }
     l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(sum);
     m[r] = mnew;
@@ -281,6 +313,7 @@ void forward_tasks(DType t, const void* q, const void* k, const void* v, const b
                    const backend::Attention& a, int64_t w0, int64_t w1) {
   const int64_t tiles = (a.tq + kForwardQ - 1) / kForwardQ, d = a.d, dv = a.dv;
   const bool half = t != DType::f32;
+  [[maybe_unused]] const bool avx512 = active_isa() == Isa::avx512;
   std::vector<float> s(size_t(kForwardQ * kForwardK)), o(size_t(kForwardQ * dv)), m(kForwardQ), l(kForwardQ),
       alpha(kForwardQ);
   std::vector<float> qh(half ? size_t(kForwardQ * d) : 0), kh(half ? size_t(kForwardK * d) : 0),
@@ -302,7 +335,12 @@ void forward_tasks(DType t, const void* q, const void* k, const void* v, const b
                                       kh.data(), ldk);
       gemm_on_this_thread(false, true, rows, n, d, float(a.scale), qt, ldq, kt, ldk, 0.0f, s.data(), kForwardK);
       if (tile_masked(i0, j0, n, hm != nullptr, a)) mask_tile(s.data(), kForwardK, i0, rows, j0, n, hm, a);
-      online_softmax(s.data(), kForwardK, rows, n, m.data(), l.data(), alpha.data());
+#if FLUX_ATTENTION_AVX512_BF16
+      if (avx512)
+        online_softmax_f32_avx512(s.data(), kForwardK, rows, n, m.data(), l.data(), alpha.data());
+      else
+#endif
+        online_softmax(s.data(), kForwardK, rows, n, m.data(), l.data(), alpha.data());
       for (int64_t r = 0; r < rows; ++r)
         if (alpha[size_t(r)] != 1.0f)
           for (int64_t c = 0; c < dv; ++c) o[size_t(r * dv + c)] *= alpha[size_t(r)];
