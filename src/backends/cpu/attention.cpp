@@ -534,17 +534,15 @@ void backward_heads_bf16(bool fast, const uint16_t* q, const uint16_t* k, const 
                           s.data(), BK, false);
         if (tile_masked(i0, j0, n, hm != nullptr, a)) mask_tile(s.data(), BK, i0, rows, j0, n, hm, a);
         probabilities(s.data(), BK, rows, n, lh + i0);
-        float_rows_to_bf16(s.data(), BK, rows, n, pn.data(), BK);
-        pack_row_pairs(fast, pn.data(), BK, rows, n, pi.data(), BK);
+        float_rows_to_bf16_pairs(fast, s.data(), BK, rows, n, pi.data(), BK, nullptr, 0);
         bf16_tile_product(fast, n, dv, rows, 1.0f, pi.data(), 2, 2 * BK, dop.data() + i0 * dv, dv,
                           dvh.data() + j0 * dv, dv, true);
         bf16_tile_product(fast, rows, n, dv, 1.0f, dout + ooff + i0 * os, os, 2, vt.data() + 2 * j0, tk, dp.data(),
                           BK, false);
         score_gradient(s.data(), dp.data(), BK, rows, n, dsum.data() + i0);
-        float_rows_to_bf16(dp.data(), BK, rows, n, pn.data(), BK);
+        float_rows_to_bf16_pairs(fast, dp.data(), BK, rows, n, pi.data(), BK, pn.data(), BK);
         bf16_tile_product(fast, rows, d, n, float(a.scale), pn.data(), BK, 2, kp.data() + j0 * d, d,
                           dqh.data() + i0 * d, d, true);
-        pack_row_pairs(fast, pn.data(), BK, rows, n, pi.data(), BK);
         bf16_tile_product(fast, n, d, rows, float(a.scale), pi.data(), 2, 2 * BK, qp.data() + i0 * d, d,
                           dkh.data() + j0 * d, d, true);
       }

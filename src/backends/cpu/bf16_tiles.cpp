@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
@@ -154,6 +155,42 @@ FLUX_TARGET_BF16_TILES void pack_row_pairs_avx512(const uint16_t* src, int64_t l
     }
   }
 }
+
+// GCC 12's AVX-512 headers' "undefined" vectors trip -Wmaybe-uninitialized (a false positive, as in
+// half_cast.cpp) where a 256-bit value is widened.
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+FLUX_TARGET_BF16_TILES void float_rows_to_bf16_pairs_avx512(const float* src, int64_t ld, int64_t rows, int64_t cols,
+                                                            uint16_t* dst, int64_t ldb, uint16_t* natural,
+                                                            int64_t ldn) {
+  alignas(64) uint16_t idx[32];  // as pack_row_pairs_avx512: row 2p's element t, then row 2p + 1's
+  for (int t = 0; t < 16; ++t) idx[2 * t] = uint16_t(t), idx[2 * t + 1] = uint16_t(32 + t);
+  const __m512i perm = _mm512_load_si512(idx);
+  for (int64_t p = 0; p < (rows + 1) / 2; ++p) {
+    const float* r0 = src + 2 * p * ld;
+    const bool pair = 2 * p + 1 < rows;
+    uint16_t* d = dst + p * 2 * ldb;
+    for (int64_t j = 0; j < cols; j += 16) {
+      const int64_t w = std::min<int64_t>(16, cols - j);
+      const __mmask16 mk = __mmask16((1u << w) - 1u);
+      const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, r0 + j));
+      const __m256i hi = pair ? (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, r0 + ld + j)) : _mm256_setzero_si256();
+      if (natural) {
+        _mm256_mask_storeu_epi16(natural + 2 * p * ldn + j, mk, lo);
+        if (pair) _mm256_mask_storeu_epi16(natural + (2 * p + 1) * ldn + j, mk, hi);
+      }
+      const __m512i v = _mm512_permutex2var_epi16(_mm512_castsi256_si512(lo), perm, _mm512_castsi256_si512(hi));
+      _mm512_mask_storeu_epi16(d + 2 * j, w == 16 ? ~__mmask32(0) : __mmask32((1ull << (2 * w)) - 1u), v);
+    }
+  }
+  if (natural && cols % 2 && ldn > cols)
+    for (int64_t r = 0; r < rows; ++r) natural[r * ldn + cols] = 0;
+}
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 }  // namespace
 
@@ -200,8 +237,22 @@ void pack_transposed_pairs(const uint16_t* src, int64_t ld, int64_t rows, int64_
 void float_rows_to_bf16(const float* src, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst, int64_t ldd) {
   for (int64_t r = 0; r < rows; ++r) {
     float_to_half_storage(DType::bf16, src + r * ld, dst + r * ldd, cols);
-    if (ldd > cols) dst[r * ldd + cols] = 0;
+    if (cols % 2 && ldd > cols) dst[r * ldd + cols] = 0;
   }
+}
+
+void float_rows_to_bf16_pairs(bool fast, const float* src, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst,
+                              int64_t ldb, uint16_t* natural, int64_t ldn) {
+#if FLUX_BF16_TILES_X86
+  if (fast) return float_rows_to_bf16_pairs_avx512(src, ld, rows, cols, dst, ldb, natural, ldn);
+#endif
+  std::vector<uint16_t> own;
+  if (!natural) {
+    own.resize(size_t(rows * (cols + 1)));
+    natural = own.data(), ldn = cols + 1;
+  }
+  float_rows_to_bf16(src, ld, rows, cols, natural, ldn);
+  pack_row_pairs_reference(natural, ldn, rows, cols, dst, ldb);
 }
 
 }  // namespace flux::cpu_backend

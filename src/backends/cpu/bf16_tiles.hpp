@@ -36,4 +36,10 @@ void pack_transposed_pairs(const uint16_t* src, int64_t ld, int64_t rows, int64_
 /// gets a 0 after each row's end when ldd > cols (the pair the tile product reads).
 void float_rows_to_bf16(const float* src, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst, int64_t ldd);
 
+/// `rows` rows of `cols` Float32 (row stride ld) rounded to bf16 in B's pair layout (pack_row_pairs of
+/// the rounded rows: dst, pair-row stride 2 * ldb) and, where `natural` is not null, also as rows
+/// (stride ldn, as float_rows_to_bf16). `fast`: AVX512-BF16 (vcvtneps2bf16, subnormals flushed).
+void float_rows_to_bf16_pairs(bool fast, const float* src, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst,
+                              int64_t ldb, uint16_t* natural, int64_t ldn);
+
 }  // namespace flux::cpu_backend
