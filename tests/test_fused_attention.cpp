@@ -325,7 +325,7 @@ TEST(FusedAttention, Bf16TileProductsMatchFloat64) {
       std::vector<uint16_t> b(size_t((sh.k + 1) / 2 * 2 * ldb)), at(size_t((sh.k + 1) / 2 * 2 * sh.m));
       for (const bool fast : {false, true}) {
         if (fast && !have_kernel) continue;
-        cpu_backend::pack_transposed_pairs(bt.data(), sh.k + 1, sh.n, sh.k, b.data(), ldb);
+        cpu_backend::pack_transposed_pairs(fast, bt.data(), sh.k + 1, sh.n, sh.k, b.data(), ldb);
         // A as Aᵀ's rows by pairs (the attention's pᵀ / dsᵀ operand): (k, m) rows -> pairs along k
         std::vector<uint16_t> arows(size_t(sh.k * sh.m));
         for (int64_t i = 0; i < sh.m; ++i)
@@ -397,8 +397,8 @@ TEST(FusedAttention, Bf16PairPackingMatchesReference) {
   // float_rows_to_bf16_pairs (the backward's p and ds) and pack_row_pairs: the AVX512-BF16 forms
   // bitwise equal to the portable ones on normal values, odd rows and columns included.
   if (!cpu_backend::bf16_tile_kernel_available()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
-  for (const int64_t rows : {1, 5, 64})
-    for (const int64_t cols : {1, 7, 16, 33, 64}) {
+  for (const int64_t rows : {1, 5, 17, 64})
+    for (const int64_t cols : {1, 7, 16, 33, 64, 70}) {
       const int64_t ld = cols + 3, ldb = cols + 2;
       std::vector<float> src(size_t(rows * ld));
       for (size_t i = 0; i < src.size(); ++i) src[i] = float(std::sin(double(i) * 0.7) * 3.0);
@@ -415,5 +415,11 @@ TEST(FusedAttention, Bf16PairPackingMatchesReference) {
       EXPECT_EQ(natural[0], natural[1]) << rows << " x " << cols;
       EXPECT_EQ(packed[0], packed[1]) << rows << " x " << cols;
       EXPECT_EQ(packed[1], pairs[1]) << rows << " x " << cols;
+      std::vector<uint16_t> bt[2];  // pack_transposed_pairs: the rows' pairs as columns (k, v in s = q kᵀ)
+      for (const int fast : {0, 1}) {
+        bt[fast].assign(size_t((cols + 1) / 2 * 2 * (rows + 1)), 7);
+        cpu_backend::pack_transposed_pairs(fast, natural[0].data(), cols + 1, rows, cols, bt[fast].data(), rows + 1);
+      }
+      EXPECT_EQ(bt[0], bt[1]) << rows << " x " << cols;
     }
 }

@@ -451,7 +451,7 @@ void forward_tasks_bf16(bool fast, const uint16_t* q, const uint16_t* k, const u
     const int64_t b0 = b / a.b1, b1 = b % a.b1;
     const bool* hm = head_mask(mask, a, b0, b1);
     if (b != packed) {
-      pack_transposed_pairs(k + head_offset(a.k_stride, b0, b1), a.k_stride[2], tk, d, kt.data(), tk);
+      pack_transposed_pairs(fast, k + head_offset(a.k_stride, b0, b1), a.k_stride[2], tk, d, kt.data(), tk);
       pack_row_pairs(fast, v + head_offset(a.v_stride, b0, b1), a.v_stride[2], tk, dv, vp.data(), dv);
       packed = b;
     }
@@ -508,8 +508,8 @@ void backward_heads_bf16(bool fast, const uint16_t* q, const uint16_t* k, const 
     const int64_t qoff = head_offset(a.q_stride, b0, b1), koff = head_offset(a.k_stride, b0, b1),
                   voff = head_offset(a.v_stride, b0, b1), ooff = head_offset(a.o_stride, b0, b1);
     const int64_t qs = a.q_stride[2], ks = a.k_stride[2], vs = a.v_stride[2], os = a.o_stride[2];
-    pack_transposed_pairs(k + koff, ks, tk, d, kt.data(), tk);
-    pack_transposed_pairs(v + voff, vs, tk, dv, vt.data(), tk);
+    pack_transposed_pairs(fast, k + koff, ks, tk, d, kt.data(), tk);
+    pack_transposed_pairs(fast, v + voff, vs, tk, dv, vt.data(), tk);
     pack_row_pairs(fast, k + koff, ks, tk, d, kp.data(), d);
     pack_row_pairs(fast, q + qoff, qs, tq, d, qp.data(), d);
     pack_row_pairs(fast, dout + ooff, os, tq, dv, dop.data(), dv);

@@ -188,6 +188,44 @@ FLUX_TARGET_BF16_TILES void float_rows_to_bf16_pairs_avx512(const float* src, in
   if (natural && cols % 2 && ldn > cols)
     for (int64_t r = 0; r < rows; ++r) natural[r * ldn + cols] = 0;
 }
+
+// pack_transposed_pairs' full pairs in 16 x 16 blocks of 32-bit words: 16 rows' words loaded, transposed
+// in registers (unpack 32 / 64, then 128-bit lane shuffles), stored as 16 pair rows.
+FLUX_TARGET_BF16_TILES void pack_transposed_pairs_avx512(const uint16_t* src, int64_t ld, int64_t rows, int64_t pairs,
+                                                         uint16_t* dst, int64_t ldb) {
+  for (int64_t j0 = 0; j0 < rows; j0 += 16) {
+    const int64_t nr = std::min<int64_t>(16, rows - j0);
+    const __mmask16 row_mask = __mmask16((1u << nr) - 1u);
+    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+      const int64_t np = std::min<int64_t>(16, pairs - p0);
+      const __mmask16 pair_mask = __mmask16((1u << np) - 1u);
+      __m512i r[16], t[16], u[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = i < nr ? _mm512_maskz_loadu_epi32(pair_mask, src + (j0 + i) * ld + 2 * p0) : _mm512_setzero_si512();
+      for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+      }
+      for (int g = 0; g < 4; ++g) {  // rows 4g..4g+3: u[4g + c] holds column 4k + c of them in lane k
+        u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+      }
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), w = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
+        const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88),
+                      w2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
+        const __m512i col[4] = {_mm512_shuffle_i32x4(v, v2, 0x88), _mm512_shuffle_i32x4(w, w2, 0x88),
+                                _mm512_shuffle_i32x4(v, v2, 0xdd), _mm512_shuffle_i32x4(w, w2, 0xdd)};
+        for (int k = 0; k < 4; ++k) {  // column 4k + c of the block: pair p0 + 4k + c of rows j0..j0+15
+          const int64_t pc = 4 * k + c;
+          if (pc < np) _mm512_mask_storeu_epi32(dst + (p0 + pc) * 2 * ldb + 2 * j0, row_mask, col[k]);
+        }
+      }
+    }
+  }
+}
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -222,8 +260,16 @@ void pack_row_pairs(bool fast, const uint16_t* src, int64_t ld, int64_t rows, in
   pack_row_pairs_reference(src, ld, rows, cols, dst, ldb);
 }
 
-void pack_transposed_pairs(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst, int64_t ldb) {
+void pack_transposed_pairs(bool fast, const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst,
+                           int64_t ldb) {
   const int64_t full = cols / 2;
+#if FLUX_BF16_TILES_X86
+  if (fast) {
+    pack_transposed_pairs_avx512(src, ld, rows, full, dst, ldb);
+  } else
+#else
+  (void)fast;
+#endif
   for (int64_t p = 0; p < full; ++p) {  // 32-bit words: pair p of row j -> B's pair row p, column j
     uint16_t* d = dst + p * 2 * ldb;
     for (int64_t j = 0; j < rows; ++j) std::memcpy(d + 2 * j, src + j * ld + 2 * p, sizeof(uint32_t));

@@ -30,7 +30,8 @@ void pack_row_pairs(bool fast, const uint16_t* src, int64_t ld, int64_t rows, in
 
 /// B = Sᵀ pair-packed from S's `rows` row-major rows of `cols` bf16 (row stride ld): B's pair row p
 /// holds (S[j][2p], S[j][2p + 1]) for every j < rows, at dst + p * 2 * ldb + 2 j; odd cols pair with 0.
-void pack_transposed_pairs(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst, int64_t ldb);
+/// `fast`: AVX-512 16 x 16 transposes (where bf16_tile_kernel_available()).
+void pack_transposed_pairs(bool fast, const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst, int64_t ldb);
 
 /// `rows` rows of `cols` Float32 (row stride ld) rounded to bf16 rows (row stride ldd); an odd cols
 /// gets a 0 after each row's end when ldd > cols (the pair the tile product reads).
