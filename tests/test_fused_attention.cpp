@@ -11,11 +11,18 @@
 #include <gtest/gtest.h>
 
 #include "sequence_test_support.hpp"
+#include "src/backends/cpu/bf16_tiles.hpp"
+#include "src/half_bits.hpp"
 #include "src/ops/ops_internal.hpp"
 #include "src/storage_stats.hpp"
 
 using namespace flux;
 using namespace flux::testing;
+
+namespace flux::detail {
+int cpu_force_isa(int level);            // src/backends/cpu/isa.cpp
+int cpu_attention_tile_mode(int mode);   // src/backends/cpu/attention.cpp
+}  // namespace flux::detail
 
 namespace {
 struct Case {
@@ -294,4 +301,125 @@ TEST(FusedAttention, DropoutInTrainingRunsComposed) {
   Tensor train = mha(x);
   EXPECT_TRUE(std::isfinite(sum(train).item<double>()));
   EXPECT_GT(max_rel_error(train, composed), 1e-3);
+}
+
+TEST(FusedAttention, Bf16TileProductsMatchFloat64) {
+  // bf16_tiles.hpp's products (the portable reference everywhere, the AVX512-BF16 kernel where the CPU
+  // has it) against float64 sums of the same bf16 values: plain and pair-packed A, tails of the
+  // kernel's 4 x 64 blocks in m and n, odd k, accumulate on and off.
+  using cpu_backend::bf16_tile_product;
+  const bool have_kernel = cpu_backend::bf16_tile_kernel_available();
+  struct Shape3 { int64_t m, n, k; };
+  uint64_t seed = 1;
+  auto draw = [&]() {  // deterministic values in [-2, 2), rounded to bf16
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return half_bits::bfloat16_from_float(float(double(seed >> 11) / double(1ull << 53) * 4.0 - 2.0));
+  };
+  for (const Shape3 sh : {Shape3{1, 1, 1}, {3, 17, 5}, {4, 64, 64}, {7, 130, 33}, {64, 128, 64}, {5, 16, 2}, {6, 70, 129}}) {
+    for (const bool packed_a : {false, true}) {
+      SCOPED_TRACE(std::to_string(sh.m) + "x" + std::to_string(sh.n) + "x" + std::to_string(sh.k) + (packed_a ? " packed A" : ""));
+      const int64_t lda = sh.k + 3, ldb = sh.n + 5, ldc = sh.n + 2;
+      std::vector<uint16_t> a(size_t(sh.m * lda)), bt(size_t(sh.n * (sh.k + 1)));
+      for (auto& x : a) x = draw();
+      for (auto& x : bt) x = draw();  // Bᵀ: (n, k) rows of stride k + 1
+      std::vector<uint16_t> b(size_t((sh.k + 1) / 2 * 2 * ldb)), at(size_t((sh.k + 1) / 2 * 2 * sh.m));
+      for (const bool fast : {false, true}) {
+        if (fast && !have_kernel) continue;
+        cpu_backend::pack_transposed_pairs(fast, bt.data(), sh.k + 1, sh.n, sh.k, b.data(), ldb);
+        // A as Aᵀ's rows by pairs (the attention's pᵀ / dsᵀ operand): (k, m) rows -> pairs along k
+        std::vector<uint16_t> arows(size_t(sh.k * sh.m));
+        for (int64_t i = 0; i < sh.m; ++i)
+          for (int64_t kk = 0; kk < sh.k; ++kk) arows[size_t(kk * sh.m + i)] = a[size_t(i * lda + kk)];
+        cpu_backend::pack_row_pairs(fast, arows.data(), sh.m, sh.k, sh.m, at.data(), sh.m);
+        for (const bool accumulate : {false, true}) {
+          std::vector<float> c(size_t(sh.m * ldc), 0.5f);
+          if (packed_a)
+            bf16_tile_product(fast, sh.m, sh.n, sh.k, 0.75f, at.data(), 2, 2 * sh.m, b.data(), ldb, c.data(), ldc, accumulate);
+          else
+            bf16_tile_product(fast, sh.m, sh.n, sh.k, 0.75f, a.data(), lda, 2, b.data(), ldb, c.data(), ldc, accumulate);
+          for (int64_t i = 0; i < sh.m; ++i)
+            for (int64_t j = 0; j < sh.n; ++j) {
+              double want = 0, mag = 0;
+              for (int64_t kk = 0; kk < sh.k; ++kk) {
+                const double t = double(half_bits::bfloat16_to_float(a[size_t(i * lda + kk)])) *
+                                 double(half_bits::bfloat16_to_float(bt[size_t(j * (sh.k + 1) + kk)]));
+                want += t, mag += std::abs(t);
+              }
+              want = 0.75 * want + (accumulate ? 0.5 : 0.0);
+              ASSERT_NEAR(c[size_t(i * ldc + j)], want, 1e-6 * (1 + mag)) << "fast " << fast << " acc " << accumulate << " at " << i << ", " << j;
+            }
+          for (int64_t i = 0; i < sh.m; ++i)  // the padding between rows untouched
+            for (int64_t j = sh.n; j < ldc; ++j) ASSERT_EQ(c[size_t(i * ldc + j)], 0.5f);
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedAttention, Bf16TilePathsMatchFloat64Composition) {
+  // bf16 operands through each tile path: the bf16 tile products with the portable reference kernel
+  // (every CPU), the AVX512-BF16 kernel (chosen by default where the CPU has it) and Float32 tiles,
+  // which the default takes below AVX-512 (force_isa, as ONEDNN_MAX_CPU_ISA / the bench's --max-isa).
+  const bool have_kernel = cpu_backend::bf16_tile_kernel_available();
+  for (const int mode : {1, 0, 2}) {
+    SCOPED_TRACE("tile mode " + std::to_string(mode) + (have_kernel ? " (CPU has AVX512-BF16)" : ""));
+    const int old = detail::cpu_attention_tile_mode(mode);
+    for (const Case& c : cases()) check_case(c, DType::bf16, 3e-2, 6e-2);
+    detail::cpu_attention_tile_mode(old);
+  }
+  const int old_isa = detail::cpu_force_isa(1);  // AVX2: no AVX512-BF16 kernel, the default takes Float32 tiles
+  EXPECT_FALSE(cpu_backend::bf16_tile_kernel_available());
+  for (const Case& c : {cases()[2], cases()[4]}) {
+    check_case(c, DType::bf16, 3e-2, 6e-2);
+    check_case(c, DType::f32, 2e-5, 1e-4);  // the portable online softmax (AVX-512 has its own)
+  }
+  detail::cpu_force_isa(old_isa);
+  Case c{1, 1, 5, 3, 4, 4, true, 0, false};  // rows without visible keys: NaN, as the composition
+  std::vector<Tensor> x64 = inputs(c, 5), xb;
+  for (const Tensor& x : x64) xb.push_back(x.cast(DType::bf16));
+  for (const int mode : {1, 0}) {
+    const int old = detail::cpu_attention_tile_mode(mode);
+    std::vector<double> want = composed(c, x64, Tensor()).to_vector<double>();
+    std::vector<double> got = fused(c, xb, Tensor()).to_vector<double>();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(std::isnan(got[i]), std::isnan(want[i])) << i;
+      if (!std::isnan(want[i])) {
+        EXPECT_NEAR(got[i], want[i], 2e-2 * (1 + std::abs(want[i]))) << i;
+      }
+    }
+    detail::cpu_attention_tile_mode(old);
+  }
+}
+
+
+TEST(FusedAttention, Bf16PairPackingMatchesReference) {
+  // float_rows_to_bf16_pairs (the backward's p and ds) and pack_row_pairs: the AVX512-BF16 forms
+  // bitwise equal to the portable ones on normal values, odd rows and columns included.
+  if (!cpu_backend::bf16_tile_kernel_available()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  for (const int64_t rows : {1, 5, 17, 64})
+    for (const int64_t cols : {1, 7, 16, 33, 64, 70}) {
+      const int64_t ld = cols + 3, ldb = cols + 2;
+      std::vector<float> src(size_t(rows * ld));
+      for (size_t i = 0; i < src.size(); ++i) src[i] = float(std::sin(double(i) * 0.7) * 3.0);
+      std::vector<uint16_t> pairs[2], natural[2], packed[2];
+      for (const int fast : {0, 1}) {
+        pairs[fast].assign(size_t((rows + 1) / 2 * 2 * ldb), 7);
+        natural[fast].assign(size_t(rows * (cols + 1)), 7);
+        packed[fast].assign(size_t((rows + 1) / 2 * 2 * ldb), 7);
+        cpu_backend::float_rows_to_bf16_pairs(fast, src.data(), ld, rows, cols, pairs[fast].data(), ldb,
+                                              natural[fast].data(), cols + 1);
+        cpu_backend::pack_row_pairs(fast, natural[fast].data(), cols + 1, rows, cols, packed[fast].data(), ldb);
+      }
+      EXPECT_EQ(pairs[0], pairs[1]) << rows << " x " << cols;
+      EXPECT_EQ(natural[0], natural[1]) << rows << " x " << cols;
+      EXPECT_EQ(packed[0], packed[1]) << rows << " x " << cols;
+      EXPECT_EQ(packed[1], pairs[1]) << rows << " x " << cols;
+      std::vector<uint16_t> bt[2];  // pack_transposed_pairs: the rows' pairs as columns (k, v in s = q kᵀ)
+      for (const int fast : {0, 1}) {
+        bt[fast].assign(size_t((cols + 1) / 2 * 2 * (rows + 1)), 7);
+        cpu_backend::pack_transposed_pairs(fast, natural[0].data(), cols + 1, rows, cols, bt[fast].data(), rows + 1);
+      }
+      EXPECT_EQ(bt[0], bt[1]) << rows << " x " << cols;
+    }
 }

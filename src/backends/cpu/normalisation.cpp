@@ -8,9 +8,11 @@
 // The portable path (src/ops/normalisation.cpp) composes the same formulas from public ops.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/isa.hpp"
 
 namespace flux::cpu_backend {
 
@@ -215,11 +217,53 @@ void normalise_row(const T* xi, const T* weight, const T* bias, T* yi, T& mean_i
     for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s;
 }
 
+// Float32 rows [r0, r1) of normalise_row compiled per ISA level (isa.hpp; the helpers above are
+// compiled once, at the baseline level): the same arithmetic, its 8-lane float64 sums in the same order.
+FLUX_CPU_INLINE void normalise_row_range_body(const float* x, const float* weight, const float* bias, float* y,
+                                              float* mean, float* rstd, int64_t r0, int64_t r1, int64_t d, double eps) {
+  for (int64_t i = r0; i < r1; ++i) {
+    const float* __restrict xi = x + i * d;
+    float* __restrict yi = y + i * d;
+    double acc[8] = {}, sq[8] = {};
+    int64_t k = 0;
+    for (; k + 8 <= d; k += 8)
+      for (int j = 0; j < 8; ++j) acc[j] += double(xi[k + j]);
+    double total = 0;
+    for (; k < d; ++k) total += double(xi[k]);
+    for (double a : acc) total += a;
+    const double mu = total / double(d);
+    for (k = 0; k + 8 <= d; k += 8)
+      for (int j = 0; j < 8; ++j) {
+        const double e = double(xi[k + j]) - mu;
+        sq[j] += e * e;
+      }
+    double squares = 0;
+    for (; k < d; ++k) squares += (double(xi[k]) - mu) * (double(xi[k]) - mu);
+    for (double a : sq) squares += a;
+    const double inv = 1.0 / std::sqrt(squares / double(d) + eps);
+    mean[i] = float(mu);
+    rstd[i] = float(inv);
+    const float m = float(mu), s = float(inv);
+    if (weight && bias)
+      for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s * weight[j] + bias[j];
+    else if (weight)
+      for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s * weight[j];
+    else if (bias)
+      for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s + bias[j];
+    else
+      for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s;
+  }
+}
+FLUX_CPU_VARIANTS(normalise_row_range, normalise_row_range_body)
+
 template <class T>
 void normalise_rows(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd, int64_t r, int64_t d,
                     double eps) {
   for_row_blocks(r, d, [&](int64_t, int64_t r0, int64_t r1) {
-    for (int64_t i = r0; i < r1; ++i) normalise_row(x + i * d, weight, bias, y + i * d, mean[i], rstd[i], d, eps);
+    if constexpr (std::is_same_v<T, float>)
+      normalise_row_range(x, weight, bias, y, mean, rstd, r0, r1, d, eps);
+    else
+      for (int64_t i = r0; i < r1; ++i) normalise_row(x + i * d, weight, bias, y + i * d, mean[i], rstd[i], d, eps);
   });
 }
 
@@ -399,7 +443,8 @@ void normalise_rows_half(DType t, const uint16_t* x, const float* weight, const 
     HalfRows& rows = half_rows(d);
     for (int64_t i = r0; i < r1; ++i) {
       half_storage_to_float(t, x + i * d, rows.x.data(), d);
-      normalise_row(static_cast<const float*>(rows.x.data()), weight, bias, rows.out.data(), mean[i], rstd[i], d, eps);
+      normalise_row_range(static_cast<const float*>(rows.x.data()), weight, bias, rows.out.data(), mean + i, rstd + i,
+                          int64_t(0), int64_t(1), d, eps);
       float_to_half_storage(t, rows.out.data(), y + i * d, d);
     }
   });
