@@ -1079,8 +1079,24 @@ std::string resize_check(const Node& n) {
 
 std::vector<Tensor> run_identity(const Node& n, const std::vector<Tensor>& in) { return {need(n, in, 0)}; }
 
-std::string dropout_check(const Node& n) {
-  return n.proto.input_size() > 2 && !n.proto.input(2).empty() ? "a training_mode input (only inference Dropout)" : "";
+/// Dropout: the identity at inference, and in training mode with ratio 0 (torchvision's swin calls
+/// F.dropout(p=0.0) with training left true; torch 1.13 writes both as constant inputs). Training mode
+/// with a ratio above 0 is refused when the node runs.
+std::vector<Tensor> run_dropout(const Node& n, const std::vector<Tensor>& in) {
+  auto scalar = [&](size_t k, const char* what) {
+    if (in[k].numel() != 1) fail("[onnx] ", where(n.proto), ": ", what, " must be a scalar; got ", summary(in[k]));
+    return in[k].cast(DType::f64).item<double>();
+  };
+  if (has(in, 2) && scalar(2, "training_mode") != 0) {
+    const double ratio = has(in, 1) ? scalar(1, "ratio") : 0.5;
+    if (ratio != 0)
+      fail("[onnx] ", where(n.proto), ": training_mode is true with ratio ", ratio,
+           " (only inference Dropout: export the model in eval mode)");
+  }
+  const Tensor& x = need(n, in, 0);
+  if (n.proto.output_size() > 1 && !n.proto.output(1).empty())  // the mask: every element kept
+    return {x, full(x.shape(), 1.0, DType::boolean, x.device())};
+  return {x};
 }
 std::string batchnorm_check(const Node& n) {
   return attr_i(n.proto, "training_mode", 0) || n.proto.output_size() > 1 ? "training_mode (inference form only)" : "";
@@ -1132,7 +1148,7 @@ const std::map<std::string, Operator>& operator_table() {
     add({"Clip"}, {.run = run_clip});
     add({"Where"}, {.run = run_where});
     add({"Identity"}, {.run = run_identity});
-    add({"Dropout"}, {.run = run_identity, .check = dropout_check});
+    add({"Dropout"}, {.run = run_dropout});
     add({"Constant"}, {.run = run_constant});
     add({"Shape"}, {.run = run_shape});
     add({"Size"}, {.run = run_size});

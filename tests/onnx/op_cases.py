@@ -146,4 +146,8 @@ case("gathernd_batch1", [N("GatherND", ["x", "i"], ["y"], batch_dims=1)], {"x": 
 case("scatternd", [N("ScatterND", ["x", "i", "u"], ["y"])], {"x": xa, "u": randn(2, 5)}, [const("i", np.array([[2, 1], [0, -1]], np.int64))])
 case("scatternd_none_opset18", [N("ScatterND", ["x", "i", "u"], ["y"], reduction="none")], {"x": xa, "u": randn(1, 3, 4, 5)},
      [const("i", np.array([[[2], [0], [-2]]], np.int64))], opset=18)
+# Dropout with training_mode true and ratio 0 (torchvision's swin: F.dropout(p=0.0), written by torch 1.13)
+# is the identity; its mask output is read by nothing.
+case("dropout_training_ratio0", [N("Dropout", ["x", "r", "t"], ["y", "m"])], {"x": xa},
+     [const("r", np.array(0.0, np.float32)), const("t", np.array(True))])
 print(len([f for f in os.listdir(out) if f.endswith(".onnx")]), "cases written")
