@@ -970,7 +970,13 @@ std::vector<Tensor> run_reduce(const Node& n, const std::vector<Tensor>& in) {
     else if (op == "ReduceMin") y = min(y, v, true);
     else y = sum(y, v, true);
   }
-  if (op == "ReduceL2") y = sqrt(y);
+  if (op == "ReduceL2") {
+    // sqrt's derivative is infinite at 0: a zero vector (swin_v2's padded window tokens, whose key has no
+    // bias, through F.normalize) would turn the gradient into NaN. The norm of a zero vector gets a zero
+    // gradient instead, as PyTorch's norm gives.
+    Tensor zero = eq(y, zeros(Shape{}, y.dtype(), y.device()));
+    y = where(zero, zeros(Shape{}, y.dtype(), y.device()), sqrt(where(zero, full(Shape{}, 1.0, y.dtype(), y.device()), y)));
+  }
   if (!keep) {
     std::vector<int64_t> s;
     for (int i = 0; i < x.ndim(); ++i)
