@@ -229,6 +229,28 @@ TEST_P(OnnxImport, ErfMatchesStdErfAndItsGradient) {
   EXPECT_EQ(erfs, 1);
 }
 
+// ReduceL2 of a zero vector (swin_v2's padded window tokens through F.normalize): value 0 and a zero
+// gradient, as PyTorch's norm gives, not sqrt's infinite derivative times 0 (NaN); x / |x| elsewhere.
+TEST_P(OnnxImport, ReduceL2OfAZeroVectorHasAZeroGradient) {
+  const Device dev = GetParam();
+  auto net = flux::onnx::load_from_bytes(one_node("ReduceL2", {1}, 18).SerializeAsString(), "reducel2 model") | dev;
+  const std::vector<double> xs = {3, -4, 0, 0, 0, 0, 1, 2, -2};
+  Tensor x = to(Tensor(xs, Shape{3, 3}).f32(), dev);
+  autodiff::Tape tape;
+  Tensor leaf = tape.leaf(x);
+  Tensor y = net(leaf);
+  EXPECT_EQ(y.shape(), (Shape{3, 1}));
+  const std::vector<double> norms = host_of(y), want = {5, 0, 3};
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(norms[i], want[i], 1e-6) << "row " << i;
+  tape.backward(sum(y));
+  const std::vector<double> dx = host_of(tape.grad(leaf));
+  ASSERT_EQ(dx.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double n = want[i / 3];
+    EXPECT_NEAR(dx[i], n == 0 ? 0.0 : xs[i] / n, 1e-6) << "element " << i;
+  }
+}
+
 TEST_P(OnnxImport, ExternalDataIsWrittenAndRead) {
   const Device dev = GetParam();
   seed(5);
