@@ -382,6 +382,32 @@ TEST(OnnxImportErrors, RepeatedSqueezeAndUnsqueezeAxes) {
             Shape({1, 3, 1}));
 }
 
+// Dropout in training mode: the identity with ratio 0 (torchvision's swin under torch 1.13), an error
+// naming the node and the ratio with any other.
+TEST(OnnxImportErrors, TrainingModeDropoutRunsOnlyWithRatioZero) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  auto model = [](float ratio) {
+    ::onnx::ModelProto m;
+    m.set_ir_version(8);
+    m.add_opset_import()->set_version(17);
+    auto* g = m.mutable_graph();
+    g->add_input()->set_name("x");
+    auto* r = g->add_initializer();
+    r->set_name("r"), r->set_data_type(::onnx::TensorProto::FLOAT), r->add_float_data(ratio);
+    auto* t = g->add_initializer();
+    t->set_name("t"), t->set_data_type(::onnx::TensorProto::BOOL), t->add_int32_data(1);
+    auto* n = g->add_node();
+    n->set_op_type("Dropout"), n->set_name("drop0"), n->add_input("x"), n->add_input("r"), n->add_input("t");
+    n->add_output("y"), n->add_output("mask");
+    g->add_output()->set_name("y");
+    return m;
+  };
+  Tensor x = Tensor(std::vector<double>{1, -2, 3}, Shape{3}).f32();
+  EXPECT_EQ(host_of(flux::onnx::load_from_bytes(model(0.0f).SerializeAsString())(x)), (std::vector<double>{1, -2, 3}));
+  const std::string msg = run_error(model(0.25f), x);
+  EXPECT_NE(msg.find("node 'drop0' (Dropout): training_mode is true with ratio 0.25"), std::string::npos) << msg;
+}
+
 // Mod by zero: integers are an error naming the node (the spec leaves it undefined), floats no
 // undefined cast (the quotient is clamped before its trip through Int64).
 TEST(OnnxImportErrors, ModByZero) {
