@@ -556,6 +556,84 @@ std::vector<Tensor> run_gather(const Node& n, const std::vector<Tensor>& in) {
   return {gather(need(n, in, 0), need(n, in, 1), attr_i(n.proto, "axis", 0), n.proto)};
 }
 
+/// The rows that GatherND and ScatterND address: `data` seen as (B, M, rest...) with B the product of its
+/// first batch_dims axes and M that of the next k (k = indices' last length), and for each of indices'
+/// tuples the row b * M + m it names (negative indices count from the end; out of range is an error).
+struct NdRows {
+  std::vector<int64_t> rows;  // one per index tuple, in indices' order
+  Shape rest;                 // data's axes after batch_dims + k
+  int64_t total = 0;          // B * M
+};
+NdRows nd_rows(const Tensor& data, const Tensor& indices, int64_t batch_dims, const ::onnx::NodeProto& n) {
+  const int r = data.ndim(), q = indices.ndim();
+  if (q < 1 || batch_dims < 0 || batch_dims >= std::min(r, q))
+    fail("[onnx] ", where(n), ": batch_dims ", batch_dims, " with data ", to_string(data.shape()), " and indices ", to_string(indices.shape()));
+  const int b = int(batch_dims);
+  for (int i = 0; i < b; ++i)
+    if (indices.shape()[i] != data.shape()[i])
+      fail("[onnx] ", where(n), ": the batch axes of indices ", to_string(indices.shape()), " and data ", to_string(data.shape()), " differ");
+  const int64_t k = indices.shape()[q - 1];
+  if (k < 1 || b + k > r)
+    fail("[onnx] ", where(n), ": index tuples of length ", k, " for data of rank ", r, " (batch_dims ", b, ")");
+  std::vector<int64_t> idx = host_ints(indices, n, "indices");
+  int64_t batch = 1, m = 1;
+  for (int i = 0; i < b; ++i) batch *= data.shape()[i];
+  for (int i = b; i < b + int(k); ++i) m *= data.shape()[i];
+  NdRows out;
+  out.total = batch * m;
+  for (int i = b + int(k); i < r; ++i) out.rest.push_back(data.shape()[i]);
+  const size_t tuples = idx.size() / size_t(k), per_batch = batch ? tuples / size_t(batch) : 0;
+  for (size_t t = 0; t < tuples; ++t) {
+    int64_t row = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t len = data.shape()[b + j];
+      int64_t v = idx[t * size_t(k) + size_t(j)];
+      if (v < -len || v >= len) fail("[onnx] ", where(n), ": index ", v, " out of range for axis ", b + j, " of length ", len);
+      row = row * len + (v < 0 ? v + len : v);
+    }
+    out.rows.push_back(int64_t(t / per_batch) * m + row);
+  }
+  return out;
+}
+Shape with_rest(std::vector<int64_t> lead, const Shape& rest) {
+  for (int64_t d : rest) lead.push_back(d);
+  return Shape(lead);
+}
+
+/// GatherND: the slices of data that indices' last axis addresses (batch_dims leading axes shared).
+std::vector<Tensor> run_gather_nd(const Node& n, const std::vector<Tensor>& in) {
+  const Tensor& data = need(n, in, 0);
+  const Tensor& indices = need(n, in, 1);
+  const NdRows nd = nd_rows(data, indices, attr_i(n.proto, "batch_dims", 0), n.proto);
+  Tensor flat = data.reshape(with_rest({nd.total}, nd.rest));
+  Tensor picked = index_select(flat, 0, on(Tensor(nd.rows, Shape{int64_t(nd.rows.size())}), data.device()));
+  std::vector<int64_t> lead(indices.shape().begin(), indices.shape().end() - 1);
+  return {picked.reshape(with_rest(lead, nd.rest))};
+}
+
+/// ScatterND (reduction none): data with the slices that indices address replaced by updates (the last
+/// update wins where two address one slice). Made as one index_select over [data rows; update rows], so
+/// gradients reach both data and updates.
+std::vector<Tensor> run_scatter_nd(const Node& n, const std::vector<Tensor>& in) {
+  const Device d = device_of(in);
+  Tensor data = on(need(n, in, 0), d), updates = on(need(n, in, 2), d);
+  const Tensor& indices = need(n, in, 1);
+  const NdRows nd = nd_rows(data, indices, 0, n.proto);
+  std::vector<int64_t> lead(indices.shape().begin(), indices.shape().end() - 1);
+  if (updates.shape() != with_rest(lead, nd.rest) || updates.dtype() != data.dtype())
+    fail("[onnx] ", where(n.proto), ": updates ", summary(updates), " do not fit data ", summary(data), " and indices ",
+         to_string(indices.shape()), " (expected shape ", to_string(with_rest(lead, nd.rest)), ")");
+  std::vector<int64_t> src(size_t(nd.total));
+  std::iota(src.begin(), src.end(), int64_t(0));
+  for (size_t j = 0; j < nd.rows.size(); ++j) src[size_t(nd.rows[j])] = nd.total + int64_t(j);
+  Tensor both = concat({data.reshape(with_rest({nd.total}, nd.rest)), updates.reshape(with_rest({int64_t(nd.rows.size())}, nd.rest))}, 0);
+  return {index_select(both, 0, on(Tensor(src, Shape{nd.total}), d)).reshape(data.shape())};
+}
+std::string scatter_nd_check(const Node& n) {
+  const std::string r = attr_s(n.proto, "reduction", "none");
+  return r == "none" ? "" : "reduction " + r + " (only none)";
+}
+
 /// Split into n.outputs parts: sizes from the attribute "split" (opset < 13), the input (13+), or
 /// equal parts (the last smaller, num_outputs from 18).
 std::vector<Tensor> run_split(const Node& n, const std::vector<Tensor>& in) {
@@ -890,7 +968,13 @@ std::vector<Tensor> run_reduce(const Node& n, const std::vector<Tensor>& in) {
     else if (op == "ReduceMin") y = min(y, v, true);
     else y = sum(y, v, true);
   }
-  if (op == "ReduceL2") y = sqrt(y);
+  if (op == "ReduceL2") {
+    // sqrt's derivative is infinite at 0: a zero vector (swin_v2's padded window tokens, whose key has no
+    // bias, through F.normalize) would turn the gradient into NaN. The norm of a zero vector gets a zero
+    // gradient instead, as PyTorch's norm gives.
+    Tensor zero = eq(y, zeros(Shape{}, y.dtype(), y.device()));
+    y = where(zero, zeros(Shape{}, y.dtype(), y.device()), sqrt(where(zero, full(Shape{}, 1.0, y.dtype(), y.device()), y)));
+  }
   if (!keep) {
     std::vector<int64_t> s;
     for (int i = 0; i < x.ndim(); ++i)
@@ -999,8 +1083,24 @@ std::string resize_check(const Node& n) {
 
 std::vector<Tensor> run_identity(const Node& n, const std::vector<Tensor>& in) { return {need(n, in, 0)}; }
 
-std::string dropout_check(const Node& n) {
-  return n.proto.input_size() > 2 && !n.proto.input(2).empty() ? "a training_mode input (only inference Dropout)" : "";
+/// Dropout: the identity at inference, and in training mode with ratio 0 (torchvision's swin calls
+/// F.dropout(p=0.0) with training left true; torch 1.13 writes both as constant inputs). Training mode
+/// with a ratio above 0 is refused when the node runs.
+std::vector<Tensor> run_dropout(const Node& n, const std::vector<Tensor>& in) {
+  auto scalar = [&](size_t k, const char* what) {
+    if (in[k].numel() != 1) fail("[onnx] ", where(n.proto), ": ", what, " must be a scalar; got ", summary(in[k]));
+    return in[k].cast(DType::f64).item<double>();
+  };
+  if (has(in, 2) && scalar(2, "training_mode") != 0) {
+    const double ratio = has(in, 1) ? scalar(1, "ratio") : 0.5;
+    if (ratio != 0)
+      fail("[onnx] ", where(n.proto), ": training_mode is true with ratio ", ratio,
+           " (only inference Dropout: export the model in eval mode)");
+  }
+  const Tensor& x = need(n, in, 0);
+  if (n.proto.output_size() > 1 && !n.proto.output(1).empty())  // the mask: every element kept
+    return {x, full(x.shape(), 1.0, DType::boolean, x.device())};
+  return {x};
 }
 std::string batchnorm_check(const Node& n) {
   return attr_i(n.proto, "training_mode", 0) || n.proto.output_size() > 1 ? "training_mode (inference form only)" : "";
@@ -1063,11 +1163,13 @@ const std::map<std::string, Operator>& operator_table() {
     add({"Clip"}, {.run = run_clip});
     add({"Where"}, {.run = run_where});
     add({"Identity"}, {.run = run_identity});
-    add({"Dropout"}, {.run = run_identity, .check = dropout_check});
+    add({"Dropout"}, {.run = run_dropout});
     add({"Constant"}, {.run = run_constant});
     add({"Shape"}, {.run = run_shape});
     add({"Size"}, {.run = run_size});
     add({"Gather"}, {.run = run_gather});
+    add({"GatherND"}, {.run = run_gather_nd});
+    add({"ScatterND"}, {.run = run_scatter_nd, .check = scatter_nd_check});
     add({"Squeeze", "Unsqueeze"}, {.run = run_squeeze});
     add({"Concat"}, {.run = run_concat});
     add({"Slice"}, {.run = run_slice});

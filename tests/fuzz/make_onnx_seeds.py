@@ -86,4 +86,8 @@ save("expand_tile_slice", [N("Expand", ["x", "s"], ["e"]), N("Tile", ["e", "r"],
 save("groupnorm_einsum", [N("GroupNormalization", ["x", "g", "b"], ["n"], num_groups=1),
                           N("Einsum", ["n", "n"], ["y"], equation="bcij,bckj->bcik")],
      x4, y, [init("g", (2,)), init("b", (2,))], opset=21)
+save("gathernd_scatternd", [N("GatherND", ["x", "gi"], ["g"], batch_dims=1), N("ScatterND", ["x", "si", "g"], ["y"], reduction="none")],
+     x4, y, [i64("gi", [[1], [0]]), i64("si", [[0, 1], [1, 0]])], opset=18)
+save("dropout_training", [N("Dropout", ["x", "r", "t"], ["y", "m"])], x4, y,
+     [f32("r", 0.0), numpy_helper.from_array(np.array(True), "t")])
 print("wrote", sorted(os.listdir(out)))

@@ -138,4 +138,16 @@ case("einsum_attention", [N("Einsum", ["q", "k"], ["s"], equation="bhid,bhjd->bh
                           N("Einsum", ["p", "v"], ["y"], equation="bhij,bhjd->bhid")],
      {"q": randn(2, 2, 5, 4), "k": randn(2, 2, 6, 4), "v": randn(2, 2, 6, 3)})
 case("layernorm_opset17", [N("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1)], {"x": xa}, [const("s", randn(5)), const("b", randn(5))])
+# GatherND (batch_dims 0 and 1, negative indices) and ScatterND (reduction none, written out as opset 18
+# writes it): swin_v2's relative position table and swin's shifted-window mask.
+case("gathernd", [N("GatherND", ["x", "i"], ["y"])], {"x": xa}, [const("i", np.array([[[1, -1]], [[0, 2]]], np.int64))])
+case("gathernd_batch1", [N("GatherND", ["x", "i"], ["y"], batch_dims=1)], {"x": xa},
+     [const("i", np.array([[[0], [3]], [[1], [1]], [[2], [-4]]], np.int64))])
+case("scatternd", [N("ScatterND", ["x", "i", "u"], ["y"])], {"x": xa, "u": randn(2, 5)}, [const("i", np.array([[2, 1], [0, -1]], np.int64))])
+case("scatternd_none_opset18", [N("ScatterND", ["x", "i", "u"], ["y"], reduction="none")], {"x": xa, "u": randn(1, 3, 4, 5)},
+     [const("i", np.array([[[2], [0], [-2]]], np.int64))], opset=18)
+# Dropout with training_mode true and ratio 0 (torchvision's swin: F.dropout(p=0.0), written by torch 1.13)
+# is the identity; its mask output is read by nothing.
+case("dropout_training_ratio0", [N("Dropout", ["x", "r", "t"], ["y", "m"])], {"x": xa},
+     [const("r", np.array(0.0, np.float32)), const("t", np.array(True))])
 print(len([f for f in os.listdir(out) if f.endswith(".onnx")]), "cases written")

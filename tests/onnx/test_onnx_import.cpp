@@ -229,6 +229,28 @@ TEST_P(OnnxImport, ErfMatchesStdErfAndItsGradient) {
   EXPECT_EQ(erfs, 1);
 }
 
+// ReduceL2 of a zero vector (swin_v2's padded window tokens through F.normalize): value 0 and a zero
+// gradient, as PyTorch's norm gives, not sqrt's infinite derivative times 0 (NaN); x / |x| elsewhere.
+TEST_P(OnnxImport, ReduceL2OfAZeroVectorHasAZeroGradient) {
+  const Device dev = GetParam();
+  auto net = flux::onnx::load_from_bytes(one_node("ReduceL2", {1}, 18).SerializeAsString(), "reducel2 model") | dev;
+  const std::vector<double> xs = {3, -4, 0, 0, 0, 0, 1, 2, -2};
+  Tensor x = to(Tensor(xs, Shape{3, 3}).f32(), dev);
+  autodiff::Tape tape;
+  Tensor leaf = tape.leaf(x);
+  Tensor y = net(leaf);
+  EXPECT_EQ(y.shape(), (Shape{3, 1}));
+  const std::vector<double> norms = host_of(y), want = {5, 0, 3};
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(norms[i], want[i], 1e-6) << "row " << i;
+  tape.backward(sum(y));
+  const std::vector<double> dx = host_of(tape.grad(leaf));
+  ASSERT_EQ(dx.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double n = want[i / 3];
+    EXPECT_NEAR(dx[i], n == 0 ? 0.0 : xs[i] / n, 1e-6) << "element " << i;
+  }
+}
+
 TEST_P(OnnxImport, ExternalDataIsWrittenAndRead) {
   const Device dev = GetParam();
   seed(5);
@@ -358,6 +380,32 @@ TEST(OnnxImportErrors, RepeatedSqueezeAndUnsqueezeAxes) {
   EXPECT_EQ(flux::onnx::load_from_bytes(one_node("Squeeze", {-1}).SerializeAsString())(ones({4, 1})).shape(), Shape({4}));
   EXPECT_EQ(flux::onnx::load_from_bytes(one_node("Unsqueeze", {0, 2}).SerializeAsString())(ones({3})).shape(),
             Shape({1, 3, 1}));
+}
+
+// Dropout in training mode: the identity with ratio 0 (torchvision's swin under torch 1.13), an error
+// naming the node and the ratio with any other.
+TEST(OnnxImportErrors, TrainingModeDropoutRunsOnlyWithRatioZero) {
+  if (!flux::onnx::available()) GTEST_SKIP() << "built without ONNX";
+  auto model = [](float ratio) {
+    ::onnx::ModelProto m;
+    m.set_ir_version(8);
+    m.add_opset_import()->set_version(17);
+    auto* g = m.mutable_graph();
+    g->add_input()->set_name("x");
+    auto* r = g->add_initializer();
+    r->set_name("r"), r->set_data_type(::onnx::TensorProto::FLOAT), r->add_float_data(ratio);
+    auto* t = g->add_initializer();
+    t->set_name("t"), t->set_data_type(::onnx::TensorProto::BOOL), t->add_int32_data(1);
+    auto* n = g->add_node();
+    n->set_op_type("Dropout"), n->set_name("drop0"), n->add_input("x"), n->add_input("r"), n->add_input("t");
+    n->add_output("y"), n->add_output("mask");
+    g->add_output()->set_name("y");
+    return m;
+  };
+  Tensor x = Tensor(std::vector<double>{1, -2, 3}, Shape{3}).f32();
+  EXPECT_EQ(host_of(flux::onnx::load_from_bytes(model(0.0f).SerializeAsString())(x)), (std::vector<double>{1, -2, 3}));
+  const std::string msg = run_error(model(0.25f), x);
+  EXPECT_NE(msg.find("node 'drop0' (Dropout): training_mode is true with ratio 0.25"), std::string::npos) << msg;
 }
 
 // Mod by zero: integers are an error naming the node (the spec leaves it undefined), floats no

@@ -220,7 +220,7 @@ def export_all(folder, name):
 
 def main():
     folder = sys.argv[1]
-    names = sys.argv[2:] or NAMES
+    names = heldout.names_of(sys.argv[2:]) or NAMES
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     import onnx
