@@ -164,7 +164,7 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
     step_s.push_back(ts);
     grad_s.push_back(tg);
     update_s.push_back(tu);
-    if (comm.size() > 1 && opt) {
+    if (comm.size() > 1) {  // the sharded reducer reports the same figures
       distributed::GradientStats st = distributed::last_gradient_stats();
       bwd_s.push_back(st.backward_seconds);
       wait_s.push_back(st.wait_seconds);

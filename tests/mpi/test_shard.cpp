@@ -478,8 +478,10 @@ TEST(Shard, Stage3ParameterMemoryPerRank) {
       EXPECT_LE(after, sharded_part);
       // during a step: this rank's gradient chunks of every array (whole / p, until update), and whole
       // at once only the layer that computes, the next one's gather (receive and send buffers) and
-      // the gradients not yet sent (buckets of 64 kB, one layer each here)
-      EXPECT_LT(peak, whole / double(p) + 4.5 * layer) << "whole model " << whole;
+      // the gradients not yet sent (buckets of 64 kB, one layer each here) with the reduce-scatter's
+      // exchanges in flight (at most two, each holding its gradient or send buffer and the ranks'
+      // copies of this rank's chunk: a layer each here)
+      EXPECT_LT(peak, whole / double(p) + 6.5 * layer) << "whole model " << whole;
     } else {
       EXPECT_GE(held, whole) << "stage 2 keeps the whole model";
       EXPECT_LE(held, whole + sharded_part);
