@@ -146,14 +146,14 @@ template <class T, class A, class W> void sum_blocks(const T* blocks, A* sums, i
 // both paths.)
 int64_t direct_bytes(const ShardPlan& plan) { return std::min<int64_t>(int64_t(64) << 10, plan.options.bucket_bytes / 4); }
 
+uint8_t* host_ptr(const backend::Buffer& b) { return static_cast<uint8_t*>(b.handle) + b.offset; }
+}  // namespace
+
 bool rank_major(const ShardPlan& plan, size_t i, DType t) {
   const int64_t n = plan.shapes[i].numel();
   return plan.devices[i].is_cpu() && n > 0 && n == plan.chunk[i] * plan.ranks &&
          n * int64_t(dtype_size(t)) >= direct_bytes(plan);
 }
-
-uint8_t* host_ptr(const backend::Buffer& b) { return static_cast<uint8_t*>(b.handle) + b.offset; }
-}  // namespace
 
 Tensor master_of(const ShardPlan& plan, size_t i, const Tensor& x) {
   const int64_t n = plan.shapes[i].numel(), c = plan.chunk[i], lo = int64_t(plan.rank) * c;
@@ -339,6 +339,7 @@ struct ShardReducer::State {
     DType sum = DType::f32;        // of the result (float32 for a bf16 wire)
     int pending = 0;
     bool launched = false, done = false;
+    bool arrived = false;  // the exchange completed (seen by the progress thread); done once summed
     // One rank-major CPU array: MPI reads the gradient itself (`source`, cast to the wire dtype if
     // needed) instead of a packed copy.
     bool direct = false;
@@ -373,7 +374,7 @@ struct ShardReducer::State {
         continue;
       }
       try {
-        if (progress()) in_flight = false;
+        if (progress(false)) in_flight = false;
       } catch (...) {  // a rank died: finish() rethrows it on the main thread
         helper_error = std::current_exception();
         return;
@@ -394,7 +395,17 @@ struct ShardReducer::State {
     helper.join();
   }
 
-  ~State() { stop_helper(); }  // before the buffers it tests go (an exception in backward)
+  ~State() {  // after a failure mid-step: the thread stops, then MPI may still use the buffers in flight
+    stop_helper();
+    for (Bucket& b : buckets)
+      if (b.launched && !b.arrived) {
+        try {
+          b.op.wait("distributed::withgradient", plan->comm.state().timeout, true);
+        } catch (...) {  // a rank that is gone was already reported; one timeout is enough
+          break;
+        }
+      }
+  }
 
   void launch(Bucket& b) {
     // At most kInFlight exchanges at once (each holds its send buffer or gradient and the ranks'
@@ -404,7 +415,7 @@ struct ShardReducer::State {
     for (Bucket& o : buckets)
       if (o.launched && !o.done) open.push_back(&o);
     for (size_t k = 0; k + kInFlight <= open.size(); ++k) {
-      open[k]->op.wait("distributed::withgradient", plan->comm.state().timeout, true);
+      if (!open[k]->arrived) open[k]->op.wait("distributed::withgradient", plan->comm.state().timeout, true);
       complete(*open[k]);
     }
     b.launched = true;
@@ -476,17 +487,16 @@ struct ShardReducer::State {
     b.recv = Tensor();
   }
 
-  // Lets MPI move the buckets in flight; a completed bucket's send buffer (or gradient) goes at once.
-  // True when none is left in flight.
-  bool progress() {
+  // Lets MPI move the buckets in flight; true when none is left in flight. On the main thread
+  // (`sum`) a completed bucket is summed and its buffers go at once; the progress thread only marks it
+  // (no tensor is made or freed off the main thread).
+  bool progress(bool sum = true) {
     bool all = true;
     for (Bucket& b : buckets)
       if (b.launched && !b.done) {
-        if (b.op.test()) {
-          complete(b);
-        } else {
-          all = false;
-        }
+        if (!b.arrived) b.arrived = b.op.test();
+        if (b.arrived && sum) complete(b);
+        all = all && b.arrived;
       }
     return all;
   }
@@ -541,16 +551,18 @@ void ShardReducer::ready(int64_t tape_id) {
   s.reported[it->second] = true;
   State::Bucket& b = s.buckets[s.bucket_of[it->second]];
   const bool launch = --b.pending == 0 && s.plan->options.stage >= 2;
-  if (s.helper.joinable()) {  // the thread progresses the buckets; only a launch needs the mutex
-    if (launch) {
-      {
-        std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.helper.joinable()) {  // the thread tests the buckets; this thread sums those that arrived
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      for (State::Bucket& o : s.buckets)
+        if (o.arrived && !o.done) s.complete(o);
+      if (launch) {
         s.launch(b);
         ++s.launched_during_backward;
         s.in_flight = true;
       }
-      s.wake.notify_one();
     }
+    if (launch) s.wake.notify_one();
     return;
   }
   if (launch) {
@@ -583,7 +595,7 @@ std::vector<Tensor> ShardReducer::finish() {
   std::vector<Tensor> out(s.leaves.size());
   for (State::Bucket& b : s.buckets) {
     if (!b.done) {
-      b.op.wait("distributed::withgradient", p.comm.state().timeout, true);
+      if (!b.arrived) b.op.wait("distributed::withgradient", p.comm.state().timeout, true);
       s.complete(b);
     }
     for (size_t k = 0; k < b.members.size(); ++k) {
