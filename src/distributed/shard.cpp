@@ -454,7 +454,7 @@ struct ShardReducer::State {
         }
       }
     }
-    // Every rank's block r to rank r, summed there (finish()). Not MPI_Ireduce_scatter_block: Open
+    // Every rank's block r to rank r, summed there (complete()). Not MPI_Ireduce_scatter_block: Open
     // MPI's non-blocking one (coll/libnbc) reduces everything to rank 0, which adds it alone, and then
     // scatters it; the exchange moves each block once and every rank adds its own at the same time.
     b.recv = Tensor::empty({b.block * ranks}, b.t, Device{});
