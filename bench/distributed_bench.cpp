@@ -5,9 +5,11 @@
 // and the hidden fraction of the allreduce.
 //
 // Usage: distributed_bench [--model wide|mnist|cnn] [--batch N] [--steps N] [--warmup N]
-//                          [--bucket-mb X] [--no-overlap] [--no-progress-thread] [--stage 1|2] [--wire-bf16]
-//   --stage: sharded training (distributed::shard, ZeRO-1/2) instead of plain data-parallel;
+//                          [--bucket-mb X] [--no-overlap] [--no-progress-thread] [--stage 1|2|3] [--wire-bf16]
+//   --stage: sharded training (distributed::shard, ZeRO-1/2/3) instead of plain data-parallel;
 //   --wire-bf16: with --stage, gradients in bf16 on the wire.
+// Memory per rank: peak RSS, and the library's live tensor storage (src/storage_stats.hpp): its peak
+// over the timed steps and what stays between steps (model, optimiser state, masters).
 //   wide  : Dense 1024 -> 4096 -> 4096 -> 1024 (relu), mse, batch 256 per rank by default (row 3 of bench/)
 //   mnist : Dense 784 -> 1024 -> 1024 -> 10 (relu), logitcrossentropy (examples/distributed_mnist's MLP)
 //   cnn   : examples/distributed_mnist's Fashion-MNIST CNN on 28x28 images
@@ -29,6 +31,9 @@
 
 namespace flux::detail {
 const char* cpu_isa_name();  // src/backends/cpu/isa.cpp (not installed)
+size_t live_storage_bytes();  // src/storage_stats.hpp (not installed)
+size_t peak_storage_bytes();
+void reset_peak_storage_bytes();
 }
 
 using namespace flux;
@@ -52,7 +57,7 @@ struct Options {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "distributed_bench: %s\nusage: distributed_bench [--model wide|mnist|cnn] [--batch N] [--steps N] "
-               "[--warmup N] [--bucket-mb X] [--no-overlap] [--no-progress-thread] [--stage 1|2] [--wire-bf16]\n",
+               "[--warmup N] [--bucket-mb X] [--no-overlap] [--no-progress-thread] [--stage 1|2|3] [--wire-bf16]\n",
                why);
   std::exit(2);
 }
@@ -86,7 +91,7 @@ Options parse(int argc, char** argv) {
       o.progress_thread = false;
     } else if (a == "--stage") {
       o.stage = std::atoi(value().c_str());
-      if (o.stage < 1 || o.stage > 2) usage("--stage must be 1 or 2");
+      if (o.stage < 1 || o.stage > 3) usage("--stage must be 1, 2 or 3");
     } else if (a == "--wire-bf16") {
       o.wire_bf16 = true;
     } else {
@@ -102,19 +107,25 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-template <class Model, class Loss>
-int run(const Options& o, const distributed::Communicator& comm, Model init, const Tensor& x, const Tensor& y, Loss loss) {
+// make(): the model (rank 0's is broadcast); at stage 3 no whole copy of it stays alive.
+template <class Make, class Loss>
+int run(const Options& o, const distributed::Communicator& comm, Make make, const Tensor& x, const Tensor& y, Loss loss) {
+  using Model = decltype(make());
   const bool root = comm.rank() == 0;
-  auto model = distributed::broadcast(comm, init, 0);
+  std::optional<Model> whole(distributed::broadcast(comm, make(), 0));
+  int64_t nparams = 0;
+  for (const Tensor& p : params(*whole)) nparams += p.numel();
   // Plain data-parallel: the whole Adam state; sharded: this rank's chunks only (made on the chunks).
   std::optional<optimisers::State> opt;
   std::optional<distributed::ShardResult<Model>> sharded;
-  if (o.stage == 0) opt = optimisers::setup(optimisers::Adam(1e-4), model);
-  else
-    sharded.emplace(distributed::shard(comm, model, optimisers::Adam(1e-4),
+  if (o.stage == 0) opt = optimisers::setup(optimisers::Adam(1e-4), *whole);
+  else {
+    sharded.emplace(distributed::shard(comm, *whole, optimisers::Adam(1e-4),
                                        {.stage = o.stage,
                                         .bucket_bytes = o.bucket_mb > 0 ? int64_t(o.bucket_mb * double(1 << 20)) : int64_t(25) << 20,
                                         .wire = o.wire_bf16 ? std::optional<DType>(DType::bf16) : std::nullopt}));
+    whole.reset();  // stages 1, 2: sharded->model holds the arrays; stage 3: nothing holds them whole
+  }
   // Bytes of optimiser state and master copies this rank holds (the part sharding divides).
   double state_bytes = 0;
   {
@@ -123,15 +134,18 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
       for (const auto& c : l.children) add(c);
     };
     for (const auto& l : (opt ? *opt : sharded->state.opt).leaves) add(l);
-    if (sharded)
-      for (const Tensor& m : sharded->state.masters) state_bytes += double(m.nbytes());
+    if (sharded) {  // masters that are views of the model's own arrays (stages 1, 2, float32) take nothing
+      std::vector<const Storage*> model_storage;
+      for (const Tensor& p : params(sharded->model.model)) model_storage.push_back(p.impl()->storage.get());
+      for (const Tensor& m : sharded->state.masters)
+        if (std::find(model_storage.begin(), model_storage.end(), m.impl()->storage.get()) == model_storage.end())
+          state_bytes += double(m.nbytes());
+    }
   }
   distributed::GradientOptions g;
   if (o.bucket_mb > 0) g.bucket_bytes = int64_t(o.bucket_mb * double(1 << 20));
   g.overlap = o.overlap;
   g.progress_thread = o.progress_thread;
-  int64_t nparams = 0;
-  for (const Tensor& p : params(model)) nparams += p.numel();
 
   std::vector<double> step_s, grad_s, update_s, bwd_s, wait_s;
   int buckets = 0, launched = 0, helped = 0;
@@ -141,14 +155,15 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
     if (i == o.warmup) {
       distributed::barrier(comm);  // every rank starts the timed steps together
       getrusage(RUSAGE_SELF, &r0);
+      detail::reset_peak_storage_bytes();
     }
     auto t0 = Clock::now();
     double tg = 0, tu = 0;
     if (opt) {
-      auto [l, grads] = distributed::withgradient(comm, [&](auto& m) { return loss(m(x), y); }, model, g);
+      auto [l, grads] = distributed::withgradient(comm, [&](auto& m) { return loss(m(x), y); }, *whole, g);
       tg = since(t0);
       auto t1 = Clock::now();
-      optimisers::update(*opt, model, grads);
+      optimisers::update(*opt, *whole, grads);
       tu = since(t1);
       last_loss = l.template item<float>();
     } else {
@@ -164,7 +179,7 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
     step_s.push_back(ts);
     grad_s.push_back(tg);
     update_s.push_back(tu);
-    if (comm.size() > 1 && opt) {
+    if (comm.size() > 1) {  // the sharded reducer reports the same figures
       distributed::GradientStats st = distributed::last_gradient_stats();
       bwd_s.push_back(st.backward_seconds);
       wait_s.push_back(st.wait_seconds);
@@ -174,6 +189,8 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
     }
   }
   getrusage(RUSAGE_SELF, &r1);
+  const double pool_peak = double(detail::peak_storage_bytes()) / double(1 << 20);
+  const double pool_held = double(detail::live_storage_bytes()) / double(1 << 20);
   auto secs = [](const timeval& a, const timeval& b) { return double(b.tv_sec - a.tv_sec) + 1e-6 * double(b.tv_usec - a.tv_usec); };
   const double user = secs(r0.ru_utime, r1.ru_utime), sys = secs(r0.ru_stime, r1.ru_stime);
   // Peak resident memory of every rank (the largest is the job's limit).
@@ -181,6 +198,13 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
                                   .to_vector<double>();
   std::vector<double> states = distributed::allgather(comm, Tensor(std::vector<double>{state_bytes / double(1 << 20)}, Shape{1}))
                                    .to_vector<double>();
+  std::vector<double> pool = distributed::allgather(comm, Tensor(std::vector<double>{pool_peak, pool_held}, Shape{2}))
+                                 .to_vector<double>();
+  double pool_peak_max = 0, pool_held_max = 0;
+  for (size_t r = 0; r < pool.size(); r += 2) {
+    pool_peak_max = std::max(pool_peak_max, pool[r]);
+    pool_held_max = std::max(pool_held_max, pool[r + 1]);
+  }
   // Rank 0's step times are the job's: every step ends with the allreduce all ranks take part in.
   if (root) {
     // CPU time of this process (all its threads) per step: far less sensitive to other load than
@@ -200,6 +224,12 @@ int run(const Options& o, const distributed::Communicator& comm, Model init, con
     std::printf("stage %d\nwire_bf16 %d\n", o.stage, int(o.wire_bf16));
     std::printf("peak_rss_mb_max %.6g\nstate_mb_max %.6g\n", *std::max_element(peaks.begin(), peaks.end()),
                 *std::max_element(states.begin(), states.end()));
+    std::printf("storage_peak_mb_max %.6g\nstorage_held_mb_max %.6g\n", pool_peak_max, pool_held_max);
+    if (o.stage == 3) {
+      distributed::LayerGatherStats gs = distributed::last_layer_gather_stats();
+      std::printf("layer_gathers %d\nlayer_gathers_ready %d\nlayer_gather_wait_ms %.6g\n", gs.gathers, gs.ready_when_needed,
+                  1e3 * gs.wait_seconds);
+    }
     if (!bwd_s.empty()) std::printf("fwd_bwd_ms %.6g\nwait_ms %.6g\n", 1e3 * median(bwd_s), 1e3 * median(wait_s));
     std::printf("samples_per_s %.6g\nloss %.6g\n", double(comm.size() * o.batch) / step, double(last_loss));
     std::fflush(stdout);
@@ -229,19 +259,21 @@ int main(int argc, char** argv) {
     if (o.model == "wide") {
       Tensor x = rand({o.batch, 1024}), y = rand({o.batch, 1024});
       seed(42);
-      return run(o, comm, Chain(Dense(1024, 4096, relu), Dense(4096, 4096, relu), Dense(4096, 1024)), x, y,
+      return run(o, comm, [] { return Chain(Dense(1024, 4096, relu), Dense(4096, 4096, relu), Dense(4096, 1024)); }, x, y,
                  [](const Tensor& a, const Tensor& b) { return mse(a, b); });
     }
     if (o.model == "mnist") {
       Tensor x = rand({o.batch, 784}), y = onehot_targets(o.batch, 10, comm.rank());
       seed(42);
-      return run(o, comm, Chain(Dense(784, 1024, relu), Dense(1024, 1024, relu), Dense(1024, 10)), x, y, ce);
+      return run(o, comm, [] { return Chain(Dense(784, 1024, relu), Dense(1024, 1024, relu), Dense(1024, 10)); }, x, y, ce);
     }
     Tensor x = rand({o.batch, 1, 28, 28}), y = onehot_targets(o.batch, 10, comm.rank());
     seed(42);
     return run(o, comm,
-               Chain(Conv({3, 3}, 1, 16, relu, {.pad = 1}), MaxPool({2, 2}), Conv({3, 3}, 16, 32, relu, {.pad = 1}),
-                     MaxPool({2, 2}), flatten, Dense(32 * 7 * 7, 128, relu), Dense(128, 10)),
+               [] {
+                 return Chain(Conv({3, 3}, 1, 16, relu, {.pad = 1}), MaxPool({2, 2}), Conv({3, 3}, 16, 32, relu, {.pad = 1}),
+                              MaxPool({2, 2}), flatten, Dense(32 * 7 * 7, 128, relu), Dense(128, 10));
+               },
                x, y, ce);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "distributed_bench: error: %s\n", e.what());

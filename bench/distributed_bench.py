@@ -106,51 +106,108 @@ def parse_kv(text):
 
 
 def run_stages(a, exe, mpi, env, args):
-    """2 ranks: plain data-parallel against distributed::shard stages 1 and 2, alternating order."""
+    """2 ranks: plain data-parallel against distributed::shard stages 1, 2 (and bf16 on the wire) and 3,
+    alternating order; then each once at --mem-np ranks (oversubscribed) for the memory columns. With
+    --old-build, the same rows (stages 1 and 2) of another build's program in the same repetitions."""
     configs = {
         "data-parallel": mpi + [exe] + args,
+        "data-parallel, after backward": mpi + [exe] + args + ["--no-overlap"],
         "stage 1": mpi + [exe] + args + ["--stage", "1"],
         "stage 2": mpi + [exe] + args + ["--stage", "2"],
         "stage 2, bf16 wire": mpi + [exe] + args + ["--stage", "2", "--wire-bf16"],
+        "stage 3": mpi + [exe] + args + ["--stage", "3"],
     }
+    # the wait after backward that each run's overlap is measured against (the same traffic, not overlapped)
+    reference = {"data-parallel": "data-parallel, after backward", "stage 2": "stage 1", "stage 2, bf16 wire": "stage 1",
+                 "stage 3": "stage 1"}
+    run_env = {k: env for k in configs}
+    if a.old_build:
+        old_exe = os.path.join(a.old_build, "bin", "distributed_bench")
+        old_env = dict(env, LD_LIBRARY_PATH=os.path.join(os.path.abspath(a.old_build), "lib"))
+        old_mpi = mpi[:1] + ["-x", "LD_LIBRARY_PATH"] + mpi[1:]
+        for name, extra in (("data-parallel", []), ("stage 1", ["--stage", "1"]), ("stage 2", ["--stage", "2"]),
+                            ("stage 2, bf16 wire", ["--stage", "2", "--wire-bf16"])):
+            configs[f"{name} (old)"] = old_mpi + [old_exe] + args + extra
+            run_env[f"{name} (old)"] = old_env
     model_name, isa = cpu_header()
     commit = sh("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD")
     print("flux-cpp sharded training, 2 ranks (bench/distributed_bench.py --stages)")
     print(f"date      {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, commit {commit}")
     print(f"CPU       {model_name}, {os.cpu_count()} cores, {isa}")
-    print(f"command   {' '.join(configs['stage 2'])} [--stage 1 | --wire-bf16 | none: data-parallel]")
+    print(f"command   {' '.join(configs['stage 2'])} [--stage 1 | 3 | --wire-bf16 | none: data-parallel [--no-overlap]]")
+    if a.old_build:
+        print(f"old       {' '.join(configs['stage 2 (old)'])} (LD_LIBRARY_PATH={a.old_build}/lib)")
     print(f"start     {uptime()}")
+    sys.stdout.flush()
     results = {k: [] for k in configs}
     order = list(configs)
     for rep in range(a.reps):
         for name in (order if rep % 2 == 0 else order[::-1]):
-            p = subprocess.run(configs[name], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            with RunQueueSampler() as rq:
+                p = subprocess.run(configs[name], env=run_env[name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             if p.returncode != 0:
                 sys.exit(f"run '{name}' failed (exit {p.returncode}):\n{p.stdout}\n{p.stderr}")
             kv = parse_kv(p.stdout)
+            kv["others_running"] = max(0.0, rq.mean() - 2)
             results[name].append(kv)
-            print(f"rep {rep + 1} {name:20s}: step {kv['step_ms']:8.1f} ms (update {kv['update_ms']:.1f}), "
-                  f"state {kv['state_mb_max']:.1f} MiB, peak RSS {kv['peak_rss_mb_max']:.0f} MiB")
+            print(f"rep {rep + 1} {name:30s}: step {kv['step_ms']:8.1f} ms (update {kv['update_ms']:.1f}, wait "
+                  f"{kv.get('wait_ms', float('nan')):.1f}), CPU {kv['cpu_ms_per_step']:.1f} ms/step, state "
+                  f"{kv['state_mb_max']:.1f} MiB, storage peak {kv.get('storage_peak_mb_max', float('nan')):.0f} MiB, "
+                  f"peak RSS {kv['peak_rss_mb_max']:.0f} MiB; other runnable tasks {kv['others_running']:.1f}")
             sys.stdout.flush()
-    med = lambda name, key: statistics.median(r[key] for r in results[name])
+    mem = {}
+    if a.mem_np > 0:
+        mem_mpi = mpi[:-2] + ["--oversubscribe", "-np", str(a.mem_np)]  # mpi ends with -np 2
+        mem_args = [x for x in args]
+        for k in ("--steps", "--warmup"):
+            i = mem_args.index(k)
+            mem_args[i + 1] = "2" if k == "--steps" else "1"
+        for name in ("data-parallel", "stage 1", "stage 2", "stage 2, bf16 wire", "stage 3"):
+            extra = configs[name][len(mpi) + 1 + len(args):]
+            cmd = mem_mpi + [exe] + mem_args + extra
+            p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if p.returncode != 0:
+                sys.exit(f"memory run '{name}' at np {a.mem_np} failed (exit {p.returncode}):\n{p.stdout}\n{p.stderr}")
+            mem[name] = parse_kv(p.stdout)
+            print(f"np {a.mem_np} {name:20s}: storage peak {mem[name]['storage_peak_mb_max']:.0f} MiB, held "
+                  f"{mem[name]['storage_held_mb_max']:.0f} MiB, peak RSS {mem[name]['peak_rss_mb_max']:.0f} MiB")
+            sys.stdout.flush()
+    med = lambda name, key: statistics.median(r[key] for r in results[name]) if key in results[name][0] else float("nan")
     r0 = results["data-parallel"][0]
-    base = med("data-parallel", "step_ms")
     print()
     print(f"model {a.model}: {int(r0['params']):,} parameters, batch {int(r0['batch_per_rank'])} per rank, Adam; "
-          f"medians of {a.reps} repetitions x {a.steps} steps; 2 ranks")
-    cpu_base = med("data-parallel", "cpu_ms_per_step")
-    print("| run | step (ms) | vs data-parallel | rank 0 CPU per step (ms) | vs data-parallel | update + all-gather (ms) "
-          "| optimiser state + masters per rank (MiB) | peak RSS per rank (MiB) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          f"medians of {a.reps} repetitions x {a.steps} steps; 2 ranks, one thread each")
+    print("| run | step (ms) | vs data-parallel | rank 0 CPU per step (ms) | vs data-parallel | update (ms) "
+          "| wait after backward (ms) | hidden behind backward | optimiser state + masters per rank (MiB) "
+          "| storage peak / held per rank (MiB) | peak RSS per rank (MiB) "
+          + (f"| np {a.mem_np}: storage peak / held (MiB) | np {a.mem_np}: peak RSS (MiB) |" if mem else "|"))
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if mem else ""))
     for name in order:
-        print(f"| {name} | {med(name, 'step_ms'):.1f} | {med(name, 'step_ms') / base:.2f}x | "
-              f"{med(name, 'cpu_ms_per_step'):.1f} | {med(name, 'cpu_ms_per_step') / cpu_base:.2f}x | "
-              f"{med(name, 'update_ms'):.1f} | {med(name, 'state_mb_max'):.1f} | {med(name, 'peak_rss_mb_max'):.0f} |")
-    print(f"load: {uptime()}")
+        base_name = "data-parallel (old)" if name.endswith("(old)") else "data-parallel"
+        base, cpu_base = med(base_name, "step_ms"), med(base_name, "cpu_ms_per_step")
+        ref = reference.get(name.replace(" (old)", ""))
+        if name.endswith("(old)") and ref:
+            ref = ref + " (old)" if ref + " (old)" in results else None
+        hidden = "-"
+        if ref and "wait_ms" in results[name][0] and "wait_ms" in results[ref][0]:
+            hidden = f"{100 * (1 - med(name, 'wait_ms') / med(ref, 'wait_ms')):.0f}%"
+        na = lambda v, f: "-" if v != v else format(v, f)
+        row = (f"| {name} | {med(name, 'step_ms'):.1f} | {med(name, 'step_ms') / base:.2f}x | "
+               f"{med(name, 'cpu_ms_per_step'):.1f} | {med(name, 'cpu_ms_per_step') / cpu_base:.2f}x | "
+               f"{med(name, 'update_ms'):.1f} | {na(med(name, 'wait_ms'), '.1f')} | {hidden} | {med(name, 'state_mb_max'):.1f} | "
+               f"{na(med(name, 'storage_peak_mb_max'), '.0f')} / {na(med(name, 'storage_held_mb_max'), '.0f')} | "
+               f"{med(name, 'peak_rss_mb_max'):.0f} |")
+        if mem:
+            m = mem.get(name)
+            row += (f" {m['storage_peak_mb_max']:.0f} / {m['storage_held_mb_max']:.0f} | {m['peak_rss_mb_max']:.0f} |" if m
+                    else " - | - |")
+        print(row)
+    others = [r["others_running"] for rs in results.values() for r in rs]
+    print(f"load: other runnable tasks during the np 2 runs: mean {statistics.mean(others):.2f}, max {max(others):.2f}")
     print(f"end       {uptime()}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"results": results}, f, indent=1)
+            json.dump({"results": results, "memory": mem}, f, indent=1)
 
 
 def main():
@@ -168,8 +225,14 @@ def main():
     ap.add_argument("--wait-max", type=float, default=600, help="seconds --wait-quiet waits at most per run")
     ap.add_argument("--json", default="", help="also write the results here")
     ap.add_argument("--stages", action="store_true",
-                    help="sharded training instead: 2 ranks data-parallel vs distributed::shard stages 1 and 2 "
-                         "(and stage 2 with bf16 on the wire), step time and per-rank memory")
+                    help="sharded training instead: 2 ranks data-parallel vs distributed::shard stages 1, 2 "
+                         "(and stage 2 with bf16 on the wire) and 3, step time, overlap and per-rank memory")
+    ap.add_argument("--mem-np", type=int, default=4,
+                    help="with --stages: also run each once at this many ranks (oversubscribed) for the memory "
+                         "columns; 0 skips it")
+    ap.add_argument("--old-build", default="",
+                    help="with --stages: a second build folder (bin/distributed_bench, lib/) whose data-parallel, "
+                         "stage 1 and 2 rows run in the same repetitions, e.g. a copy of main's")
     a = ap.parse_args()
 
     exe = os.path.join(a.build, "bin", "distributed_bench")

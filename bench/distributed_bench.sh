@@ -3,7 +3,8 @@
 # bench/distributed_bench.py (1 rank vs `mpirun -np 2`, overlapped and not, alternating; prints the
 # scaling efficiency and the hidden fraction of the allreduce against their targets).
 #   bench/distributed_bench.sh [--build DIR] [distributed_bench.py options: --reps N --model wide --batch N ...]
-#   bench/distributed_bench.sh --stages    sharded training (distributed::shard stages 1, 2) vs data-parallel at np 2
+#   bench/distributed_bench.sh --stages    sharded training (distributed::shard stages 1, 2, 3) vs data-parallel at np 2,
+#                                          memory also at np 4 (--mem-np N; --old-build DIR adds another build's rows)
 # DIR defaults to build-bench, scripts/bench's tree (-DFLUX_BENCH=ON); it is configured as
 # scripts/bench does when absent. Installs Open MPI (libopenmpi-dev openmpi-bin) when mpirun is missing.
 set -euo pipefail

@@ -136,15 +136,17 @@ int run(const Options& opt) {
     if (root) std::cout << whole << "\n";
     return distributed::shard(comm, whole, optimisers::Adam(opt.lr), {.stage = opt.stage});
   }();
-  int64_t total = 0, mine = 0;
+  int64_t total = 0, mine = 0, copied = 0;  // copied: masters that are not views of the model's arrays
+  const std::vector<Tensor> arrays = params(model.model);
   for (size_t i = 0; i < state.masters.size(); ++i) {
     total += model.plan->shapes[i].numel();
     mine += state.masters[i].numel();
+    if (state.masters[i].impl()->storage != arrays[i].impl()->storage) copied += state.masters[i].numel();
   }
   if (root)
     std::printf("sharded_gpt: %d rank(s), stage %d, %lld parameters; each rank holds %lld of them as float32 masters "
                 "and Adam moments (%.2f MB of %.2f MB) and %s between steps\n",
-                comm.size(), opt.stage, (long long)total, (long long)mine, 12.0 * double(mine) / 1e6,
+                comm.size(), opt.stage, (long long)total, (long long)mine, (8.0 * double(mine) + 4.0 * double(copied)) / 1e6,
                 12.0 * double(total) / 1e6, opt.stage == 3 ? "no whole array" : "the whole model");
   if (!opt.resume.empty()) {
     distributed::load_checkpoint(opt.resume, model, state);

@@ -39,6 +39,8 @@ GradientStats last_gradient_stats() { return g_stats; }
 
 namespace detail {
 
+void set_gradient_stats(const GradientStats& stats) { g_stats = stats; }
+
 struct GradientReducer::State {
   struct Bucket {
     std::vector<size_t> members;   // indices into leaves

@@ -1,7 +1,8 @@
 // Stage 3 of sharded training (include/flux/distributed/shard.hpp): one layer's arrays all-gathered
 // from the ranks' master chunks, with at most one layer's gather in flight beside the layer that
 // computes. A layer's arrays travel in the model's dtype (half arrays in half), one MPI_Iallgather per
-// dtype: block r of the receive buffer holds chunk r of each member, as in gather_params. The host
+// dtype: block r of the receive buffer holds chunk r of each member, as in gather_params; a rank-major
+// CPU array (rank_major) is made whole first and gathered into its own memory (MPI_IN_PLACE). The host
 // buffers are CPU tensors, so the live-storage counter (src/storage_stats.hpp) sees them.
 #include <algorithm>
 #include <chrono>
@@ -10,6 +11,7 @@
 
 #include "flux/backend.hpp"
 #include "flux/distributed/layer_gather.hpp"
+#include "flux/ops.hpp"
 #include "src/distributed/transport.hpp"
 #include "src/internal.hpp"
 
@@ -47,9 +49,15 @@ struct LayerGather::State {
     Tensor send, recv;             // u8 on the CPU
     InFlight op;
   };
+  struct InPlace {  // a rank-major CPU array gathered straight into its own (new) memory
+    size_t member = 0;  // index into the layer's list
+    Tensor array;
+    InFlight op;
+  };
   struct Gather {
     size_t unit = 0;
     std::vector<Group> groups;
+    std::vector<InPlace> in_place;
   };
   std::shared_ptr<const ShardPlan> plan;
   std::vector<Tensor> masters;
@@ -78,6 +86,16 @@ struct LayerGather::State {
     const std::vector<size_t>& members = p.units[k];
     for (size_t j = 0; j < members.size(); ++j) {
       const size_t i = members[j];
+      if (rank_major(p, i, p.dtypes[i])) {  // this rank's chunk into its place, the others' received there
+        InPlace& ip = g.in_place.emplace_back();
+        ip.member = j;
+        ip.array = Tensor::empty(p.shapes[i], p.dtypes[i], p.devices[i]);
+        const Tensor& master = masters[i];
+        Tensor own = ip.array.reshape({-1}).slice(p.rank * p.chunk[i], (p.rank + 1) * p.chunk[i]);
+        copy_(own, master.dtype() == p.dtypes[i] ? master : master.cast(p.dtypes[i]));
+        ip.op = start_allgather_inplace(p.comm.state(), host_bytes(ip.array), size_t(p.chunk[i]) * dtype_size(p.dtypes[i]));
+        continue;
+      }
       auto it = std::find_if(g.groups.begin(), g.groups.end(), [&](const Group& gr) { return gr.t == p.dtypes[i]; });
       if (it == g.groups.end()) {
         g.groups.emplace_back();
@@ -105,12 +123,14 @@ struct LayerGather::State {
 
   // Lets MPI move the gather in flight (Open MPI advances it only inside an MPI call).
   void progress() {
-    if (in_flight)
-      for (Group& gr : in_flight->groups) gr.op.test();
+    if (!in_flight) return;
+    for (Group& gr : in_flight->groups) gr.op.test();
+    for (InPlace& ip : in_flight->in_place) ip.op.test();
   }
 
   void complete(Gather& g) {
     for (Group& gr : g.groups) gr.op.wait(api, plan->comm.state().timeout, true);
+    for (InPlace& ip : g.in_place) ip.op.wait(api, plan->comm.state().timeout, true);
   }
 
   // Layer k's arrays, whole: its gather waited for (started now when another layer's, or none, moves).
@@ -122,6 +142,7 @@ struct LayerGather::State {
       ++stats.prefetched;
       bool done = true;
       for (Group& gr : in_flight->groups) done = gr.op.test() && done;
+      for (InPlace& ip : in_flight->in_place) done = ip.op.test() && done;
       stats.ready_when_needed += done ? 1 : 0;
     }
     Gather g = std::move(*in_flight);
@@ -149,6 +170,7 @@ struct LayerGather::State {
         out[gr.members[m]] = a;
       }
     }
+    for (InPlace& ip : g.in_place) out[ip.member] = ip.array;
     return out;
   }
 

@@ -39,8 +39,8 @@ class InFlight {
   /// Lets MPI progress; true once the collective has completed.
   bool test();
   /// Blocks until it completes; fails (and marks the job for MPI_Abort at exit) after `timeout` s.
-  /// busy: keep calling MPI_Test (yielding the core between calls) instead of sleeping after a while:
-  /// a large message moves only as fast as it is tested (the sharded collectives, tens of MB each).
+  /// busy: keep testing every ~20 us instead of backing off to 1 ms naps after a while: a large
+  /// message moves only as fast as it is tested (the sharded collectives, tens of MB each).
   void wait(const char* api, double timeout, bool busy = false);
   struct Impl;
   std::unique_ptr<Impl> impl;
@@ -51,14 +51,14 @@ InFlight start_allreduce_sum(CommunicatorState& s, void* data, int64_t count, DT
 /// The same from `send` (only read) into `recv` (count < 2^31; send == recv: in place). Open MPI's
 /// non-blocking allreduce copies an in-place buffer aside first; a separate send buffer saves that pass.
 InFlight start_allreduce_sum(CommunicatorState& s, const void* send, void* recv, int64_t count, DType t);
-/// Sharding (shard.hpp): `send` holds `ranks` blocks of `count` elements; rank r receives in `recv`
-/// the element-wise sum over all ranks of block r (MPI_Ireduce_scatter_block).
-InFlight start_reduce_scatter_block(CommunicatorState& s, const void* send, void* recv, int64_t count, DType t);
 /// Block r of every rank's `send` (ranks blocks of `bytes` each) lands in rank r's `recv`, in rank
 /// order (MPI_Ialltoall): a reduce-scatter whose sum the caller does itself, in a wider dtype.
 InFlight start_alltoall_bytes(CommunicatorState& s, const void* send, void* recv, size_t bytes);
 /// Every rank's `bytes` of `send` concatenated in rank order into `recv` (MPI_Iallgather).
 InFlight start_allgather_bytes(CommunicatorState& s, const void* send, void* recv, size_t bytes);
+/// The same in place: `data` holds `ranks` blocks of `bytes`; this rank's block r is sent, the others
+/// are received (MPI_Iallgather with MPI_IN_PLACE: no send buffer, no copy).
+InFlight start_allgather_inplace(CommunicatorState& s, void* data, size_t bytes);
 /// Blocking forms (with the timeout): in-place sum, root's bytes to all, every rank's bytes in rank order.
 void allreduce_sum(CommunicatorState& s, void* data, int64_t count, DType t, const char* api);
 void broadcast_bytes(CommunicatorState& s, void* data, size_t bytes, int root, const char* api);
@@ -70,6 +70,9 @@ void barrier(CommunicatorState& s, const char* api);
 void* device_comm(CommunicatorState& s, const Tensor& x, const char* api);
 /// Waits for the device collectives enqueued on x's device; fails after the timeout.
 void device_wait(CommunicatorState& s, const Tensor& x, void* comm, const char* api);
+
+/// What last_gradient_stats() reports on this thread (the sharded reducer's figures).
+void set_gradient_stats(const GradientStats& stats);
 
 /// Fails on every rank when `desc` (e.g. "(3, 4) Float32") differs between ranks, listing each
 /// rank's value; a no-op on one rank.

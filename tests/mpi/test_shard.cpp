@@ -144,6 +144,14 @@ TEST_P(ShardParity, TwentyStepsMatchOneProcess) {
   // bucket_bytes 160: several buckets, the first array alone in one
   auto [model, state] = distributed::shard(comm, start, optimisers::setup(*make_rule(sc.rule), start),
                                            {.stage = sc.stage, .bucket_bytes = 160});
+  // stages 1 and 2: a float32 array whose chunk needs no padding is stepped in place (its master is a
+  // view of the model's own memory, no copy); the others (and every array at stage 3) have copies
+  const std::vector<Tensor> arrays = params(model.model);
+  for (size_t i = 0; i < state.masters.size(); ++i) {
+    const Tensor& whole = arrays[i];
+    const bool full_chunk = (comm.rank() + 1) * state.masters[i].numel() <= whole.numel();
+    EXPECT_EQ(state.masters[i].impl()->storage == whole.impl()->storage, sc.stage < 3 && full_chunk) << "array " << i;
+  }
   std::vector<double> got = sharded_run(comm, model, state, d, 0, b, steps, dev, sc.schedule);
   for (int64_t s = 0; s < steps; ++s) EXPECT_NEAR(got[size_t(s)], want[size_t(s)], 2e-6 * (1 + std::abs(want[size_t(s)]))) << "step " << s;
   const double worst = max_abs_diff(params(distributed::gather_model(model)), params(reference));
@@ -478,8 +486,10 @@ TEST(Shard, Stage3ParameterMemoryPerRank) {
       EXPECT_LE(after, sharded_part);
       // during a step: this rank's gradient chunks of every array (whole / p, until update), and whole
       // at once only the layer that computes, the next one's gather (receive and send buffers) and
-      // the gradients not yet sent (buckets of 64 kB, one layer each here)
-      EXPECT_LT(peak, whole / double(p) + 4.5 * layer) << "whole model " << whole;
+      // the gradients not yet sent (buckets of 64 kB, one layer each here) with the reduce-scatter's
+      // exchanges in flight (at most two, each holding its gradient or send buffer and the ranks'
+      // copies of this rank's chunk: a layer each here)
+      EXPECT_LT(peak, whole / double(p) + 6.5 * layer) << "whole model " << whole;
     } else {
       EXPECT_GE(held, whole) << "stage 2 keeps the whole model";
       EXPECT_LE(held, whole + sharded_part);

@@ -43,6 +43,10 @@ namespace detail {
 
 /// This rank's chunk of x (flattened, padded with zeros to the plan's chunk), in `master` dtype.
 Tensor chunk_of(const ShardPlan& plan, size_t i, const Tensor& x, DType master);
+/// This rank's master chunk of trainable array i: at stages 1 and 2, for an array of the master dtype
+/// whose chunk needs no padding, a view of the array's own memory (the step writes the model in place,
+/// no copy is kept); else chunk_of(plan, i, x, master dtype).
+Tensor master_of(const ShardPlan& plan, size_t i, const Tensor& x);
 /// A state over the chunks: every buffer of `full` (the rule's state for the whole arrays) chunked.
 optimisers::State chunk_state(const ShardPlan& plan, const optimisers::State& full);
 /// Writes every rank's masters into `params` (all-gathered in buckets, cast to each array's dtype).
@@ -55,7 +59,10 @@ void step_chunks(const ShardPlan& plan, optimisers::State& opt, std::vector<Tens
 /// the tape reports its gradients final, stage 1 all of them in finish().
 class ShardReducer {
  public:
-  ShardReducer(std::shared_ptr<const ShardPlan> plan, std::vector<Tensor> leaves, autodiff::Tape& tape);
+  /// progress_thread: at stage 2, a helper thread lets MPI move the buckets in flight while backward
+  /// computes (as GradientOptions::progress_thread; only where nothing else calls MPI meanwhile).
+  ShardReducer(std::shared_ptr<const ShardPlan> plan, std::vector<Tensor> leaves, autodiff::Tape& tape,
+               bool progress_thread = false);
   ~ShardReducer();
   ShardReducer(const ShardReducer&) = delete;
   ShardReducer& operator=(const ShardReducer&) = delete;
@@ -172,7 +179,7 @@ template <class M> ShardResult<M> shard(const Communicator& comm, const M& model
   auto plan = detail::make_plan(comm, names, ps, options,
                                 options.stage == 3 ? detail::layer_units(model, names) : std::vector<std::vector<size_t>>{});
   ShardedState state{detail::chunk_state(*plan, opt_state), {}, plan};
-  for (size_t i = 0; i < ps.size(); ++i) state.masters.push_back(detail::chunk_of(*plan, i, ps[i], plan->master_dtypes[i]));
+  for (size_t i = 0; i < ps.size(); ++i) state.masters.push_back(detail::master_of(*plan, i, ps[i]));
   return detail::finish_shard(model, plan, std::move(state));
 }
 
@@ -186,7 +193,7 @@ ShardResult<M> shard(const Communicator& comm, const M& model, const optimisers:
                                 options.stage == 3 ? detail::layer_units(model, names) : std::vector<std::vector<size_t>>{});
   ShardedState state{optimisers::setup(rule, std::vector<Tensor>{}), {}, plan};
   for (size_t i = 0; i < ps.size(); ++i) {
-    state.masters.push_back(detail::chunk_of(*plan, i, ps[i], plan->master_dtypes[i]));
+    state.masters.push_back(detail::master_of(*plan, i, ps[i]));
     state.opt.leaves.emplace_back();
     state.opt.rule->init(state.opt.leaves.back(), state.masters.back());
   }
@@ -215,7 +222,8 @@ template <class M> M gather_model(const Sharded<M>& model) {
 
 /// withgradient for a sharded model: the value, and this rank's chunk of every trainable array's
 /// gradient averaged over the ranks (params() order; shape (chunk,), in the master dtype). Only
-/// `options.autocast` is read (the bucket size is the shard's). At stages 1 and 2 f is called with the
+/// `options.autocast` and `options.progress_thread` (stage 2) are read (the bucket size is the shard's);
+/// last_gradient_stats() reports the wait after backward. At stages 1 and 2 f is called with the
 /// whole model (M), at stage 3 with the sharded one (Sharded<M>), whose call gathers each layer: write
 /// f as [&](auto& m) { return loss(m(x), y); }.
 template <class F, class M>
@@ -251,7 +259,7 @@ WithGradient<std::vector<Tensor>> withgradient(const Communicator& comm, F&& f, 
   } else {
     if constexpr (std::is_invocable_v<F&, M&>) {
       M tracked = fmap([&](const Tensor& t) { return tape.leaf(t); }, model.model);
-      detail::ShardReducer reducer(model.plan, params(tracked), tape);
+      detail::ShardReducer reducer(model.plan, params(tracked), tape, options.progress_thread);
       tape.on_gradient_final([&](int64_t id) { reducer.ready(id); });
       {
         AutocastScope scope(options.autocast);

@@ -42,6 +42,11 @@ struct ShardPlan {
   int rank = 0, ranks = 1;
 };
 
+/// Array i, in dtype t, crosses MPI from and into its own memory: on the CPU, its elements exactly
+/// `ranks` chunks (already in rank order) and large enough that a collective of its own beats a
+/// packed copy (the same answer on every rank).
+bool rank_major(const ShardPlan& plan, size_t i, DType t);
+
 /// `units`: stage 3's layers (each array in exactly one); empty below stage 3.
 std::shared_ptr<const ShardPlan> make_plan(const Communicator& comm, const std::vector<std::string>& names,
                                            const std::vector<Tensor>& params, const ShardOptions& options,
