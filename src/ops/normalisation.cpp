@@ -63,68 +63,16 @@ Grads batchnorm_backward(const Tensor& x, const Tensor& g, const Tensor& weight,
 // A parameter in Float32 (the backend's half kernels take Float32 per-channel arrays); undefined stays so.
 Tensor f32_param(const Tensor& p) { return p.defined() && p.dtype() != DType::f32 ? detail::raw_cast(p, DType::f32) : p; }
 
-// The backend's kernel on x's half storage directly (backend.hpp: x, y in the low dtype, the rest Float32):
-// y, and the batch's mean and var; false where it has none (the caller goes through Float32 copies).
-bool batchnorm_forward_low(const Tensor& x, const Tensor& w32, const Tensor& b32, double eps, int64_t n, int64_t c,
-                           int64_t s, Tensor& y, Tensor& mean, Tensor& var) {
-  y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  mean = Tensor::empty(Shape{c}, DType::f32, x.device());
-  var = Tensor::empty(Shape{c}, DType::f32, x.device());
-  return x.backend().batchnorm_forward(x.device().index(), x.dtype(), flux::detail::buffer_of(x), buffer_or_none(w32),
-                                       buffer_or_none(b32), flux::detail::buffer_of(y), flux::detail::buffer_of(mean),
-                                       flux::detail::buffer_of(var), n, c, s, eps);
-}
-
-// batchnorm with batch statistics under autocast, x in Float16/BFloat16: statistics and arithmetic in
-// Float32, the output in x's dtype, one node keeping x itself and the Float32 statistics. Where the
-// backend reads half storage (reads_half) its kernels read and write it directly, forward and backward;
-// elsewhere x (and the gradient) are cast up, the Float32 kernels run and the result is cast down.
-Tensor batchnorm_low(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor* batch_mean,
-                     Tensor* batch_var) {
-  const DType low = x.dtype();
-  const int64_t n = x.shape()[0], c = x.shape()[1], s = x.numel() / std::max<int64_t>(1, n * c);
-  auto fits = [&](const Tensor& p) { return !p.defined() || (p.shape() == Shape{c} && p.device() == x.device()); };
-  const bool direct = detail::reads_half(x) && detail::library_kernels() && fits(weight) && fits(bias) && n * s >= 2;
-  const bool has_weight = weight.defined(), has_bias = bias.defined();
-  Tensor mean, var;
-  Tensor y = detail::through_float32(
-      nullptr, {&x, &weight, &bias}, {x, weight},
-      [&](Grads& kept) {
-        Tensor out;
-        if (!(direct && batchnorm_forward_low(x, f32_param(weight), f32_param(bias), eps, n, c, s, out, mean, var)))
-          out = detail::raw_cast(batchnorm(detail::raw_cast(x, DType::f32), weight, bias, eps, &mean, &var), low);
-        kept.push_back(mean), kept.push_back(var);
-        return out;
-      },
-      [=](const Grads& k, const Tensor& g) {
-        const Tensor &xk = k[0], w32 = f32_param(k[1]), &m = k[2], &v = k[3];
-        if (xk.dtype() == low && g.dtype() == low) {  // the backend's half kernel: dx in the low dtype
-          Tensor dx = Tensor::empty(xk.shape(), low, g.device());
-          Tensor dweight = has_weight ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
-          Tensor dbias = has_bias ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
-          if (g.backend().batchnorm_backward(g.device().index(), low, flux::detail::buffer_of(xk), flux::detail::buffer_of(g),
-                                             buffer_or_none(w32), flux::detail::buffer_of(m), flux::detail::buffer_of(v),
-                                             flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), n,
-                                             c, s, eps))
-            return Grads{dx, dweight, dbias};
-        }
-        return batchnorm_backward(detail::float32_of(xk), detail::raw_cast(g, DType::f32), w32, m, v, eps, n, c, s,
-                                  has_weight, has_bias);
-      },
-      {}, direct ? detail::kAsStored : DType::f32);
-  if (batch_mean) *batch_mean = mean;
-  if (batch_var) *batch_var = var;
-  return y;
-}
 }  // namespace
 
+// Batch statistics: one recorded op (through_float32) keeping x and the batch's mean and var. Under
+// autocast, x in Float16/BFloat16: statistics and arithmetic in Float32, the output in x's dtype; where
+// the backend reads half storage (reads_half) its kernels read and write it directly, forward and
+// backward (backend.hpp: x, y in the low dtype, the rest Float32); elsewhere x (and the gradient) are
+// cast up, the Float32 kernels run and the result is cast down.
 Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor* batch_mean,
                  Tensor* batch_var) {
   detail::check_defined("batchnorm", x);
-  // Autocast: statistics and arithmetic in Float32, the output in the input's low dtype.
-  if (detail::autocast_active() && detail::is_half(x.dtype()) && x.ndim() >= 2)
-    return batchnorm_low(x, weight, bias, eps, batch_mean, batch_var);
-
   if (x.ndim() < 2)
     detail::fail("[batchnorm] expects input (N, C, ...) with at least 2 dimensions; got shape ", to_string(x.shape()));
   if (!is_floating(x.dtype())) detail::fail("[batchnorm] needs a floating-point input; got ", summary(x));
@@ -139,43 +87,65 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   const int64_t m = n * s;
   if (m < 2)
     detail::fail("[batchnorm] batch statistics need more than 1 value per channel; got input shape ", to_string(x.shape()));
-  const Shape stat{1, c, 1};
-  const DType t = x.dtype();
-  backend::Backend& be = x.backend();
-  const int dev = x.device().index();
-  // The fused backend kernels take one dtype throughout; other mixes take the portable path.
+  const bool low = detail::autocast_active() && detail::is_half(x.dtype());
+  const DType dt = x.dtype(), t = low ? DType::f32 : dt;
+  const bool has_weight = weight.defined(), has_bias = bias.defined();
+  // The fused backend kernels take one dtype throughout (on half storage: x and y low, the rest Float32);
+  // other mixes take the portable path.
   const bool fusable = detail::library_kernels() && (t == DType::f32 || t == DType::f64) &&
-                       (!weight.defined() || weight.dtype() == t) && (!bias.defined() || bias.dtype() == t);
-  Tensor y, mean, var;  // mean, var (C,)
-  bool fused = false;
-  if (fusable) {
-    y = Tensor::empty(x.shape(), t, x.device());
-    mean = Tensor::empty(Shape{c}, t, x.device());
-    var = Tensor::empty(Shape{c}, t, x.device());
-    fused = be.batchnorm_forward(dev, t, flux::detail::buffer_of(x), buffer_or_none(weight), buffer_or_none(bias), flux::detail::buffer_of(y),
-                                 flux::detail::buffer_of(mean), flux::detail::buffer_of(var), n, c, s, eps);
-  }
-  if (!fused) {
-    autodiff::NoGrad no_grad;  // recorded once, below
-    Tensor x3 = x.reshape(Shape{n, c, s});
-    Tensor mean3 = channel_sum(x3) / double(m);
-    Tensor xc = x3 - mean3;
-    Tensor var3 = channel_sum(square(xc)) / double(m);
-    Tensor inv = 1.0 / sqrt(var3 + eps);
-    Tensor a = weight.defined() ? inv * weight.reshape(stat) : inv;
-    y = xc * a;
-    if (bias.defined()) y = y + bias.reshape(stat);
-    y = y.reshape(x.shape());
-    mean = mean3.reshape(Shape{c});
-    var = var3.reshape(Shape{c});
-  }
-  if (trace::active()) trace::emit(ops::batchnorm_train, {x, weight, bias}, y, {{"eps", {}, {eps}}});
+                       (!has_weight || weight.dtype() == t) && (!has_bias || bias.dtype() == t);
+  const bool direct = low && detail::library_kernels() && detail::reads_half(x);
+  const Shape stat{1, c, 1};
+  Tensor mean, var;  // (C,)
+  Tensor y = detail::through_float32(
+      &ops::batchnorm_train, {&x, &weight, &bias}, {x, weight},
+      [&](Grads& kept) {
+        auto kernel = [&](DType k, const Tensor& xk, const Tensor& w, const Tensor& b, Tensor& out) {
+          out = Tensor::empty(x.shape(), k, x.device());
+          mean = Tensor::empty(Shape{c}, t, x.device()), var = Tensor::empty(Shape{c}, t, x.device());
+          return xk.backend().batchnorm_forward(xk.device().index(), k, flux::detail::buffer_of(xk), buffer_or_none(w),
+                                                buffer_or_none(b), flux::detail::buffer_of(out), flux::detail::buffer_of(mean),
+                                                flux::detail::buffer_of(var), n, c, s, eps);
+        };
+        Tensor out;
+        if (direct && kernel(dt, x, f32_param(weight), f32_param(bias), out)) {
+          kept.push_back(mean), kept.push_back(var);
+          return out;
+        }
+        const Tensor xt = low ? detail::raw_cast(x, t) : x;
+        if (!(fusable && kernel(t, xt, weight, bias, out))) {
+          Tensor x3 = xt.reshape(Shape{n, c, s});
+          Tensor mean3 = channel_sum(x3) / double(m);
+          Tensor xc = x3 - mean3;
+          Tensor var3 = channel_sum(square(xc)) / double(m);
+          Tensor inv = 1.0 / sqrt(var3 + eps);
+          Tensor a = has_weight ? inv * weight.reshape(stat) : inv;
+          out = xc * a;
+          if (has_bias) out = out + bias.reshape(stat);
+          out = out.reshape(x.shape());
+          mean = mean3.reshape(Shape{c}), var = var3.reshape(Shape{c});
+        }
+        kept.push_back(mean), kept.push_back(var);
+        return low ? detail::raw_cast(out, dt) : out;
+      },
+      [=](const Grads& k, const Tensor& g) {
+        const Tensor &xk = k[0], w = low ? f32_param(k[1]) : k[1], &mk = k[2], &vk = k[3];
+        if (direct && xk.dtype() == dt && g.dtype() == dt) {  // the backend's half kernel: dx in the low dtype
+          Tensor dx = Tensor::empty(xk.shape(), dt, g.device());
+          Tensor dweight = has_weight ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
+          Tensor dbias = has_bias ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
+          if (g.backend().batchnorm_backward(g.device().index(), dt, flux::detail::buffer_of(xk), flux::detail::buffer_of(g),
+                                             buffer_or_none(w), flux::detail::buffer_of(mk), flux::detail::buffer_of(vk),
+                                             flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), n,
+                                             c, s, eps))
+            return Grads{dx, dweight, dbias};
+        }
+        return batchnorm_backward(low ? detail::float32_of(xk) : xk, low ? detail::raw_cast(g, t) : g, w, mk, vk, eps, n,
+                                  c, s, has_weight, has_bias);
+      },
+      {{"eps", {}, {eps}}}, direct || !low ? detail::kAsStored : std::optional<DType>(t));
   if (batch_mean) *batch_mean = mean;
   if (batch_var) *batch_var = var;
-  const bool has_weight = weight.defined(), has_bias = bias.defined();
-  autodiff::record(y, {&x, &weight, &bias}, [=](const Tensor& g) {
-    return batchnorm_backward(x, g, weight, mean, var, eps, n, c, s, has_weight, has_bias);
-  });
   return y;
 }
 
