@@ -55,11 +55,10 @@ void set_host_generator(const std::mt19937_64& g);
 backend::Backend& builtin_cpu_backend();
 
 /// The library's log (src/device/device.cpp), on stderr in Julia's style: a warning printed once per
-/// process per distinct message ("┌ Warning: ..." / "└ @ flux"), and an info line ("[ Info: ...").
+/// process per distinct message ("┌ Warning: ..." / "└ @ flux").
 void log_warning_once(const std::string& message);
 /// Tests: log_warning_once shows every message again.
 void forget_logged_warnings();
-void log_info(const std::string& message);
 /// Where the preferences file (LocalPreferences.toml) is looked for: $FLUX_PREFERENCES (a .toml file
 /// or its folder), else the current folder (src/device/device.cpp).
 std::string preferences_file();

@@ -20,7 +20,6 @@
 #include "src/internal.hpp"
 #include "src/storage_cache.hpp"
 #include "src/storage_stats.hpp"
-#include "src/ops/registry.hpp"
 
 namespace flux {
 
@@ -223,38 +222,6 @@ template int64_t Tensor::item<int64_t>() const;
 template uint8_t Tensor::item<uint8_t>() const;
 template bool Tensor::item<bool>() const;
 
-Tensor Tensor::reshape(Shape s) const {
-  const TensorImpl& i = need(*this, "reshape");
-  int infer = -1;
-  int64_t known = 1;
-  for (int k = 0; k < s.size(); ++k) {
-    if (s[k] == -1) {
-      if (infer >= 0) detail::fail("[reshape] only one axis may be -1 in ", to_string(s));
-      infer = k;
-    } else if (s[k] < 0) {
-      detail::fail("[reshape] negative dimension in ", to_string(s));
-    } else {
-      known = detail::checked_mul("reshape", "the element count of the new shape", known, s[k]);
-    }
-  }
-  if (infer >= 0) {
-    if (known == 0 || numel() % known != 0)
-      detail::fail("[reshape] cannot reshape ", to_string(i.shape), " into ", to_string(s));
-    s[infer] = numel() / known;
-  }
-  if (detail::checked_numel("reshape", s, i.dtype) != numel())
-    detail::fail("[reshape] cannot reshape ", to_string(i.shape), " (", numel(), " elements) into ",
-                 to_string(s), " (", s.numel(), " elements)");
-  auto impl = std::make_shared<TensorImpl>(i);
-  impl->shape = s;
-  impl->tape_id = -1;
-  Tensor out(impl);
-  if (trace::active()) trace::emit(ops::reshape, {*this}, out, {{"shape", s.vec(), {}}});
-  Shape original = i.shape;
-  autodiff::record(out, {this}, [original](const Tensor& g) { return std::vector<Tensor>{g.reshape(original)}; });
-  return out;
-}
-
 Tensor Tensor::transpose() const {
   int n = ndim();
   if (n < 2) detail::fail("[transpose] needs at least 2 dimensions; got shape ", to_string(shape()));
@@ -274,15 +241,6 @@ Tensor Tensor::operator[](int64_t i) const {
   Shape rest;
   for (int k = 1; k < ndim(); ++k) rest.push_back(shape()[k]);
   return slice(i, i + 1).reshape(rest);
-}
-
-Tensor Tensor::contiguous_copy() const {
-  Tensor out = Tensor::empty(shape(), dtype(), device());
-  if (nbytes()) backend().copy(device().index(), flux::detail::buffer_of(out), flux::detail::buffer_of(*this), nbytes());
-  Tensor src = *this;
-  if (trace::active()) trace::emit(ops::to, {src}, out);
-  autodiff::record(out, {&src}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
-  return out;
 }
 
 // ---------------- construction ----------------

@@ -62,8 +62,16 @@ Tensor cos(const Tensor& x);
 Tensor log1p(const Tensor& x);
 /// The error function, 2/sqrt(pi) times the integral of exp(-t^2) from 0 to x (ONNX Erf).
 Tensor erf(const Tensor& x);
-namespace detail {
-Tensor tanh_op(const Tensor& x);  // the op behind the activation `flux::tanh` (call that)
+namespace detail {  // the ops behind the activations of flux/nn/activations.hpp (call those)
+Tensor tanh_op(const Tensor& x);
+Tensor sigmoid_op(const Tensor& x);
+Tensor relu_op(const Tensor& x);
+Tensor leakyrelu_op(const Tensor& x, double a);
+Tensor elu_op(const Tensor& x, double a);
+Tensor gelu_op(const Tensor& x);
+Tensor gelu_erf_op(const Tensor& x);
+Tensor softplus_op(const Tensor& x);
+Tensor swish_op(const Tensor& x);
 }  // namespace detail
 Tensor clamp(const Tensor& x, double lo, double hi);
 

@@ -271,7 +271,6 @@ void forget_logged_warnings() {
   std::lock_guard<std::mutex> lock(s.mutex);
   s.messages.clear();
 }
-void log_info(const std::string& message) { info(message); }
 std::string preferences_file() { return preferences_path().string(); }
 }  // namespace detail
 

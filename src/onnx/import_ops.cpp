@@ -1145,11 +1145,13 @@ ConvParams conv_params(const ::onnx::NodeProto& n, const Tensor& w) {
 const std::map<std::string, Operator>& operator_table() {
   static const auto* table = [] {
     auto* t = new std::map<std::string, Operator>();
+    // One entry per operator: a name listed twice (by hand, or by hand and by the registry) is a bug.
     auto add = [&](std::initializer_list<const char*> names, Operator op) {
-      for (const char* name : names) (*t)[name] = op;
+      for (const char* name : names)
+        if (!t->emplace(name, op).second) fail("[onnx] the importer's operator table lists ", name, " twice");
     };
     for (const ops::Op* op : ops::all())
-      if (op->unary || op->binary) (*t)[op->onnx] = {.run = run_entry, .entry = op};
+      if (op->unary || op->binary) add({op->onnx}, {.run = run_entry, .entry = op});
     add({"Div", "Pow", "Max", "Min"}, {.run = run_binary});
     add({"Mod"}, {.run = run_mod});
     add({"Not", "And", "Or", "Xor"}, {.run = run_logic});

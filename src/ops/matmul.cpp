@@ -8,6 +8,7 @@
 #include "src/ops/ops_internal.hpp"
 #include "src/storage_cache.hpp"
 #include "src/ops/registry.hpp"
+#include "src/ops/through_float32.hpp"
 
 namespace flux {
 
@@ -95,24 +96,25 @@ Tensor half_linear_training(const Tensor& x, const Tensor& w, const Tensor& b, T
       !x.backend().linear_forward(x.device().index(), t, flux::detail::buffer_of(x), flux::detail::buffer_of(w), nullptr,
                                   flux::detail::buffer_of(b), flux::detail::buffer_of(y), n, in, out, relu))
     return Tensor();
-  if (trace::active()) trace::emit(ops::linear, {x, w, b}, y, {{"relu", {int64_t(relu)}, {}}});
-  const Tensor kept_y = relu ? y : Tensor();
-  autodiff::record(y, {&x, &w, &b}, [x, w, kept_y, t, need_x, need_w, need_b](const Tensor& g0) {
-    Tensor g = g0.dtype() == t ? g0 : raw_cast(g0, t);
-    if (kept_y.defined()) {
-      Tensor mask = Tensor::empty(kept_y.shape(), t, kept_y.device());
-      if (!kept_y.backend().unary_half(kept_y.device().index(), backend::UnaryOp::step, t,
-                                       flux::detail::buffer_of(kept_y), flux::detail::buffer_of(mask), kept_y.numel(), 0))
-        mask = step_raw(kept_y);
-      g = g * mask;
-    }
-    Tensor dx, dw, db;
-    if (need_x) dx = matmul(g, w);               // (n, out) (out, in)
-    if (need_w) dw = matmul(g, x, true, false);  // (out, n) (n, in)
-    if (need_b) db = sum(g, 0);                  // (out,)
-    return Grads{dx, dw, db};
-  });
-  return y;
+  // One node keeping the low tensors (y for relu's mask), its backward in the low dtype t.
+  return through_float32(
+      &ops::linear, {&x, &w, &b}, {x, w, relu ? y : Tensor()}, [&](Grads&) { return y; },
+      [t, need_x, need_w, need_b](const Grads& k, Tensor g) {
+        const Tensor &x = k[0], &w = k[1], &kept_y = k[2];
+        if (kept_y.defined()) {
+          Tensor mask = Tensor::empty(kept_y.shape(), t, kept_y.device());
+          if (!kept_y.backend().unary_half(kept_y.device().index(), backend::UnaryOp::step, t,
+                                           flux::detail::buffer_of(kept_y), flux::detail::buffer_of(mask), kept_y.numel(), 0))
+            mask = step_raw(kept_y);
+          g = g * mask;
+        }
+        Tensor dx, dw, db;
+        if (need_x) dx = matmul(g, w);               // (n, out) (out, in)
+        if (need_w) dw = matmul(g, x, true, false);  // (out, n) (n, in)
+        if (need_b) db = sum(g, 0);                  // (out,)
+        return Grads{dx, dw, db};
+      },
+      {{"relu", {int64_t(relu)}, {}}}, t);
 }
 
 }  // namespace

@@ -63,68 +63,16 @@ Grads batchnorm_backward(const Tensor& x, const Tensor& g, const Tensor& weight,
 // A parameter in Float32 (the backend's half kernels take Float32 per-channel arrays); undefined stays so.
 Tensor f32_param(const Tensor& p) { return p.defined() && p.dtype() != DType::f32 ? detail::raw_cast(p, DType::f32) : p; }
 
-// The backend's kernel on x's half storage directly (backend.hpp: x, y in the low dtype, the rest Float32):
-// y, and the batch's mean and var; false where it has none (the caller goes through Float32 copies).
-bool batchnorm_forward_low(const Tensor& x, const Tensor& w32, const Tensor& b32, double eps, int64_t n, int64_t c,
-                           int64_t s, Tensor& y, Tensor& mean, Tensor& var) {
-  y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  mean = Tensor::empty(Shape{c}, DType::f32, x.device());
-  var = Tensor::empty(Shape{c}, DType::f32, x.device());
-  return x.backend().batchnorm_forward(x.device().index(), x.dtype(), flux::detail::buffer_of(x), buffer_or_none(w32),
-                                       buffer_or_none(b32), flux::detail::buffer_of(y), flux::detail::buffer_of(mean),
-                                       flux::detail::buffer_of(var), n, c, s, eps);
-}
-
-// batchnorm with batch statistics under autocast, x in Float16/BFloat16: statistics and arithmetic in
-// Float32, the output in x's dtype, one node keeping x itself and the Float32 statistics. Where the
-// backend reads half storage (reads_half) its kernels read and write it directly, forward and backward;
-// elsewhere x (and the gradient) are cast up, the Float32 kernels run and the result is cast down.
-Tensor batchnorm_low(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor* batch_mean,
-                     Tensor* batch_var) {
-  const DType low = x.dtype();
-  const int64_t n = x.shape()[0], c = x.shape()[1], s = x.numel() / std::max<int64_t>(1, n * c);
-  auto fits = [&](const Tensor& p) { return !p.defined() || (p.shape() == Shape{c} && p.device() == x.device()); };
-  const bool direct = detail::reads_half(x) && detail::library_kernels() && fits(weight) && fits(bias) && n * s >= 2;
-  const bool has_weight = weight.defined(), has_bias = bias.defined();
-  Tensor mean, var;
-  Tensor y = detail::through_float32(
-      nullptr, {&x, &weight, &bias}, {x, weight},
-      [&](Grads& kept) {
-        Tensor out;
-        if (!(direct && batchnorm_forward_low(x, f32_param(weight), f32_param(bias), eps, n, c, s, out, mean, var)))
-          out = detail::raw_cast(batchnorm(detail::raw_cast(x, DType::f32), weight, bias, eps, &mean, &var), low);
-        kept.push_back(mean), kept.push_back(var);
-        return out;
-      },
-      [=](const Grads& k, const Tensor& g) {
-        const Tensor &xk = k[0], w32 = f32_param(k[1]), &m = k[2], &v = k[3];
-        if (xk.dtype() == low && g.dtype() == low) {  // the backend's half kernel: dx in the low dtype
-          Tensor dx = Tensor::empty(xk.shape(), low, g.device());
-          Tensor dweight = has_weight ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
-          Tensor dbias = has_bias ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
-          if (g.backend().batchnorm_backward(g.device().index(), low, flux::detail::buffer_of(xk), flux::detail::buffer_of(g),
-                                             buffer_or_none(w32), flux::detail::buffer_of(m), flux::detail::buffer_of(v),
-                                             flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), n,
-                                             c, s, eps))
-            return Grads{dx, dweight, dbias};
-        }
-        return batchnorm_backward(detail::float32_of(xk), detail::raw_cast(g, DType::f32), w32, m, v, eps, n, c, s,
-                                  has_weight, has_bias);
-      },
-      {}, direct ? detail::kAsStored : DType::f32);
-  if (batch_mean) *batch_mean = mean;
-  if (batch_var) *batch_var = var;
-  return y;
-}
 }  // namespace
 
+// Batch statistics: one recorded op (through_float32) keeping x and the batch's mean and var. Under
+// autocast, x in Float16/BFloat16: statistics and arithmetic in Float32, the output in x's dtype; where
+// the backend reads half storage (reads_half) its kernels read and write it directly, forward and
+// backward (backend.hpp: x, y in the low dtype, the rest Float32); elsewhere x (and the gradient) are
+// cast up, the Float32 kernels run and the result is cast down.
 Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor* batch_mean,
                  Tensor* batch_var) {
   detail::check_defined("batchnorm", x);
-  // Autocast: statistics and arithmetic in Float32, the output in the input's low dtype.
-  if (detail::autocast_active() && detail::is_half(x.dtype()) && x.ndim() >= 2)
-    return batchnorm_low(x, weight, bias, eps, batch_mean, batch_var);
-
   if (x.ndim() < 2)
     detail::fail("[batchnorm] expects input (N, C, ...) with at least 2 dimensions; got shape ", to_string(x.shape()));
   if (!is_floating(x.dtype())) detail::fail("[batchnorm] needs a floating-point input; got ", summary(x));
@@ -139,43 +87,65 @@ Tensor batchnorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   const int64_t m = n * s;
   if (m < 2)
     detail::fail("[batchnorm] batch statistics need more than 1 value per channel; got input shape ", to_string(x.shape()));
-  const Shape stat{1, c, 1};
-  const DType t = x.dtype();
-  backend::Backend& be = x.backend();
-  const int dev = x.device().index();
-  // The fused backend kernels take one dtype throughout; other mixes take the portable path.
+  const bool low = detail::autocast_active() && detail::is_half(x.dtype());
+  const DType dt = x.dtype(), t = low ? DType::f32 : dt;
+  const bool has_weight = weight.defined(), has_bias = bias.defined();
+  // The fused backend kernels take one dtype throughout (on half storage: x and y low, the rest Float32);
+  // other mixes take the portable path.
   const bool fusable = detail::library_kernels() && (t == DType::f32 || t == DType::f64) &&
-                       (!weight.defined() || weight.dtype() == t) && (!bias.defined() || bias.dtype() == t);
-  Tensor y, mean, var;  // mean, var (C,)
-  bool fused = false;
-  if (fusable) {
-    y = Tensor::empty(x.shape(), t, x.device());
-    mean = Tensor::empty(Shape{c}, t, x.device());
-    var = Tensor::empty(Shape{c}, t, x.device());
-    fused = be.batchnorm_forward(dev, t, flux::detail::buffer_of(x), buffer_or_none(weight), buffer_or_none(bias), flux::detail::buffer_of(y),
-                                 flux::detail::buffer_of(mean), flux::detail::buffer_of(var), n, c, s, eps);
-  }
-  if (!fused) {
-    autodiff::NoGrad no_grad;  // recorded once, below
-    Tensor x3 = x.reshape(Shape{n, c, s});
-    Tensor mean3 = channel_sum(x3) / double(m);
-    Tensor xc = x3 - mean3;
-    Tensor var3 = channel_sum(square(xc)) / double(m);
-    Tensor inv = 1.0 / sqrt(var3 + eps);
-    Tensor a = weight.defined() ? inv * weight.reshape(stat) : inv;
-    y = xc * a;
-    if (bias.defined()) y = y + bias.reshape(stat);
-    y = y.reshape(x.shape());
-    mean = mean3.reshape(Shape{c});
-    var = var3.reshape(Shape{c});
-  }
-  if (trace::active()) trace::emit(ops::batchnorm_train, {x, weight, bias}, y, {{"eps", {}, {eps}}});
+                       (!has_weight || weight.dtype() == t) && (!has_bias || bias.dtype() == t);
+  const bool direct = low && detail::library_kernels() && detail::reads_half(x);
+  const Shape stat{1, c, 1};
+  Tensor mean, var;  // (C,)
+  Tensor y = detail::through_float32(
+      &ops::batchnorm_train, {&x, &weight, &bias}, {x, weight},
+      [&](Grads& kept) {
+        auto kernel = [&](DType k, const Tensor& xk, const Tensor& w, const Tensor& b, Tensor& out) {
+          out = Tensor::empty(x.shape(), k, x.device());
+          mean = Tensor::empty(Shape{c}, t, x.device()), var = Tensor::empty(Shape{c}, t, x.device());
+          return xk.backend().batchnorm_forward(xk.device().index(), k, flux::detail::buffer_of(xk), buffer_or_none(w),
+                                                buffer_or_none(b), flux::detail::buffer_of(out), flux::detail::buffer_of(mean),
+                                                flux::detail::buffer_of(var), n, c, s, eps);
+        };
+        Tensor out;
+        if (direct && kernel(dt, x, f32_param(weight), f32_param(bias), out)) {
+          kept.push_back(mean), kept.push_back(var);
+          return out;
+        }
+        const Tensor xt = low ? detail::raw_cast(x, t) : x;
+        if (!(fusable && kernel(t, xt, weight, bias, out))) {
+          Tensor x3 = xt.reshape(Shape{n, c, s});
+          Tensor mean3 = channel_sum(x3) / double(m);
+          Tensor xc = x3 - mean3;
+          Tensor var3 = channel_sum(square(xc)) / double(m);
+          Tensor inv = 1.0 / sqrt(var3 + eps);
+          Tensor a = has_weight ? inv * weight.reshape(stat) : inv;
+          out = xc * a;
+          if (has_bias) out = out + bias.reshape(stat);
+          out = out.reshape(x.shape());
+          mean = mean3.reshape(Shape{c}), var = var3.reshape(Shape{c});
+        }
+        kept.push_back(mean), kept.push_back(var);
+        return low ? detail::raw_cast(out, dt) : out;
+      },
+      [=](const Grads& k, const Tensor& g) {
+        const Tensor &xk = k[0], w = low ? f32_param(k[1]) : k[1], &mk = k[2], &vk = k[3];
+        if (direct && xk.dtype() == dt && g.dtype() == dt) {  // the backend's half kernel: dx in the low dtype
+          Tensor dx = Tensor::empty(xk.shape(), dt, g.device());
+          Tensor dweight = has_weight ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
+          Tensor dbias = has_bias ? Tensor::empty(Shape{c}, DType::f32, g.device()) : Tensor();
+          if (g.backend().batchnorm_backward(g.device().index(), dt, flux::detail::buffer_of(xk), flux::detail::buffer_of(g),
+                                             buffer_or_none(w), flux::detail::buffer_of(mk), flux::detail::buffer_of(vk),
+                                             flux::detail::buffer_of(dx), buffer_or_none(dweight), buffer_or_none(dbias), n,
+                                             c, s, eps))
+            return Grads{dx, dweight, dbias};
+        }
+        return batchnorm_backward(low ? detail::float32_of(xk) : xk, low ? detail::raw_cast(g, t) : g, w, mk, vk, eps, n,
+                                  c, s, has_weight, has_bias);
+      },
+      {{"eps", {}, {eps}}}, direct || !low ? detail::kAsStored : std::optional<DType>(t));
   if (batch_mean) *batch_mean = mean;
   if (batch_var) *batch_var = var;
-  const bool has_weight = weight.defined(), has_bias = bias.defined();
-  autodiff::record(y, {&x, &weight, &bias}, [=](const Tensor& g) {
-    return batchnorm_backward(x, g, weight, mean, var, eps, n, c, s, has_weight, has_bias);
-  });
   return y;
 }
 
@@ -316,109 +286,67 @@ Grads rows_backward(const Tensor& xhat, const Tensor& rstd, const Tensor& g, con
                weight.defined() ? sum(g * xhat, 0) : Tensor(), has_bias ? sum(g, 0) : Tensor()};
 }
 
-// Rows of x2 (R, D) normalised, then * weight + bias over D (each (D,) or undefined); one recorded op.
-// Through the backend's fused kernels (rownorm_forward/backward) when it has them and the dtypes agree;
-// else (or with FLUX_LIBRARY_KERNELS=0) composed from public ops, the portable path.
-Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias, double eps) {
+// Rows of x2 (R, D) normalised, then * weight + bias over D (each (D,) or undefined); one recorded op
+// (through_float32) that keeps x2 and the rows' mean and 1 / std (R values each). The statistics and
+// arithmetic are in the compute dtype t: x2's, or Float32 when `low` (autocast, x2 in Float16/BFloat16:
+// the output in x2's dtype, weight and bias as their Float32 masters). Through the backend's fused
+// kernels (rownorm_forward/backward) when it has them and the dtypes agree, on the half storage itself
+// where it reads it (backend.hpp: x, y, dy, dx in the low dtype, the rest Float32); else (or with
+// FLUX_LIBRARY_KERNELS=0) composed from public ops, the portable path.
+Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias, double eps, bool low) {
   const int64_t r = x2.shape()[0], d = x2.shape()[1];
-  const DType t = x2.dtype();
+  const DType dt = x2.dtype(), t = low ? DType::f32 : dt;
   const bool has_weight = weight.defined(), has_bias = bias.defined();
+  auto params = [low](const Tensor& p) { return low ? f32_param(p) : p; };
   const bool fusable = detail::library_kernels() && (t == DType::f32 || t == DType::f64) &&
-                       (!has_weight || weight.dtype() == t) && (!has_bias || bias.dtype() == t);
-  if (fusable) {
-    Tensor y = Tensor::empty(x2.shape(), t, x2.device());
-    Tensor mean = Tensor::empty(Shape{r}, t, x2.device()), rstd = Tensor::empty(Shape{r}, t, x2.device());
-    if (x2.backend().rownorm_forward(x2.device().index(), t, flux::detail::buffer_of(x2), buffer_or_none(weight), buffer_or_none(bias),
-                                     flux::detail::buffer_of(y), flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd), r, d, eps)) {
-      if (trace::active()) trace::emit(ops::rownorm, {x2, weight, bias}, y, {{"eps", {}, {eps}}});
-      autodiff::record(y, {&x2, &weight, &bias}, [=](const Tensor& dy) {
-        Tensor g = dy.dtype() == t ? dy : dy.cast(t);
-        Tensor dx = Tensor::empty(x2.shape(), t, g.device());
-        Tensor dweight = has_weight ? Tensor::empty(Shape{d}, t, g.device()) : Tensor();
-        Tensor dbias = has_bias ? Tensor::empty(Shape{d}, t, g.device()) : Tensor();
-        if (g.backend().rownorm_backward(g.device().index(), t, flux::detail::buffer_of(x2), flux::detail::buffer_of(g), buffer_or_none(weight),
-                                         flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd), flux::detail::buffer_of(dx), buffer_or_none(dweight),
-                                         buffer_or_none(dbias), r, d))
-          return Grads{dx, dweight, dbias};
-        // A backend with a forward but no backward: the portable formulas from the saved statistics.
-        const Tensor rstd2 = rstd.reshape(Shape{r, 1});
-        return rows_backward((x2 - mean.reshape(Shape{r, 1})) * rstd2, rstd2, g, weight, d, has_bias);
-      });
-      return y;
-    }
-  }
-  Tensor xhat, inv, y;
-  {
-    autodiff::NoGrad no_grad;  // recorded once, below
-    Tensor mean = sum(x2, 1, true) / double(d);
-    Tensor xc = x2 - mean;
-    inv = 1.0 / sqrt(sum(square(xc), 1, true) / double(d) + eps);
-    xhat = xc * inv;
-    y = has_weight ? xhat * weight : xhat;
-    if (has_bias) y = y + bias;
-  }
-  if (trace::active()) trace::emit(ops::rownorm, {x2, weight, bias}, y, {{"eps", {}, {eps}}});
-  autodiff::record(y, {&x2, &weight, &bias},
-                   [=](const Tensor& dy) { return rows_backward(xhat, inv, dy, weight, d, has_bias); });
-  return y;
-}
-
-// normalise_rows under autocast, x2 in Float16/BFloat16: statistics and arithmetic in Float32, the
-// output in x2's dtype. The tape keeps x2 itself and the rows' Float32 mean and 1 / std (R values each),
-// not a Float32 copy of the rows; the backend's kernels read it directly where it reads half storage
-// (backend.hpp: x, y, dy, dx in the low dtype, the rest Float32; bitwise the Float32 path).
-Tensor normalise_rows_low(const Tensor& x2, const Tensor& weight, const Tensor& bias, double eps) {
-  const int64_t r = x2.shape()[0], d = x2.shape()[1];
-  const DType low = x2.dtype(), f32 = DType::f32;
-  const bool has_weight = weight.defined(), has_bias = bias.defined();
-  const bool direct = detail::reads_half(x2) && detail::library_kernels();
-  // The backend's kernel in dtype t (the low one, or Float32 on Float32 copies): false where it has none.
-  auto fused = [r, d, has_weight, has_bias](DType t, const Tensor& x, const Tensor& g, const Tensor& w32,
-                                             const Tensor& mean, const Tensor& rstd, Grads& grads) {
-    grads = {Tensor::empty(x.shape(), t, x.device()), has_weight ? Tensor::empty(Shape{d}, DType::f32, x.device()) : Tensor(),
-             has_bias ? Tensor::empty(Shape{d}, DType::f32, x.device()) : Tensor()};
-    return detail::library_kernels() &&
-           x.backend().rownorm_backward(x.device().index(), t, flux::detail::buffer_of(x), flux::detail::buffer_of(g),
-                                        buffer_or_none(w32), flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd),
-                                        flux::detail::buffer_of(grads[0]), buffer_or_none(grads[1]), buffer_or_none(grads[2]),
-                                        r, d);
+                       (!has_weight || weight.dtype() == t || low) && (!has_bias || bias.dtype() == t || low);
+  const bool direct = low && fusable && detail::reads_half(x2);
+  // The backend's backward kernel in dtype k (x, g, dx in k; the rest in t): false where it has none.
+  auto fused = [=](DType k, const Tensor& x, const Tensor& g, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                   Grads& grads) {
+    grads = {Tensor::empty(x.shape(), k, x.device()), has_weight ? Tensor::empty(Shape{d}, t, x.device()) : Tensor(),
+             has_bias ? Tensor::empty(Shape{d}, t, x.device()) : Tensor()};
+    return fusable && x.backend().rownorm_backward(x.device().index(), k, flux::detail::buffer_of(x),
+                                                   flux::detail::buffer_of(g), buffer_or_none(w),
+                                                   flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd),
+                                                   flux::detail::buffer_of(grads[0]), buffer_or_none(grads[1]),
+                                                   buffer_or_none(grads[2]), r, d);
   };
   return detail::through_float32(
       &ops::rownorm, {&x2, &weight, &bias}, {x2, weight},
       [&](Grads& kept) {
-        const Tensor w32 = f32_param(weight), b32 = f32_param(bias);
-        Tensor mean = Tensor::empty(Shape{r, 1}, f32, x2.device()), rstd = Tensor::empty(Shape{r, 1}, f32, x2.device());
-        auto forward = [&](DType t, const Tensor& x, const Tensor& y) {
-          return detail::library_kernels() &&
-                 x.backend().rownorm_forward(x.device().index(), t, flux::detail::buffer_of(x), buffer_or_none(w32),
-                                             buffer_or_none(b32), flux::detail::buffer_of(y), flux::detail::buffer_of(mean),
-                                             flux::detail::buffer_of(rstd), r, d, eps);
+        const Tensor w = params(weight), b = params(bias);
+        Tensor mean = Tensor::empty(Shape{r, 1}, t, x2.device()), rstd = Tensor::empty(Shape{r, 1}, t, x2.device());
+        auto forward = [&](DType k, const Tensor& x, const Tensor& y) {
+          return fusable && x.backend().rownorm_forward(x.device().index(), k, flux::detail::buffer_of(x),
+                                                        buffer_or_none(w), buffer_or_none(b), flux::detail::buffer_of(y),
+                                                        flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd), r, d, eps);
         };
-        Tensor y = direct ? Tensor::empty(x2.shape(), low, x2.device()) : Tensor();
-        if (!(direct && forward(low, x2, y))) {
-          const Tensor x32 = detail::raw_cast(x2, f32);
-          Tensor y32 = Tensor::empty(x2.shape(), f32, x2.device());
-          if (!forward(f32, x32, y32)) {
-            mean = sum(x32, 1, true) / double(d);
-            Tensor xc = x32 - mean;
+        Tensor y = direct ? Tensor::empty(x2.shape(), dt, x2.device()) : Tensor();
+        if (!(direct && forward(dt, x2, y))) {
+          const Tensor x = low ? detail::raw_cast(x2, t) : x2;
+          y = Tensor::empty(x2.shape(), t, x2.device());
+          if (!forward(t, x, y)) {
+            mean = sum(x, 1, true) / double(d);
+            Tensor xc = x - mean;
             rstd = 1.0 / sqrt(sum(square(xc), 1, true) / double(d) + eps);
-            y32 = has_weight ? xc * rstd * w32 : xc * rstd;
-            if (has_bias) y32 = y32 + b32;
+            y = has_weight ? xc * rstd * w : xc * rstd;
+            if (has_bias) y = y + b;
           }
-          y = detail::raw_cast(y32, low);
+          if (low) y = detail::raw_cast(y, dt);
         }
         kept.push_back(mean), kept.push_back(rstd);
         return y;
       },
       [=](const Grads& k, const Tensor& dy) {
-        const Tensor &x = k[0], w32 = f32_param(k[1]), &mean = k[2], &rstd = k[3];
+        const Tensor &x = k[0], w = params(k[1]), &mean = k[2], &rstd = k[3];
         Grads grads;
-        if (x.dtype() == low && dy.dtype() == low && fused(low, x, dy, w32, mean, rstd, grads)) return grads;
-        const Tensor x32 = detail::float32_of(x), g = detail::raw_cast(dy, f32);
-        if (fused(f32, x32, g, w32, mean, rstd, grads)) return grads;
-        return rows_backward((x32 - mean) * rstd, rstd, g, w32, d, has_bias);
+        if (direct && x.dtype() == dt && dy.dtype() == dt && fused(dt, x, dy, w, mean, rstd, grads)) return grads;
+        const Tensor xt = low ? detail::float32_of(x) : x, g = fusable && dy.dtype() != t ? detail::raw_cast(dy, t) : dy;
+        if (fused(t, xt, g, w, mean, rstd, grads)) return grads;
+        return rows_backward((xt - mean) * rstd, rstd, g, w, d, has_bias);
       },
-      {{"eps", {}, {eps}}}, direct ? detail::kAsStored : f32);
+      {{"eps", {}, {eps}}}, direct || !low ? detail::kAsStored : std::optional<DType>(DType::f32));
 }
 
 // y (N, C, S) in Float16/BFloat16 * weight + bias per channel (each (C,) or undefined) in Float32, the
@@ -461,7 +389,7 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   }
   if (x.numel() == 0) return x;
   const Tensor rows = x.reshape(Shape{x.numel() / d, d});
-  return (low ? normalise_rows_low(rows, weight, bias, eps) : normalise_rows(rows, weight, bias, eps)).reshape(x.shape());
+  return normalise_rows(rows, weight, bias, eps, low).reshape(x.shape());
 }
 
 Tensor groupnorm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps) {
@@ -488,8 +416,7 @@ Tensor groupnorm(const Tensor& x, int64_t groups, const Tensor& weight, const Te
   if (x.numel() == 0) return x;
   const int64_t per_group = c / groups * s;
   const Tensor rows = x.reshape(Shape{n * groups, per_group});
-  Tensor y = (low ? normalise_rows_low(rows, Tensor(), Tensor(), eps) : normalise_rows(rows, Tensor(), Tensor(), eps))
-                 .reshape(Shape{n, c, s});
+  Tensor y = normalise_rows(rows, Tensor(), Tensor(), eps, low).reshape(Shape{n, c, s});
   if (low) return (weight.defined() || bias.defined() ? channel_affine_low(y, weight, bias) : y).reshape(x.shape());
   if (weight.defined()) y = y * weight.reshape(Shape{1, c, 1});
   if (bias.defined()) y = y + bias.reshape(Shape{1, c, 1});

@@ -23,14 +23,6 @@ void check_integer_cast(const char* api, const Tensor& x, DType t);
 /// Normalises a possibly negative axis for an ndim-dimensional tensor; errors name the API.
 int normalize_axis(const char* api, int axis, int ndim);
 
-Tensor sigmoid_op(const Tensor& x);
-Tensor relu_op(const Tensor& x);
-Tensor leakyrelu_op(const Tensor& x, double a);
-Tensor elu_op(const Tensor& x, double a);
-Tensor gelu_op(const Tensor& x);
-Tensor gelu_erf_op(const Tensor& x);
-Tensor softplus_op(const Tensor& x);
-Tensor swish_op(const Tensor& x);
 Tensor step_raw(const Tensor& x);
 /// Dense's affine map x W^T + b for 2-D x (N, in), W (out, in), b (out,) of one float dtype: b is
 /// broadcast into the output and the GEMM accumulates onto it (beta = 1), so no separate add runs.

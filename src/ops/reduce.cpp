@@ -121,10 +121,13 @@ Tensor mean(const Tensor& x) {
 }
 
 namespace {
+// max and min (recorded), argmax and argmin (indices).
 Tensor extreme(const char* api, ReduceOp op, const Tensor& x0, int axis, bool keepdims) {
   check_defined(api, x0);
   int a = normalize_axis(api, axis, x0.ndim());
   if (x0.shape()[a] == 0) fail("[", api, "] cannot reduce an empty axis of shape ", to_string(x0.shape()));
+  if (op == ReduceOp::argmax || op == ReduceOp::argmin)  // indices: no gradient
+    return reduce_raw(op, reads_half(x0) ? x0 : to_compute(x0, false), a, keepdims, DType::i64);
   if (is_half(x0.dtype()) && !trace::active()) {
     // The extreme is one of x's values: its cast down is exact, and so is the kept y cast up.
     const DType t = x0.dtype();
@@ -162,20 +165,8 @@ Tensor min(const Tensor& x, int axis, bool keepdims) { return extreme("min", Red
 Tensor max(const Tensor& x) { check_defined("max", x); return max(x.reshape(Shape{x.numel()}), 0, false); }
 Tensor min(const Tensor& x) { check_defined("min", x); return min(x.reshape(Shape{x.numel()}), 0, false); }
 
-Tensor argmax(const Tensor& x0, int axis, bool keepdims) {
-  check_defined("argmax", x0);
-  int a = normalize_axis("argmax", axis, x0.ndim());
-  if (x0.shape()[a] == 0) fail("[argmax] cannot reduce an empty axis of shape ", to_string(x0.shape()));
-  Tensor x = reads_half(x0) ? x0 : to_compute(x0, false);
-  return reduce_raw(ReduceOp::argmax, x, a, keepdims, DType::i64);
-}
-Tensor argmin(const Tensor& x0, int axis, bool keepdims) {
-  check_defined("argmin", x0);
-  int a = normalize_axis("argmin", axis, x0.ndim());
-  if (x0.shape()[a] == 0) fail("[argmin] cannot reduce an empty axis of shape ", to_string(x0.shape()));
-  Tensor x = reads_half(x0) ? x0 : to_compute(x0, false);
-  return reduce_raw(ReduceOp::argmin, x, a, keepdims, DType::i64);
-}
+Tensor argmax(const Tensor& x, int axis, bool keepdims) { return extreme("argmax", ReduceOp::argmax, x, axis, keepdims); }
+Tensor argmin(const Tensor& x, int axis, bool keepdims) { return extreme("argmin", ReduceOp::argmin, x, axis, keepdims); }
 
 // ---------------- softmax family ----------------
 namespace {

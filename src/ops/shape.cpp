@@ -1,5 +1,5 @@
-// Shape and indexing ops: broadcast_to, sum_to, permute, slice, concat, stack, index_select, onehot,
-// flatten.
+// Shape and indexing ops: Tensor::reshape and contiguous_copy, broadcast_to, sum_to, permute, slice,
+// concat, stack, index_select, onehot, flatten.
 #include <algorithm>
 #include <numeric>
 
@@ -48,6 +48,49 @@ Tensor window_copy(const Tensor& src, const Shape& out_shape, int axis, int64_t 
   return out;
 }
 }  // namespace
+
+// The Tensor members that report themselves to the tracer (tensor.hpp), here beside the other shape ops.
+Tensor Tensor::reshape(Shape s) const {
+  if (!defined()) detail::fail("[reshape] the tensor is undefined (default-constructed)");
+  const TensorImpl& i = *impl();
+  int infer = -1;
+  int64_t known = 1;
+  for (int k = 0; k < s.size(); ++k) {
+    if (s[k] == -1) {
+      if (infer >= 0) detail::fail("[reshape] only one axis may be -1 in ", to_string(s));
+      infer = k;
+    } else if (s[k] < 0) {
+      detail::fail("[reshape] negative dimension in ", to_string(s));
+    } else {
+      known = detail::checked_mul("reshape", "the element count of the new shape", known, s[k]);
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || numel() % known != 0)
+      detail::fail("[reshape] cannot reshape ", to_string(i.shape), " into ", to_string(s));
+    s[infer] = numel() / known;
+  }
+  if (detail::checked_numel("reshape", s, i.dtype) != numel())
+    detail::fail("[reshape] cannot reshape ", to_string(i.shape), " (", numel(), " elements) into ",
+                 to_string(s), " (", s.numel(), " elements)");
+  auto view = std::make_shared<TensorImpl>(i);
+  view->shape = s;
+  view->tape_id = -1;
+  Tensor out(view);
+  if (trace::active()) trace::emit(ops::reshape, {*this}, out, {{"shape", s.vec(), {}}});
+  Shape original = i.shape;
+  autodiff::record(out, {this}, [original](const Tensor& g) { return std::vector<Tensor>{g.reshape(original)}; });
+  return out;
+}
+
+Tensor Tensor::contiguous_copy() const {
+  Tensor out = Tensor::empty(shape(), dtype(), device());
+  if (nbytes()) backend().copy(device().index(), flux::detail::buffer_of(out), flux::detail::buffer_of(*this), nbytes());
+  Tensor src = *this;
+  if (trace::active()) trace::emit(ops::to, {src}, out);
+  autodiff::record(out, {&src}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+  return out;
+}
 
 Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   check_defined("broadcast_to", x);

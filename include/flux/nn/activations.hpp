@@ -14,17 +14,6 @@ namespace show {
 std::string function_name(const void* address);
 }  // namespace show
 
-namespace detail {
-Tensor sigmoid_op(const Tensor& x);
-Tensor relu_op(const Tensor& x);
-Tensor leakyrelu_op(const Tensor& x, double a);
-Tensor elu_op(const Tensor& x, double a);
-Tensor gelu_op(const Tensor& x);
-Tensor gelu_erf_op(const Tensor& x);
-Tensor softplus_op(const Tensor& x);
-Tensor swish_op(const Tensor& x);
-}  // namespace detail
-
 #define FLUX_ACTIVATION_(Type, value, name_str, expr)                            \
   struct Type {                                                                 \
     static constexpr const char* name = name_str;                               \
@@ -58,9 +47,6 @@ struct FunctionLayer {
   FunctionLayer(Tensor (*f)(const Tensor&)) : fn(f) {}
   Tensor operator()(const Tensor& x) const { return fn(x); }
 };
-namespace show {
-std::string function_name(const void* address);
-}
 /// "tanh" for flux::tanh, else the function's symbol (or "function"). A template on the exact type,
 /// so that a plain function pointer (which converts to FunctionLayer) keeps its own display.
 template <class F>

@@ -36,8 +36,6 @@ std::string format_bytes(size_t bytes);
 /// A type's name as the compiler spells it, made readable: "lambda(Tensor const&)#1 in main" for a
 /// lambda, "Scale" for a class, with "flux::" and "(anonymous namespace)::" removed.
 std::string type_name(const std::type_info& type);
-/// The symbol at a function's address ("my_act"), or "" when the dynamic symbol table lacks it.
-std::string function_name(const void* address);
 
 template <class T>
 concept Streamable = requires(std::ostream& os, const T& t) { os << t; };

@@ -1,10 +1,10 @@
 // Batch normalisation, fused: the forward reads x twice for the statistics (two-pass, accumulated in
 // float64) and once to write y; the backward reads x and dy once for the two sums and once for dx.
 // Threads split the channels. x, y, dy, dx are (n, c, s) row-major; per-channel arrays are (c,).
-// bf16/f16 activations (backend.hpp: per-channel and per-row arrays then Float32) run the float32 row
-// code on rows converted in cache (see "bf16/f16 activations" below); BatchNorm's s == 1 case declines.
+// bf16/f16 activations (backend.hpp: per-channel and per-row arrays then Float32) run the same code on
+// rows converted in cache (see "bf16/f16 activations" below); BatchNorm's s == 1 case declines.
 // bf16 BatchNorm training on AVX-512 takes batchnorm_bf16.cpp's kernels (widened in registers, same
-// bits); forward_half / backward_half below stay the portable path and its reference.
+// bits); the template path below stays the portable path and its reference.
 // The portable path (src/ops/normalisation.cpp) composes the same formulas from public ops.
 #include <algorithm>
 #include <cmath>
@@ -118,25 +118,75 @@ void backward_rows(const T* x, const T* dy, const T* weight, const T* mean, cons
   });
 }
 
-template <class T>
-void forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* var, int64_t n, int64_t c, int64_t s,
-             double eps) {
-  if (s == 1) return forward_rows(x, weight, bias, y, mean, var, n, c, eps);
+// ---- bf16/f16 activations (x, y, dy, dx), Float32 per-channel / per-row arrays ----
+// The kernels below are written once for storage S and compute type T. S == T (float, double): the
+// arrays are read and written in place. S = uint16_t (Float16/BFloat16 of dtype dt, T = float): each
+// row of x (and dy) is converted into a per-thread float32 row as it is read, and y (dx) is computed
+// there and converted down as it is written: bitwise the cast up, the float32 kernel and the cast
+// down, without full-tensor float32 copies.
+struct HalfRows {
+  std::vector<float> x, g, out;
+};
+template <class S> HalfRows* half_rows(int64_t len) {
+  if constexpr (std::is_same_v<S, uint16_t>) {
+    thread_local HalfRows rows;
+    for (auto* v : {&rows.x, &rows.g, &rows.out})
+      if (int64_t(v->size()) < len) v->resize(size_t(len));
+    return &rows;
+  } else {
+    return nullptr;
+  }
+}
+// A row of len values of p as T: p itself, or converted into buf.
+template <class T, class S> const T* load(DType dt, const S* p, float* buf, int64_t len) {
+  if constexpr (std::is_same_v<S, T>) return p;
+  else return half_storage_to_float(dt, p, buf, len), buf;
+}
+// Where a row of p is computed (p itself, or buf), and its store into p (nothing for p itself).
+template <class T, class S> auto dest(S* p, float* buf) {
+  if constexpr (std::is_same_v<std::remove_const_t<S>, T>) return p;
+  else return buf;
+}
+template <class T, class S> void store(DType dt, const T* q, S* p, int64_t len) {
+  if constexpr (!std::is_same_v<S, T>) float_to_half_storage(dt, q, p, len);
+}
+float* buffer(std::vector<float>* v) { return v ? v->data() : nullptr; }
+
+// Half storage: a channel's n rows of x (and dy) are converted once into per-thread buffers when they
+// fit in L2 (kChannelFloats each; ResNet-18's largest BatchNorm at 112² b32 holds 100K); larger ones
+// are converted row by row on each of the passes. The arithmetic is the same either way.
+constexpr int64_t kChannelFloats = int64_t(1) << 17;
+
+template <class S, class T>
+void forward(DType dt, const S* x, const T* weight, const T* bias, S* y, T* mean, T* var, int64_t n, int64_t c,
+             int64_t s, double eps) {
+  if constexpr (std::is_same_v<S, T>)
+    if (s == 1) return forward_rows(x, weight, bias, y, mean, var, n, c, eps);
   const double m = double(n * s);
+  const bool whole = !std::is_same_v<S, T> && n * s <= kChannelFloats;
   parallel_for(c, 1, [&](int64_t c0, int64_t c1) {
+    HalfRows* rows = half_rows<S>(whole ? n * s : s);
+    float* bx = buffer(rows ? &rows->x : nullptr);
     for (int64_t ch = c0; ch < c1; ++ch) {
+      if (whole)
+        for (int64_t i = 0; i < n; ++i) load<T>(dt, x + (i * c + ch) * s, bx + i * s, s);
+      // Row i of the channel as T: in place, from the channel's buffer, or converted into the row buffer now.
+      auto row = [&](int64_t i) {
+        return whole ? dest<T>(x + (i * c + ch) * s, bx + i * s) : load<T>(dt, x + (i * c + ch) * s, bx, s);
+      };
       double total = 0;
-      for (int64_t i = 0; i < n; ++i) total += row_sum(x + (i * c + ch) * s, s);
+      for (int64_t i = 0; i < n; ++i) total += row_sum(row(i), s);
       const double mu = total / m;
       double squares = 0;
-      for (int64_t i = 0; i < n; ++i) squares += row_squared_deviations(x + (i * c + ch) * s, s, mu);
+      for (int64_t i = 0; i < n; ++i) squares += row_squared_deviations(row(i), s, mu);
       const double v = squares / m;
       const double scale = (weight ? double(weight[ch]) : 1.0) / std::sqrt(v + eps);
       const T a = T(scale), b = T((bias ? double(bias[ch]) : 0.0) - mu * scale);
       for (int64_t i = 0; i < n; ++i) {
-        const T* p = x + (i * c + ch) * s;
-        T* q = y + (i * c + ch) * s;
+        const T* p = row(i);
+        T* q = dest<T>(y + (i * c + ch) * s, buffer(rows ? &rows->out : nullptr));
         for (int64_t k = 0; k < s; ++k) q[k] = p[k] * a + b;
+        store(dt, q, y + (i * c + ch) * s, s);
       }
       mean[ch] = T(mu);
       var[ch] = T(v);
@@ -144,26 +194,44 @@ void forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* var, 
   });
 }
 
-template <class T>
-void backward(const T* x, const T* dy, const T* weight, const T* mean, const T* var, T* dx, T* dweight, T* dbias,
-              int64_t n, int64_t c, int64_t s, double eps) {
-  if (s == 1) return backward_rows(x, dy, weight, mean, var, dx, dweight, dbias, n, c, eps);
+template <class S, class T>
+void backward(DType dt, const S* x, const S* dy, const T* weight, const T* mean, const T* var, S* dx, T* dweight,
+              T* dbias, int64_t n, int64_t c, int64_t s, double eps) {
+  if constexpr (std::is_same_v<S, T>)
+    if (s == 1) return backward_rows(x, dy, weight, mean, var, dx, dweight, dbias, n, c, eps);
   const double m = double(n * s);
+  const bool whole = !std::is_same_v<S, T> && n * s <= kChannelFloats;
   parallel_for(c, 1, [&](int64_t c0, int64_t c1) {
+    HalfRows* rows = half_rows<S>(whole ? n * s : s);
+    float *bx = buffer(rows ? &rows->x : nullptr), *bg = buffer(rows ? &rows->g : nullptr);
     for (int64_t ch = c0; ch < c1; ++ch) {
+      if (whole)
+        for (int64_t i = 0; i < n; ++i) {
+          load<T>(dt, x + (i * c + ch) * s, bx + i * s, s);
+          load<T>(dt, dy + (i * c + ch) * s, bg + i * s, s);
+        }
+      auto rows_at = [&](int64_t i, const T*& p, const T*& g) {
+        const int64_t at = (i * c + ch) * s;
+        p = whole ? dest<T>(x + at, bx + i * s) : load<T>(dt, x + at, bx, s);
+        g = whole ? dest<T>(dy + at, bg + i * s) : load<T>(dt, dy + at, bg, s);
+      };
       const double mu = double(mean[ch]);
       double sum_dy = 0, sum_dy_xc = 0;
-      for (int64_t i = 0; i < n; ++i) row_sums_dy(x + (i * c + ch) * s, dy + (i * c + ch) * s, s, mu, sum_dy, sum_dy_xc);
+      const T *p = nullptr, *g = nullptr;
+      for (int64_t i = 0; i < n; ++i) {
+        rows_at(i, p, g);
+        row_sums_dy(p, g, s, mu, sum_dy, sum_dy_xc);
+      }
       const double inv = 1.0 / std::sqrt(double(var[ch]) + eps);
       const double a = (weight ? double(weight[ch]) : 1.0) * inv;
       const double k_xc = a * inv * inv * sum_dy_xc / m;
       // dx = a dy - k_xc (x - mu) - a sum_dy / m = a dy - k_xc x + (k_xc mu - a sum_dy / m)
       const T ta = T(a), tk = T(k_xc), tb = T(k_xc * mu - a * sum_dy / m);
       for (int64_t i = 0; i < n; ++i) {
-        const T* p = x + (i * c + ch) * s;
-        const T* g = dy + (i * c + ch) * s;
-        T* q = dx + (i * c + ch) * s;
+        rows_at(i, p, g);
+        T* q = dest<T>(dx + (i * c + ch) * s, buffer(rows ? &rows->out : nullptr));
         for (int64_t k = 0; k < s; ++k) q[k] = g[k] * ta - p[k] * tk + tb;
+        store(dt, q, dx + (i * c + ch) * s, s);
       }
       if (dweight) dweight[ch] = T(inv * sum_dy_xc);
       if (dbias) dbias[ch] = T(sum_dy);
@@ -171,15 +239,18 @@ void backward(const T* x, const T* dy, const T* weight, const T* mean, const T* 
   });
 }
 
-template <class T>
-void affine(const T* x, const T* scale, const T* shift, T* y, int64_t n, int64_t c, int64_t s) {
+// BatchNorm inference: y = x * scale + shift per channel.
+template <class S, class T>
+void affine(DType dt, const S* x, const T* scale, const T* shift, S* y, int64_t n, int64_t c, int64_t s) {
   parallel_for(n * c, std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, s)), [&](int64_t r0, int64_t r1) {
+    HalfRows* rows = half_rows<S>(s);
     for (int64_t r = r0; r < r1; ++r) {  // row r = (i, ch)
       const int64_t ch = r % c;
       const T a = scale[ch], b = shift ? shift[ch] : T(0);
-      const T* p = x + r * s;
-      T* q = y + r * s;
+      const T* p = load<T>(dt, x + r * s, buffer(rows ? &rows->x : nullptr), s);
+      T* q = dest<T>(y + r * s, buffer(rows ? &rows->out : nullptr));
       for (int64_t k = 0; k < s; ++k) q[k] = p[k] * a + b;
+      store(dt, q, y + r * s, s);
     }
   });
 }
@@ -256,14 +327,24 @@ FLUX_CPU_INLINE void normalise_row_range_body(const float* x, const float* weigh
 }
 FLUX_CPU_VARIANTS(normalise_row_range, normalise_row_range_body)
 
-template <class T>
-void normalise_rows(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd, int64_t r, int64_t d,
+template <class S, class T>
+void normalise_rows(DType dt, const S* x, const T* weight, const T* bias, S* y, T* mean, T* rstd, int64_t r, int64_t d,
                     double eps) {
   for_row_blocks(r, d, [&](int64_t, int64_t r0, int64_t r1) {
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (std::is_same_v<S, float>) {
       normalise_row_range(x, weight, bias, y, mean, rstd, r0, r1, d, eps);
-    else
-      for (int64_t i = r0; i < r1; ++i) normalise_row(x + i * d, weight, bias, y + i * d, mean[i], rstd[i], d, eps);
+    } else {
+      HalfRows* rows = half_rows<S>(d);
+      for (int64_t i = r0; i < r1; ++i) {
+        T* yi = dest<T>(y + i * d, buffer(rows ? &rows->out : nullptr));
+        const T* xi = load<T>(dt, x + i * d, buffer(rows ? &rows->x : nullptr), d);
+        if constexpr (std::is_same_v<T, float>)
+          normalise_row_range(xi, weight, bias, yi, mean + i, rstd + i, int64_t(0), int64_t(1), d, eps);
+        else
+          normalise_row(xi, weight, bias, yi, mean[i], rstd[i], d, eps);
+        store(dt, yi, y + i * d, d);
+      }
+    }
   });
 }
 
@@ -305,8 +386,8 @@ void sum_block_partials(const std::vector<double>& partial, int64_t blocks, int6
   }
 }
 
-template <class T>
-void normalise_rows_backward(const T* x, const T* dy, const T* weight, const T* mean, const T* rstd, T* dx,
+template <class S, class T>
+void normalise_rows_backward(DType dt, const S* x, const S* dy, const T* weight, const T* mean, const T* rstd, S* dx,
                              T* dweight, T* dbias, int64_t r, int64_t d) {
   const int64_t blocks = (r + rows_per_block(d) - 1) / rows_per_block(d);
   const bool params = dweight || dbias;
@@ -314,239 +395,76 @@ void normalise_rows_backward(const T* x, const T* dy, const T* weight, const T* 
   for_row_blocks(r, d, [&](int64_t block, int64_t r0, int64_t r1) {
     double* pw = params ? partial.data() + size_t(block) * size_t(2 * d) : nullptr;
     double* pb = pw ? pw + d : nullptr;
-    for (int64_t i = r0; i < r1; ++i) normalise_row_backward(x + i * d, dy + i * d, weight, mean[i], rstd[i], dx + i * d, pw, pb, d);
-  });
-  if (params) sum_block_partials(partial, blocks, d, dweight, dbias);
-}
-
-// ---- bf16/f16 activations (x, y, dy, dx), Float32 per-channel / per-row arrays ----
-// Each row of x (and dy) is converted into a per-thread float32 row as it is read, and the float32
-// kernels' own row code runs on it; y (dx) is converted down as it is written. The values are bitwise
-// those of the cast up, the float32 kernel and the cast down, without full-tensor float32 copies.
-struct HalfRows {
-  std::vector<float> x, g, out;
-};
-HalfRows& half_rows(int64_t len) {
-  thread_local HalfRows rows;
-  for (auto* v : {&rows.x, &rows.g, &rows.out})
-    if (int64_t(v->size()) < len) v->resize(size_t(len));
-  return rows;
-}
-
-// A channel's n rows of x (and dy) are converted once into per-thread buffers when they fit in L2
-// (kChannelFloats each; ResNet-18's largest BatchNorm at 112² b32 holds 100K); larger ones are
-// converted row by row on each of the passes. The arithmetic is the same either way.
-constexpr int64_t kChannelFloats = int64_t(1) << 17;
-
-// BatchNorm training forward, s > 1 (the per-channel loop of forward<float>).
-void forward_half(DType t, const uint16_t* x, const float* weight, const float* bias, uint16_t* y, float* mean,
-                  float* var, int64_t n, int64_t c, int64_t s, double eps) {
-  const double m = double(n * s);
-  const bool whole = n * s <= kChannelFloats;
-  parallel_for(c, 1, [&](int64_t c0, int64_t c1) {
-    HalfRows& rows = half_rows(whole ? n * s : s);
-    for (int64_t ch = c0; ch < c1; ++ch) {
-      // Row i of the channel in float32: from the channel's buffer, or converted into the row buffer now.
-      auto row = [&](int64_t i) {
-        if (whole) return static_cast<const float*>(rows.x.data() + i * s);
-        half_storage_to_float(t, x + (i * c + ch) * s, rows.x.data(), s);
-        return static_cast<const float*>(rows.x.data());
-      };
-      if (whole)
-        for (int64_t i = 0; i < n; ++i) half_storage_to_float(t, x + (i * c + ch) * s, rows.x.data() + i * s, s);
-      double total = 0;
-      for (int64_t i = 0; i < n; ++i) total += row_sum(row(i), s);
-      const double mu = total / m;
-      double squares = 0;
-      for (int64_t i = 0; i < n; ++i) squares += row_squared_deviations(row(i), s, mu);
-      const double v = squares / m;
-      const double scale = (weight ? double(weight[ch]) : 1.0) / std::sqrt(v + eps);
-      const float a = float(scale), b = float((bias ? double(bias[ch]) : 0.0) - mu * scale);
-      float* q = rows.out.data();
-      for (int64_t i = 0; i < n; ++i) {
-        const float* p = row(i);
-        for (int64_t k = 0; k < s; ++k) q[k] = p[k] * a + b;
-        float_to_half_storage(t, q, y + (i * c + ch) * s, s);
-      }
-      mean[ch] = float(mu);
-      var[ch] = float(v);
-    }
-  });
-}
-
-// BatchNorm training backward, s > 1 (the per-channel loop of backward<float>).
-void backward_half(DType t, const uint16_t* x, const uint16_t* dy, const float* weight, const float* mean,
-                   const float* var, uint16_t* dx, float* dweight, float* dbias, int64_t n, int64_t c, int64_t s,
-                   double eps) {
-  const double m = double(n * s);
-  const bool whole = n * s <= kChannelFloats;
-  parallel_for(c, 1, [&](int64_t c0, int64_t c1) {
-    HalfRows& rows = half_rows(whole ? n * s : s);
-    for (int64_t ch = c0; ch < c1; ++ch) {
-      auto rows_at = [&](int64_t i, const float*& p, const float*& g) {
-        if (whole) {
-          p = rows.x.data() + i * s, g = rows.g.data() + i * s;
-          return;
-        }
-        half_storage_to_float(t, x + (i * c + ch) * s, rows.x.data(), s);
-        half_storage_to_float(t, dy + (i * c + ch) * s, rows.g.data(), s);
-        p = rows.x.data(), g = rows.g.data();
-      };
-      if (whole)
-        for (int64_t i = 0; i < n; ++i) {
-          half_storage_to_float(t, x + (i * c + ch) * s, rows.x.data() + i * s, s);
-          half_storage_to_float(t, dy + (i * c + ch) * s, rows.g.data() + i * s, s);
-        }
-      const double mu = double(mean[ch]);
-      double sum_dy = 0, sum_dy_xc = 0;
-      const float *p = nullptr, *g = nullptr;
-      for (int64_t i = 0; i < n; ++i) {
-        rows_at(i, p, g);
-        row_sums_dy(p, g, s, mu, sum_dy, sum_dy_xc);
-      }
-      const double inv = 1.0 / std::sqrt(double(var[ch]) + eps);
-      const double a = (weight ? double(weight[ch]) : 1.0) * inv;
-      const double k_xc = a * inv * inv * sum_dy_xc / m;
-      const float ta = float(a), tk = float(k_xc), tb = float(k_xc * mu - a * sum_dy / m);
-      float* q = rows.out.data();
-      for (int64_t i = 0; i < n; ++i) {
-        rows_at(i, p, g);
-        for (int64_t k = 0; k < s; ++k) q[k] = g[k] * ta - p[k] * tk + tb;
-        float_to_half_storage(t, q, dx + (i * c + ch) * s, s);
-      }
-      if (dweight) dweight[ch] = float(inv * sum_dy_xc);
-      if (dbias) dbias[ch] = float(sum_dy);
-    }
-  });
-}
-
-// BatchNorm inference: y = x * scale + shift per channel (affine<float>'s rows).
-void affine_half(DType t, const uint16_t* x, const float* scale, const float* shift, uint16_t* y, int64_t n, int64_t c,
-                 int64_t s) {
-  parallel_for(n * c, std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, s)), [&](int64_t r0, int64_t r1) {
-    HalfRows& rows = half_rows(s);
-    float* p = rows.x.data();
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t ch = r % c;
-      const float a = scale[ch], b = shift ? shift[ch] : 0.f;
-      half_storage_to_float(t, x + r * s, p, s);
-      for (int64_t k = 0; k < s; ++k) p[k] = p[k] * a + b;
-      float_to_half_storage(t, p, y + r * s, s);
-    }
-  });
-}
-
-// LayerNorm / GroupNorm rows (normalise_rows<float>'s per-row code).
-void normalise_rows_half(DType t, const uint16_t* x, const float* weight, const float* bias, uint16_t* y, float* mean,
-                         float* rstd, int64_t r, int64_t d, double eps) {
-  for_row_blocks(r, d, [&](int64_t, int64_t r0, int64_t r1) {
-    HalfRows& rows = half_rows(d);
+    HalfRows* rows = half_rows<S>(d);
     for (int64_t i = r0; i < r1; ++i) {
-      half_storage_to_float(t, x + i * d, rows.x.data(), d);
-      normalise_row_range(static_cast<const float*>(rows.x.data()), weight, bias, rows.out.data(), mean + i, rstd + i,
-                          int64_t(0), int64_t(1), d, eps);
-      float_to_half_storage(t, rows.out.data(), y + i * d, d);
-    }
-  });
-}
-
-void normalise_rows_backward_half(DType t, const uint16_t* x, const uint16_t* dy, const float* weight, const float* mean,
-                                  const float* rstd, uint16_t* dx, float* dweight, float* dbias, int64_t r, int64_t d) {
-  const int64_t blocks = (r + rows_per_block(d) - 1) / rows_per_block(d);
-  const bool params = dweight || dbias;
-  std::vector<double> partial(params ? size_t(blocks) * size_t(2 * d) : 0, 0.0);  // as normalise_rows_backward
-  for_row_blocks(r, d, [&](int64_t block, int64_t r0, int64_t r1) {
-    double* pw = params ? partial.data() + size_t(block) * size_t(2 * d) : nullptr;
-    double* pb = pw ? pw + d : nullptr;
-    HalfRows& rows = half_rows(d);
-    for (int64_t i = r0; i < r1; ++i) {
-      half_storage_to_float(t, x + i * d, rows.x.data(), d);
-      half_storage_to_float(t, dy + i * d, rows.g.data(), d);
-      normalise_row_backward(static_cast<const float*>(rows.x.data()), static_cast<const float*>(rows.g.data()), weight,
-                             mean[i], rstd[i], rows.out.data(), pw, pb, d);
-      float_to_half_storage(t, rows.out.data(), dx + i * d, d);
+      T* dxi = dest<T>(dx + i * d, buffer(rows ? &rows->out : nullptr));
+      normalise_row_backward(load<T>(dt, x + i * d, buffer(rows ? &rows->x : nullptr), d),
+                             load<T>(dt, dy + i * d, buffer(rows ? &rows->g : nullptr), d), weight, mean[i], rstd[i], dxi,
+                             pw, pb, d);
+      store(dt, dxi, dx + i * d, d);
     }
   });
   if (params) sum_block_partials(partial, blocks, d, dweight, dbias);
 }
-
-bool half(DType t) { return t == DType::bf16 || t == DType::f16; }
-const uint16_t* in_half(const void* p) { return static_cast<const uint16_t*>(p); }
-uint16_t* out_half(void* p) { return static_cast<uint16_t*>(p); }
 
 template <class T> const T* in(const void* p) { return static_cast<const T*>(p); }
 template <class T> T* out(void* p) { return static_cast<T*>(p); }
+// f.operator()<S, T>() for dtype t: Float32 and Float64 in place, Float16/BFloat16 storage over float
+// (where `half` allows it); false for any other dtype.
+template <class F> bool typed(DType t, const F& f, bool half = true) {
+  if (t == DType::f32) f.template operator()<float, float>();
+  else if ((t == DType::bf16 || t == DType::f16) && half) f.template operator()<uint16_t, float>();
+  else if (t == DType::f64) f.template operator()<double, double>();
+  else return false;
+  return true;
+}
 
 }  // namespace
 
 bool batchnorm_forward(DType t, const void* x, const void* weight, const void* bias, void* y, void* mean, void* var,
                        int64_t n, int64_t c, int64_t s, double eps) {
-  if (t == DType::f32) forward(in<float>(x), in<float>(weight), in<float>(bias), out<float>(y), out<float>(mean), out<float>(var), n, c, s, eps);
-  else if (t == DType::bf16 && s > 1 && batchnorm_bf16_avx512_available())
-    batchnorm_forward_bf16_avx512(in_half(x), in<float>(weight), in<float>(bias), out_half(y), out<float>(mean),
-                                  out<float>(var), n, c, s, eps);
-  else if (half(t) && s > 1)
-    forward_half(t, in_half(x), in<float>(weight), in<float>(bias), out_half(y), out<float>(mean), out<float>(var), n, c, s, eps);
-  else if (t == DType::f64) forward(in<double>(x), in<double>(weight), in<double>(bias), out<double>(y), out<double>(mean), out<double>(var), n, c, s, eps);
-  else return false;
-  return true;
+  if (t == DType::bf16 && s > 1 && batchnorm_bf16_avx512_available()) {
+    batchnorm_forward_bf16_avx512(in<uint16_t>(x), in<float>(weight), in<float>(bias), out<uint16_t>(y),
+                                  out<float>(mean), out<float>(var), n, c, s, eps);
+    return true;
+  }
+  return typed(t, [&]<class S, class T>() {
+    forward<S, T>(t, in<S>(x), in<T>(weight), in<T>(bias), out<S>(y), out<T>(mean), out<T>(var), n, c, s, eps);
+  }, s > 1);  // half storage: s == 1 declines
 }
 
 bool batchnorm_backward(DType t, const void* x, const void* dy, const void* weight, const void* mean, const void* var,
                         void* dx, void* dweight, void* dbias, int64_t n, int64_t c, int64_t s, double eps) {
-  if (t == DType::f32)
-    backward(in<float>(x), in<float>(dy), in<float>(weight), in<float>(mean), in<float>(var), out<float>(dx), out<float>(dweight), out<float>(dbias), n, c, s, eps);
-  else if (t == DType::bf16 && s > 1 && batchnorm_bf16_avx512_available())
-    batchnorm_backward_bf16_avx512(in_half(x), in_half(dy), in<float>(weight), in<float>(mean), in<float>(var),
-                                   out_half(dx), out<float>(dweight), out<float>(dbias), n, c, s, eps);
-  else if (half(t) && s > 1)
-    backward_half(t, in_half(x), in_half(dy), in<float>(weight), in<float>(mean), in<float>(var), out_half(dx),
-                  out<float>(dweight), out<float>(dbias), n, c, s, eps);
-  else if (t == DType::f64)
-    backward(in<double>(x), in<double>(dy), in<double>(weight), in<double>(mean), in<double>(var), out<double>(dx), out<double>(dweight), out<double>(dbias), n, c, s, eps);
-  else return false;
-  return true;
+  if (t == DType::bf16 && s > 1 && batchnorm_bf16_avx512_available()) {
+    batchnorm_backward_bf16_avx512(in<uint16_t>(x), in<uint16_t>(dy), in<float>(weight), in<float>(mean),
+                                   in<float>(var), out<uint16_t>(dx), out<float>(dweight), out<float>(dbias), n, c, s,
+                                   eps);
+    return true;
+  }
+  return typed(t, [&]<class S, class T>() {
+    backward<S, T>(t, in<S>(x), in<S>(dy), in<T>(weight), in<T>(mean), in<T>(var), out<S>(dx), out<T>(dweight),
+                   out<T>(dbias), n, c, s, eps);
+  }, s > 1);
 }
 
 bool channel_affine(DType t, const void* x, const void* scale, const void* shift, void* y, int64_t n, int64_t c,
                     int64_t s) {
-  if (t == DType::f32) affine(in<float>(x), in<float>(scale), in<float>(shift), out<float>(y), n, c, s);
-  else if (half(t)) affine_half(t, in_half(x), in<float>(scale), in<float>(shift), out_half(y), n, c, s);
-  else if (t == DType::f64) affine(in<double>(x), in<double>(scale), in<double>(shift), out<double>(y), n, c, s);
-  else return false;
-  return true;
+  return typed(t, [&]<class S, class T>() { affine<S, T>(t, in<S>(x), in<T>(scale), in<T>(shift), out<S>(y), n, c, s); });
 }
 
 bool rownorm_forward(DType t, const void* x, const void* weight, const void* bias, void* y, void* mean, void* rstd,
                      int64_t r, int64_t d, double eps) {
-  if (t == DType::f32)
-    normalise_rows(in<float>(x), in<float>(weight), in<float>(bias), out<float>(y), out<float>(mean), out<float>(rstd),
-                   r, d, eps);
-  else if (half(t))
-    normalise_rows_half(t, in_half(x), in<float>(weight), in<float>(bias), out_half(y), out<float>(mean), out<float>(rstd),
-                        r, d, eps);
-  else if (t == DType::f64)
-    normalise_rows(in<double>(x), in<double>(weight), in<double>(bias), out<double>(y), out<double>(mean),
-                   out<double>(rstd), r, d, eps);
-  else
-    return false;
-  return true;
+  return typed(t, [&]<class S, class T>() {
+    normalise_rows<S, T>(t, in<S>(x), in<T>(weight), in<T>(bias), out<S>(y), out<T>(mean), out<T>(rstd), r, d, eps);
+  });
 }
 
 bool rownorm_backward(DType t, const void* x, const void* dy, const void* weight, const void* mean, const void* rstd,
                       void* dx, void* dweight, void* dbias, int64_t r, int64_t d) {
-  if (t == DType::f32)
-    normalise_rows_backward(in<float>(x), in<float>(dy), in<float>(weight), in<float>(mean), in<float>(rstd),
-                            out<float>(dx), out<float>(dweight), out<float>(dbias), r, d);
-  else if (half(t))
-    normalise_rows_backward_half(t, in_half(x), in_half(dy), in<float>(weight), in<float>(mean), in<float>(rstd),
-                                 out_half(dx), out<float>(dweight), out<float>(dbias), r, d);
-  else if (t == DType::f64)
-    normalise_rows_backward(in<double>(x), in<double>(dy), in<double>(weight), in<double>(mean), in<double>(rstd),
-                            out<double>(dx), out<double>(dweight), out<double>(dbias), r, d);
-  else
-    return false;
-  return true;
+  return typed(t, [&]<class S, class T>() {
+    normalise_rows_backward<S, T>(t, in<S>(x), in<S>(dy), in<T>(weight), in<T>(mean), in<T>(rstd), out<S>(dx),
+                                  out<T>(dweight), out<T>(dbias), r, d);
+  });
 }
 
 }  // namespace flux::cpu_backend

@@ -1,6 +1,6 @@
 // CPU pooling kernels: pool_forward / pool_backward over (N, C, spatial...) with 1 to 3 spatial axes,
-// float32 and float64 (bf16/f16 storage through per-plane float32 copies in cache), threaded over the N * C planes (each plane is one task, so the backward's
-// accumulation into overlapping windows never races).
+// float32 and float64 (bf16/f16 storage through per-plane float32 copies in cache), threaded over the
+// N * C planes (each plane is one task, so the backward's accumulation into overlapping windows never races).
 //
 // Shapes: x (N, C, in...), y and dy (N, C, out...), dx (N, C, in...). Spatial axes are normalised to
 // three (D, H, W) with leading length-1 axes, so 1-D and 2-D run the same loops.
@@ -374,26 +374,10 @@ void backward_plane(const Axes& a, int fixed, const T* xp, const T* yp, const T*
   else reference_backward<T, op>(a, xp, yp, dyp, dxp);
 }
 
-template <class T, PoolOp op>
-void forward_typed(const Axes& a, int64_t planes, const T* x, T* y) {
-  int fixed = fixed_case(a);
-  parallel_for(planes, grain_of(a), [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) forward_plane<T, op>(a, fixed, x + p * a.in_plane, y + p * a.out_plane);
-  });
-}
-
-template <class T, PoolOp op>
-void backward_typed(const Axes& a, int64_t planes, const T* x, const T* y, const T* dy, T* dx) {
-  int fixed = fixed_case(a);
-  parallel_for(planes, grain_of(a), [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p)
-      backward_plane<T, op>(a, fixed, x + p * a.in_plane, y + p * a.out_plane, dy + p * a.out_plane, dx + p * a.in_plane);
-  });
-}
-
-// ---- bf16/f16 storage: each plane converted into per-thread float32 planes (in cache), the float32
-// plane kernel run there, the result converted down: bitwise the cast up, the float32 pool and the
-// cast down (a max is exact, a mean rounds once), without the full-tensor float32 copies. ----
+// ---- all planes, threaded; bf16/f16 storage (S = uint16_t): each plane converted into per-thread
+// float32 planes (in cache), the float32 plane kernel run there, the result converted down: bitwise the
+// cast up, the float32 pool and the cast down (a max is exact, a mean rounds once), without the
+// full-tensor float32 copies. ----
 struct HalfPlanes {
   std::vector<float> x, y, dy, dx;
 };
@@ -406,76 +390,73 @@ HalfPlanes& half_planes(const Axes& a) {
   return p;
 }
 
-template <PoolOp op> void forward_half(DType t, const Axes& a, int64_t planes, const uint16_t* x, uint16_t* y) {
-  int fixed = fixed_case(a);
+template <class S, PoolOp op> void forward_planes(DType t, const Axes& a, int64_t planes, const S* x, S* y) {
+  const int fixed = fixed_case(a);
   parallel_for(planes, grain_of(a), [&](int64_t begin, int64_t end) {
-    HalfPlanes& f = half_planes(a);
-    for (int64_t p = begin; p < end; ++p) {
-      half_storage_to_float(t, x + p * a.in_plane, f.x.data(), a.in_plane);
-      forward_plane<float, op>(a, fixed, f.x.data(), f.y.data());
-      float_to_half_storage(t, f.y.data(), y + p * a.out_plane, a.out_plane);
+    if constexpr (std::is_same_v<S, uint16_t>) {
+      HalfPlanes& f = half_planes(a);
+      for (int64_t p = begin; p < end; ++p) {
+        half_storage_to_float(t, x + p * a.in_plane, f.x.data(), a.in_plane);
+        forward_plane<float, op>(a, fixed, f.x.data(), f.y.data());
+        float_to_half_storage(t, f.y.data(), y + p * a.out_plane, a.out_plane);
+      }
+    } else {
+      for (int64_t p = begin; p < end; ++p) forward_plane<S, op>(a, fixed, x + p * a.in_plane, y + p * a.out_plane);
     }
   });
 }
 
-template <PoolOp op>
-void backward_half(DType t, const Axes& a, int64_t planes, const uint16_t* x, const uint16_t* y, const uint16_t* dy,
-                   uint16_t* dx) {
-  int fixed = fixed_case(a);
+template <class S, PoolOp op>
+void backward_planes(DType t, const Axes& a, int64_t planes, const S* x, const S* y, const S* dy, S* dx) {
+  const int fixed = fixed_case(a);
   parallel_for(planes, grain_of(a), [&](int64_t begin, int64_t end) {
-    HalfPlanes& f = half_planes(a);
-    for (int64_t p = begin; p < end; ++p) {
-      if (op == PoolOp::max) half_storage_to_float(t, x + p * a.in_plane, f.x.data(), a.in_plane);
-      if (op == PoolOp::max) half_storage_to_float(t, y + p * a.out_plane, f.y.data(), a.out_plane);
-      half_storage_to_float(t, dy + p * a.out_plane, f.dy.data(), a.out_plane);
-      half_storage_to_float(t, dx + p * a.in_plane, f.dx.data(), a.in_plane);  // dx is accumulated into
-      backward_plane<float, op>(a, fixed, f.x.data(), f.y.data(), f.dy.data(), f.dx.data());
-      float_to_half_storage(t, f.dx.data(), dx + p * a.in_plane, a.in_plane);
+    if constexpr (std::is_same_v<S, uint16_t>) {
+      HalfPlanes& f = half_planes(a);
+      for (int64_t p = begin; p < end; ++p) {
+        if (op == PoolOp::max) half_storage_to_float(t, x + p * a.in_plane, f.x.data(), a.in_plane);
+        if (op == PoolOp::max) half_storage_to_float(t, y + p * a.out_plane, f.y.data(), a.out_plane);
+        half_storage_to_float(t, dy + p * a.out_plane, f.dy.data(), a.out_plane);
+        half_storage_to_float(t, dx + p * a.in_plane, f.dx.data(), a.in_plane);  // dx is accumulated into
+        backward_plane<float, op>(a, fixed, f.x.data(), f.y.data(), f.dy.data(), f.dx.data());
+        float_to_half_storage(t, f.dx.data(), dx + p * a.in_plane, a.in_plane);
+      }
+    } else {
+      for (int64_t p = begin; p < end; ++p)
+        backward_plane<S, op>(a, fixed, x + p * a.in_plane, y + p * a.out_plane, dy + p * a.out_plane, dx + p * a.in_plane);
     }
   });
 }
 
-template <class T>
-void forward_dispatch(PoolOp op, const Axes& a, int64_t planes, const void* x, void* y) {
-  if (op == PoolOp::max) forward_typed<T, PoolOp::max>(a, planes, static_cast<const T*>(x), static_cast<T*>(y));
-  else forward_typed<T, PoolOp::mean>(a, planes, static_cast<const T*>(x), static_cast<T*>(y));
-}
-
-template <class T>
-void backward_dispatch(PoolOp op, const Axes& a, int64_t planes, const void* x, const void* y, const void* dy,
-                       void* dx) {
-  auto xs = static_cast<const T*>(x), ys = static_cast<const T*>(y), dys = static_cast<const T*>(dy);
-  auto dxs = static_cast<T*>(dx);
-  if (op == PoolOp::max) backward_typed<T, PoolOp::max>(a, planes, xs, ys, dys, dxs);
-  else backward_typed<T, PoolOp::mean>(a, planes, xs, ys, dys, dxs);
+// f.operator()<S>() for the storage type of t: float, double, uint16_t (bf16/f16); fails otherwise.
+template <class F> void typed(const char* api, DType t, const F& f) {
+  if (t == DType::f32) f.template operator()<float>();
+  else if (t == DType::f64) f.template operator()<double>();
+  else if (t == DType::bf16 || t == DType::f16) f.template operator()<uint16_t>();
+  else detail::fail("[", api, "] CPU kernel supports Float32, Float64, BFloat16 and Float16; got ", dtype_name(t));
 }
 
 }  // namespace
 
 void pool_forward(PoolOp op, DType t, const void* x, void* y, const ConvGeometry& g) {
-  Axes a = axes_of(g);
-  int64_t planes = g.batch * g.in_channels;
-  if (t == DType::f32) forward_dispatch<float>(op, a, planes, x, y);
-  else if (t == DType::f64) forward_dispatch<double>(op, a, planes, x, y);
-  else if (t == DType::bf16 || t == DType::f16) {
-    auto xs = static_cast<const uint16_t*>(x);
-    auto ys = static_cast<uint16_t*>(y);
-    if (op == PoolOp::max) forward_half<PoolOp::max>(t, a, planes, xs, ys);
-    else forward_half<PoolOp::mean>(t, a, planes, xs, ys);
-  } else detail::fail("[pool] CPU kernel supports Float32, Float64, BFloat16 and Float16; got ", dtype_name(t));
+  const Axes a = axes_of(g);
+  const int64_t planes = g.batch * g.in_channels;
+  typed("pool", t, [&]<class S>() {
+    auto xs = static_cast<const S*>(x);
+    auto ys = static_cast<S*>(y);
+    if (op == PoolOp::max) forward_planes<S, PoolOp::max>(t, a, planes, xs, ys);
+    else forward_planes<S, PoolOp::mean>(t, a, planes, xs, ys);
+  });
 }
 
 void pool_backward(PoolOp op, DType t, const void* x, const void* y, const void* dy, void* dx, const ConvGeometry& g) {
-  Axes a = axes_of(g);
-  int64_t planes = g.batch * g.in_channels;
-  if (t == DType::f32) backward_dispatch<float>(op, a, planes, x, y, dy, dx);
-  else if (t == DType::f64) backward_dispatch<double>(op, a, planes, x, y, dy, dx);
-  else if (t == DType::bf16 || t == DType::f16) {
-    auto xs = static_cast<const uint16_t*>(x), ys = static_cast<const uint16_t*>(y), dys = static_cast<const uint16_t*>(dy);
-    auto dxs = static_cast<uint16_t*>(dx);
-    if (op == PoolOp::max) backward_half<PoolOp::max>(t, a, planes, xs, ys, dys, dxs);
-    else backward_half<PoolOp::mean>(t, a, planes, xs, ys, dys, dxs);
-  } else detail::fail("[pool backward] CPU kernel supports Float32, Float64, BFloat16 and Float16; got ", dtype_name(t));
+  const Axes a = axes_of(g);
+  const int64_t planes = g.batch * g.in_channels;
+  typed("pool backward", t, [&]<class S>() {
+    auto xs = static_cast<const S*>(x), ys = static_cast<const S*>(y), dys = static_cast<const S*>(dy);
+    auto dxs = static_cast<S*>(dx);
+    if (op == PoolOp::max) backward_planes<S, PoolOp::max>(t, a, planes, xs, ys, dys, dxs);
+    else backward_planes<S, PoolOp::mean>(t, a, planes, xs, ys, dys, dxs);
+  });
 }
 
 }  // namespace flux::cpu_backend

@@ -56,6 +56,14 @@ const char* const kPreamble = R"CLC(
 #endif
 #define AT(type, base, off) ((__global type*)((__global uchar*)(base) + (off)))
 #define GRID_LOOP(i, n) for (long i = get_global_id(0); i < (n); i += get_global_size(0))
+// The window o along one axis that covers input position i at kernel offset k: o = (i + lo - k * dil) / st
+// when that is a whole number in [0, out), else -1 (conv's col2im, pooling's backward).
+inline long window_of(long i, long lo, long k, long dil, long st, long out) {
+  long t = i + lo - k * dil;
+  if (t < 0) return -1;
+  long o = st == 1 ? t : t / st;
+  return (o * st == t && o < out) ? o : -1;
+}
 // Element offsets of up to three operands for flat output index i over `shape` (ndim <= 8).
 inline void offsets(long i, int ndim, long8 shape, long8 s0, long8 s1, long8 s2, long* o0, long* o1, long* o2) {
   long sh[8], a[8], b[8], c[8];

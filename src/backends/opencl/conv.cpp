@@ -78,14 +78,6 @@ __kernel void im2col(__global uchar* x, ulong x_off, __global uchar* col, ulong 
   }
 }
 
-// o = (i + lo - k * dil) / st when that is a whole number in [0, out), else -1.
-inline long window_of(long i, long lo, long k, long dil, long st, long out) {
-  long t = i + lo - k * dil;
-  if (t < 0) return -1;
-  long o = st == 1 ? t : t / st;
-  return (o * st == t && o < out) ? o : -1;
-}
-
 // dx[p, i] += sum over (k, o) with o * st - lo + k * dil == i of col[(p, k), o]; one work-item per
 // (p, id, ih) row of dx, looping over iw. Terms are added in (k, o) order.
 __kernel void col2im(__global uchar* col, ulong col_off, __global uchar* dx, ulong dx_off, long planes,

@@ -58,14 +58,6 @@ __kernel void pool_forward(__global uchar* x, ulong x_off, __global uchar* y, ul
   }
 }
 
-// o = (i + lo - k * dil) / st when that is a whole number in [0, out), else -1.
-inline long window_of(long i, long lo, long k, long dil, long st, long out) {
-  long t = i + lo - k * dil;
-  if (t < 0) return -1;
-  long o = st == 1 ? t : t / st;
-  return (o * st == t && o < out) ? o : -1;
-}
-
 // True when (kd, kh, kw) is the first in-bounds position of window (od, oh, ow) holding y, i.e. no
 // in-bounds position before it in window order holds y and it does.
 inline bool first_max(__global const T* xp, T yv, long4 in, long4 ks, long4 st, long4 lo, long4 dil, long od,
