@@ -19,7 +19,7 @@ namespace flux::cpu_backend {
 namespace {
 
 // Row sums with eight independent float64 accumulators (vectorisable; float64 for accuracy).
-template <class T> double row_sum(const T* p, int64_t len) {
+template <class T> FLUX_CPU_INLINE double row_sum(const T* p, int64_t len) {
   double acc[8] = {};
   int64_t k = 0;
   for (; k + 8 <= len; k += 8)
@@ -29,7 +29,7 @@ template <class T> double row_sum(const T* p, int64_t len) {
   for (double a : acc) total += a;
   return total;
 }
-template <class T> double row_squared_deviations(const T* p, int64_t len, double mu) {
+template <class T> FLUX_CPU_INLINE double row_squared_deviations(const T* p, int64_t len, double mu) {
   double acc[8] = {};
   int64_t k = 0;
   for (; k + 8 <= len; k += 8)
@@ -270,9 +270,11 @@ template <class F> void for_row_blocks(int64_t r, int64_t d, const F& fn) {
   });
 }
 
-// One row: its statistics into mean_i, rstd_i and y.
+// One row: its statistics into mean_i, rstd_i and y. Inlined (with the sums above) into each ISA
+// variant of normalise_row_range below, so every level runs the same arithmetic in the same order.
 template <class T>
-void normalise_row(const T* xi, const T* weight, const T* bias, T* yi, T& mean_i, T& rstd_i, int64_t d, double eps) {
+FLUX_CPU_INLINE void normalise_row(const T* __restrict xi, const T* weight, const T* bias, T* __restrict yi, T& mean_i,
+                                   T& rstd_i, int64_t d, double eps) {
   const double mu = row_sum(xi, d) / double(d);
   const double inv = 1.0 / std::sqrt(row_squared_deviations(xi, d, mu) / double(d) + eps);
   mean_i = T(mu);
@@ -288,42 +290,10 @@ void normalise_row(const T* xi, const T* weight, const T* bias, T* yi, T& mean_i
     for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s;
 }
 
-// Float32 rows [r0, r1) of normalise_row compiled per ISA level (isa.hpp; the helpers above are
-// compiled once, at the baseline level): the same arithmetic, its 8-lane float64 sums in the same order.
+// Float32 rows [r0, r1) of normalise_row compiled per ISA level (isa.hpp).
 FLUX_CPU_INLINE void normalise_row_range_body(const float* x, const float* weight, const float* bias, float* y,
                                               float* mean, float* rstd, int64_t r0, int64_t r1, int64_t d, double eps) {
-  for (int64_t i = r0; i < r1; ++i) {
-    const float* __restrict xi = x + i * d;
-    float* __restrict yi = y + i * d;
-    double acc[8] = {}, sq[8] = {};
-    int64_t k = 0;
-    for (; k + 8 <= d; k += 8)
-      for (int j = 0; j < 8; ++j) acc[j] += double(xi[k + j]);
-    double total = 0;
-    for (; k < d; ++k) total += double(xi[k]);
-    for (double a : acc) total += a;
-    const double mu = total / double(d);
-    for (k = 0; k + 8 <= d; k += 8)
-      for (int j = 0; j < 8; ++j) {
-        const double e = double(xi[k + j]) - mu;
-        sq[j] += e * e;
-      }
-    double squares = 0;
-    for (; k < d; ++k) squares += (double(xi[k]) - mu) * (double(xi[k]) - mu);
-    for (double a : sq) squares += a;
-    const double inv = 1.0 / std::sqrt(squares / double(d) + eps);
-    mean[i] = float(mu);
-    rstd[i] = float(inv);
-    const float m = float(mu), s = float(inv);
-    if (weight && bias)
-      for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s * weight[j] + bias[j];
-    else if (weight)
-      for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s * weight[j];
-    else if (bias)
-      for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s + bias[j];
-    else
-      for (int64_t j = 0; j < d; ++j) yi[j] = (xi[j] - m) * s;
-  }
+  for (int64_t i = r0; i < r1; ++i) normalise_row(x + i * d, weight, bias, y + i * d, mean[i], rstd[i], d, eps);
 }
 FLUX_CPU_VARIANTS(normalise_row_range, normalise_row_range_body)
 
