@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <random>
@@ -999,6 +1000,162 @@ TEST(CpuConv, ForwardChoiceIsTheRuleAndKeepsItsBits) {
   last.in[0] = last.in[1] = last.out[0] = last.out[1] = 4, last.kernel[0] = last.kernel[1] = 3;
   last.pad_lo[0] = last.pad_lo[1] = last.pad_hi[0] = last.pad_hi[1] = 1;
   EXPECT_EQ(cpu_backend::conv_forward_kernel(last, false), cpu_backend::Kernel::few_pixel);
+}
+
+}  // namespace
+
+namespace {
+
+// A relu that ends a oneDNN kernel runs after it (relu_rows; onednn_relu.hpp says why): NaN kept,
+// ±0 -> +0, ±Inf, subnormals, at every ISA level, rows `ld` apart with the gaps untouched.
+float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+// The same value, or both NaN (a kernel may quiet a NaN's payload).
+bool same_value(float a, float b) { return (std::isnan(a) && std::isnan(b)) || float_bits(a) == float_bits(b); }
+
+TEST(CpuReluAfterKernel, RowsMatchTheScalarReluBitwiseAtEveryIsa) {
+  IsaGuard guard;
+  const float specials[] = {NAN, -NAN, 0.f, -0.f, INFINITY, -INFINITY, 1e-40f, -1e-40f, 1.f, -1.f,
+                            std::numeric_limits<float>::max(), -std::numeric_limits<float>::denorm_min()};
+  std::vector<float> f32 = random_floats(4000, -2, 2, 71);
+  for (size_t i = 0; i < std::size(specials); ++i) f32[i * 37] = specials[i];
+  std::vector<uint16_t> bf16(65536);  // every bf16 pattern
+  for (uint32_t i = 0; i < 65536; ++i) bf16[i] = uint16_t(i);
+  for (Isa level : usable_isas()) {
+    cpu_backend::force_isa(level);
+    SCOPED_TRACE(cpu_backend::isa_name(level));
+    for (int64_t cols : {int64_t(1), int64_t(31), int64_t(100)}) {  // rows 40 apart: the gaps stay as they are
+      const int64_t ld = 40, rows = int64_t(f32.size()) / ld;
+      std::vector<float> y = f32;
+      cpu_backend::relu_rows(DType::f32, y.data(), rows, cols > ld ? ld : cols, ld);
+      for (size_t i = 0; i < y.size(); ++i) {
+        const bool inside = int64_t(i) % ld < std::min(cols, ld);
+        const float want = inside ? (f32[i] <= 0.f ? 0.f : f32[i]) : f32[i];
+        ASSERT_TRUE(same_value(y[i], want)) << "f32 " << f32[i] << " at " << i << " cols " << cols;
+        if (inside && !std::isnan(f32[i]) && f32[i] <= 0.f) {
+          ASSERT_EQ(float_bits(y[i]), 0u) << "+0, not -0";
+        }
+      }
+    }
+    std::vector<uint16_t> h = bf16;
+    cpu_backend::relu_rows(DType::bf16, h.data(), 256, 250, 256);
+    for (uint32_t i = 0; i < 65536; ++i) {
+      const float x = bits_float(i << 16);
+      const uint16_t want = i % 256 >= 250 ? uint16_t(i) : (x <= 0.f ? uint16_t(0) : uint16_t(i));
+      ASSERT_EQ(h[i], want) << "bf16 pattern " << i;
+    }
+  }
+  try {
+    cpu_backend::relu_rows(DType::f64, f32.data(), 1, 1, 1);
+    ADD_FAILURE() << "Float64 accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("[relu_rows] takes Float32 or BFloat16; got Float64"), std::string::npos) << e.what();
+  }
+}
+
+// Dense and conv with a fused relu on oneDNN's kernels give relu of the same kernel's output, value
+// for value (NaN stays NaN): Float32 and, where the CPU runs them, bf16; the inputs carry NaN, ±Inf,
+// ±0 and subnormals at pixels that the identity weights pass through unchanged.
+TEST(CpuReluAfterKernel, FusedReluIsReluOfTheKernelOutput) {
+  ForceGuard force_guard;
+  const float specials[] = {NAN, -INFINITY, INFINITY, -0.f, 0.f, 1e-40f, -1e-40f, -3.f, 2.5f};
+  auto relu_of = [](std::vector<float> v) {
+    for (float& x : v) x = x <= 0.f ? 0.f : x;
+    return v;
+  };
+  auto check = [&](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    ASSERT_EQ(got.size(), want.size());
+    int nans = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(same_value(got[i], want[i])) << what << " at " << i << ": " << got[i] << " against " << want[i];
+      nans += std::isnan(got[i]);
+    }
+    EXPECT_GT(nans, 0) << what << ": the NaN inputs reach the output";
+  };
+  const bool bf16 = cpu_backend::bf16_kernels_enabled();
+  for (DType t : {DType::f32, DType::bf16}) {
+    if (t == DType::bf16 && !bf16) continue;
+    SCOPED_TRACE(dtype_name(t));
+    const size_t es = t == DType::f32 ? 4 : 2;
+    auto store = [&](const std::vector<float>& v) {  // v in t's storage (bf16: rounded by the reference cast)
+      std::vector<char> out(v.size() * es);
+      if (t == DType::f32) std::memcpy(out.data(), v.data(), out.size());
+      else cpu_backend::float_to_half_storage_reference(t, v.data(), reinterpret_cast<uint16_t*>(out.data()), int64_t(v.size()));
+      return out;
+    };
+    auto load = [&](const std::vector<char>& s) {
+      std::vector<float> v(s.size() / es);
+      if (t == DType::f32) std::memcpy(v.data(), s.data(), s.size());
+      else cpu_backend::half_storage_to_float_reference(t, reinterpret_cast<const uint16_t*>(s.data()), v.data(), int64_t(v.size()));
+      return v;
+    };
+    // Dense: x (n, 32) with one special per row in column 0, w = identity, oneDNN's kernel forced.
+    {
+      const int64_t n = 37, k = 32;
+      std::vector<float> x = random_floats(size_t(n * k), -1, 1, 72), w(size_t(k * k), 0.f), b = random_floats(size_t(k), -0.5f, 0.5f, 73);
+      for (int64_t i = 0; i < k; ++i) w[size_t(i * k + i)] = 1.f;
+      for (int64_t r = 0; r < n; ++r) x[size_t(r * k)] = specials[size_t(r) % std::size(specials)];
+      std::vector<float> zero_bias(size_t(k), 0.f);
+      for (const std::vector<float>* bias : {&zero_bias, &b}) {
+        cpu_backend::force_kernel(cpu_backend::Site::linear, cpu_backend::Kernel::onednn);
+        std::vector<char> xs = store(x), ws = store(w), bs = store(*bias), y1(size_t(n * k) * es), y0(y1.size());
+        TestCache c0, c1;
+        ASSERT_TRUE(cpu_backend::linear_forward(t, xs.data(), ws.data(), &c0, bs.data(), y0.data(), n, k, k, false));
+        ASSERT_TRUE(cpu_backend::linear_forward(t, xs.data(), ws.data(), &c1, bs.data(), y1.data(), n, k, k, true));
+        check(load(y1), relu_of(load(y0)), "Dense");
+      }
+    }
+    // Conv 3x3 (pad 1), weights passing the centre pixel through; specials spread over the image.
+    {
+      const WinogradCase s{2, 16, 16, 9, 9, 1, 1, 1, 1};
+      backend::ConvGeometry g = winograd_geometry(s);
+      const size_t nx = size_t(s.n * s.c * s.h * s.w), ny = size_t(s.n * s.o * g.out[0] * g.out[1]);
+      std::vector<float> x = random_floats(nx, -1, 1, 74), w(size_t(s.o * s.c * 9), 0.f);
+      for (int64_t o = 0; o < s.o; ++o) w[size_t((o * s.c + o) * 9 + 4)] = 1.f;
+      for (size_t i = 0; i < nx; i += 23) x[i] = specials[(i / 23) % std::size(specials)];
+      std::vector<float> bias = random_floats(size_t(s.o), -0.5f, 0.5f, 75), scale = random_floats(size_t(s.o), 0.5f, 1.5f, 76);
+      std::vector<float> residual = random_floats(ny, -1, 1, 77);
+      cpu_backend::force_kernel(cpu_backend::Site::conv_forward, cpu_backend::Kernel::onednn);
+      std::vector<char> xs = store(x), ws = store(w), bs = store(bias), rs = store(residual);
+      for (bool inference : {false, true}) {
+        TestCache cache;
+        backend::ConvGeometry gi = g;
+        if (inference) gi.weight_cache = &cache, gi.inference = true;
+        std::vector<char> y0(ny * es), y1(ny * es);
+        ASSERT_TRUE(cpu_backend::conv_forward(t, xs.data(), ws.data(), bs.data(), y0.data(), gi, false));
+        ASSERT_TRUE(cpu_backend::conv_forward(t, xs.data(), ws.data(), bs.data(), y1.data(), gi, true));
+        check(load(y1), relu_of(load(y0)), "Conv(relu)");
+      }
+      if (t == DType::f32) {  // the fused inference conv + BatchNorm (scale, shift Float32), Float32 only
+        TestCache cache;
+        backend::ConvGeometry gi = g;
+        gi.weight_cache = &cache, gi.inference = true;
+        std::vector<float> y0(ny), y1(ny);
+        ASSERT_TRUE(cpu_backend::conv_forward_affine(t, x.data(), w.data(), scale.data(), bias.data(), nullptr, y0.data(), gi, false, false));
+        ASSERT_TRUE(cpu_backend::conv_forward_affine(t, x.data(), w.data(), scale.data(), bias.data(), nullptr, y1.data(), gi, true, false));
+        check(y1, relu_of(y0), "Conv + BatchNorm(relu)");
+        ASSERT_TRUE(cpu_backend::conv_forward_affine(t, x.data(), w.data(), scale.data(), bias.data(), residual.data(), y0.data(), gi, false, false));
+        ASSERT_TRUE(cpu_backend::conv_forward_affine(t, x.data(), w.data(), scale.data(), bias.data(), residual.data(), y1.data(), gi, false, true));
+        check(y1, relu_of(y0), "relu(Conv + BatchNorm + residual)");
+        // A relu before the residual stays oneDNN's post-op (elu 0 + linear), where oneDNN takes an
+        // eltwise before the sum (its AVX-512 kernels here decline, and the core composes the block).
+        ASSERT_TRUE(cpu_backend::conv_forward_affine(t, x.data(), w.data(), scale.data(), bias.data(), nullptr, y0.data(), gi, true, false));
+        if (cpu_backend::conv_forward_affine(t, x.data(), w.data(), scale.data(), bias.data(), residual.data(), y1.data(), gi, true, true)) {
+          std::vector<float> want(ny);
+          for (size_t i = 0; i < ny; ++i) want[i] = y0[i] + residual[i];
+          check(y1, relu_of(want), "relu(relu(Conv + BatchNorm) + residual)");
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

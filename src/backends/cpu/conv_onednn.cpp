@@ -88,6 +88,7 @@ struct Entry {
   std::vector<Operand> operands;
   Residual residual = Residual::none;
   Operand residual_operand;  // plain (N, O, out...) residual -> the destination's layout
+  bool relu = false;         // relu over the destination after the kernel (onednn_relu.hpp)
 };
 
 struct Config {
@@ -154,20 +155,14 @@ Descs make_descs(const backend::ConvGeometry& g, bool any, bool bias, bool plain
   return d;
 }
 
-/// relu: oneDNN eltwise post-ops that keep NaN (onednn_relu.hpp), applied to conv + bias before y is written.
-dnnl::convolution_forward::primitive_desc forward_pd(const Descs& d, bool bias, bool relu = false) {
+/// The forward's primitive (a forward_relu's relu runs after it: Entry::relu).
+dnnl::convolution_forward::primitive_desc forward_pd(const Descs& d, bool bias) {
   using F = dnnl::convolution_forward;
   auto desc = bias ? F::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src, d.weights,
                              d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
                    : F::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src, d.weights,
                              d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
-  dnnl::primitive_attr attr = onednn::user_scratchpad();
-  if (relu) {
-    dnnl::post_ops ops;
-    append_relu_keeping_nan(ops);
-    attr.set_post_ops(ops);
-  }
-  return F::primitive_desc(desc, attr, onednn::engine());
+  return F::primitive_desc(desc, onednn::user_scratchpad(), onednn::engine());
 }
 
 Operand make_operand(int arg, bool input, const memory::desc& plain, const memory::desc& chosen) {
@@ -198,10 +193,10 @@ std::unique_ptr<Entry> create_affine(const Descs& plain, const Descs& asked, con
   const dnnl::engine& engine = onednn::engine();
   F::primitive_desc unfused = forward_pd(asked, false);  // the unfused forward's layouts
   memory::desc channels({g.out_channels}, memory::data_type::f32, Tag::x);
+  // A relu between the conv and the residual sum is a post-op; the last relu runs after the kernel.
   dnnl::post_ops ops;
-  if (ep.relu) append_relu_keeping_nan(ops);
+  if (ep.relu && ep.residual) append_relu_keeping_nan(ops);
   if (ep.residual) ops.append_sum(1.0f);
-  if (ep.relu_after) append_relu_keeping_nan(ops);
   dnnl::primitive_attr attr = onednn::user_scratchpad();
   attr.set_post_ops(ops);
   F::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, unfused.src_desc(),
@@ -210,6 +205,7 @@ std::unique_ptr<Entry> create_affine(const Descs& plain, const Descs& asked, con
   F::primitive_desc pd(desc, attr, engine);
   if (std::strncmp(pd.impl_info_str(), "ref", 3) == 0) return nullptr;
   auto e = std::make_unique<Entry>();
+  e->relu = ep.relu_after || (ep.relu && !ep.residual);
   e->primitive = F(pd);
   e->scratchpad = pd.scratchpad_desc();
   e->operands.push_back(make_operand(DNNL_ARG_SRC, true, plain.src, pd.src_desc()));
@@ -270,8 +266,9 @@ std::unique_ptr<Entry> create(ConvKind kind, bool bias, const backend::ConvGeome
   Descs asked = make_descs(g, any, bias, plain_src, dt);
   if (kind == ConvKind::forward_affine) return create_affine(plain, asked, g, ep);
   if (kind == ConvKind::forward || kind == ConvKind::forward_relu) {
-    auto pd = forward_pd(asked, bias, kind == ConvKind::forward_relu);
+    auto pd = forward_pd(asked, bias);
     if (low && reference_kernel(pd)) return nullptr;
+    e->relu = kind == ConvKind::forward_relu;
     e->primitive = dnnl::convolution_forward(pd);
     e->scratchpad = pd.scratchpad_desc();
     e->operands.push_back(make_operand(DNNL_ARG_SRC, true, plain.src, pd.src_desc()));
@@ -420,6 +417,17 @@ void execute(const Entry& e, const std::vector<void*>& buffers, const void* resi
     if (op.reordered && !op.input) op.reorder.execute(stream, b.inner[i], b.user[i]);
   }
   stream.wait();
+  if (e.relu)
+    for (size_t i = 0; i < e.operands.size(); ++i) {
+      const Operand& op = e.operands[i];
+      if (op.arg != DNNL_ARG_DST || op.input) continue;
+      const DType t = op.plain.data_type() == memory::data_type::bf16 ? DType::bf16 : DType::f32;
+      const size_t size = dtype_size(t);
+      char* y = static_cast<char*>(buffers[i]);
+      parallel_for(int64_t(op.plain.get_size() / size), 1 << 15, [&](int64_t lo, int64_t hi) {
+        relu_rows(t, y + size_t(lo) * size, 1, hi - lo, hi - lo);  // inline inside a chunk's pool task
+      });
+    }
 }
 
 const Operand* operand(const Entry& e, int arg) {

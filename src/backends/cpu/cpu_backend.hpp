@@ -47,6 +47,9 @@ bool unary_half(backend::UnaryOp op, DType t, const void* src, void* dst, int64_
 bool binary_half(backend::BinaryOp op, DType t, const void* a, const void* b, void* out, const backend::Broadcast& plan);
 void strided_copy(DType t, const void* src, void* dst, const backend::StridedCopy& plan);
 void unary(backend::UnaryOp op, DType t, const void* src, void* dst, int64_t n, double alpha);
+/// relu in place on the calling thread over `rows` rows of `cols` elements `ld` apart, t = f32 or bf16,
+/// NaN kept: what a oneDNN matmul or conv output gets after the kernel (onednn_relu.hpp says why).
+void relu_rows(DType t, void* y, int64_t rows, int64_t cols, int64_t ld);
 void binary(backend::BinaryOp op, DType t, const void* a, const void* b, void* out, const backend::Broadcast& plan);
 void where(DType t, const void* cond, const void* a, const void* b, void* out, const backend::Broadcast& plan);
 /// t = bf16/f16 too (reduce_half): the half source is read directly and dst is Float32 (argmax/argmin Int64).

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "src/backends/cpu/onednn.hpp"
-#include "src/backends/cpu/onednn_relu.hpp"
 #include "src/backends/cpu/prepared.hpp"
 #include "src/backends/cpu/read_mostly.hpp"
 
@@ -145,12 +144,7 @@ const Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, boo
       e->plain = dnnl::memory::desc(dims{in, cols}, f32, dims{1, in});  // rows of w (cols, in) as B (in, cols)
       if (bias) e->bias = dnnl::memory::desc(dims{1, cols}, f32, dims{cols, 1});
       dnnl::memory::desc any(dims{in, cols}, f32, dnnl::memory::format_tag::any);
-      dnnl::primitive_attr attr = onednn::user_scratchpad();
-      if (relu) {
-        dnnl::post_ops po;
-        append_relu_keeping_nan(po);
-        attr.set_post_ops(po);
-      }
+      dnnl::primitive_attr attr = onednn::user_scratchpad();  // relu: after the kernel (linear_piece)
       auto make = [&](int64_t stride, const dnnl::memory::desc& weights) {
         dnnl::memory::desc dst(dims{n, cols}, f32, dims{stride, 1});
         auto desc = bias ? dnnl::matmul::desc(e->src, weights, e->bias, dst) : dnnl::matmul::desc(e->src, weights, dst);
@@ -193,8 +187,10 @@ struct LinearWeights final : backend::Prepared {
   std::vector<dnnl::memory> pieces;
 };
 
-/// One piece on the calling thread, its weights `wm` (prepared or plain); elements of `size` bytes.
-void linear_piece(const Linear& e, const void* x, const dnnl::memory& wm, const void* bias, void* y, size_t size) {
+/// One piece on the calling thread, its weights `wm` (prepared or plain); elements of dtype t; relu on
+/// the piece's output while it is in cache (onednn_relu.hpp: why not as a post-op).
+void linear_piece(const Linear& e, const void* x, const dnnl::memory& wm, const void* bias, void* y, DType t, bool relu) {
+  const size_t size = dtype_size(t);
   const dnnl::engine& engine = onednn::engine();
   onednn::set_team(1);  // this pool thread's team: itself alone
   const dnnl::memory::dims dims = e.dst.dims();
@@ -209,6 +205,7 @@ void linear_piece(const Linear& e, const void* x, const dnnl::memory& wm, const 
     args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(e.scratch_desc, engine, scratch.get(onednn::Scratch::scratchpad, e.scratch)));
   e.primitive.execute(onednn::stream(), args);
   onednn::stream().wait();
+  if (relu) relu_rows(t, out, rows, cols, out == y ? e.ldy : cols);
   if (out != y)
     for (int64_t r = 0; r < rows; ++r)
       std::memcpy(static_cast<char*>(y) + size_t(r * e.ldy) * size, static_cast<const char*>(out) + size_t(r * cols) * size,
@@ -256,7 +253,7 @@ bool linear_onednn(DType t, const void* x, const void* w, backend::PreparedCache
     if (!e) return;
     const dnnl::memory wm = e->packs ? weights->pieces[size_t(p)]
                                      : dnnl::memory(e->plain, onednn::engine(), const_cast<char*>(at(w, cut.lo(p) * in)));
-    linear_piece(*e, x, wm, at(bias, cut.lo(p)), const_cast<char*>(at(y, cut.lo(p))), size);
+    linear_piece(*e, x, wm, at(bias, cut.lo(p)), const_cast<char*>(at(y, cut.lo(p))), t, relu);
   });
   return true;
 }

@@ -1,5 +1,7 @@
 // Elementwise functions of one tensor on the CPU.
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "flux/error.hpp"
@@ -65,6 +67,28 @@ FLUX_CPU_INLINE void unary_range_body(const T* __restrict s, T* __restrict d, in
   for (int64_t i = b; i < e; ++i) d[i] = apply<T>(Op, s[i], alpha);
 }
 FLUX_CPU_VARIANTS(unary_range, unary_range_body)
+
+// relu in place over rows `ld` apart (relu_rows below): float32 as apply's relu; bf16 widened to
+// float32 for the same comparison, the bits kept where it is false (NaN too).
+FLUX_CPU_INLINE void relu_rows_f32_body(float* y, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* p = y + r * ld;
+    for (int64_t j = 0; j < cols; ++j) p[j] = p[j] <= 0.f ? 0.f : p[j];
+  }
+}
+FLUX_CPU_VARIANTS(relu_rows_f32, relu_rows_f32_body)
+FLUX_CPU_INLINE void relu_rows_bf16_body(uint16_t* y, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* p = y + r * ld;
+    for (int64_t j = 0; j < cols; ++j) {
+      const uint32_t bits = uint32_t(p[j]) << 16;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      p[j] = f <= 0.f ? uint16_t(0) : p[j];
+    }
+  }
+}
+FLUX_CPU_VARIANTS(relu_rows_bf16, relu_rows_bf16_body)
 
 template <class T, UnaryOp Op> void run(const T* s, T* d, int64_t n, double alpha) {
   parallel_for(n, 1 << 15, [&](int64_t b, int64_t e) {
@@ -148,6 +172,15 @@ bool unary_backward(UnaryOp op, DType t, const void* x, const void* g, void* dx,
   if (t == DType::f32) run(0.0f);
   else run(0.0);
   return true;
+}
+
+void relu_rows(DType t, void* y, int64_t rows, int64_t cols, int64_t ld) {
+  if (t == DType::bf16)
+    relu_rows_bf16(static_cast<uint16_t*>(y), rows, cols, ld);
+  else if (t == DType::f32)
+    relu_rows_f32(static_cast<float*>(y), rows, cols, ld);
+  else
+    detail::fail("[relu_rows] takes Float32 or BFloat16; got ", dtype_name(t));
 }
 
 }  // namespace flux::cpu_backend
