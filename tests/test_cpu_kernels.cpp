@@ -1159,3 +1159,56 @@ TEST(CpuReluAfterKernel, FusedReluIsReluOfTheKernelOutput) {
 }
 
 }  // namespace
+
+namespace {
+
+// LayerNorm's Float32 row kernels (normalisation.cpp) at every ISA level against a float64 formula:
+// y, dx, dweight, dbias (the levels sum in the same order; FMA contraction differs in the last bits).
+TEST(CpuRowNorm, EveryIsaMatchesFloat64) {
+  IsaGuard guard;
+  for (int64_t d : {int64_t(1), int64_t(7), int64_t(256), int64_t(300)})
+    for (bool affine : {false, true}) {
+      const int64_t r = 45;
+      std::vector<float> x = random_floats(size_t(r * d), -2, 2, 91), dy = random_floats(size_t(r * d), -1, 1, 92);
+      std::vector<float> w = random_floats(size_t(d), 0.5f, 1.5f, 93), b = random_floats(size_t(d), -1, 1, 94);
+      const float* wp = affine ? w.data() : nullptr;
+      const float* bp = affine ? b.data() : nullptr;
+      for (Isa level : usable_isas()) {
+        cpu_backend::force_isa(level);
+        SCOPED_TRACE(::testing::Message() << cpu_backend::isa_name(level) << " d " << d << " affine " << affine);
+        const size_t rows = size_t(r), cols = size_t(d);
+        std::vector<float> y(x.size()), mean(rows), rstd(rows), dx(x.size()), dw(cols), db(cols);
+        ASSERT_TRUE(cpu_backend::rownorm_forward(DType::f32, x.data(), wp, bp, y.data(), mean.data(), rstd.data(), r, d, 1e-5));
+        ASSERT_TRUE(cpu_backend::rownorm_backward(DType::f32, x.data(), dy.data(), wp, mean.data(), rstd.data(), dx.data(),
+                                                  affine ? dw.data() : nullptr, affine ? db.data() : nullptr, r, d));
+        std::vector<double> want_dw(size_t(d), 0.0), want_db(size_t(d), 0.0);
+        for (int64_t i = 0; i < r; ++i) {
+          const float* xi = x.data() + i * d;
+          double mu = 0, var = 0;
+          for (int64_t j = 0; j < d; ++j) mu += xi[j];
+          mu /= double(d);
+          for (int64_t j = 0; j < d; ++j) var += (xi[j] - mu) * (xi[j] - mu);
+          const double s = 1.0 / std::sqrt(var / double(d) + 1e-5);
+          double mg = 0, mgx = 0;
+          for (int64_t j = 0; j < d; ++j) {
+            const double g = double(dy[size_t(i * d + j)]) * (affine ? double(w[size_t(j)]) : 1.0);
+            mg += g / double(d), mgx += g * (xi[j] - mu) * s / double(d);
+          }
+          for (int64_t j = 0; j < d; ++j) {
+            const double xh = (xi[j] - mu) * s, g = double(dy[size_t(i * d + j)]) * (affine ? double(w[size_t(j)]) : 1.0);
+            const double want_y = affine ? xh * w[size_t(j)] + b[size_t(j)] : xh;
+            ASSERT_NEAR(y[size_t(i * d + j)], want_y, 1e-5 * std::max(1.0, std::abs(want_y)));
+            const double want_dx = s * (g - mg - xh * mgx);
+            ASSERT_NEAR(dx[size_t(i * d + j)], want_dx, 1e-4 * std::max(1.0, std::abs(want_dx)));
+            want_dw[size_t(j)] += dy[size_t(i * d + j)] * xh, want_db[size_t(j)] += dy[size_t(i * d + j)];
+          }
+        }
+        for (int64_t j = 0; affine && j < d; ++j) {
+          EXPECT_NEAR(dw[size_t(j)], want_dw[size_t(j)], 1e-4 * std::max(1.0, std::abs(want_dw[size_t(j)])));
+          EXPECT_NEAR(db[size_t(j)], want_db[size_t(j)], 1e-4 * std::max(1.0, std::abs(want_db[size_t(j)])));
+        }
+      }
+    }
+}
+
+}  // namespace

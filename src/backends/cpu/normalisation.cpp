@@ -318,28 +318,58 @@ void normalise_rows(DType dt, const S* x, const T* weight, const T* bias, S* y, 
   });
 }
 
-// One row's dx, and its terms of the dweight / dbias partial sums pw, pb (null: not wanted).
+// One row's dx, and its terms of the dweight / dbias partial sums pw, pb (null: not wanted). The two
+// row sums run in 8 float64 lanes (as row_sums_dy); inlined into each ISA variant of
+// normalise_row_backward_range below, so every level sums in the same order.
 template <class T>
-void normalise_row_backward(const T* xi, const T* gi, const T* weight, T mean_i, T rstd_i, T* dxi, double* pw,
-                            double* pb, int64_t d) {
+FLUX_CPU_INLINE void normalise_row_backward(const T* __restrict xi, const T* __restrict gi, const T* weight, T mean_i,
+                                            T rstd_i, T* __restrict dxi, double* pw, double* pb, int64_t d) {
   const double mu = double(mean_i), s = double(rstd_i);
-  double sum_g = 0, sum_gx = 0;  // Σ g, Σ g x̂ with g = dy weight
-  for (int64_t j = 0; j < d; ++j) {
-    const double g = weight ? double(gi[j]) * double(weight[j]) : double(gi[j]);
-    sum_g += g;
-    sum_gx += g * (double(xi[j]) - mu) * s;
+  // g = dy weight; the sums Σ g and Σ g x̂
+  auto g_at = [&](int64_t j) { return weight ? double(gi[j]) * double(weight[j]) : double(gi[j]); };
+  double a[8] = {}, b[8] = {};
+  int64_t k = 0;
+  if (weight)
+    for (; k + 8 <= d; k += 8)
+      for (int j = 0; j < 8; ++j) {
+        const double g = double(gi[k + j]) * double(weight[k + j]);
+        a[j] += g;
+        b[j] += g * ((double(xi[k + j]) - mu) * s);
+      }
+  else
+    for (; k + 8 <= d; k += 8)
+      for (int j = 0; j < 8; ++j) {
+        const double g = double(gi[k + j]);
+        a[j] += g;
+        b[j] += g * ((double(xi[k + j]) - mu) * s);
+      }
+  double sum_g = 0, sum_gx = 0;
+  for (; k < d; ++k) {
+    sum_g += g_at(k);
+    sum_gx += g_at(k) * ((double(xi[k]) - mu) * s);
   }
+  for (int j = 0; j < 8; ++j) sum_g += a[j], sum_gx += b[j];
   const double mg = sum_g / double(d), mgx = sum_gx / double(d);
-  for (int64_t j = 0; j < d; ++j) {
-    const double xh = (double(xi[j]) - mu) * s;
-    const double g = weight ? double(gi[j]) * double(weight[j]) : double(gi[j]);
-    dxi[j] = T(s * (g - mg - xh * mgx));
-    if (pw) {
-      pw[j] += double(gi[j]) * xh;
+  if (weight)
+    for (int64_t j = 0; j < d; ++j)
+      dxi[j] = T(s * (double(gi[j]) * double(weight[j]) - mg - (double(xi[j]) - mu) * s * mgx));
+  else
+    for (int64_t j = 0; j < d; ++j) dxi[j] = T(s * (double(gi[j]) - mg - (double(xi[j]) - mu) * s * mgx));
+  if (pw)
+    for (int64_t j = 0; j < d; ++j) {
+      pw[j] += double(gi[j]) * ((double(xi[j]) - mu) * s);
       pb[j] += double(gi[j]);
     }
-  }
 }
+
+// Float32 rows [r0, r1) of normalise_row_backward compiled per ISA level (isa.hpp).
+FLUX_CPU_INLINE void normalise_row_backward_range_body(const float* x, const float* dy, const float* weight,
+                                                       const float* mean, const float* rstd, float* dx, double* pw,
+                                                       double* pb, int64_t r0, int64_t r1, int64_t d) {
+  for (int64_t i = r0; i < r1; ++i)
+    normalise_row_backward(x + i * d, dy + i * d, weight, mean[i], rstd[i], dx + i * d, pw, pb, d);
+}
+FLUX_CPU_VARIANTS(normalise_row_backward_range, normalise_row_backward_range_body)
 
 // The per-block partial parameter gradients ([block][dweight d | dbias d], in double) summed into
 // dweight and dbias (either may be null).
@@ -365,13 +395,20 @@ void normalise_rows_backward(DType dt, const S* x, const S* dy, const T* weight,
   for_row_blocks(r, d, [&](int64_t block, int64_t r0, int64_t r1) {
     double* pw = params ? partial.data() + size_t(block) * size_t(2 * d) : nullptr;
     double* pb = pw ? pw + d : nullptr;
-    HalfRows* rows = half_rows<S>(d);
-    for (int64_t i = r0; i < r1; ++i) {
-      T* dxi = dest<T>(dx + i * d, buffer(rows ? &rows->out : nullptr));
-      normalise_row_backward(load<T>(dt, x + i * d, buffer(rows ? &rows->x : nullptr), d),
-                             load<T>(dt, dy + i * d, buffer(rows ? &rows->g : nullptr), d), weight, mean[i], rstd[i], dxi,
-                             pw, pb, d);
-      store(dt, dxi, dx + i * d, d);
+    if constexpr (std::is_same_v<S, float>) {
+      normalise_row_backward_range(x, dy, weight, mean, rstd, dx, pw, pb, r0, r1, d);
+    } else {
+      HalfRows* rows = half_rows<S>(d);
+      for (int64_t i = r0; i < r1; ++i) {
+        T* dxi = dest<T>(dx + i * d, buffer(rows ? &rows->out : nullptr));
+        const T* xi = load<T>(dt, x + i * d, buffer(rows ? &rows->x : nullptr), d);
+        const T* gi = load<T>(dt, dy + i * d, buffer(rows ? &rows->g : nullptr), d);
+        if constexpr (std::is_same_v<T, float>)
+          normalise_row_backward_range(xi, gi, weight, mean + i, rstd + i, dxi, pw, pb, int64_t(0), int64_t(1), d);
+        else
+          normalise_row_backward(xi, gi, weight, mean[i], rstd[i], dxi, pw, pb, d);
+        store(dt, dxi, dx + i * d, d);
+      }
     }
   });
   if (params) sum_block_partials(partial, blocks, d, dweight, dbias);
