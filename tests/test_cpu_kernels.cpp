@@ -314,6 +314,36 @@ TEST(CpuIsa, ActivationBackwardVariantsMatchFloat64) {
   EXPECT_FALSE(cpu_backend::unary_backward(UnaryOp::tanh, DType::f32, x.data(), g.data(), dx.data(), 4));  // not fused
 }
 
+// The fused relu backward is bitwise the composition g * step(x) it replaces (NaN x, ±0, ±Inf g
+// included), at every ISA level, Float32 and Float64.
+TEST(CpuIsa, ReluBackwardIsBitwiseGTimesStep) {
+  IsaGuard guard;
+  using backend::UnaryOp;
+  const int64_t n = 20011;
+  std::vector<float> x = random_floats(size_t(n), -3, 3, 26), g = random_floats(size_t(n), -2, 2, 27);
+  const float specials[] = {NAN, 0.f, -0.f, INFINITY, -INFINITY, 1e-40f, -1e-40f};
+  for (size_t i = 0; i < std::size(specials); ++i)
+    for (size_t j = 0; j < std::size(specials); ++j) x[i * 7 + j] = specials[i], g[i * 7 + j] = specials[j];
+  for (Isa level : usable_isas()) {
+    cpu_backend::force_isa(level);
+    std::vector<float> dx(x.size()), step(x.size()), want(x.size());
+    ASSERT_TRUE(cpu_backend::unary_backward(UnaryOp::relu, DType::f32, x.data(), g.data(), dx.data(), n));
+    cpu_backend::unary(UnaryOp::step, DType::f32, x.data(), step.data(), n, 0.0);
+    for (int64_t i = 0; i < n; ++i) {
+      want[size_t(i)] = g[size_t(i)] * step[size_t(i)];
+      uint32_t a, b;
+      std::memcpy(&a, &dx[size_t(i)], 4), std::memcpy(&b, &want[size_t(i)], 4);
+      if (!(std::isnan(dx[size_t(i)]) && std::isnan(want[size_t(i)]))) {
+        ASSERT_EQ(a, b) << cpu_backend::isa_name(level) << " x " << x[size_t(i)] << " g " << g[size_t(i)];
+      }
+    }
+    EXPECT_TRUE(std::isnan(dx[0])) << "x NaN";
+    std::vector<double> xd(x.begin(), x.end()), gd(g.begin(), g.end()), dxd(x.size());
+    ASSERT_TRUE(cpu_backend::unary_backward(UnaryOp::relu, DType::f64, xd.data(), gd.data(), dxd.data(), n));
+    for (int64_t i = 100; i < n; ++i) ASSERT_EQ(dxd[size_t(i)], xd[size_t(i)] > 0 ? gd[size_t(i)] : 0.0 * gd[size_t(i)]);
+  }
+}
+
 // Softmax and logsoftmax over contiguous rows, forward and the fused backward, in every ISA variant
 // against float64; rows of lengths around the 16-lane blocks, with masked (-inf) entries.
 TEST(CpuIsa, SoftmaxVariantsMatchFloat64) {

@@ -280,8 +280,9 @@ class Backend {
 
   // ---- fused backward passes of elementwise and softmax ops (src/backends/<name>/unary, softmax);
   // false = the core composes portable ops. dtype t is f32 or f64; arrays contiguous. ----
-  /// dx = g f'(x) over n elements for op gelu (tanh form; with u2 = 2 sqrt(2/pi) x (1 + 0.044715 x²),
-  /// s = σ(u2): s + x s σ(-u2) 2 sqrt(2/pi) (1 + 3 · 0.044715 x²)) or swish (s = σ(x): s + x s σ(-x)).
+  /// dx = g f'(x) over n elements for op relu (g · step(x), step as UnaryOp::step: NaN where x is NaN),
+  /// gelu (tanh form; with u2 = 2 sqrt(2/pi) x (1 + 0.044715 x²), s = σ(u2): s + x s σ(-u2) 2 sqrt(2/pi)
+  /// (1 + 3 · 0.044715 x²)) or swish (s = σ(x): s + x s σ(-x)).
   virtual bool unary_backward(int device, UnaryOp op, DType t, Buffer x, Buffer g, Buffer dx, int64_t n) {
     (void)device, (void)op, (void)t, (void)x, (void)g, (void)dx, (void)n;
     return false;

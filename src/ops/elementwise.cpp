@@ -484,6 +484,7 @@ namespace detail {
 Tensor sigmoid_op(const Tensor& x) {
   return unary(ops::sigmoid, UnaryOp::sigmoid, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); });
 }
+Tensor fused_unary_grad(UnaryOp op, const Tensor& x, const Tensor& g);  // below
 Tensor relu_op(const Tensor& x) {
   if (x.defined() && is_half(x.dtype())) {
     // A low activation: the mask product is exact in the low dtype, so the backward runs there, one
@@ -494,6 +495,7 @@ Tensor relu_op(const Tensor& x) {
         {{"alpha", {}, {0.0}}}, x.dtype());
   }
   return unary(ops::relu, UnaryOp::relu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
+    if (Tensor dx = fused_unary_grad(UnaryOp::relu, x, g); dx.defined()) return dx;
     return g * unary_raw(UnaryOp::step, x);
   });
 }

@@ -107,15 +107,18 @@ template <class T> FLUX_CPU_INLINE void sigmoid_pair(T u, T& s_pos, T& s_neg) {
   s_neg = pos ? er : r;
 }
 
-// dx = g f'(x) for gelu (tanh form) and swish; the formulas of src/ops/elementwise.cpp's backward
-// (sigmoid(-u) rather than 1 - sigmoid(u), exact in the tails).
+// dx = g f'(x) for relu (g step(x): one pass instead of step's and the product's), gelu (tanh form)
+// and swish; the formulas of src/ops/elementwise.cpp's backward (sigmoid(-u) rather than 1 - sigmoid(u),
+// exact in the tails).
 template <class T, UnaryOp Op>
 FLUX_CPU_INLINE void unary_backward_body(const T* __restrict x, const T* __restrict g, T* __restrict dx, int64_t b,
                                          int64_t e, std::integral_constant<UnaryOp, Op>) {
   for (int64_t i = b; i < e; ++i) {
     const T v = x[i];
     T s, sn;
-    if constexpr (Op == UnaryOp::gelu) {
+    if constexpr (Op == UnaryOp::relu) {
+      dx[i] = g[i] * apply<T>(UnaryOp::step, v, 0.0);  // bitwise g * step(x), NaN where x is
+    } else if constexpr (Op == UnaryOp::gelu) {
       const T c2 = T(1.5957691216057308), k = T(0.044715);
       const T x2 = v * v;
       const T u = v * (T(1) + x2 * k) * c2;
@@ -160,13 +163,15 @@ void unary(UnaryOp op, DType t, const void* src, void* dst, int64_t n, double al
 }
 
 bool unary_backward(UnaryOp op, DType t, const void* x, const void* g, void* dx, int64_t n) {
-  if ((op != UnaryOp::gelu && op != UnaryOp::swish) || (t != DType::f32 && t != DType::f64)) return false;
+  if ((op != UnaryOp::relu && op != UnaryOp::gelu && op != UnaryOp::swish) || (t != DType::f32 && t != DType::f64))
+    return false;
   auto run = [&](auto zero) {
     using T = decltype(zero);
     const T* xs = static_cast<const T*>(x);
     const T* gs = static_cast<const T*>(g);
     T* d = static_cast<T*>(dx);
-    if (op == UnaryOp::gelu) run_backward<T, UnaryOp::gelu>(xs, gs, d, n);
+    if (op == UnaryOp::relu) run_backward<T, UnaryOp::relu>(xs, gs, d, n);
+    else if (op == UnaryOp::gelu) run_backward<T, UnaryOp::gelu>(xs, gs, d, n);
     else run_backward<T, UnaryOp::swish>(xs, gs, d, n);
   };
   if (t == DType::f32) run(0.0f);
