@@ -772,7 +772,7 @@ TEST(CpuLinear, PreparedWeightsMatchReferenceAndFollowTheCache) {
   runs.push_back({std::nullopt, cpu_backend::detected_isa()});
   for (const Run& run : runs)
     for (Case s : {Case{128, 784, 512}, Case{13, 50, 33}, Case{127, 64, 10}, Case{8, 20, 1}, Case{40, 300, 47},
-                   Case{9, 16, 70}})
+                   Case{9, 16, 70}, Case{2, 50, 33}, Case{3, 64, 10}, Case{4, 128, 70}, Case{7, 20, 1}})
       for (bool bias : {false, true})
         for (bool relu : {false, true}) {
           SCOPED_TRACE(::testing::Message() << "kernel " << (run.kernel ? cpu_backend::kernel_name(*run.kernel) : "seam")
@@ -849,11 +849,30 @@ TEST(CpuLinear, DeclinesWhatItCannotRun) {
   std::vector<float> x(size_t(8 * in), 1.f), w(size_t(out * in), 1.f), y(size_t(8 * out));
   std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), yd(y.size());
   TestCache cache;
-  // Not for it: float64, one row (GEMV), fewer than 8 rows; nothing prepared for them.
+  // Not for it: float64, one row (a GEMV streams w once); nothing prepared for them. 2+ rows run.
   EXPECT_FALSE(cpu_backend::linear_forward(DType::f64, xd.data(), wd.data(), &cache, nullptr, yd.data(), 8, in, out, false));
   EXPECT_FALSE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), &cache, nullptr, y.data(), 1, in, out, false));
-  EXPECT_FALSE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), &cache, nullptr, y.data(), 7, in, out, false));
   EXPECT_TRUE(cache.kept.empty());
+  EXPECT_TRUE(cpu_backend::linear_forward(DType::f32, x.data(), w.data(), &cache, nullptr, y.data(), 2, in, out, false));
+  EXPECT_FALSE(cache.kept.empty());
+  for (size_t i = 0; i < size_t(2 * out); ++i) ASSERT_EQ(y[i], float(in));
+}
+
+// The rule for a Dense inference with AVX-512 and oneDNN: flux's panels at 4-7 rows, oneDNN's kept
+// weights at 2-3 and 8+ rows (kernel_choice.cpp's measurements); the panels below AVX-512.
+TEST(CpuLinear, RowCountPicksTheKernel) {
+  if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN";
+  IsaGuard isa_guard;
+  ForceGuard force_guard;
+  using cpu_backend::Kernel;
+  if (cpu_backend::detected_isa() == Isa::avx512 && !cpu_backend::blas_below_cpu()) {
+    for (int64_t n : {2, 3, 8, 64}) EXPECT_EQ(cpu_backend::linear_kernel(n, 128, 512, false, false), Kernel::onednn) << n;
+    for (int64_t n : {4, 5, 7}) EXPECT_EQ(cpu_backend::linear_kernel(n, 128, 512, false, false), Kernel::panels) << n;
+  }
+  cpu_backend::force_isa(Isa::avx2);
+  if (cpu_backend::active_isa() == Isa::avx2) {
+    for (int64_t n : {2, 5, 64}) EXPECT_EQ(cpu_backend::linear_kernel(n, 128, 512, false, false), Kernel::panels) << n;
+  }
 }
 
 }  // namespace

@@ -64,11 +64,15 @@ Kernel gemm_rule(const Query& q, Candidates c) {
   return has(c, Kernel::openblas) ? Kernel::openblas : first_of(c);
 }
 
-// A Dense inference: with AVX-512, oneDNN's brgemm matmul on its prepared weights; below AVX-512
-// (oneDNN 2.6 has no brgemm there: gemm:jit) flux's panels, which measured faster on the bench's
-// Dense shapes at 1 and 2 threads.
-Kernel linear_rule(const Query&, Candidates c) {
-  if (active_isa() == Isa::avx512 && has(c, Kernel::onednn)) return Kernel::onednn;
+// A Dense inference: with AVX-512, oneDNN's brgemm matmul on its prepared weights, except 4-7 rows,
+// where flux's panels measured faster (MNIST MLP at batch 4-5: 0.87x oneDNN's time; an LSTM(64 =>
+// 128) step's W_hh at batch 4-8: 0.85-0.94x; at 2-3 rows the panels were 1.1-1.4x slower); below
+// AVX-512 (oneDNN 2.6 has no brgemm there: gemm:jit) the panels, which measured faster on the
+// bench's Dense shapes at 1 and 2 threads.
+Kernel linear_rule(const Query& q, Candidates c) {
+  const int64_t rows = LinearQuery::from(q).n;
+  const bool few_rows = rows >= 4 && rows < 8 && has(c, Kernel::panels);
+  if (active_isa() == Isa::avx512 && has(c, Kernel::onednn) && !few_rows) return Kernel::onednn;
   if (has(c, Kernel::panels)) return Kernel::panels;
   return first_of(c);
 }

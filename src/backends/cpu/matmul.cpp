@@ -90,9 +90,11 @@ double time_gemm(const Query& q, Kernel kernel, int reps) {
 }
 [[maybe_unused]] const bool gemm_timer_registered = (register_timer(Site::gemm, time_gemm), true);
 
-// Dense inference (Backend::linear_forward): fewer rows than this run as GEMMs (one row is a GEMV,
-// which streams w once; a few rows cannot repay a kernel call).
-constexpr int64_t kLinearMinRows = 8;
+// Dense inference (Backend::linear_forward): one row runs as a GEMV, which streams w once (the MNIST
+// MLP at batch 1: 38 us against 42 on oneDNN's kept weights). From 2 rows the kept weights: a GEMM
+// call (OpenBLAS) packs w again at every call, twice the time at 2-7 rows, and every step of a
+// recurrence at a small batch (the LSTM's W_hh: ops/recurrent.cpp).
+constexpr int64_t kLinearMinRows = 2;
 
 /// The seam's question for a Dense inference (kernel_choice.hpp: Site::linear).
 Query linear_query(int64_t n, int64_t in, int64_t out, bool bias, bool relu) {
