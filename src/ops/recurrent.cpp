@@ -200,6 +200,18 @@ Grads run_backward(RecurrentCell cell, const Recurrence& r, const Tensor& w_hh, 
   Tensor dhg = gru ? Tensor::empty(Shape{steps, n, g}, t, dev) : dxg;
   Tensor dh_next = zeros(Shape{n, hidden}, t, dev);
   Tensor dc = lstm ? gy[steps].contiguous_copy() : Tensor();
+  // dh_{t-1} += dhg_t W_hh reads W_hh at every step: transposed once into (H, G) rows, the backend may
+  // keep it packed for its kernel (Backend::linear_forward, as the forward's W_hh) where a GEMM packs
+  // it again at every step; its product lands in dh_w and is added to the direct part.
+  const bool kept_w = fusable && detail::library_kernels();
+  Tensor w_t, dh_w;
+  backend::PreparedCache* w_t_cache = nullptr;
+  if (kept_w) {
+    autodiff::NoGrad no_grad;
+    w_t = w_hh.transpose().contiguous_copy();
+    w_t_cache = &detail::storage_cache(w_t);
+    dh_w = Tensor::empty(Shape{n, hidden}, t, dev);
+  }
   for (int64_t s = steps - 1; s >= 0; --s) {
     Tensor dy = gy[s], sv = saved.defined() ? saved[s] : Tensor();
     Tensor c_prev = lstm ? c_hist[s] : Tensor(), c = lstm ? c_hist[s + 1] : Tensor();
@@ -211,7 +223,13 @@ Grads run_backward(RecurrentCell cell, const Recurrence& r, const Tensor& w_hh, 
                                                   buffer_or_none(dh_s), n, hidden);
     if (!fused) portable_backward(cell, dy, dh_next, dc, sv, c_prev, c, h_prev, h, dx_s, dh_s, hidden);
     Tensor dh_rec = gru ? dh_s : dx_s;
-    gemm(dh_rec, w_hh, dh_next, n, hidden, g, false, 1.0);  // dh_{t-1} += dhg_t W_hh
+    if (kept_w && bep->linear_forward(dev.index(), t, flux::detail::buffer_of(dh_rec), flux::detail::buffer_of(w_t), w_t_cache,
+                                      backend::Buffer{}, flux::detail::buffer_of(dh_w), n, g, hidden, false)) {
+      autodiff::NoGrad no_grad;
+      copy_(dh_next, dh_next + dh_w);  // (n, H): small beside the product
+    } else {
+      gemm(dh_rec, w_hh, dh_next, n, hidden, g, false, 1.0);  // dh_{t-1} += dhg_t W_hh
+    }
   }
   Tensor rows = dhg.reshape(Shape{steps * n, g});
   Tensor dw = matmul(rows, hist.slice(0, steps).reshape(Shape{steps * n, hidden}), true, false);
