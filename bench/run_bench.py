@@ -125,6 +125,10 @@ MAX_ISA_ENV = {
                  DNNL_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2"),
 }
 MAX_ISA = None
+# --blas-core NAME (issue 44): OPENBLAS_CORETYPE=NAME for every program that loads Debian's OpenBLAS (flux and
+# both LibTorch 1.13 columns; the torch wheel uses MKL): what runs on a CPU model that OpenBLAS does not
+# know (Prescott: its SSE3 kernels, as on the Xeon of ../shared/measurements/2026-12-06-intel-xeon-amx.md).
+BLAS_CORE = None
 ORT_PRELOAD = None  # --max-isa avx2: the CPUID library ONNX Runtime runs under, once checked
 
 
@@ -146,6 +150,8 @@ def cpuid_cap(build):
 def capped(env):
     if MAX_ISA:
         env.update(MAX_ISA_ENV[MAX_ISA])
+    if BLAS_CORE:
+        env["OPENBLAS_CORETYPE"] = BLAS_CORE
     return env
 
 
@@ -377,9 +383,12 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--max-isa", choices=sorted(MAX_ISA_ENV), default=None,
                     help="run every program's AVX2 code paths on an AVX-512 CPU (see MAX_ISA_ENV)")
+    ap.add_argument("--blas-core", default=None, metavar="NAME",
+                    help="OPENBLAS_CORETYPE=NAME for every program on Debian's OpenBLAS, flux included (see BLAS_CORE)")
     args = ap.parse_args()
-    global MAX_ISA, ORT_PRELOAD
+    global MAX_ISA, ORT_PRELOAD, BLAS_CORE
     MAX_ISA = args.max_isa
+    BLAS_CORE = args.blas_core
     ort_cap_why = None
     if MAX_ISA == "avx2":
         ORT_PRELOAD, ort_cap_why = cpuid_cap(args.build)
@@ -408,6 +417,9 @@ def main():
               f"for every program; " + (f"ONNX Runtime under {os.path.basename(ORT_PRELOAD)} (CPUID without AVX-512: "
                                          f"its AVX2 kernels)" if ORT_PRELOAD else
                                          f"ONNX Runtime's kernels are NOT capped ({ort_cap_why}): its column is no AVX2 figure"))
+    if BLAS_CORE:
+        print(f"- **OpenBLAS forced to its {BLAS_CORE} kernels** (--blas-core: OPENBLAS_CORETYPE={BLAS_CORE} for flux and "
+              f"Debian's LibTorch 1.13, as on a CPU model OpenBLAS does not know; the torch wheel's MKL is not affected)")
     core = blas.get("blas_core", "?")
     user_core = blas_user.get("blas_core", "?")
     user_note = "" if user_core == core else \
