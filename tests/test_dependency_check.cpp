@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -128,6 +129,18 @@ TEST(BlasDependencyCheck, AsDetectedTheRuleFollowsTheFacts) {
   check_every_path();
 }
 
+// A weight's prepared-data cache that keeps one entry (the core's is src/storage_cache.cpp).
+struct FirstCache final : flux::backend::PreparedCache {
+  flux::backend::PreparedKey key{};
+  std::shared_ptr<const flux::backend::Prepared> kept;
+  std::shared_ptr<const flux::backend::Prepared> find(const flux::backend::PreparedKey& k) override {
+    return kept && k == key ? kept : nullptr;
+  }
+  void insert(const flux::backend::PreparedKey& k, std::shared_ptr<const flux::backend::Prepared> p) override {
+    key = k, kept = std::move(p);
+  }
+};
+
 // OPENBLAS_CORETYPE=Prescott: OpenBLAS's SSE3 kernels on a CPU with AVX2 or AVX-512. Every float32
 // GEMM path runs on oneDNN (no OpenBLAS call at all), the results match float64, and the line says so.
 TEST(BlasFallbackEnv, PrescottKernelsAreRoutedAround) {
@@ -163,6 +176,24 @@ TEST(BlasFallbackEnv, PrescottKernelsAreRoutedAround) {
   EXPECT_EQ(params(grads).size(), 4u);
   EXPECT_EQ(cb::gemm_engine_calls(cb::Kernel::openblas), blas0) << "no float32 product may run on Prescott's kernels";
   EXPECT_GT(cb::gemm_engine_calls(cb::Kernel::onednn), dnn0 + 5);
+  // One row (batch-1 inference): on kept weights, not Prescott's GEMV nor an unprepared GEMM; float64 values.
+  {
+    const int64_t in = 40, out = 24;
+    const size_t nin = size_t(in), nw = size_t(out * in), nout = size_t(out);
+    std::vector<float> xv(nin), wv(nw), yv(nout, -7.f);
+    for (int64_t i = 0; i < in; ++i) xv[size_t(i)] = 0.01f * float(i) - 0.2f;
+    for (int64_t i = 0; i < out * in; ++i) wv[size_t(i)] = 0.003f * float(i % 97) - 0.1f;
+    FirstCache cache;
+    const int64_t blas1 = cb::gemm_engine_calls(cb::Kernel::openblas);
+    ASSERT_TRUE(cb::linear_forward(DType::f32, xv.data(), wv.data(), &cache, nullptr, yv.data(), 1, in, out, false));
+    EXPECT_TRUE(cache.kept) << "the weights are prepared and kept";
+    EXPECT_EQ(cb::gemm_engine_calls(cb::Kernel::openblas), blas1);
+    for (int64_t o = 0; o < out; ++o) {
+      double want = 0;
+      for (int64_t i = 0; i < in; ++i) want += double(xv[size_t(i)]) * double(wv[size_t(o * in + i)]);
+      EXPECT_NEAR(yv[size_t(o)], want, 1e-5) << o;
+    }
+  }
 
   // Run at a level the Prescott kernels do not fall short of (force_isa: the bench's emulation of an
   // older CPU), and the rules trust OpenBLAS again.

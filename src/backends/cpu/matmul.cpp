@@ -90,11 +90,13 @@ double time_gemm(const Query& q, Kernel kernel, int reps) {
 }
 [[maybe_unused]] const bool gemm_timer_registered = (register_timer(Site::gemm, time_gemm), true);
 
-// Dense inference (Backend::linear_forward): one row runs as a GEMV, which streams w once (the MNIST
-// MLP at batch 1: 38 us against 42 on oneDNN's kept weights). From 2 rows the kept weights: a GEMM
+// Dense inference (Backend::linear_forward): one row runs as OpenBLAS's GEMV, which streams w once (the
+// MNIST MLP at batch 1: 38 us against 42 on oneDNN's kept weights), unless OpenBLAS runs below the CPU
+// (its Prescott GEMV, or oneDNN on unprepared weights: 98 us). From 2 rows the kept weights: a GEMM
 // call (OpenBLAS) packs w again at every call, twice the time at 2-7 rows, and every step of a
 // recurrence at a small batch (the LSTM's W_hh: ops/recurrent.cpp).
 constexpr int64_t kLinearMinRows = 2;
+int64_t linear_min_rows() { return blas_below_cpu() ? 1 : kLinearMinRows; }
 
 /// The seam's question for a Dense inference (kernel_choice.hpp: Site::linear).
 Query linear_query(int64_t n, int64_t in, int64_t out, bool bias, bool relu) {
@@ -165,7 +167,7 @@ bool linear_forward(DType t, const void* x, const void* w, backend::PreparedCach
     if (!bf16_kernels_enabled() || n < 1 || in == 0 || out == 0) return false;
     return linear_bf16(x, w, cache, bias, y, n, in, out, relu);
   }
-  if (t != DType::f32 || n < kLinearMinRows || in == 0 || out == 0) return false;
+  if (t != DType::f32 || n < linear_min_rows() || in == 0 || out == 0) return false;
   const Kernel use = choose(linear_query(n, in, out, bias != nullptr, relu), linear_candidates());
   return run_linear(static_cast<const float*>(x), static_cast<const float*>(w), cache, static_cast<const float*>(bias),
                     static_cast<float*>(y), n, in, out, relu, use);
