@@ -868,7 +868,7 @@ TEST(CpuLinear, RowCountPicksTheKernel) {
   IsaGuard isa_guard;
   ForceGuard force_guard;
   using cpu_backend::Kernel;
-  if (cpu_backend::detected_isa() == Isa::avx512 && !cpu_backend::blas_below_cpu()) {
+  if (cpu_backend::active_isa() == Isa::avx512 && !cpu_backend::blas_below_cpu()) {
     for (int64_t n : {2, 3, 8, 64}) EXPECT_EQ(cpu_backend::linear_kernel(n, 128, 512, false, false), Kernel::onednn) << n;
     for (int64_t n : {4, 5, 7}) EXPECT_EQ(cpu_backend::linear_kernel(n, 128, 512, false, false), Kernel::panels) << n;
   }

@@ -148,7 +148,6 @@ Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool re
   g.stride_a = n * in, g.stride_b = out * in, g.stride_c = n * out;
   g.beta = 1.0;
   x.backend().matmul(x.device().index(), t, flux::detail::buffer_of(x), flux::detail::buffer_of(w), flux::detail::buffer_of(y), g);
-  if (trace::active()) trace::emit(ops::linear, {x, w, b}, y, {{"relu", {0}, {}}});
   autodiff::record(y, {&x, &w, &b}, [x, w, need_x, need_w, need_b](const Tensor& gy) {
     Tensor dx, dw, db;
     if (need_x) dx = matmul(gy, w);                 // (n, out) (out, in)
@@ -156,7 +155,15 @@ Tensor detail::linear(const Tensor& x, const Tensor& w, const Tensor& b, bool re
     if (need_b) db = sum(gy, 0);                    // (out,)
     return Grads{dx, dw, db};
   });
-  return relu ? relu_op(y) : y;  // the op Dense's relu activation runs (recorded)
+  Tensor result = y;
+  if (relu) {  // the op Dense's relu activation runs (recorded), traced inside the one linear event below
+    trace::Scope untraced(nullptr);
+    result = relu_op(y);
+  }
+  // One traced event whichever kernel ran (the fused path's above): a trace must not depend on the batch
+  // size, which picks the kernel (onnx::save compares the trace at two sizes).
+  if (trace::active()) trace::emit(ops::linear, {x, w, b}, result, {{"relu", {int64_t(relu)}, {}}});
+  return result;
 }
 
 Tensor matmul(const Tensor& a0, const Tensor& b0, bool ta, bool tb) {
