@@ -655,9 +655,17 @@ TEST(CpuGemm, ChoiceIsTheRuleAndEveryCallGivesTheSameBits) {
   if (FLUX_TEST_HAVE_ONEDNN) {
     EXPECT_EQ(cpu_backend::rule(q, both), Kernel::onednn) << "a thin product: oneDNN";
   }
-  q.dims = {512, 512, 128, 0, 1, 128, 128, 512, 0};
+  q.dims = {512, 512, 512, 0, 1, 512, 512, 512, 0};
   // OpenBLAS, unless it runs kernels below this CPU (dependency_check.hpp; tests/blas_below_cpu.cmake).
   EXPECT_EQ(cpu_backend::rule(q, both), cpu_backend::blas_below_cpu() ? Kernel::onednn : Kernel::openblas);
+  // A Dense layer's batch of 128 against its 784 x 512 weights: oneDNN with AVX-512 (brgemm), else
+  // OpenBLAS; a small product of that kind stays on OpenBLAS.
+  if (FLUX_TEST_HAVE_ONEDNN && !cpu_backend::blas_below_cpu() && !cpu_backend::onednn_below_cpu()) {
+    q.dims = {128, 512, 784, 0, 1, 784, 784, 512, 0};
+    EXPECT_EQ(cpu_backend::rule(q, both), cpu_backend::active_isa() == Isa::avx512 ? Kernel::onednn : Kernel::openblas);
+    q.dims = {64, 64, 64, 0, 1, 64, 64, 64, 0};
+    EXPECT_EQ(cpu_backend::rule(q, both), Kernel::openblas);
+  }
   EXPECT_EQ(cpu_backend::rule(q, cpu_backend::bit(Kernel::onednn)), Kernel::onednn) << "only candidates are chosen";
   const int64_t m = 96, n = 160, k = 200;
   std::vector<float> a = random_floats(size_t(m * k), -1, 1, 41), b = random_floats(size_t(k * n), -1, 1, 42);

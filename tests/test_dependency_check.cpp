@@ -117,10 +117,10 @@ TEST(BlasDependencyCheck, AsDetectedTheRuleFollowsTheFacts) {
     // This machine's OpenBLAS knows its CPU (the AMD Zen and Intel CPUs CI runs on): not below.
     EXPECT_FALSE(below) << f.blas_core << " on " << cb::isa_name(f.cpu);
   }
-  const cb::Kernel large = cb::rule(gemm_query(512, 512, 128), kBoth);
+  const cb::Kernel large = cb::rule(gemm_query(512, 512, 512), kBoth);
   EXPECT_EQ(large, below ? cb::Kernel::onednn : cb::Kernel::openblas);
   const int64_t before = cb::gemm_engine_calls(large);
-  check_matmul(1, 512, 512, 128, false, true, 9);
+  check_matmul(1, 512, 512, 512, false, true, 9);
   EXPECT_GT(cb::gemm_engine_calls(large), before);
   std::ostringstream os;
   versioninfo(os);

@@ -55,12 +55,19 @@ bool has(Candidates c, Kernel k) { return (c & bit(k)) != 0; }
 // outputs and small batches), where oneDNN's matmul ran faster on AVX2 and AVX-512. Both measured
 // with each library at the CPU's level: where OpenBLAS runs an older core's kernels (it does not know
 // the CPU model), oneDNN; where oneDNN runs below the CPU, OpenBLAS (dependency_check.hpp).
+// With AVX-512 (oneDNN 2.6's brgemm matmul), also products with a side of at most 128 (a Dense
+// layer's batch) and at least 2^21 multiply-adds: forced onto oneDNN against the rule, on a Zen 4 core
+// at 1 and 2 threads, the MNIST MLP trained 10-14% faster, the tiny transformer 5-9%, the char LSTM 2%,
+// while the encoder's (2048 x 256 x 768-1024 products) and the wide MLP's stayed level or were faster on
+// OpenBLAS and the seed MLP's tiny products 7% slower on oneDNN (bench/results/2026-12-07-quiet-zen4-session4.md).
 Kernel gemm_rule(const Query& q, Candidates c) {
   const GemmQuery g = GemmQuery::from(q);
   const int64_t m = g.m, n = g.n, k = g.k;
   if (has(c, Kernel::onednn) && blas_below_cpu()) return Kernel::onednn;
   if (has(c, Kernel::openblas) && onednn_below_cpu()) return Kernel::openblas;
   if (has(c, Kernel::onednn) && std::min({m, n, k}) <= 16) return Kernel::onednn;
+  if (has(c, Kernel::onednn) && active_isa() == Isa::avx512 && std::min({m, n, k}) <= 128 && m * n * k >= (int64_t(1) << 21))
+    return Kernel::onednn;
   return has(c, Kernel::openblas) ? Kernel::openblas : first_of(c);
 }
 
