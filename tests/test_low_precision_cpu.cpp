@@ -818,7 +818,11 @@ TEST(CpuBf16, MatmulLowPrecisionMatchesFloat64OrDeclines) {
   };
   const Case cases[] = {{1, 7, 5, 3, false, false, false, 1, 0},   {1, 64, 96, 200, false, true, false, 1, 0},
                         {3, 17, 33, 40, true, false, true, 0.5, 0}, {2, 24, 16, 31, true, true, false, 1, 1},
-                        {1, 1, 300, 64, false, true, false, 2, 0.5}, {5, 40, 1, 64, false, false, false, 1, 0}};
+                        {1, 1, 300, 64, false, true, false, 2, 0.5}, {5, 40, 1, 64, false, false, false, 1, 0},
+                        // Enough work to cut over the pool: along m with a ragged tail (a transposed A's
+                        // rows copied first, as a weight gradient's), and along n where m is one block.
+                        {1, 100, 72, 160, true, false, false, 1, 0},  {1, 100, 72, 160, true, true, false, 0.5, 1},
+                        {1, 96, 80, 200, false, false, false, 1, 1},  {1, 16, 512, 160, false, true, false, 1, 0}};
   unsigned seed = 1;
   for (const Case& c : cases) {
     Gemm g;
@@ -859,43 +863,52 @@ TEST(CpuBf16, MatmulLowPrecisionMatchesFloat64OrDeclines) {
   EXPECT_FALSE(b.matmul_low_precision(0, DType::f32, {x.data(), 0}, {y.data(), 0}, {z.data(), 0}, g));
 }
 
+// With a cache (inference: weights prepared once and kept) and without (training: each piece packs its
+// weights into the call's scratch); small and cut over the pool along the outputs.
 TEST(CpuBf16, LinearForwardMatchesFloat64OrDeclines) {
   backend::Backend& b = cpu_backend::instance();
-  for (int64_t n : {1, 16, 33})
-    for (bool bias : {false, true})
-      for (bool relu : {false, true}) {
-        const int64_t in = 72, out = 40;
-        Bf16Array x(size_t(n * in), 11), w(size_t(out * in), 12), bv(size_t(out), 13);
-        std::vector<double> want(size_t(n * out)), magnitude(size_t(n * out));
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t o = 0; o < out; ++o) {
-            double acc = bias ? bv.value[size_t(o)] : 0, mag = std::fabs(acc);
-            for (int64_t l = 0; l < in; ++l) {
-              const double t = x.value[size_t(i * in + l)] * w.value[size_t(o * in + l)];
-              acc += t, mag += std::fabs(t);
+  struct Size {
+    int64_t n, in, out;
+  };
+  for (Size s : {Size{1, 72, 40}, Size{16, 72, 40}, Size{33, 72, 40}, Size{64, 256, 100}})
+    for (bool keep : {true, false})
+      for (bool bias : {false, true})
+        for (bool relu : {false, true}) {
+          const int64_t n = s.n, in = s.in, out = s.out;
+          SCOPED_TRACE("n " + std::to_string(n) + " in " + std::to_string(in) + " out " + std::to_string(out) +
+                       (keep ? " kept weights" : " no cache"));
+          Bf16Array x(size_t(n * in), 11), w(size_t(out * in), 12), bv(size_t(out), 13);
+          std::vector<double> want(size_t(n * out)), magnitude(size_t(n * out));
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t o = 0; o < out; ++o) {
+              double acc = bias ? bv.value[size_t(o)] : 0, mag = std::fabs(acc);
+              for (int64_t l = 0; l < in; ++l) {
+                const double t = x.value[size_t(i * in + l)] * w.value[size_t(o * in + l)];
+                acc += t, mag += std::fabs(t);
+              }
+              want[size_t(i * out + o)] = relu && acc < 0 ? 0 : acc;
+              magnitude[size_t(i * out + o)] = mag;
             }
-            want[size_t(i * out + o)] = relu && acc < 0 ? 0 : acc;
-            magnitude[size_t(i * out + o)] = mag;
-          }
-        const Bf16Array y0(size_t(n * out), 14);
-        Bf16Array y = y0;
-        cpu_backend::LocalPreparedCache cache;
-        run_both_ways(
-            "linear_forward",
-            [&] {
-              y = y0;
-              const bool first = b.linear_forward(0, DType::bf16, x.buffer(), w.buffer(), &cache,
-                                                  bias ? bv.buffer() : Buffer{}, y.buffer(), n, in, out, relu);
-              if (!first) return false;
-              // Again, on the weights prepared by the first call: the same bits.
-              const Bf16Array once = y;
-              EXPECT_TRUE(b.linear_forward(0, DType::bf16, x.buffer(), w.buffer(), &cache,
-                                           bias ? bv.buffer() : Buffer{}, y.buffer(), n, in, out, relu));
-              EXPECT_EQ(y.bits, once.bits);
-              return true;
-            },
-            [&] { expect_close(y, want, magnitude, "linear"); }, [&] { EXPECT_EQ(y.bits, y0.bits); });
-      }
+          const Bf16Array y0(size_t(n * out), 14);
+          Bf16Array y = y0;
+          cpu_backend::LocalPreparedCache local;
+          backend::PreparedCache* cache = keep ? &local : nullptr;
+          run_both_ways(
+              "linear_forward",
+              [&] {
+                y = y0;
+                const bool first = b.linear_forward(0, DType::bf16, x.buffer(), w.buffer(), cache,
+                                                    bias ? bv.buffer() : Buffer{}, y.buffer(), n, in, out, relu);
+                if (!first) return false;
+                // Again (on the weights prepared by the first call where kept): the same bits.
+                const Bf16Array once = y;
+                EXPECT_TRUE(b.linear_forward(0, DType::bf16, x.buffer(), w.buffer(), cache,
+                                             bias ? bv.buffer() : Buffer{}, y.buffer(), n, in, out, relu));
+                EXPECT_EQ(y.bits, once.bits);
+                return true;
+              },
+              [&] { expect_close(y, want, magnitude, "linear"); }, [&] { EXPECT_EQ(y.bits, y0.bits); });
+        }
 }
 
 // A 2-D conv geometry: groups `groups`, 3x3 kernel, padding 1.

@@ -1,19 +1,41 @@
 // bf16 products on the CPU (Backend::matmul_low_precision, linear_forward's bf16 case): oneDNN's bf16
 // matmul with float32 accumulation, where the CPU has bf16 units (isa.hpp, bf16_kernels_enabled). A
-// GEMM is cut as the f32 path cuts it (matmul_blas.cpp): whole matrices over the pool when there are
-// at least as many as threads, else each matrix along the longer of m and n in multiples of 16
-// (Pieces), one single-threaded oneDNN call per piece. Every piece's primitive is found before any
-// runs, so a shape oneDNN declines leaves C untouched for the core's float32 path.
+// GEMM runs whole per matrix when there are at least as many matrices as threads, else each matrix is
+// cut over the pool in multiples of 16 (Pieces), one single-threaded oneDNN call per piece. Every
+// piece's primitive is found before any runs, so a shape oneDNN declines leaves C untouched for the
+// core's float32 path.
+//
+// The cut keeps every operand of a piece dense: oneDNN 2.6 runs its brgemm kernels only on dense
+// memory, and a strided piece (a block of B's or C's columns) goes to its gemm:jit kernel, whose
+// packing buffers are malloc'd at every call (the heap grew and was trimmed again at every training
+// step: page faults and brk calls; bench/results/2026-12-07-mnist-bf16-dense-pieces.md). So a matrix with m of
+// two blocks or more is cut along m: rows of A and of C are dense and B is whole; a transposed A (a
+// weight gradient g^T x) has its piece copied row-major into the call's scratch first. Only a product
+// with m under 32 is cut along n.
 #include "src/backends/cpu/matmul_kernels.hpp"
 
 #if FLUX_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
 #include <vector>
+
+#include "src/backends/cpu/onednn.hpp"
 
 namespace flux::cpu_backend {
 
 namespace {
+// rows [lo, hi) of op(A) = A^T, A stored (k, lda): out (hi - lo, k) row-major, in 32 x 32 tiles.
+void transposed_rows(const uint16_t* a, int64_t lda, int64_t k, int64_t lo, int64_t hi, uint16_t* out) {
+  constexpr int64_t kTile = 32;
+  for (int64_t r0 = lo; r0 < hi; r0 += kTile)
+    for (int64_t k0 = 0; k0 < k; k0 += kTile) {
+      const int64_t r1 = std::min(hi, r0 + kTile), k1 = std::min(k, k0 + kTile);
+      for (int64_t kk = k0; kk < k1; ++kk)
+        for (int64_t r = r0; r < r1; ++r) out[(r - lo) * k + kk] = a[kk * lda + r];
+    }
+}
+
 bool cut_and_run(const uint16_t* a, const uint16_t* b, uint16_t* c, const backend::Gemm& g) {
   const int64_t lda = g.trans_a ? g.m : g.k, ldb = g.trans_b ? g.k : g.n, ldc = g.n;
   const float alpha = float(g.alpha), beta = float(g.beta);
@@ -22,39 +44,56 @@ bool cut_and_run(const uint16_t* a, const uint16_t* b, uint16_t* c, const backen
     const OnednnMatmul* e;
     const uint16_t *a, *b;
     uint16_t* c;
+    int64_t lo = 0, hi = 0;  // rows of a transposed A to copy first (lo < hi), else nothing to copy
   };
   std::vector<Piece> pieces;
-  auto add = [&](int64_t m, int64_t n, const uint16_t* ap, const uint16_t* bp, uint16_t* cp) {
-    const OnednnMatmul* e = onednn_matmul(g.trans_a, g.trans_b, m, n, g.k, alpha, lda, ldb, beta, ldc, DType::bf16);
-    pieces.push_back({e, ap, bp, cp});
+  auto add = [&](bool ta, int64_t m, int64_t n, int64_t lda_p, const uint16_t* ap, const uint16_t* bp, uint16_t* cp,
+                 int64_t lo = 0, int64_t hi = 0) {
+    const OnednnMatmul* e = onednn_matmul(ta, g.trans_b, m, n, g.k, alpha, lda_p, ldb, beta, ldc, DType::bf16);
+    pieces.push_back({e, ap, bp, cp, lo, hi});
     return e != nullptr;
   };
   const bool whole = g.batch >= num_threads() || flops < kSplitFlops;
+  const bool split_m = g.m >= 32;
   for (int64_t p = 0; p < g.batch; ++p) {
     const uint16_t* A = a + p * g.stride_a;
     const uint16_t* B = b + p * g.stride_b;
     uint16_t* C = c + p * g.stride_c;
-    if (whole) {
-      if (!add(g.m, g.n, A, B, C)) return false;
+    const Pieces cut(split_m ? g.m : g.n, flops, kSplitFlops);
+    if (whole || cut.parts <= 1) {
+      if (!add(g.trans_a, g.m, g.n, lda, A, B, C)) return false;
       continue;
     }
-    const bool split_n = g.n >= g.m;
-    const Pieces cut(split_n ? g.n : g.m, flops, kSplitFlops);
     for (int64_t q = 0; q < cut.parts; ++q) {
       const int64_t lo = cut.lo(q), hi = cut.hi(q);
       if (lo >= hi) continue;
-      const bool ok = split_n ? add(g.m, hi - lo, A, g.trans_b ? B + lo * ldb : B + lo, C + lo)
-                              : add(hi - lo, g.n, g.trans_a ? A + lo : A + lo * lda, B, C + lo * ldc);
+      bool ok;
+      if (!split_m)
+        ok = add(g.trans_a, g.m, hi - lo, lda, A, g.trans_b ? B + lo * ldb : B + lo, C + lo);
+      else if (g.trans_a)  // A's rows lo..hi copied row-major (lda = k) before the call
+        ok = add(false, hi - lo, g.n, g.k, A, B, C + lo * ldc, lo, hi);
+      else
+        ok = add(false, hi - lo, g.n, lda, A + lo * lda, B, C + lo * ldc);
       if (!ok) return false;
     }
   }
+  auto run = [&](const Piece& q) {
+    if (q.lo >= q.hi) {
+      onednn_matmul_run(*q.e, q.a, q.b, q.c);
+      return;
+    }
+    onednn::CallScratch scratch;
+    auto* rows = static_cast<uint16_t*>(
+        scratch.get(onednn::Scratch::src, size_t(q.hi - q.lo) * size_t(g.k) * sizeof(uint16_t)));
+    transposed_rows(q.a, lda, g.k, q.lo, q.hi, rows);
+    onednn_matmul_run(*q.e, rows, q.b, q.c);
+  };
   if (pieces.size() == 1) {
-    onednn_matmul_run(*pieces[0].e, pieces[0].a, pieces[0].b, pieces[0].c);
+    run(pieces[0]);
     return true;
   }
   parallel_for(int64_t(pieces.size()), 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p)
-      onednn_matmul_run(*pieces[size_t(p)].e, pieces[size_t(p)].a, pieces[size_t(p)].b, pieces[size_t(p)].c);
+    for (int64_t p = p0; p < p1; ++p) run(pieces[size_t(p)]);
   });
   return true;
 }

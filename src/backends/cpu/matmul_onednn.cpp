@@ -229,8 +229,12 @@ bool linear_onednn(DType t, const void* x, const void* w, backend::PreparedCache
   // Prepared only where a piece's kernel reads w in its own layout (brgemm); else w in place.
   bool packs = false;
   for (const Linear* e : entries) packs = packs || (e && e->packs);
+  // Without a cache (training: w changes at every step) each piece's weights are packed on the thread
+  // that runs it, into the call's scratch from the pool: oneDNN-allocated memory came from malloc on
+  // the calling thread, whose heap grew and shrank again at every step (page faults), and the packing
+  // ran there alone.
   std::shared_ptr<const LinearWeights> weights;
-  if (packs) {
+  if (packs && cache) {
     const PreparedKind kind = t == DType::bf16 ? PreparedKind::onednn_linear_bf16 : PreparedKind::onednn_linear;
     const auto key = prepared_key(kind, reinterpret_cast<intptr_t>(w), n, in, out, parts, bias != nullptr, relu);
     weights = prepared<LinearWeights>(cache, key, [&] {
@@ -251,8 +255,17 @@ bool linear_onednn(DType t, const void* x, const void* w, backend::PreparedCache
   each_piece(parts, [&](int64_t p) {
     const Linear* e = entries[size_t(p)];
     if (!e) return;
-    const dnnl::memory wm = e->packs ? weights->pieces[size_t(p)]
-                                     : dnnl::memory(e->plain, onednn::engine(), const_cast<char*>(at(w, cut.lo(p) * in)));
+    dnnl::memory plain(e->plain, onednn::engine(), const_cast<char*>(at(w, cut.lo(p) * in)));
+    onednn::CallScratch scratch;
+    dnnl::memory wm = plain;
+    if (e->packs && weights) {
+      wm = weights->pieces[size_t(p)];
+    } else if (e->packs) {
+      wm = dnnl::memory(e->packed, onednn::engine(), scratch.get(onednn::Scratch::weights, e->packed.get_size()));
+      onednn::set_team(1);
+      e->pack.execute(onednn::stream(), plain, wm);
+      onednn::stream().wait();
+    }
     linear_piece(*e, x, wm, at(bias, cut.lo(p)), const_cast<char*>(at(y, cut.lo(p))), t, relu);
   });
   return true;
