@@ -109,10 +109,11 @@ bool onednn_gemm_takes(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_
   return e && e->scratch <= kMaxOnednnScratch;
 }
 
-// ---- Dense inference with its weights prepared (Backend::linear_forward) ----
+// ---- Dense forward with its weights prepared (Backend::linear_forward) ----
 // OpenBLAS packs both operands on every call. At inference the weights do not change between calls: they are reordered
 // once into the layout of oneDNN's kernel (weights format `any`) and kept in the weight tensor's
-// cache (prepared.hpp), which the core empties on any write. Each piece is its own rows of w.
+// cache (prepared.hpp), which the core empties on any write. Each piece is its own rows of w. Called
+// without a cache (training), the kernel reads w as it is (Linear::in_place).
 namespace {
 using LinearKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int>;  // n in cols ldy bias relu dtype
 /// One piece shape's primitive: immutable once made (run by any number of threads at once).
@@ -124,6 +125,10 @@ struct Linear {
   size_t scratch = 0;
   int64_t ldy = 0;          // y's row stride: > the piece's columns when it is one piece of y's columns
   bool own_output = false;  // the kernel writes a dense output of the piece's own, copied into y's rows
+  // Where the kernel reads packed weights: a kernel reading w as it is, for calls without a cache
+  // (training: w changes at every step), where packing at every call cost more than it saves; null
+  // where oneDNN offers only its reference kernel (such a call declines).
+  std::unique_ptr<const Linear> in_place;
 };
 ReadMostly<LinearKey, Linear>& linears() {
   static auto* l = new ReadMostly<LinearKey, Linear>(256);  // never destroyed, as the backend
@@ -173,7 +178,21 @@ const Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, boo
       e->ldy = ldy;
       e->packed = pd.weights_desc();
       e->packs = e->packed != e->plain;
-      if (e->packs) e->pack = dnnl::reorder(dnnl::reorder::primitive_desc(engine, e->plain, engine, e->packed));
+      if (e->packs) {
+        e->pack = dnnl::reorder(dnnl::reorder::primitive_desc(engine, e->plain, engine, e->packed));
+        // bench/results/2026-12-07-mnist-bf16-dense-pieces.md: brgemm on w as it is against the reorder
+        // and brgemm on the packed copy, MNIST's Dense shapes at batch 128.
+        dnnl::matmul::primitive_desc direct = make(e->own_output ? cols : ldy, e->plain);
+        if (!starts(direct, "ref")) {
+          auto in_place = std::make_unique<Linear>();
+          in_place->src = e->src, in_place->plain = in_place->packed = e->plain, in_place->bias = e->bias;
+          in_place->dst = direct.dst_desc();
+          in_place->ldy = ldy;
+          in_place->own_output = e->own_output;
+          set_primitive(*in_place, direct);
+          e->in_place = std::move(in_place);
+        }
+      }
       set_primitive(*e, pd);
       return e;
     } catch (const dnnl::error&) {
@@ -229,10 +248,15 @@ bool linear_onednn(DType t, const void* x, const void* w, backend::PreparedCache
   // Prepared only where a piece's kernel reads w in its own layout (brgemm); else w in place.
   bool packs = false;
   for (const Linear* e : entries) packs = packs || (e && e->packs);
-  // Without a cache (training: w changes at every step) each piece's weights are packed on the thread
-  // that runs it, into the call's scratch from the pool: oneDNN-allocated memory came from malloc on
-  // the calling thread, whose heap grew and shrank again at every step (page faults), and the packing
-  // ran there alone.
+  // Without a cache (training) every piece runs its in-place kernel: packing w at every call took
+  // longer than the kernel gained from it, and oneDNN-allocated memory for the packed copy came from
+  // malloc on the calling thread, whose heap grew and shrank again at every step (page faults).
+  if (!cache)
+    for (const Linear*& e : entries) {
+      if (!e || !e->packs) continue;
+      if (!e->in_place) return false;
+      e = e->in_place.get();
+    }
   std::shared_ptr<const LinearWeights> weights;
   if (packs && cache) {
     const PreparedKind kind = t == DType::bf16 ? PreparedKind::onednn_linear_bf16 : PreparedKind::onednn_linear;
@@ -255,17 +279,8 @@ bool linear_onednn(DType t, const void* x, const void* w, backend::PreparedCache
   each_piece(parts, [&](int64_t p) {
     const Linear* e = entries[size_t(p)];
     if (!e) return;
-    dnnl::memory plain(e->plain, onednn::engine(), const_cast<char*>(at(w, cut.lo(p) * in)));
-    onednn::CallScratch scratch;
-    dnnl::memory wm = plain;
-    if (e->packs && weights) {
-      wm = weights->pieces[size_t(p)];
-    } else if (e->packs) {
-      wm = dnnl::memory(e->packed, onednn::engine(), scratch.get(onednn::Scratch::weights, e->packed.get_size()));
-      onednn::set_team(1);
-      e->pack.execute(onednn::stream(), plain, wm);
-      onednn::stream().wait();
-    }
+    const dnnl::memory wm = e->packs ? weights->pieces[size_t(p)]
+                                     : dnnl::memory(e->plain, onednn::engine(), const_cast<char*>(at(w, cut.lo(p) * in)));
     linear_piece(*e, x, wm, at(bias, cut.lo(p)), const_cast<char*>(at(y, cut.lo(p))), t, relu);
   });
   return true;
