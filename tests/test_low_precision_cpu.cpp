@@ -820,9 +820,11 @@ TEST(CpuBf16, MatmulLowPrecisionMatchesFloat64OrDeclines) {
                         {3, 17, 33, 40, true, false, true, 0.5, 0}, {2, 24, 16, 31, true, true, false, 1, 1},
                         {1, 1, 300, 64, false, true, false, 2, 0.5}, {5, 40, 1, 64, false, false, false, 1, 0},
                         // Enough work to cut over the pool: along m with a ragged tail (a transposed A's
-                        // rows copied first, as a weight gradient's), and along n where m is one block.
+                        // rows copied first, as a weight gradient's), and along n where m is one block;
+                        // transposed pieces too large to copy, strided along m and along n.
                         {1, 100, 72, 160, true, false, false, 1, 0},  {1, 100, 72, 160, true, true, false, 0.5, 1},
-                        {1, 96, 80, 200, false, false, false, 1, 1},  {1, 16, 512, 160, false, true, false, 1, 0}};
+                        {1, 96, 80, 200, false, false, false, 1, 1},  {1, 16, 512, 160, false, true, false, 1, 0},
+                        {1, 200, 40, 1400, true, false, false, 1, 0}, {1, 128, 160, 2100, true, true, false, 1, 1}};
   unsigned seed = 1;
   for (const Case& c : cases) {
     Gemm g;
@@ -863,14 +865,15 @@ TEST(CpuBf16, MatmulLowPrecisionMatchesFloat64OrDeclines) {
   EXPECT_FALSE(b.matmul_low_precision(0, DType::f32, {x.data(), 0}, {y.data(), 0}, {z.data(), 0}, g));
 }
 
-// With a cache (inference: weights prepared once and kept) and without (training: each piece packs its
-// weights into the call's scratch); small and cut over the pool along the outputs.
+// With a cache (inference: weights prepared once and kept) and without (training: up to 256 rows the
+// kernel reads w as it is, from 257 each piece packs its weights into the call's scratch); small and
+// cut over the pool along the outputs.
 TEST(CpuBf16, LinearForwardMatchesFloat64OrDeclines) {
   backend::Backend& b = cpu_backend::instance();
   struct Size {
     int64_t n, in, out;
   };
-  for (Size s : {Size{1, 72, 40}, Size{16, 72, 40}, Size{33, 72, 40}, Size{64, 256, 100}})
+  for (Size s : {Size{1, 72, 40}, Size{16, 72, 40}, Size{33, 72, 40}, Size{64, 256, 100}, Size{300, 72, 40}})
     for (bool keep : {true, false})
       for (bool bias : {false, true})
         for (bool relu : {false, true}) {

@@ -5,13 +5,16 @@
 // piece's primitive is found before any runs, so a shape oneDNN declines leaves C untouched for the
 // core's float32 path.
 //
-// The cut keeps every operand of a piece dense: oneDNN 2.6 runs its brgemm kernels only on dense
-// memory, and a strided piece (a block of B's or C's columns) goes to its gemm:jit kernel, whose
-// packing buffers are malloc'd at every call (the heap grew and was trimmed again at every training
-// step: page faults and brk calls; bench/results/2026-12-07-mnist-bf16-dense-pieces.md). So a matrix with m of
-// two blocks or more is cut along m: rows of A and of C are dense and B is whole; a transposed A (a
-// weight gradient g^T x) has its piece copied row-major into the call's scratch first. Only a product
-// with m under 32 is cut along n.
+// The cut keeps a piece's operands dense where that pays: oneDNN 2.6 runs its brgemm kernels only on
+// dense memory, and a strided piece (a block of B's or C's columns, or of a transposed A's) goes to its
+// gemm:jit kernel, whose packing buffers are malloc'd at every call; on the small products of a
+// training step the heap grew and was trimmed again at every step (page faults and brk calls;
+// bench/results/2026-12-07-mnist-bf16-dense-pieces.md). So a matrix with m of two blocks or more is cut
+// along m: rows of A and of C are dense and B is whole; a transposed A (a weight gradient dYᵀ x) has its
+// piece's rows copied row-major into the call's scratch first, while that copy stays within
+// kCopyBytes. A larger transposed piece is cut strided as before (along the longer of m and n): its
+// strided copy ran at a fraction of memory speed and cost more than gemm:jit's packing, which at that
+// size runs at brgemm's rate. Only a product with m under 32 is always cut along n.
 #include "src/backends/cpu/matmul_kernels.hpp"
 
 #if FLUX_HAVE_ONEDNN
@@ -25,6 +28,10 @@
 namespace flux::cpu_backend {
 
 namespace {
+// The largest transposed-A piece copied row-major for brgemm (bytes): the MNIST MLP's weight gradients'
+// pieces are 64 KiB; the encoder's, 1-2 MiB, copied slower than gemm:jit ran them strided.
+constexpr size_t kCopyBytes = size_t(256) << 10;
+
 // rows [lo, hi) of op(A) = A^T, A stored (k, lda): out (hi - lo, k) row-major, in 32 x 32 tiles.
 void transposed_rows(const uint16_t* a, int64_t lda, int64_t k, int64_t lo, int64_t hi, uint16_t* out) {
   constexpr int64_t kTile = 32;
@@ -54,12 +61,18 @@ bool cut_and_run(const uint16_t* a, const uint16_t* b, uint16_t* c, const backen
     return e != nullptr;
   };
   const bool whole = g.batch >= num_threads() || flops < kSplitFlops;
-  const bool split_m = g.m >= 32;
+  enum class Cut { along_m, along_m_copied, along_m_strided, along_n };
+  Cut how = g.m < 32 ? Cut::along_n : Cut::along_m;
+  if (how == Cut::along_m && g.trans_a) {
+    const Pieces rows(g.m, flops, kSplitFlops);
+    const double copy = double(rows.hi(0) - rows.lo(0)) * double(g.k) * double(sizeof(uint16_t));
+    how = copy <= double(kCopyBytes) ? Cut::along_m_copied : g.n >= g.m ? Cut::along_n : Cut::along_m_strided;
+  }
   for (int64_t p = 0; p < g.batch; ++p) {
     const uint16_t* A = a + p * g.stride_a;
     const uint16_t* B = b + p * g.stride_b;
     uint16_t* C = c + p * g.stride_c;
-    const Pieces cut(split_m ? g.m : g.n, flops, kSplitFlops);
+    const Pieces cut(how == Cut::along_n ? g.n : g.m, flops, kSplitFlops);
     if (whole || cut.parts <= 1) {
       if (!add(g.trans_a, g.m, g.n, lda, A, B, C)) return false;
       continue;
@@ -67,13 +80,14 @@ bool cut_and_run(const uint16_t* a, const uint16_t* b, uint16_t* c, const backen
     for (int64_t q = 0; q < cut.parts; ++q) {
       const int64_t lo = cut.lo(q), hi = cut.hi(q);
       if (lo >= hi) continue;
-      bool ok;
-      if (!split_m)
-        ok = add(g.trans_a, g.m, hi - lo, lda, A, g.trans_b ? B + lo * ldb : B + lo, C + lo);
-      else if (g.trans_a)  // A's rows lo..hi copied row-major (lda = k) before the call
-        ok = add(false, hi - lo, g.n, g.k, A, B, C + lo * ldc, lo, hi);
-      else
-        ok = add(false, hi - lo, g.n, lda, A + lo * lda, B, C + lo * ldc);
+      bool ok = false;
+      switch (how) {
+        case Cut::along_n: ok = add(g.trans_a, g.m, hi - lo, lda, A, g.trans_b ? B + lo * ldb : B + lo, C + lo); break;
+        case Cut::along_m: ok = add(false, hi - lo, g.n, lda, A + lo * lda, B, C + lo * ldc); break;
+        case Cut::along_m_strided: ok = add(true, hi - lo, g.n, lda, A + lo, B, C + lo * ldc); break;
+        // A's rows lo..hi copied row-major (lda = k) before the call
+        case Cut::along_m_copied: ok = add(false, hi - lo, g.n, g.k, A, B, C + lo * ldc, lo, hi); break;
+      }
       if (!ok) return false;
     }
   }

@@ -113,7 +113,7 @@ bool onednn_gemm_takes(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_
 // OpenBLAS packs both operands on every call. At inference the weights do not change between calls: they are reordered
 // once into the layout of oneDNN's kernel (weights format `any`) and kept in the weight tensor's
 // cache (prepared.hpp), which the core empties on any write. Each piece is its own rows of w. Called
-// without a cache (training), the kernel reads w as it is (Linear::in_place).
+// without a cache (training), the kernel reads w as it is up to kInPlaceRows rows (Linear::in_place).
 namespace {
 using LinearKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int>;  // n in cols ldy bias relu dtype
 /// One piece shape's primitive: immutable once made (run by any number of threads at once).
@@ -125,11 +125,16 @@ struct Linear {
   size_t scratch = 0;
   int64_t ldy = 0;          // y's row stride: > the piece's columns when it is one piece of y's columns
   bool own_output = false;  // the kernel writes a dense output of the piece's own, copied into y's rows
-  // Where the kernel reads packed weights: a kernel reading w as it is, for calls without a cache
-  // (training: w changes at every step), where packing at every call cost more than it saves; null
-  // where oneDNN offers only its reference kernel (such a call declines).
+  // Where the kernel reads packed weights and n <= kInPlaceRows: a kernel reading w as it is, for calls
+  // without a cache (training: w changes at every step), where packing at every call cost more than it
+  // saved; else null (such a call packs w into its scratch).
   std::unique_ptr<const Linear> in_place;
 };
+// brgemm on w as it is against a packed copy made at every call: ahead up to 256 rows (0.6-0.95x the
+// time), level at 512-1024, behind at 2048 (1.04-1.4x) on the MNIST, encoder and decoder Dense shapes
+// (bench/results/2026-12-07-mnist-bf16-dense-pieces.md).
+constexpr int64_t kInPlaceRows = 256;
+
 ReadMostly<LinearKey, Linear>& linears() {
   static auto* l = new ReadMostly<LinearKey, Linear>(256);  // never destroyed, as the backend
   return *l;
@@ -183,7 +188,7 @@ const Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, boo
         // bench/results/2026-12-07-mnist-bf16-dense-pieces.md: brgemm on w as it is against the reorder
         // and brgemm on the packed copy, MNIST's Dense shapes at batch 128.
         dnnl::matmul::primitive_desc direct = make(e->own_output ? cols : ldy, e->plain);
-        if (!starts(direct, "ref")) {
+        if (n <= kInPlaceRows && !starts(direct, "ref")) {
           auto in_place = std::make_unique<Linear>();
           in_place->src = e->src, in_place->plain = in_place->packed = e->plain, in_place->bias = e->bias;
           in_place->dst = direct.dst_desc();
@@ -248,15 +253,13 @@ bool linear_onednn(DType t, const void* x, const void* w, backend::PreparedCache
   // Prepared only where a piece's kernel reads w in its own layout (brgemm); else w in place.
   bool packs = false;
   for (const Linear* e : entries) packs = packs || (e && e->packs);
-  // Without a cache (training) every piece runs its in-place kernel: packing w at every call took
-  // longer than the kernel gained from it, and oneDNN-allocated memory for the packed copy came from
-  // malloc on the calling thread, whose heap grew and shrank again at every step (page faults).
+  // Without a cache (training) a piece of few rows runs its in-place kernel (packing w at every call
+  // took longer than the kernel gained from it); one of many rows packs its weights on the thread that
+  // runs it, into the call's scratch (oneDNN-allocated memory came from malloc on the calling thread,
+  // whose heap grew and shrank again at every step: page faults).
   if (!cache)
-    for (const Linear*& e : entries) {
-      if (!e || !e->packs) continue;
-      if (!e->in_place) return false;
-      e = e->in_place.get();
-    }
+    for (const Linear*& e : entries)
+      if (e && e->in_place) e = e->in_place.get();
   std::shared_ptr<const LinearWeights> weights;
   if (packs && cache) {
     const PreparedKind kind = t == DType::bf16 ? PreparedKind::onednn_linear_bf16 : PreparedKind::onednn_linear;
@@ -279,8 +282,17 @@ bool linear_onednn(DType t, const void* x, const void* w, backend::PreparedCache
   each_piece(parts, [&](int64_t p) {
     const Linear* e = entries[size_t(p)];
     if (!e) return;
-    const dnnl::memory wm = e->packs ? weights->pieces[size_t(p)]
-                                     : dnnl::memory(e->plain, onednn::engine(), const_cast<char*>(at(w, cut.lo(p) * in)));
+    dnnl::memory plain(e->plain, onednn::engine(), const_cast<char*>(at(w, cut.lo(p) * in)));
+    onednn::CallScratch scratch;
+    dnnl::memory wm = plain;
+    if (e->packs && weights) {
+      wm = weights->pieces[size_t(p)];
+    } else if (e->packs) {
+      wm = dnnl::memory(e->packed, onednn::engine(), scratch.get(onednn::Scratch::weights, e->packed.get_size()));
+      onednn::set_team(1);
+      e->pack.execute(onednn::stream(), plain, wm);
+      onednn::stream().wait();
+    }
     linear_piece(*e, x, wm, at(bias, cut.lo(p)), const_cast<char*>(at(y, cut.lo(p))), t, relu);
   });
   return true;
