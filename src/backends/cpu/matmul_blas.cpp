@@ -93,10 +93,6 @@ void blas_gemv(bool trans, int rows, int cols, double alpha, const double* a, in
   cblas_dgemv(CblasRowMajor, trans ? CblasTrans : CblasNoTrans, rows, cols, alpha, a, lda, x, incx, beta, y, incy);
 }
 
-// Matrix elements below which a GEMV stays on the calling thread: it streams its matrix once, so
-// the work is the bytes read; 2^17 floats (512 KiB) take ~10 us from L3 on one core.
-constexpr double kSplitGemvElements = double(1 << 17);
-
 // C = alpha op(A) op(B) + beta C when m == 1 or n == 1: the matrix operand is cut over the pool
 // along C's length in multiples of 16 elements, one GEMV per piece.
 template <class T>
