@@ -25,6 +25,7 @@
 #include "src/backends/cpu/dependency_check.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/kernel_choice.hpp"
+#include "src/backends/cpu/matmul_kernels.hpp"
 
 namespace {
 
@@ -871,6 +872,17 @@ TEST(CpuLinear, DeclinesWhatItCannotRun) {
 
 // The rule for a Dense inference with AVX-512 and oneDNN: flux's panels at 4-7 rows, oneDNN's kept
 // weights at 2-3 and 8+ rows (kernel_choice.cpp's measurements); the panels below AVX-512.
+// A Dense of one row streams w once: it is cut over the pool by w's elements, as a GEMV, where many
+// rows are cut by multiply-adds (the MNIST MLP's 784 x 512 layer at one row: 0.8 M multiply-adds, under
+// the GEMM threshold, 401 k elements, over the GEMV one).
+TEST(CpuLinear, OneRowIsCutAsAGemv) {
+  const int64_t threads = cpu_backend::num_threads();
+  EXPECT_EQ(cpu_backend::dense_pieces(1, 784, 512).parts, std::min<int64_t>(threads, 3));
+  EXPECT_EQ(cpu_backend::dense_pieces(1, 512, 10).parts, 1) << "a small one stays whole";
+  EXPECT_EQ(cpu_backend::dense_pieces(2, 784, 512).parts, 1) << "two rows: 1.6 M multiply-adds, whole";
+  EXPECT_EQ(cpu_backend::dense_pieces(128, 784, 512).parts, std::min<int64_t>(threads, 32));
+}
+
 TEST(CpuLinear, RowCountPicksTheKernel) {
   if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN";
   IsaGuard isa_guard;

@@ -20,7 +20,6 @@
 #if FLUX_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include <algorithm>
 #include <vector>
 
 #include "src/backends/cpu/onednn.hpp"
@@ -32,15 +31,14 @@ namespace {
 // pieces are 64 KiB; the encoder's, 1-2 MiB, copied slower than gemm:jit ran them strided.
 constexpr size_t kCopyBytes = size_t(256) << 10;
 
-// rows [lo, hi) of op(A) = A^T, A stored (k, lda): out (hi - lo, k) row-major, in 32 x 32 tiles.
+// rows [lo, hi) of op(A) = A^T, A stored (k, lda): out (hi - lo, k) row-major, by the backend's strided
+// copy (reads along A's rows, writes down out's columns).
 void transposed_rows(const uint16_t* a, int64_t lda, int64_t k, int64_t lo, int64_t hi, uint16_t* out) {
-  constexpr int64_t kTile = 32;
-  for (int64_t r0 = lo; r0 < hi; r0 += kTile)
-    for (int64_t k0 = 0; k0 < k; k0 += kTile) {
-      const int64_t r1 = std::min(hi, r0 + kTile), k1 = std::min(k, k0 + kTile);
-      for (int64_t kk = k0; kk < k1; ++kk)
-        for (int64_t r = r0; r < r1; ++r) out[(r - lo) * k + kk] = a[kk * lda + r];
-    }
+  backend::StridedCopy plan;
+  plan.ndim = 2;
+  plan.shape[0] = k, plan.src_stride[0] = lda, plan.dst_stride[0] = 1;
+  plan.shape[1] = hi - lo, plan.src_stride[1] = 1, plan.dst_stride[1] = k;
+  strided_copy(DType::bf16, a + lo, out, plan);
 }
 
 bool cut_and_run(const uint16_t* a, const uint16_t* b, uint16_t* c, const backend::Gemm& g) {
@@ -60,7 +58,6 @@ bool cut_and_run(const uint16_t* a, const uint16_t* b, uint16_t* c, const backen
     pieces.push_back({e, ap, bp, cp, lo, hi});
     return e != nullptr;
   };
-  const bool whole = g.batch >= num_threads() || flops < kSplitFlops;
   enum class Cut { along_m, along_m_copied, along_m_strided, along_n };
   Cut how = g.m < 32 ? Cut::along_n : Cut::along_m;
   if (how == Cut::along_m && g.trans_a) {
@@ -68,12 +65,13 @@ bool cut_and_run(const uint16_t* a, const uint16_t* b, uint16_t* c, const backen
     const double copy = double(rows.hi(0) - rows.lo(0)) * double(g.k) * double(sizeof(uint16_t));
     how = copy <= double(kCopyBytes) ? Cut::along_m_copied : g.n >= g.m ? Cut::along_n : Cut::along_m_strided;
   }
+  const Pieces cut(how == Cut::along_n ? g.n : g.m, flops, kSplitFlops);
+  const bool whole = g.batch >= num_threads() || flops < kSplitFlops || cut.parts <= 1;
   for (int64_t p = 0; p < g.batch; ++p) {
     const uint16_t* A = a + p * g.stride_a;
     const uint16_t* B = b + p * g.stride_b;
     uint16_t* C = c + p * g.stride_c;
-    const Pieces cut(how == Cut::along_n ? g.n : g.m, flops, kSplitFlops);
-    if (whole || cut.parts <= 1) {
+    if (whole) {
       if (!add(g.trans_a, g.m, g.n, lda, A, B, C)) return false;
       continue;
     }

@@ -130,9 +130,9 @@ struct Linear {
   // saved; else null (such a call packs w into its scratch).
   std::unique_ptr<const Linear> in_place;
 };
-// brgemm on w as it is against a packed copy made at every call: ahead up to 256 rows (0.6-0.95x the
-// time), level at 512-1024, behind at 2048 (1.04-1.4x) on the MNIST, encoder and decoder Dense shapes
-// (bench/results/2026-12-07-mnist-bf16-dense-pieces.md).
+// The most rows for which brgemm on w as it is beat a packed copy made at every call (measured with
+// oneDNN 2.6's AVX512-BF16 kernels on a Zen 4, MNIST/encoder/decoder Dense shapes; level at 512-1024
+// rows, behind beyond: bench/results/2026-12-07-mnist-bf16-dense-pieces.md).
 constexpr int64_t kInPlaceRows = 256;
 
 ReadMostly<LinearKey, Linear>& linears() {
@@ -185,10 +185,9 @@ const Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, boo
       e->packs = e->packed != e->plain;
       if (e->packs) {
         e->pack = dnnl::reorder(dnnl::reorder::primitive_desc(engine, e->plain, engine, e->packed));
-        // bench/results/2026-12-07-mnist-bf16-dense-pieces.md: brgemm on w as it is against the reorder
-        // and brgemm on the packed copy, MNIST's Dense shapes at batch 128.
-        dnnl::matmul::primitive_desc direct = make(e->own_output ? cols : ldy, e->plain);
-        if (n <= kInPlaceRows && !starts(direct, "ref")) {
+        dnnl::matmul::primitive_desc direct = n <= kInPlaceRows ? make(e->own_output ? cols : ldy, e->plain)
+                                                                : dnnl::matmul::primitive_desc();
+        if (direct && !starts(direct, "ref")) {
           auto in_place = std::make_unique<Linear>();
           in_place->src = e->src, in_place->plain = in_place->packed = e->plain, in_place->bias = e->bias;
           in_place->dst = direct.dst_desc();
