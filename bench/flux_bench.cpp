@@ -567,8 +567,9 @@ void encoder_case() {
   const double rate = bench::rate(run, 2.0), calls = rate * t.seconds();
   getrusage(RUSAGE_SELF, &r1);
   auto secs = [](const timeval& a, const timeval& b) { return double(b.tv_sec - a.tv_sec) + 1e-6 * double(b.tv_usec - a.tv_usec); };
-  std::printf("encoder_infer_ms %.6g\nencoder_infer_cpu_ms %.6g\n", 1e3 / rate,
-              1e3 * (secs(r0.ru_utime, r1.ru_utime) + secs(r0.ru_stime, r1.ru_stime)) / calls);
+  std::printf("encoder_infer_ms %.6g\nencoder_infer_cpu_ms %.6g\nencoder_infer_minflt_per_call %.6g\n", 1e3 / rate,
+              1e3 * (secs(r0.ru_utime, r1.ru_utime) + secs(r0.ru_stime, r1.ru_stime)) / calls,
+              double(r1.ru_minflt - r0.ru_minflt) / calls);
   double r = train_steps_per_s(model, x, y, [](const Tensor& a, const Tensor& b) { return mse(a, b); }, 1, 3.0);
   std::printf("encoder_train_ms %.6g\nencoder_peak_rss_mb %.6g\nencoder_storage_peak_mb %.6g\n", 1e3 / r,
               bench::peak_rss_mb(), double(detail::peak_storage_bytes()) / (1 << 20));

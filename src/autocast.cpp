@@ -104,14 +104,20 @@ struct CastEntry final : backend::Prepared {
 }  // namespace
 
 namespace {
-// The key of w's cast to t in w's storage cache: the core's cast entry, then dtype, offset and shape;
-// false when w has too many axes to have one.
+// The key of w's cast to t in w's storage cache: the core's cast entry, then dtype, offset and element
+// count. Tensors are dense in their storage, so every view of those elements (a reshape: LayerNorm's
+// (N, T, D) output read as (N T, D) rows by attention's projection) shares the one cast.
 bool cast_key(const Tensor& w, DType t, backend::PreparedKey& key) {
   key = backend::PreparedKey{};
-  if (w.ndim() > int(key.size()) - 4) return false;
-  key[0] = int64_t(CoreEntry::cast), key[1] = int64_t(t), key[2] = int64_t(w.impl()->offset), key[3] = w.ndim();
-  for (int i = 0; i < w.ndim(); ++i) key[size_t(4 + i)] = w.shape()[i];
+  key[0] = int64_t(CoreEntry::cast), key[1] = int64_t(t), key[2] = int64_t(w.impl()->offset), key[3] = w.numel();
   return true;
+}
+
+// A cached cast as w's view (its shape), unrecorded.
+Tensor as_view_of(const Tensor& value, const Tensor& w) {
+  if (value.shape() == w.shape()) return value;
+  autodiff::NoGrad no_grad;
+  return value.reshape(w.shape());
 }
 
 // w in t, never recorded (the callers record what they need): Tensor::cast with the tape off.
@@ -126,10 +132,16 @@ Tensor cached_raw_cast(const Tensor& w, DType t) {
   backend::PreparedKey key;
   if (!cast_key(w, t, key)) return unrecorded_cast(w, t);
   StorageCache& cache = storage_cache(w);
-  if (auto found = cache.find(key)) return static_cast<const CastEntry&>(*found).value;
+  if (auto found = cache.find(key)) return as_view_of(static_cast<const CastEntry&>(*found).value, w);
   Tensor value = unrecorded_cast(w, t);
   cache.insert(key, std::make_shared<CastEntry>(value));
   return value;
+}
+
+void offer_cast(const Tensor& w, const Tensor& cast) {
+  backend::PreparedKey key;
+  if (w.numel() != cast.numel() || w.device() != cast.device() || !cast_key(w, cast.dtype(), key)) return;
+  storage_cache(w).insert(key, std::make_shared<CastEntry>(cast));
 }
 
 Tensor f32_weight(const Tensor& w) {

@@ -21,6 +21,9 @@ bool autocast_active();
 
 /// w cast to t (unrecorded), kept in w's storage cache until w is written.
 Tensor cached_raw_cast(const Tensor& w, DType t);
+/// cast (w's values in cast's dtype, made by a kernel that wrote w: LayerNorm's under autocast) kept in
+/// w's storage cache as cached_raw_cast would keep it, so that the next low-precision op reads it.
+void offer_cast(const Tensor& w, const Tensor& cast);
 /// The same, recorded the same way; recorded on the tape as Tensor::cast is (its gradient is cast back to w's dtype).
 Tensor cached_cast(const Tensor& w, DType t);
 /// w in float32 for a half-precision fallback through float32: kept with w at inference

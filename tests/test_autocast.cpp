@@ -389,6 +389,83 @@ TEST_P(AutocastOps, ReluOfLowActivationsBackwardIsTheMask) {
   EXPECT_EQ(y.to_vector<double>(), relu(x.cast(DType::f64)).to_vector<double>());
 }
 
+// A Float32 tensor plus or minus a low one of its shape (a residual connection under autocast): the
+// Float32 result of the low operand cast up, bit for bit (float64 sums of two floats with one rounding
+// are that); the gradients are g (Float32) and ±g rounded to the low dtype. On the CPU one pass, no
+// conversion.
+TEST_P(AutocastOps, Float32PlusLowIsTheCastSumInOnePass) {
+  const auto [d, low] = GetParam();
+  Tensor x = to(randn({3, 5, 37}), d), y = to(randn({3, 5, 37}), d).cast(low), c = to(randn({3, 5, 37}), d);
+  const std::vector<double> xs = x.to_vector<double>(), ys = y.to_vector<double>(), cs = c.to_vector<double>();
+  for (int form = 0; form < 3; ++form) {
+    SCOPED_TRACE(form == 0 ? "x + y" : form == 1 ? "y + x" : "x - y");
+    auto f = [form](const Tensor& a, const Tensor& b) { return form == 0 ? a + b : form == 1 ? b + a : a - b; };
+    if (d.is_cpu()) cpu_backend::reset_pass_counts();
+    const Tensor z = f(x, y);
+    if (d.is_cpu()) {
+      EXPECT_EQ(cpu_backend::pass_counts().kernels, 1);
+      EXPECT_EQ(cpu_backend::pass_counts().conversions, 0);
+    }
+    ASSERT_EQ(z.dtype(), DType::f32);
+    ASSERT_EQ(z.shape(), x.shape());
+    const std::vector<double> got = z.to_vector<double>();
+    for (size_t i = 0; i < xs.size(); ++i)
+      ASSERT_EQ(got[i], double(float(form == 2 ? xs[i] - ys[i] : xs[i] + ys[i]))) << "entry " << i;
+    const auto [gx, gy] = gradient([&](const Tensor& a, const Tensor& b) { return sum(f(a, b) * c); }, x, y);
+    ASSERT_EQ(gx.dtype(), DType::f32);
+    ASSERT_EQ(gy.dtype(), low);
+    const std::vector<double> gxs = gx.to_vector<double>(), gys = gy.to_vector<double>();
+    const std::vector<double> want_gy = (form == 2 ? -c : c).cast(low).to_vector<double>();
+    for (size_t i = 0; i < xs.size(); ++i) {
+      ASSERT_EQ(gxs[i], cs[i]) << "entry " << i;
+      ASSERT_EQ(gys[i], want_gy[i]) << "entry " << i;
+    }
+  }
+  // A broadcast operand is not this case: cast up and added as before.
+  Tensor row = to(randn({37}), d).cast(low);
+  EXPECT_EQ((x + row).to_vector<double>(), (x + row.cast(DType::f32)).to_vector<double>());
+}
+
+// LayerNorm of a Float32 input under autocast: its output stays Float32 (as without autocast, bit for
+// bit), and its low cast, written by the same kernel, is the one the next ops read, under any view of
+// the output (Dense on (N, T, D), attention's projections on (N T, D) rows): no conversion pass for it.
+// Equal to the cast made from the output; a write to the output drops it.
+TEST_P(AutocastOps, LayerNormOfFloat32OffersItsLowCast) {
+  const auto [d, low] = GetParam();
+  Emulate emulate;
+  seed(45);
+  auto ln = LayerNorm(24) | d;
+  Dense dense = Dense(24, 8) | d;
+  Tensor x = to(randn({2, 5, 24}) * 2.0 + 1.0, d);
+  const std::vector<double> plain = ln(x).to_vector<double>();
+  Tensor y, z, z2;
+  autocast(low, [&] {
+    y = ln(x);
+    if (d.is_cpu()) cpu_backend::reset_pass_counts();
+    z = dense(y);
+    z2 = dense(y.reshape(Shape{10, 24}));
+    return z;
+  });
+  if (d.is_cpu() && low == DType::bf16) {  // the weights' casts (made by the first call), not the activation
+    EXPECT_LE(cpu_backend::pass_counts().conversion_bytes, 6 * (dense.weight.numel() + dense.bias.numel()));
+  }
+  ASSERT_EQ(y.dtype(), DType::f32);
+  EXPECT_EQ(y.to_vector<double>(), plain);
+  const Tensor cast = detail::cached_raw_cast(y, low);
+  EXPECT_EQ(cast.shape(), y.shape());
+  EXPECT_EQ(cast.to_vector<double>(), y.cast(low).to_vector<double>());
+  EXPECT_EQ(detail::cached_raw_cast(y.reshape(Shape{10, 24}), low).impl()->storage, cast.impl()->storage);
+  const Tensor want = matmul(rounded64(y, low).reshape(Shape{10, 24}), rounded64(dense.weight, low), false, true) +
+                      rounded64(dense.bias, low);
+  EXPECT_LT(max_rel_error(z, want.to_vector<double>()), tol(low));
+  EXPECT_EQ(z2.to_vector<double>(), z.reshape(Shape{10, 8}).to_vector<double>());
+  copy_(y, to(randn({2, 5, 24}), d));
+  EXPECT_EQ(detail::cached_raw_cast(y, low).to_vector<double>(), y.cast(low).to_vector<double>());
+  // Training through it: the gradients against central differences of the float64 model.
+  auto model = Chain(Dense(6, 24), LayerNorm(24), Dense(24, 3)) | d;
+  expect_gradients_match_finite_differences(model, to(randn({5, 6}), d), onehot_rows(5, 3, d), low, 16);
+}
+
 // What the tape keeps under autocast: after the forward pass of a conv, BatchNorm, relu, pool, Dense
 // network, the storage alive beyond the model and its input (the tape's saved values, the weights'
 // low casts and the input's) is under 0.6x of float32's: the saved activations are in the low dtype.

@@ -269,6 +269,15 @@ class Backend {
         (void)eps;
     return false;
   }
+  /// rownorm_forward for t = Float32 that also writes y rounded to `low` (f16/bf16, as cast rounds it)
+  /// into y_low, each block of rows while it is in cache: LayerNorm under autocast, whose next op (a
+  /// Dense, attention's projections) reads y in the low dtype. false = not offered (the core casts).
+  virtual bool rownorm_forward_cast(int device, Buffer x, Buffer weight, Buffer bias, Buffer y, DType low, Buffer y_low,
+                                    Buffer mean, Buffer rstd, int64_t r, int64_t d, double eps) {
+    (void)device, (void)x, (void)weight, (void)bias, (void)y, (void)low, (void)y_low, (void)mean, (void)rstd, (void)r,
+        (void)d, (void)eps;
+    return false;
+  }
   /// Its adjoint, with x̂ = (x - mean) rstd and g = dy weight, means over the row's d values:
   /// dx = rstd (g - mean(g) - x̂ mean(g x̂)), overwritten; dweight = Σ_rows dy x̂, dbias = Σ_rows dy.
   virtual bool rownorm_backward(int device, DType t, Buffer x, Buffer dy, Buffer weight, Buffer mean, Buffer rstd,
@@ -427,6 +436,14 @@ class Backend {
   /// binary for a, b of dtype t (f16/bf16); out of dtype t, Bool for comparisons.
   virtual bool binary_half(int device, BinaryOp op, DType t, Buffer a, Buffer b, Buffer out, const Broadcast& plan) {
     (void)device, (void)op, (void)t, (void)a, (void)b, (void)out, (void)plan;
+    return false;
+  }
+  /// out (Float32, n elements) = a op b for op add or sub, one operand of dtype t (f16/bf16; a when
+  /// `half_first`, else b) and the other Float32, both dense of out's n elements: the residual add of a
+  /// block run under autocast in one pass, bitwise the cast up and the Float32 kernel.
+  virtual bool binary_mixed(int device, BinaryOp op, DType t, bool half_first, Buffer a, Buffer b, Buffer out,
+                            int64_t n) {
+    (void)device, (void)op, (void)t, (void)half_first, (void)a, (void)b, (void)out, (void)n;
     return false;
   }
 

@@ -281,6 +281,27 @@ Tensor binary(const ops::Op& entry, BinaryOp op, const Tensor& a0, const Tensor&
         },
         std::move(backward), {}, exact ? std::optional<DType>(t) : DType::f32);
   }
+  // A Float32 and a Float16/BFloat16 operand of one shape added or subtracted (a residual connection
+  // under autocast: x + f(x) with f in bf16): one pass on the backend where it reads the half storage
+  // (binary_mixed), bitwise the cast up and the Float32 op, one node whose gradients g and ±g are cast
+  // to each operand's dtype (as the recorded cast's would be).
+  if ((op == BinaryOp::add || op == BinaryOp::sub) && t == DType::f32 && a0.shape() == b0.shape() &&
+      (a0.dtype() == DType::f32 ? half_storage(b0) : b0.dtype() == DType::f32 && half_storage(a0)) && !trace::active()) {
+    const bool half_first = a0.dtype() != DType::f32, need_a = autodiff::tracked(a0), need_b = autodiff::tracked(b0);
+    return through_float32(
+        nullptr, {&a0, &b0}, {},
+        [&](Grads&) {
+          Tensor out = Tensor::empty(a0.shape(), DType::f32, a0.device());
+          if (out.numel() == 0 || a0.backend().binary_mixed(a0.device().index(), op, half_first ? a0.dtype() : b0.dtype(),
+                                                            half_first, buffer_of(a0), buffer_of(b0), buffer_of(out),
+                                                            out.numel()))
+            return out;
+          return binary_raw(api, op, raw_cast(a0, DType::f32), raw_cast(b0, DType::f32));
+        },
+        [op, need_a, need_b](const Grads&, const Tensor& g) {
+          return Grads{need_a ? g : Tensor(), need_b ? (op == BinaryOp::sub ? -g : g) : Tensor()};
+        });
+  }
   Tensor a = a0.dtype() == compute ? a0 : a0.cast(compute);
   Tensor b = b0.dtype() == compute ? b0 : b0.cast(compute);
   Tensor out;

@@ -293,7 +293,10 @@ Grads rows_backward(const Tensor& xhat, const Tensor& rstd, const Tensor& g, con
 // kernels (rownorm_forward/backward) when it has them and the dtypes agree, on the half storage itself
 // where it reads it (backend.hpp: x, y, dy, dx in the low dtype, the rest Float32); else (or with
 // FLUX_LIBRARY_KERNELS=0) composed from public ops, the portable path.
-Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias, double eps, bool low) {
+// `offer` (LayerNorm of a Float32 x under autocast): y also in that low dtype, from the backend's kernel
+// that writes both (rownorm_forward_cast), into *offered; undefined where the backend has none.
+Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias, double eps, bool low,
+                      std::optional<DType> offer = std::nullopt, Tensor* offered = nullptr) {
   const int64_t r = x2.shape()[0], d = x2.shape()[1];
   const DType dt = x2.dtype(), t = low ? DType::f32 : dt;
   const bool has_weight = weight.defined(), has_bias = bias.defined();
@@ -323,6 +326,18 @@ Tensor normalise_rows(const Tensor& x2, const Tensor& weight, const Tensor& bias
                                                         flux::detail::buffer_of(mean), flux::detail::buffer_of(rstd), r, d, eps);
         };
         Tensor y = direct ? Tensor::empty(x2.shape(), dt, x2.device()) : Tensor();
+        if (offer && fusable && t == DType::f32 && dt == DType::f32) {
+          y = Tensor::empty(x2.shape(), t, x2.device());
+          Tensor y_low = Tensor::empty(x2.shape(), *offer, x2.device());
+          if (x2.backend().rownorm_forward_cast(x2.device().index(), flux::detail::buffer_of(x2), buffer_or_none(w),
+                                                buffer_or_none(b), flux::detail::buffer_of(y), *offer,
+                                                flux::detail::buffer_of(y_low), flux::detail::buffer_of(mean),
+                                                flux::detail::buffer_of(rstd), r, d, eps)) {
+            *offered = y_low;
+            kept.push_back(mean), kept.push_back(rstd);
+            return y;
+          }
+        }
         if (!(direct && forward(dt, x2, y))) {
           const Tensor x = low ? detail::raw_cast(x2, t) : x2;
           y = Tensor::empty(x2.shape(), t, x2.device());
@@ -389,7 +404,15 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   }
   if (x.numel() == 0) return x;
   const Tensor rows = x.reshape(Shape{x.numel() / d, d});
-  return normalise_rows(rows, weight, bias, eps, low).reshape(x.shape());
+  // A Float32 x under autocast: the output stays Float32 (statistics and arithmetic as without
+  // autocast), and its cast to the low dtype, which the next op (a Dense, attention) reads, is written
+  // by the same kernel while each row is in cache and kept in the output's cast cache.
+  const std::optional<DType> offer =
+      !low && x.dtype() == DType::f32 && !trace::active() ? detail::autocast_low({&x}) : std::nullopt;
+  Tensor offered;
+  Tensor y = normalise_rows(rows, weight, bias, eps, low, offer, &offered);
+  if (offered.defined()) detail::offer_cast(y, offered);
+  return y.reshape(x.shape());
 }
 
 Tensor groupnorm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps) {

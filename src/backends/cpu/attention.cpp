@@ -291,11 +291,13 @@ const float* rows_as_float(DType t, const void* base, int64_t offset, int64_t ro
 }
 
 // dst (contiguous, dtype t) at element offset `offset` = n Float32 values.
-void store(DType t, void* base, int64_t offset, const float* src, int64_t n) {
+// `rows` rows of n Float32 (src, dense) into base + offset, rows `stride` apart, in t.
+void store_rows(DType t, void* base, int64_t offset, int64_t stride, const float* src, int64_t rows, int64_t n) {
   if (t == DType::f32)
-    std::memcpy(static_cast<float*>(base) + offset, src, size_t(n) * sizeof(float));
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<float*>(base) + offset + r * stride, src + r * n, size_t(n) * sizeof(float));
   else
-    float_to_half_storage(t, src, static_cast<uint16_t*>(base) + offset, n);
+    float_rows_to_half_storage(t, src, n, static_cast<uint16_t*>(base) + offset, stride, rows, n);
 }
 
 int64_t head_offset(const int64_t* stride, int64_t b0, int64_t b1) { return b0 * stride[0] + b1 * stride[1]; }
@@ -352,9 +354,9 @@ void forward_tasks(DType t, const void* q, const void* k, const void* v, const b
       float* orow = o.data() + r * dv;
       const float inv = 1.0f / l[size_t(r)];  // l = 0 (no visible key): 0 * inf = NaN, as the composition
       for (int64_t c = 0; c < dv; ++c) orow[c] *= inv;
-      store(t, out, head_offset(a.o_stride, b0, b1) + (i0 + r) * a.o_stride[2], orow, dv);
       lse[b * a.tq + i0 + r] = m[size_t(r)] + std::log(l[size_t(r)]);
     }
+    store_rows(t, out, head_offset(a.o_stride, b0, b1) + i0 * a.o_stride[2], a.o_stride[2], o.data(), rows, dv);
   }
 }
 
@@ -427,9 +429,9 @@ void backward_heads(DType t, const void* q, const void* k, const void* v, const 
       }
     }
     if (half) {
-      for (int64_t i = 0; i < tq; ++i) store(t, dq, qoff + i * a.q_stride[2], dqa + i * d, d);
-      for (int64_t j = 0; j < tk; ++j) store(t, dk, koff + j * a.k_stride[2], dka + j * d, d);
-      for (int64_t j = 0; j < tk; ++j) store(t, dv_out, voff + j * a.v_stride[2], dva + j * dv, dv);
+      store_rows(t, dq, qoff, a.q_stride[2], dqa, tq, d);
+      store_rows(t, dk, koff, a.k_stride[2], dka, tk, d);
+      store_rows(t, dv_out, voff, a.v_stride[2], dva, tk, dv);
     }
   }
 }
@@ -482,9 +484,9 @@ void forward_tasks_bf16(bool fast, const uint16_t* q, const uint16_t* k, const u
       float* orow = o.data() + r * dv;
       const float inv = 1.0f / l[size_t(r)];  // l = 0 (no visible key): 0 * inf = NaN, as the composition
       for (int64_t c = 0; c < dv; ++c) orow[c] *= inv;
-      store(DType::bf16, out, head_offset(a.o_stride, b0, b1) + (i0 + r) * a.o_stride[2], orow, dv);
       lse[b * a.tq + i0 + r] = m[size_t(r)] + std::log(l[size_t(r)]);
     }
+    store_rows(DType::bf16, out, head_offset(a.o_stride, b0, b1) + i0 * a.o_stride[2], a.o_stride[2], o.data(), rows, dv);
   }
 }
 
@@ -547,9 +549,9 @@ void backward_heads_bf16(bool fast, const uint16_t* q, const uint16_t* k, const 
                           dkh.data() + j0 * d, d, true);
       }
     }
-    for (int64_t i = 0; i < tq; ++i) store(DType::bf16, dq, qoff + i * qs, dqh.data() + i * d, d);
-    for (int64_t j = 0; j < tk; ++j) store(DType::bf16, dk, koff + j * ks, dkh.data() + j * d, d);
-    for (int64_t j = 0; j < tk; ++j) store(DType::bf16, dv_out, voff + j * vs, dvh.data() + j * dv, dv);
+    store_rows(DType::bf16, dq, qoff, qs, dqh.data(), tq, d);
+    store_rows(DType::bf16, dk, koff, ks, dkh.data(), tk, d);
+    store_rows(DType::bf16, dv_out, voff, vs, dvh.data(), tk, dv);
   }
 }
 

@@ -221,6 +221,12 @@ class CpuBackend final : public backend::Backend {
     FloatModeScope mode(DType::f32);
     return cpu_backend::binary_half(op, t, ptr(a), ptr(b), ptr(out), p);
   }
+  bool binary_mixed(int, backend::BinaryOp op, DType t, bool half_first, backend::Buffer a, backend::Buffer b,
+                    backend::Buffer out, int64_t n) override {
+    pass_count::kernel();
+    FloatModeScope mode(DType::f32);
+    return cpu_backend::binary_mixed(op, t, half_first, ptr(a), ptr(b), static_cast<float*>(ptr(out)), n);
+  }
   void where(int, DType t, backend::Buffer c, backend::Buffer a, backend::Buffer b, backend::Buffer out,
              const backend::Broadcast& p) override {
     pass_count::kernel();
@@ -327,6 +333,14 @@ class CpuBackend final : public backend::Backend {
     pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::rownorm_forward(t, ptr(x), or_null(w), or_null(b), ptr(y), ptr(mean), ptr(rstd), r, d, eps);
+  }
+  bool rownorm_forward_cast(int, backend::Buffer x, backend::Buffer w, backend::Buffer b, backend::Buffer y, DType low,
+                            backend::Buffer y_low, backend::Buffer mean, backend::Buffer rstd, int64_t r, int64_t d,
+                            double eps) override {
+    pass_count::kernel();
+    FloatModeScope mode(DType::f32);
+    return cpu_backend::rownorm_forward_cast(ptr(x), or_null(w), or_null(b), ptr(y), low, ptr(y_low), ptr(mean), ptr(rstd),
+                                             r, d, eps);
   }
   bool rownorm_backward(int, DType t, backend::Buffer x, backend::Buffer dy, backend::Buffer w, backend::Buffer mean,
                         backend::Buffer rstd, backend::Buffer dx, backend::Buffer dw, backend::Buffer db, int64_t r,

@@ -281,10 +281,9 @@ void pack_transposed_pairs(bool fast, const uint16_t* src, int64_t ld, int64_t r
 }
 
 void float_rows_to_bf16(const float* src, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst, int64_t ldd) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float_to_half_storage(DType::bf16, src + r * ld, dst + r * ldd, cols);
-    if (cols % 2 && ldd > cols) dst[r * ldd + cols] = 0;
-  }
+  float_rows_to_half_storage(DType::bf16, src, ld, dst, ldd, rows, cols);
+  if (cols % 2 && ldd > cols)
+    for (int64_t r = 0; r < rows; ++r) dst[r * ldd + cols] = 0;
 }
 
 void float_rows_to_bf16_pairs(bool fast, const float* src, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst,

@@ -27,6 +27,10 @@ void cast(DType from, const void* src, DType to, void* dst, int64_t n);
 /// and the active ISA allow, bitwise equal to the scalar references beside them.
 void float_to_half_storage(DType to, const float* src, uint16_t* dst, int64_t n);
 void half_storage_to_float(DType from, const uint16_t* src, float* dst, int64_t n);
+/// `rows` rows of `cols` Float32 (row stride ld) to rows of t (bf16/f16, stride ldd) on this thread, the
+/// conversion path chosen once: a kernel's tile of short rows (attention's), each too short to repay a call.
+void float_rows_to_half_storage(DType to, const float* src, int64_t ld, uint16_t* dst, int64_t ldd, int64_t rows,
+                                int64_t cols);
 void float_to_half_storage_reference(DType to, const float* src, uint16_t* dst, int64_t n);
 void half_storage_to_float_reference(DType from, const uint16_t* src, float* dst, int64_t n);
 /// Tests and benchmarks: whether the vector kernels run for bf16/f16 at the active ISA level.
@@ -45,6 +49,9 @@ const char* half_cast_path_name(HalfCastPath p);
 /// another broadcast (the caller then runs the three passes).
 bool unary_half(backend::UnaryOp op, DType t, const void* src, void* dst, int64_t n, double alpha);
 bool binary_half(backend::BinaryOp op, DType t, const void* a, const void* b, void* out, const backend::Broadcast& plan);
+/// Float32 out = a op b (add, sub) with one dense operand in t (bf16/f16; a when half_first) and the
+/// other Float32 (half_elementwise.cpp): bitwise the cast up and the f32 kernel; false for other ops/dtypes.
+bool binary_mixed(backend::BinaryOp op, DType t, bool half_first, const void* a, const void* b, float* out, int64_t n);
 void strided_copy(DType t, const void* src, void* dst, const backend::StridedCopy& plan);
 void unary(backend::UnaryOp op, DType t, const void* src, void* dst, int64_t n, double alpha);
 /// relu in place on the calling thread over `rows` rows of `cols` elements `ld` apart, t = f32 or bf16,
@@ -194,6 +201,9 @@ void pool_backward(backend::PoolOp op, DType t, const void* x, const void* y, co
 /// Fused row normalisation (normalisation.cpp), formulas in backend.hpp; f32/f64, false otherwise.
 bool rownorm_forward(DType t, const void* x, const void* weight, const void* bias, void* y, void* mean, void* rstd,
                      int64_t r, int64_t d, double eps);
+/// rownorm_forward in Float32 that also rounds each block of y's rows to `low` (bf16/f16) into y_low.
+bool rownorm_forward_cast(const void* x, const void* weight, const void* bias, void* y, DType low, void* y_low,
+                          void* mean, void* rstd, int64_t r, int64_t d, double eps);
 bool rownorm_backward(DType t, const void* x, const void* dy, const void* weight, const void* mean, const void* rstd,
                       void* dx, void* dweight, void* dbias, int64_t r, int64_t d);
 /// One fused recurrent step (recurrent.cpp), formulas in backend.hpp; f32/f64, false otherwise.

@@ -269,6 +269,12 @@ void float_to_half_storage(DType to, const float* src, uint16_t* dst, int64_t n)
   parallel_for(n, kGrain, [&](int64_t b, int64_t e) { to_half_range(to, path, src, dst, b, e); });
 }
 
+void float_rows_to_half_storage(DType to, const float* src, int64_t ld, uint16_t* dst, int64_t ldd, int64_t rows,
+                                int64_t cols) {
+  const HalfCastPath path = current_path(to);
+  for (int64_t r = 0; r < rows; ++r) to_half_range(to, path, src + r * ld, dst + r * ldd, 0, cols);
+}
+
 void half_storage_to_float(DType from, const uint16_t* src, float* dst, int64_t n) {
   const HalfCastPath path = current_path(from);
   if (n < kGrain) return from_half_range(from, path, src, dst, 0, n);

@@ -170,4 +170,23 @@ bool binary_half(backend::BinaryOp op, DType t, const void* a, const void* b, vo
   return true;
 }
 
+bool binary_mixed(backend::BinaryOp op, DType t, bool half_first, const void* a, const void* b, float* out, int64_t n) {
+  if (!half(t) || (op != backend::BinaryOp::add && op != backend::BinaryOp::sub)) return false;
+  const void* low = half_first ? a : b;
+  const float* wide = static_cast<const float*>(half_first ? b : a);
+  parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+    alignas(64) float x[kBlock];  // the half operand's block, cast up in L1
+    backend::Broadcast block;
+    block.ndim = 1, block.contiguous = true;
+    block.stride[0][0] = block.stride[1][0] = block.stride[2][0] = 1;
+    for (int64_t i = begin; i < end; i += kBlock) {
+      const int64_t len = std::min(kBlock, end - i);
+      block.shape[0] = len;
+      half_storage_to_float(t, at(low, i), x, len);
+      binary(op, DType::f32, half_first ? x : wide + i, half_first ? wide + i : x, out + i, block);
+    }
+  });
+  return true;
+}
+
 }  // namespace flux::cpu_backend

@@ -297,12 +297,14 @@ FLUX_CPU_INLINE void normalise_row_range_body(const float* x, const float* weigh
 }
 FLUX_CPU_VARIANTS(normalise_row_range, normalise_row_range_body)
 
+// y_low (Float32 rows only): each block of y's rows also rounded to `low` while it is in cache.
 template <class S, class T>
 void normalise_rows(DType dt, const S* x, const T* weight, const T* bias, S* y, T* mean, T* rstd, int64_t r, int64_t d,
-                    double eps) {
+                    double eps, DType low = DType::f32, uint16_t* y_low = nullptr) {
   for_row_blocks(r, d, [&](int64_t, int64_t r0, int64_t r1) {
     if constexpr (std::is_same_v<S, float>) {
       normalise_row_range(x, weight, bias, y, mean, rstd, r0, r1, d, eps);
+      if (y_low) float_to_half_storage(low, y + r0 * d, y_low + r0 * d, (r1 - r0) * d);
     } else {
       HalfRows* rows = half_rows<S>(d);
       for (int64_t i = r0; i < r1; ++i) {
@@ -464,6 +466,14 @@ bool rownorm_forward(DType t, const void* x, const void* weight, const void* bia
   return typed(t, [&]<class S, class T>() {
     normalise_rows<S, T>(t, in<S>(x), in<T>(weight), in<T>(bias), out<S>(y), out<T>(mean), out<T>(rstd), r, d, eps);
   });
+}
+
+bool rownorm_forward_cast(const void* x, const void* weight, const void* bias, void* y, DType low, void* y_low,
+                          void* mean, void* rstd, int64_t r, int64_t d, double eps) {
+  if (low != DType::bf16 && low != DType::f16) return false;
+  normalise_rows<float, float>(DType::f32, in<float>(x), in<float>(weight), in<float>(bias), out<float>(y),
+                               out<float>(mean), out<float>(rstd), r, d, eps, low, static_cast<uint16_t*>(y_low));
+  return true;
 }
 
 bool rownorm_backward(DType t, const void* x, const void* dy, const void* weight, const void* mean, const void* rstd,
