@@ -107,10 +107,10 @@ namespace {
 // The key of w's cast to t in w's storage cache: the core's cast entry, then dtype, offset and element
 // count. Tensors are dense in their storage, so every view of those elements (a reshape: LayerNorm's
 // (N, T, D) output read as (N T, D) rows by attention's projection) shares the one cast.
-bool cast_key(const Tensor& w, DType t, backend::PreparedKey& key) {
-  key = backend::PreparedKey{};
+backend::PreparedKey cast_key(const Tensor& w, DType t) {
+  backend::PreparedKey key{};
   key[0] = int64_t(CoreEntry::cast), key[1] = int64_t(t), key[2] = int64_t(w.impl()->offset), key[3] = w.numel();
-  return true;
+  return key;
 }
 
 // A cached cast as w's view (its shape), unrecorded.
@@ -129,8 +129,7 @@ Tensor unrecorded_cast(const Tensor& w, DType t) {
 
 Tensor cached_raw_cast(const Tensor& w, DType t) {
   if (w.dtype() == t) return w;
-  backend::PreparedKey key;
-  if (!cast_key(w, t, key)) return unrecorded_cast(w, t);
+  const backend::PreparedKey key = cast_key(w, t);
   StorageCache& cache = storage_cache(w);
   if (auto found = cache.find(key)) return as_view_of(static_cast<const CastEntry&>(*found).value, w);
   Tensor value = unrecorded_cast(w, t);
@@ -139,9 +138,8 @@ Tensor cached_raw_cast(const Tensor& w, DType t) {
 }
 
 void offer_cast(const Tensor& w, const Tensor& cast) {
-  backend::PreparedKey key;
-  if (w.numel() != cast.numel() || w.device() != cast.device() || !cast_key(w, cast.dtype(), key)) return;
-  storage_cache(w).insert(key, std::make_shared<CastEntry>(cast));
+  if (w.numel() != cast.numel() || w.device() != cast.device()) return;
+  storage_cache(w).insert(cast_key(w, cast.dtype()), std::make_shared<CastEntry>(cast));
 }
 
 Tensor f32_weight(const Tensor& w) {
@@ -159,8 +157,8 @@ Tensor cached_cast(const Tensor& w, DType t) {
   // The backward reaches this node after every op of the step that used the cast: the cast is
   // dropped from w's cache there, so that it does not stay until the optimiser writes w (a later
   // forward before the write casts again).
-  backend::PreparedKey key;
-  const bool keyed = autodiff::tracked(w) && cast_key(w, t, key);
+  const bool keyed = autodiff::tracked(w);
+  const backend::PreparedKey key = cast_key(w, t);
   autodiff::record(out, {&w}, [from, w, key, keyed](const Tensor& g) {
     if (keyed) storage_cache(w).erase(key);
     return std::vector<Tensor>{g.cast(from)};
