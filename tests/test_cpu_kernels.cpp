@@ -870,8 +870,6 @@ TEST(CpuLinear, DeclinesWhatItCannotRun) {
   for (size_t i = 0; i < size_t(2 * out); ++i) ASSERT_EQ(y[i], float(in));
 }
 
-// The rule for a Dense inference with AVX-512 and oneDNN: flux's panels at 4-7 rows, oneDNN's kept
-// weights at 2-3 and 8+ rows (kernel_choice.cpp's measurements); the panels below AVX-512.
 // A Dense of one row streams w once: it is cut over the pool by w's elements, as a GEMV, where many
 // rows are cut by multiply-adds (the MNIST MLP's 784 x 512 layer at one row: 0.8 M multiply-adds, under
 // the GEMM threshold, 401 k elements, over the GEMV one).
@@ -883,6 +881,8 @@ TEST(CpuLinear, OneRowIsCutAsAGemv) {
   EXPECT_EQ(cpu_backend::dense_pieces(128, 784, 512).parts, std::min<int64_t>(threads, 32));
 }
 
+// The rule for a Dense inference with AVX-512 and oneDNN: flux's panels at 4-7 rows, oneDNN's kept
+// weights at 2-3 and 8+ rows (kernel_choice.cpp's measurements); the panels below AVX-512.
 TEST(CpuLinear, RowCountPicksTheKernel) {
   if (!FLUX_TEST_HAVE_ONEDNN) GTEST_SKIP() << "built without oneDNN";
   IsaGuard isa_guard;

@@ -285,7 +285,7 @@ Tensor binary(const ops::Op& entry, BinaryOp op, const Tensor& a0, const Tensor&
   // under autocast: x + f(x) with f in bf16): one pass on the backend where it reads the half storage
   // (binary_mixed), bitwise the cast up and the Float32 op, one node whose gradients g and ±g are cast
   // to each operand's dtype (as the recorded cast's would be).
-  if ((op == BinaryOp::add || op == BinaryOp::sub) && t == DType::f32 && a0.shape() == b0.shape() &&
+  if ((op == BinaryOp::add || op == BinaryOp::sub) && a0.shape() == b0.shape() &&
       (a0.dtype() == DType::f32 ? half_storage(b0) : b0.dtype() == DType::f32 && half_storage(a0)) && !trace::active()) {
     const bool half_first = a0.dtype() != DType::f32, need_a = autodiff::tracked(a0), need_b = autodiff::tracked(b0);
     return through_float32(

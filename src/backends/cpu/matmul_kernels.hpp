@@ -31,8 +31,8 @@ struct Pieces {
 /// the work is the bytes read; 2^17 floats (512 KiB) take ~10 us from L3 on one core.
 constexpr double kSplitGemvElements = double(1 << 17);
 /// A Dense inference's output columns cut over the pool (y (n, out) = x (n, in) w^T). One row streams
-/// w once: cut by w's elements, as a GEMV (gemv_split), not by its multiply-adds (the MNIST MLP at
-/// batch 1 on kept weights ran on one thread of two).
+/// w once: cut by w's elements, as a GEMV (gemv_split); its multiply-adds alone would keep a layer that
+/// is worth cutting on one thread.
 inline Pieces dense_pieces(int64_t n, int64_t in, int64_t out) {
   if (n == 1) return Pieces(out, double(in) * double(out), kSplitGemvElements);
   return Pieces(out, 2.0 * double(n) * double(in) * double(out), kSplitFlops);

@@ -304,7 +304,7 @@ void normalise_rows(DType dt, const S* x, const T* weight, const T* bias, S* y, 
   for_row_blocks(r, d, [&](int64_t, int64_t r0, int64_t r1) {
     if constexpr (std::is_same_v<S, float>) {
       normalise_row_range(x, weight, bias, y, mean, rstd, r0, r1, d, eps);
-      if (y_low) float_to_half_storage(low, y + r0 * d, y_low + r0 * d, (r1 - r0) * d);
+      if (y_low) float_rows_to_half_storage(low, y + r0 * d, d, y_low + r0 * d, d, r1 - r0, d);  // on this thread
     } else {
       HalfRows* rows = half_rows<S>(d);
       for (int64_t i = r0; i < r1; ++i) {
