@@ -377,7 +377,8 @@ TEST_P(AutocastOps, NormTapesKeepTheLowInput) {
 }
 
 // relu of a tracked low activation: its backward runs in the low dtype (a mask product, exact there):
-// the gradient is the incoming one where x > 0 and 0 elsewhere, bit for bit.
+// the gradient is the incoming one where x > 0 and 0 elsewhere, bit for bit. On the CPU the backward is
+// one kernel (g step(x) fused), so relu adds two kernels to the step: its forward and its backward.
 TEST_P(AutocastOps, ReluOfLowActivationsBackwardIsTheMask) {
   const auto [d, low] = GetParam();
   Tensor x = to(randn({4, 33}), d).cast(low), c = to(randn({4, 33}), d).cast(low);
@@ -387,6 +388,16 @@ TEST_P(AutocastOps, ReluOfLowActivationsBackwardIsTheMask) {
   for (size_t i = 0; i < xs.size(); ++i) EXPECT_EQ(got[i], xs[i] > 0 ? cs[i] : 0.0) << "entry " << i << ", x = " << xs[i];
   Tensor y = relu(x);
   EXPECT_EQ(y.to_vector<double>(), relu(x.cast(DType::f64)).to_vector<double>());
+  if (d.is_cpu()) {
+    auto kernels = [&](bool with_relu) {
+      auto f = [&](const Tensor& t) { return sum(((with_relu ? relu(t) : t) * c).cast(DType::f32)); };
+      (void)gradient(f, x);  // warm-up
+      cpu_backend::reset_pass_counts();
+      (void)gradient(f, x);
+      return cpu_backend::pass_counts().kernels;
+    };
+    EXPECT_EQ(kernels(true) - kernels(false), 2);
+  }
 }
 
 // A Float32 tensor plus or minus a low one of its shape (a residual connection under autocast): the

@@ -339,6 +339,45 @@ TEST_P(HalfCast, OnePassElementwiseIsBitwiseTheThreePasses) {
   EXPECT_EQ(got[0], 0x1234);
 }
 
+// relu's gradient on half storage in one pass against the step pass and the product pass it replaces,
+// at every conversion path this CPU runs: bitwise, except that where both g and step(x) are NaN either
+// payload may come out (as for the product alone). Special values in both operands: ±0, ±Inf, NaN,
+// subnormals; a length with a tail. Other ops and Float32 are declined.
+TEST_P(HalfCast, ReluBackwardIsBitwiseTheStepAndProductPasses) {
+  const DType t = GetParam();
+  const int64_t n = 70001;
+  std::mt19937 gen(11);
+  std::vector<uint16_t> x(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+  const uint16_t specials[] = {0x0000, 0x8000, 0x0001, 0x8001, t == DType::bf16 ? uint16_t(0x7f80) : uint16_t(0x7c00),
+                               t == DType::bf16 ? uint16_t(0xff80) : uint16_t(0xfc00),
+                               t == DType::bf16 ? uint16_t(0x7fc1) : uint16_t(0x7e01)};
+  for (int64_t i = 0; i < n; ++i) {
+    x[size_t(i)] = uint16_t(gen()), g[size_t(i)] = uint16_t(gen());
+    if (i % 7 == 0) x[size_t(i)] = specials[gen() % 7];
+    if (i % 11 == 0) g[size_t(i)] = specials[gen() % 7];
+  }
+  backend::Broadcast dense;
+  dense.ndim = 1, dense.shape[0] = n, dense.contiguous = true;
+  dense.stride[0][0] = dense.stride[1][0] = dense.stride[2][0] = 1;
+  auto nan = [t](uint16_t v) { return t == DType::bf16 ? (v & 0x7fff) > 0x7f80 : (v & 0x7fff) > 0x7c00; };
+  PathGuard guard;
+  for (HalfCastPath path : runnable_paths(t)) {
+    cpu_backend::cap_half_cast_path(path);
+    std::vector<uint16_t> step(x.size()), want(x.size()), got(x.size(), 0x1234);
+    ASSERT_TRUE(cpu_backend::unary_half(backend::UnaryOp::step, t, x.data(), step.data(), n, 0.0));
+    ASSERT_TRUE(cpu_backend::binary_half(backend::BinaryOp::mul, t, g.data(), step.data(), want.data(), dense));
+    ASSERT_TRUE(cpu_backend::unary_backward_half(backend::UnaryOp::relu, t, x.data(), g.data(), got.data(), n));
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i] != want[i] && !(nan(g[i]) && nan(step[i]) && nan(got[i]) && nan(want[i])))
+        FAIL() << std::hex << "x 0x" << x[i] << ", g 0x" << g[i] << ": 0x" << got[i] << ", the two passes 0x" << want[i]
+               << std::dec << " (entry " << i << ", path " << cpu_backend::half_cast_path_name(path) << ")";
+  }
+  std::vector<uint16_t> out(4, 0x1234);
+  EXPECT_FALSE(cpu_backend::unary_backward_half(backend::UnaryOp::gelu, t, x.data(), g.data(), out.data(), 4));
+  EXPECT_FALSE(cpu_backend::unary_backward_half(backend::UnaryOp::relu, DType::f32, x.data(), g.data(), out.data(), 2));
+  EXPECT_EQ(out[0], 0x1234);
+}
+
 // ---- kernels on half activations (normalisation.cpp, pooling.cpp): bitwise the float32 kernel on
 // the values cast up, its result cast down (what the core ran before, with full-tensor copies) ----
 

@@ -291,7 +291,8 @@ class Backend {
   // false = the core composes portable ops. dtype t is f32 or f64; arrays contiguous. ----
   /// dx = g f'(x) over n elements for op relu (g · step(x), step as UnaryOp::step: NaN where x is NaN),
   /// gelu (tanh form; with u2 = 2 sqrt(2/pi) x (1 + 0.044715 x²), s = σ(u2): s + x s σ(-u2) 2 sqrt(2/pi)
-  /// (1 + 3 · 0.044715 x²)) or swish (s = σ(x): s + x s σ(-x)).
+  /// (1 + 3 · 0.044715 x²)) or swish (s = σ(x): s + x s σ(-x)). relu may also get t = bf16/f16: the
+  /// product in Float32 rounded once, bitwise the step and product passes it replaces.
   virtual bool unary_backward(int device, UnaryOp op, DType t, Buffer x, Buffer g, Buffer dx, int64_t n) {
     (void)device, (void)op, (void)t, (void)x, (void)g, (void)dx, (void)n;
     return false;

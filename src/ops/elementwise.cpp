@@ -508,11 +508,15 @@ Tensor sigmoid_op(const Tensor& x) {
 Tensor fused_unary_grad(UnaryOp op, const Tensor& x, const Tensor& g);  // below
 Tensor relu_op(const Tensor& x) {
   if (x.defined() && is_half(x.dtype())) {
-    // A low activation: the mask product is exact in the low dtype, so the backward runs there, one
-    // pass each where the backend reads half storage (no Float32 copies of x, y and g).
+    // A low activation: the mask product is exact in the low dtype, so the backward runs there: one
+    // pass where the backend has relu's fused gradient on half storage, else the step and the product
+    // (no Float32 copies of x, y and g either way).
     return through_float32(
         &ops::relu, {&x}, {x}, [&](Grads&) { return unary_raw(UnaryOp::relu, x); },
-        [](const Grads& k, const Tensor& g) { return Grads{g * unary_raw(UnaryOp::step, k[0])}; },
+        [](const Grads& k, const Tensor& g) {
+          if (Tensor dx = fused_unary_grad(UnaryOp::relu, k[0], g); dx.defined()) return Grads{dx};
+          return Grads{g * unary_raw(UnaryOp::step, k[0])};
+        },
         {{"alpha", {}, {0.0}}}, x.dtype());
   }
   return unary(ops::relu, UnaryOp::relu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
@@ -536,11 +540,12 @@ Tensor elu_op(const Tensor& x, double a) {
     return where(x > 0.0, g, g * exp(x) * a);
   });
 }
-// The backend's fused dx = g f'(x) (Backend::unary_backward) for f32/f64, or undefined when it has none
-// (or FLUX_LIBRARY_KERNELS=0): the callers then compose the same formula from ops.
+// The backend's fused dx = g f'(x) (Backend::unary_backward) for f32/f64 (relu: bf16/f16 too), or
+// undefined when it has none (or FLUX_LIBRARY_KERNELS=0): the callers then compose the same formula from ops.
 Tensor fused_unary_grad(UnaryOp op, const Tensor& x, const Tensor& g) {
   const DType t = x.dtype();
-  if (!library_kernels() || (t != DType::f32 && t != DType::f64) || g.dtype() != t || g.shape() != x.shape())
+  const bool dtype_ok = t == DType::f32 || t == DType::f64 || (op == UnaryOp::relu && is_half(t));
+  if (!library_kernels() || !dtype_ok || g.dtype() != t || g.shape() != x.shape())
     return Tensor();
   Tensor dx = Tensor::empty(x.shape(), t, x.device());
   if (x.numel() == 0) return dx;

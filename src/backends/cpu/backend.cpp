@@ -305,6 +305,12 @@ class CpuBackend final : public backend::Backend {
   }
   bool unary_backward(int, backend::UnaryOp op, DType t, backend::Buffer x, backend::Buffer g, backend::Buffer dx,
                       int64_t n) override {
+    if (t == DType::bf16 || t == DType::f16) {  // half storage, float32 arithmetic (as unary_half)
+      FloatModeScope mode(DType::f32);
+      if (!cpu_backend::unary_backward_half(op, t, ptr(x), ptr(g), ptr(dx), n)) return false;
+      pass_count::kernel();
+      return true;
+    }
     pass_count::kernel();
     FloatModeScope mode(t);
     return cpu_backend::unary_backward(op, t, ptr(x), ptr(g), ptr(dx), n);

@@ -52,6 +52,9 @@ bool binary_half(backend::BinaryOp op, DType t, const void* a, const void* b, vo
 /// Float32 out = a op b (add, sub) with one dense operand in t (bf16/f16; a when half_first) and the
 /// other Float32 (half_elementwise.cpp): bitwise the cast up and the f32 kernel; false for other ops/dtypes.
 bool binary_mixed(backend::BinaryOp op, DType t, bool half_first, const void* a, const void* b, float* out, int64_t n);
+/// relu's dx = g step(x) on bf16/f16 storage in one pass (half_elementwise.cpp): bitwise the cast up, the
+/// f32 unary_backward and the cast down; false for other ops/dtypes.
+bool unary_backward_half(backend::UnaryOp op, DType t, const void* x, const void* g, void* dx, int64_t n);
 void strided_copy(DType t, const void* src, void* dst, const backend::StridedCopy& plan);
 void unary(backend::UnaryOp op, DType t, const void* src, void* dst, int64_t n, double alpha);
 /// relu in place on the calling thread over `rows` rows of `cols` elements `ld` apart, t = f32 or bf16,
@@ -103,7 +106,7 @@ void panel_product(const float* x, int64_t n, int64_t in, const float* panels, i
 /// t = bf16/f16 too (softmax_half): dst is Float32.
 void softmax(DType t, const void* src, void* dst, int64_t outer, int64_t len, int64_t inner, bool log);
 /// Fused backward passes (backend.hpp's unary_backward, softmax_backward): f32/f64 (softmax: inner == 1
-/// rows), false otherwise.
+/// rows; unary_backward_half: relu on bf16/f16), false otherwise.
 bool unary_backward(backend::UnaryOp op, DType t, const void* x, const void* g, void* dx, int64_t n);
 bool softmax_backward(DType t, const void* y, const void* g, void* dx, int64_t outer, int64_t len, int64_t inner,
                       bool log);

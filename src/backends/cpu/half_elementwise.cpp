@@ -189,4 +189,21 @@ bool binary_mixed(backend::BinaryOp op, DType t, bool half_first, const void* a,
   return true;
 }
 
+// relu's gradient g step(x) in one pass: blocks of x and g cast up, the float32 fused kernel, the
+// result cast down: bitwise the step pass, the product pass and their casts it replaces.
+bool unary_backward_half(backend::UnaryOp op, DType t, const void* x, const void* g, void* dx, int64_t n) {
+  if (!half(t) || op != backend::UnaryOp::relu) return false;
+  parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+    alignas(64) float xs[kBlock], gs[kBlock], ds[kBlock];
+    for (int64_t i = begin; i < end; i += kBlock) {
+      const int64_t len = std::min(kBlock, end - i);
+      half_storage_to_float(t, at(x, i), xs, len);
+      half_storage_to_float(t, at(g, i), gs, len);
+      unary_backward(op, DType::f32, xs, gs, ds, len);
+      float_to_half_storage(t, ds, at(dx, i), len);
+    }
+  });
+  return true;
+}
+
 }  // namespace flux::cpu_backend
