@@ -847,6 +847,8 @@ void run_both_ways(const char* what, Call&& call, Check&& check, Unchanged&& unc
   }
 }
 
+// matmul_low_precision with C bf16, and with C Float32 (matmul_low_precision_float32: the accumulation
+// unrounded, as a weight gradient reaches its Float32 master).
 TEST(CpuBf16, MatmulLowPrecisionMatchesFloat64OrDeclines) {
   backend::Backend& b = cpu_backend::instance();
   struct Case {
@@ -865,6 +867,7 @@ TEST(CpuBf16, MatmulLowPrecisionMatchesFloat64OrDeclines) {
                         {1, 96, 80, 200, false, false, false, 1, 1},  {1, 16, 512, 160, false, true, false, 1, 0},
                         {1, 200, 40, 1400, true, false, false, 1, 0}, {1, 128, 160, 2100, true, true, false, 1, 1}};
   unsigned seed = 1;
+  int64_t unrounded = 0;
   for (const Case& c : cases) {
     Gemm g;
     g.batch = c.batch, g.m = c.m, g.n = c.n, g.k = c.k, g.trans_a = c.ta, g.trans_b = c.tb;
@@ -894,7 +897,23 @@ TEST(CpuBf16, MatmulLowPrecisionMatchesFloat64OrDeclines) {
           return b.matmul_low_precision(0, DType::bf16, a.buffer(), bm.buffer(), out.buffer(), g);
         },
         [&] { expect_close(out, want, magnitude, "matmul"); }, [&] { EXPECT_EQ(out.bits, c0.bits); });
+    // C Float32 (matmul_low_precision_float32): the float32 accumulation, not rounded to bf16.
+    std::vector<float> c32(c0.value.begin(), c0.value.end()), out32;
+    run_both_ways(
+        "matmul_low_precision_float32",
+        [&] {
+          out32 = c32;
+          return b.matmul_low_precision_float32(0, DType::bf16, a.buffer(), bm.buffer(), {out32.data(), 0}, g);
+        },
+        [&] {
+          for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_NEAR(out32[i], want[i], std::ldexp(magnitude[i], -23) * double(c.k + 2) + 1e-30) << "element " << i;
+            if (std::fabs(want[i]) > 1e-3 * magnitude[i] && (bits_of(out32[i]) & 0xffffu) != 0) ++unrounded;
+          }
+        },
+        [&] { EXPECT_EQ(out32, c32); });
   }
+  if (onednn_can_run_bf16()) EXPECT_GT(unrounded, 1000) << "Float32 results with bits below bf16's";
   // Not bf16: never this kernel.
   Bf16Bypass scope(true);
   std::vector<float> x(4, 1.f), y(4, 1.f), z(4, 0.f);
@@ -902,6 +921,7 @@ TEST(CpuBf16, MatmulLowPrecisionMatchesFloat64OrDeclines) {
   g.m = g.n = g.k = 2;
   EXPECT_FALSE(b.matmul_low_precision(0, DType::f16, {x.data(), 0}, {y.data(), 0}, {z.data(), 0}, g));
   EXPECT_FALSE(b.matmul_low_precision(0, DType::f32, {x.data(), 0}, {y.data(), 0}, {z.data(), 0}, g));
+  EXPECT_FALSE(b.matmul_low_precision_float32(0, DType::f16, {x.data(), 0}, {y.data(), 0}, {z.data(), 0}, g));
 }
 
 // With a cache (inference: weights prepared once and kept) and without (training: up to 256 rows the

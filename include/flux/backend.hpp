@@ -190,6 +190,13 @@ class Backend {
     (void)device, (void)t, (void)a, (void)b, (void)c, (void)g;
     return false;
   }
+  /// matmul_low_precision with C Float32 (a, b of dtype t = f16/bf16): the float32 accumulation written
+  /// as it is, not rounded to t (a weight gradient on its way to a Float32 master weight). false: not
+  /// offered (the core computes C in t).
+  virtual bool matmul_low_precision_float32(int device, DType t, Buffer a, Buffer b, Buffer c, const Gemm& g) {
+    (void)device, (void)t, (void)a, (void)b, (void)c, (void)g;
+    return false;
+  }
   /// See LowPrecisionSupport. The CPU backend's answer decides autocast there: without units it warns
   /// once and computes in float32 (never silently slower than float32).
   virtual LowPrecisionSupport low_precision_support(int device, DType t) {

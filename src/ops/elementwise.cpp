@@ -505,7 +505,6 @@ namespace detail {
 Tensor sigmoid_op(const Tensor& x) {
   return unary(ops::sigmoid, UnaryOp::sigmoid, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); });
 }
-Tensor fused_unary_grad(UnaryOp op, const Tensor& x, const Tensor& g);  // below
 Tensor relu_op(const Tensor& x) {
   if (x.defined() && is_half(x.dtype())) {
     // A low activation: the mask product is exact in the low dtype, so the backward runs there: one
@@ -540,8 +539,7 @@ Tensor elu_op(const Tensor& x, double a) {
     return where(x > 0.0, g, g * exp(x) * a);
   });
 }
-// The backend's fused dx = g f'(x) (Backend::unary_backward) for f32/f64 (relu: bf16/f16 too), or
-// undefined when it has none (or FLUX_LIBRARY_KERNELS=0): the callers then compose the same formula from ops.
+// (ops_internal.hpp) Undefined also under FLUX_LIBRARY_KERNELS=0.
 Tensor fused_unary_grad(UnaryOp op, const Tensor& x, const Tensor& g) {
   const DType t = x.dtype();
   const bool dtype_ok = t == DType::f32 || t == DType::f64 || (op == UnaryOp::relu && is_half(t));

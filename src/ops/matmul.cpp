@@ -83,11 +83,31 @@ Tensor matmul_core(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return c;
 }
 
+/// op(a) op(b) of 2-D low tensors as Float32, the accumulation unrounded
+/// (Backend::matmul_low_precision_float32); undefined where the backend declines.
+Tensor low_product_float32(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  backend::Gemm g;
+  g.m = ta ? a.shape()[1] : a.shape()[0], g.k = ta ? a.shape()[0] : a.shape()[1], g.n = tb ? b.shape()[0] : b.shape()[1];
+  g.trans_a = ta, g.trans_b = tb;
+  g.stride_a = a.numel(), g.stride_b = b.numel(), g.stride_c = g.m * g.n;
+  Tensor c = Tensor::empty(Shape{g.m, g.n}, DType::f32, a.device());
+  if (!library_kernels() || g.m * g.n * g.k == 0 ||
+      !a.backend().matmul_low_precision_float32(a.device().index(), a.dtype(), flux::detail::buffer_of(a),
+                                                flux::detail::buffer_of(b), flux::detail::buffer_of(c), g))
+    return Tensor();
+  return c;
+}
+
+/// through_float32's float32_grads of half_linear_training ({x, w, b}): w's gradient may be Float32.
+constexpr unsigned kFloat32WeightGrad = 0b010;
+
 /// Low-precision Dense in training (autocast's): the backend's GEMM with the bias and relu in its epilogue
 /// writes y once, in place of three passes (GEMM, bias add, relu), accumulating in Float32 and rounding
 /// once. No prepared weights: they change between steps. The backward is the composed ops': relu's
-/// mask from y (y > 0 exactly where x wᵀ + b > 0), then the two products and the bias's row sum, in
-/// the low dtype. Undefined where the backend declines (the caller composes matmul, add and relu).
+/// mask from y (y > 0 exactly where x wᵀ + b > 0; one pass with the backend's fused relu gradient),
+/// then the two products and the bias's row sum, in the low dtype, except the weight's gradient, which
+/// the backend may write in Float32 unrounded: autocast's cast hands it to the Float32 master as it is
+/// (as conv's). Undefined where the backend declines (the caller composes matmul, add and relu).
 Tensor half_linear_training(const Tensor& x, const Tensor& w, const Tensor& b, Tensor y, bool relu, bool need_x,
                             bool need_w, bool need_b) {
   const DType t = x.dtype();
@@ -102,19 +122,26 @@ Tensor half_linear_training(const Tensor& x, const Tensor& w, const Tensor& b, T
       [t, need_x, need_w, need_b](const Grads& k, Tensor g) {
         const Tensor &x = k[0], &w = k[1], &kept_y = k[2];
         if (kept_y.defined()) {
-          Tensor mask = Tensor::empty(kept_y.shape(), t, kept_y.device());
-          if (!kept_y.backend().unary_half(kept_y.device().index(), backend::UnaryOp::step, t,
-                                           flux::detail::buffer_of(kept_y), flux::detail::buffer_of(mask), kept_y.numel(), 0))
-            mask = step_raw(kept_y);
-          g = g * mask;
+          if (Tensor masked = fused_unary_grad(backend::UnaryOp::relu, kept_y, g); masked.defined()) {
+            g = masked;
+          } else {
+            Tensor mask = Tensor::empty(kept_y.shape(), t, kept_y.device());
+            if (!kept_y.backend().unary_half(kept_y.device().index(), backend::UnaryOp::step, t,
+                                             flux::detail::buffer_of(kept_y), flux::detail::buffer_of(mask), kept_y.numel(), 0))
+              mask = step_raw(kept_y);
+            g = g * mask;
+          }
         }
         Tensor dx, dw, db;
-        if (need_x) dx = matmul(g, w);               // (n, out) (out, in)
-        if (need_w) dw = matmul(g, x, true, false);  // (out, n) (n, in)
-        if (need_b) db = sum(g, 0);                  // (out,)
+        if (need_x) dx = matmul(g, w);  // (n, out) (out, in)
+        if (need_w) {                   // (out, n) (n, in)
+          dw = low_product_float32(g, x, true, false);
+          if (!dw.defined()) dw = matmul(g, x, true, false);
+        }
+        if (need_b) db = sum(g, 0);  // (out,)
         return Grads{dx, dw, db};
       },
-      {{"relu", {int64_t(relu)}, {}}}, t);
+      {{"relu", {int64_t(relu)}, {}}}, t, kFloat32WeightGrad);
 }
 
 }  // namespace

@@ -24,6 +24,9 @@ void check_integer_cast(const char* api, const Tensor& x, DType t);
 int normalize_axis(const char* api, int axis, int ndim);
 
 Tensor step_raw(const Tensor& x);
+/// The backend's fused dx = g f'(x) (Backend::unary_backward) for f32/f64 (relu: bf16/f16 too), or
+/// undefined when it has none (the caller composes the formula from ops).
+Tensor fused_unary_grad(backend::UnaryOp op, const Tensor& x, const Tensor& g);
 /// Dense's affine map x W^T + b for 2-D x (N, in), W (out, in), b (out,) of one float dtype: b is
 /// broadcast into the output and the GEMM accumulates onto it (beta = 1), so no separate add runs.
 /// relu: then relu(y) (fused there). Outside gradients (nothing tracked) the backend's linear_forward

@@ -249,6 +249,12 @@ class CpuBackend final : public backend::Backend {
     FloatModeScope mode(t);
     return cpu_backend::matmul_low_precision(t, ptr(a), ptr(b), ptr(c), g);
   }
+  bool matmul_low_precision_float32(int, DType t, backend::Buffer a, backend::Buffer b, backend::Buffer c,
+                                    const backend::Gemm& g) override {
+    pass_count::kernel();
+    FloatModeScope mode(t);
+    return cpu_backend::matmul_low_precision(t, ptr(a), ptr(b), ptr(c), g, true);
+  }
   void softmax(int, DType t, backend::Buffer src, backend::Buffer dst, int64_t outer, int64_t len, int64_t inner,
                bool log) override {
     pass_count::kernel();

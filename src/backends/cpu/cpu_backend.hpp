@@ -87,7 +87,8 @@ bool attention_backward(DType t, const void* q, const void* k, const void* v, co
                         const void* dout, const float* lse, void* dq, void* dk, void* dv, const backend::Attention& a);
 /// Backend::matmul_low_precision: bf16 a, b, c through oneDNN's bf16 matmul (float32 accumulation)
 /// where bf16_kernels_enabled() (isa.hpp); false where not, or where oneDNN declines (C untouched).
-bool matmul_low_precision(DType t, const void* a, const void* b, void* c, const backend::Gemm& g);
+/// float32_c: C is Float32, the accumulation written unrounded (matmul_low_precision_float32).
+bool matmul_low_precision(DType t, const void* a, const void* b, void* c, const backend::Gemm& g, bool float32_c = false);
 /// Inference y (n, out) = relu?(x (n, in) w^T + bias) with w prepared for the kernel the seam chooses
 /// and kept in `cache` (Backend::linear_forward, matmul.cpp); false where the GEMM path runs instead.
 /// t = bf16 (every array bf16): oneDNN's bf16 matmul where bf16_kernels_enabled(), else false.

@@ -153,11 +153,13 @@ void matmul(DType t, const void* a, const void* b, void* c, const backend::Gemm&
   }
 }
 
-bool matmul_low_precision(DType t, const void* a, const void* b, void* c, const backend::Gemm& g) {
+bool matmul_low_precision(DType t, const void* a, const void* b, void* c, const backend::Gemm& g, bool float32_c) {
   if (t != DType::bf16 || !bf16_kernels_enabled() || g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return false;
   // Outputs that overlap (a zero C stride over several matrices) are left to the core.
   if (g.batch > 1 && g.stride_c < g.m * g.n) return false;
-  return gemm_bf16(static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), static_cast<uint16_t*>(c), g);
+  const auto* a16 = static_cast<const uint16_t*>(a);
+  const auto* b16 = static_cast<const uint16_t*>(b);
+  return float32_c ? gemm_bf16(a16, b16, static_cast<float*>(c), g) : gemm_bf16(a16, b16, static_cast<uint16_t*>(c), g);
 }
 
 bool linear_forward(DType t, const void* x, const void* w, backend::PreparedCache* cache, const void* bias, void* y,

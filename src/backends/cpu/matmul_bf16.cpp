@@ -20,6 +20,7 @@
 #if FLUX_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <type_traits>
 #include <vector>
 
 #include "src/backends/cpu/onednn.hpp"
@@ -41,20 +42,22 @@ void transposed_rows(const uint16_t* a, int64_t lda, int64_t k, int64_t lo, int6
   strided_copy(DType::bf16, a + lo, out, plan);
 }
 
-bool cut_and_run(const uint16_t* a, const uint16_t* b, uint16_t* c, const backend::Gemm& g) {
+// C's elements: uint16_t (bf16) or float (the accumulation unrounded).
+template <class C> bool cut_and_run(const uint16_t* a, const uint16_t* b, C* c, const backend::Gemm& g) {
+  constexpr bool float32_c = std::is_same_v<C, float>;
   const int64_t lda = g.trans_a ? g.m : g.k, ldb = g.trans_b ? g.k : g.n, ldc = g.n;
   const float alpha = float(g.alpha), beta = float(g.beta);
   const double flops = 2.0 * double(g.m) * double(g.n) * double(g.k);
   struct Piece {
     const OnednnMatmul* e;
     const uint16_t *a, *b;
-    uint16_t* c;
+    C* c;
     int64_t lo = 0, hi = 0;  // rows of a transposed A to copy first (lo < hi), else nothing to copy
   };
   std::vector<Piece> pieces;
-  auto add = [&](bool ta, int64_t m, int64_t n, int64_t lda_p, const uint16_t* ap, const uint16_t* bp, uint16_t* cp,
+  auto add = [&](bool ta, int64_t m, int64_t n, int64_t lda_p, const uint16_t* ap, const uint16_t* bp, C* cp,
                  int64_t lo = 0, int64_t hi = 0) {
-    const OnednnMatmul* e = onednn_matmul(ta, g.trans_b, m, n, g.k, alpha, lda_p, ldb, beta, ldc, DType::bf16);
+    const OnednnMatmul* e = onednn_matmul(ta, g.trans_b, m, n, g.k, alpha, lda_p, ldb, beta, ldc, DType::bf16, float32_c);
     pieces.push_back({e, ap, bp, cp, lo, hi});
     return e != nullptr;
   };
@@ -70,9 +73,9 @@ bool cut_and_run(const uint16_t* a, const uint16_t* b, uint16_t* c, const backen
   for (int64_t p = 0; p < g.batch; ++p) {
     const uint16_t* A = a + p * g.stride_a;
     const uint16_t* B = b + p * g.stride_b;
-    uint16_t* C = c + p * g.stride_c;
+    C* out = c + p * g.stride_c;
     if (whole) {
-      if (!add(g.trans_a, g.m, g.n, lda, A, B, C)) return false;
+      if (!add(g.trans_a, g.m, g.n, lda, A, B, out)) return false;
       continue;
     }
     for (int64_t q = 0; q < cut.parts; ++q) {
@@ -80,11 +83,11 @@ bool cut_and_run(const uint16_t* a, const uint16_t* b, uint16_t* c, const backen
       if (lo >= hi) continue;
       bool ok = false;
       switch (how) {
-        case Cut::along_n: ok = add(g.trans_a, g.m, hi - lo, lda, A, g.trans_b ? B + lo * ldb : B + lo, C + lo); break;
-        case Cut::along_m: ok = add(false, hi - lo, g.n, lda, A + lo * lda, B, C + lo * ldc); break;
-        case Cut::along_m_strided: ok = add(true, hi - lo, g.n, lda, A + lo, B, C + lo * ldc); break;
+        case Cut::along_n: ok = add(g.trans_a, g.m, hi - lo, lda, A, g.trans_b ? B + lo * ldb : B + lo, out + lo); break;
+        case Cut::along_m: ok = add(false, hi - lo, g.n, lda, A + lo * lda, B, out + lo * ldc); break;
+        case Cut::along_m_strided: ok = add(true, hi - lo, g.n, lda, A + lo, B, out + lo * ldc); break;
         // A's rows lo..hi copied row-major (lda = k) before the call
-        case Cut::along_m_copied: ok = add(false, hi - lo, g.n, g.k, A, B, C + lo * ldc, lo, hi); break;
+        case Cut::along_m_copied: ok = add(false, hi - lo, g.n, g.k, A, B, out + lo * ldc, lo, hi); break;
       }
       if (!ok) return false;
     }
@@ -119,6 +122,14 @@ bool gemm_bf16(const uint16_t* a, const uint16_t* b, uint16_t* c, const backend:
   }
 }
 
+bool gemm_bf16(const uint16_t* a, const uint16_t* b, float* c, const backend::Gemm& g) {
+  try {
+    return cut_and_run(a, b, c, g);
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
 bool linear_bf16(const void* x, const void* w, backend::PreparedCache* cache, const void* bias, void* y, int64_t n,
                  int64_t in, int64_t out, bool relu) {
   try {
@@ -134,6 +145,7 @@ bool linear_bf16(const void* x, const void* w, backend::PreparedCache* cache, co
 
 namespace flux::cpu_backend {
 bool gemm_bf16(const uint16_t*, const uint16_t*, uint16_t*, const backend::Gemm&) { return false; }
+bool gemm_bf16(const uint16_t*, const uint16_t*, float*, const backend::Gemm&) { return false; }
 bool linear_bf16(const void*, const void*, backend::PreparedCache*, const void*, void*, int64_t, int64_t, int64_t,
                  bool) {
   return false;

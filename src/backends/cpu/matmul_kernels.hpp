@@ -63,12 +63,12 @@ bool onednn_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 /// Whether onednn_gemm (alpha 1, not any_size) takes the shape: what the tuner may time.
 bool onednn_gemm_takes(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
                        float beta);
-/// oneDNN's primitive for one piece shape of dtype t (f32, or bf16 with float32 accumulation), made
-/// once; null where oneDNN has no kernel (for bf16 also where it offers only its reference kernel).
-/// Defined where oneDNN is built in.
+/// oneDNN's primitive for one piece shape of dtype t (f32, or bf16 with float32 accumulation; C of
+/// dtype t, or Float32 where float32_c), made once; null where oneDNN has no kernel (for bf16 also
+/// where it offers only its reference kernel). Defined where oneDNN is built in.
 struct OnednnMatmul;
 const OnednnMatmul* onednn_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, int64_t lda,
-                                  int64_t ldb, float beta, int64_t ldc, DType t);
+                                  int64_t ldb, float beta, int64_t ldc, DType t, bool float32_c = false);
 /// Runs e on the calling thread, C from A and B.
 void onednn_matmul_run(const OnednnMatmul& e, const void* a, const void* b, void* c);
 /// Dense inference y (n, out) = relu?(x (n, in) w^T + bias) on oneDNN's matmul for dtype t (f32, or bf16:
@@ -78,9 +78,10 @@ bool linear_onednn(DType t, const void* x, const void* w, backend::PreparedCache
                    int64_t n, int64_t in, int64_t out, bool relu, const Pieces& cut);
 
 // ---- matmul_bf16.cpp ----
-/// bf16 GEMM (matmul_low_precision) and Dense inference (linear_forward's bf16 case) on oneDNN's
-/// bf16 matmul, float32 accumulation; false (C / y untouched) where oneDNN declines.
+/// bf16 GEMM (matmul_low_precision; C bf16, or Float32 unrounded) and Dense inference (linear_forward's
+/// bf16 case) on oneDNN's bf16 matmul, float32 accumulation; false (C / y untouched) where oneDNN declines.
 bool gemm_bf16(const uint16_t* a, const uint16_t* b, uint16_t* c, const backend::Gemm& g);
+bool gemm_bf16(const uint16_t* a, const uint16_t* b, float* c, const backend::Gemm& g);
 bool linear_bf16(const void* x, const void* w, backend::PreparedCache* cache, const void* bias, void* y, int64_t n,
                  int64_t in, int64_t out, bool relu);
 

@@ -29,7 +29,8 @@ struct OnednnMatmul {
 };
 
 namespace {
-// The piece's shape, alpha, beta and data type (f32, or bf16 for matmul_low_precision).
+// The piece's shape, alpha, beta and data types (2 x dtype + float32_c: f32, or bf16 for
+// matmul_low_precision, its C bf16 or Float32).
 using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, float, float, int>;
 
 // oneDNN as a GEMM engine: its scratchpad at most 4 MiB (on larger pieces its buffers raised the
@@ -55,8 +56,9 @@ template <class Entry> void set_primitive(Entry& e, const dnnl::matmul::primitiv
 }  // namespace
 
 const OnednnMatmul* onednn_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, int64_t lda,
-                                  int64_t ldb, float beta, int64_t ldc, DType t) {
-  return matmuls().get(Key{m, n, k, ta, tb, lda, ldb, ldc, alpha, beta, int(t)}, [&]() -> std::unique_ptr<const OnednnMatmul> {
+                                  int64_t ldb, float beta, int64_t ldc, DType t, bool float32_c) {
+  const int types = int(t) * 2 + int(float32_c);
+  return matmuls().get(Key{m, n, k, ta, tb, lda, ldb, ldc, alpha, beta, types}, [&]() -> std::unique_ptr<const OnednnMatmul> {
                   onednn::set_team(1);  // sizes the primitive's team: one pool thread runs it
                   try {
                     using dims = dnnl::memory::dims;
@@ -64,7 +66,7 @@ const OnednnMatmul* onednn_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_
                     auto e = std::make_unique<OnednnMatmul>();
                     e->a = dnnl::memory::desc(dims{m, k}, f32, ta ? dims{1, lda} : dims{lda, 1});
                     e->b = dnnl::memory::desc(dims{k, n}, f32, tb ? dims{1, ldb} : dims{ldb, 1});
-                    e->c = dnnl::memory::desc(dims{m, n}, f32, dims{ldc, 1});
+                    e->c = dnnl::memory::desc(dims{m, n}, float32_c ? dnnl::memory::data_type::f32 : f32, dims{ldc, 1});
                     dnnl::primitive_attr attr = onednn::user_scratchpad();
                     if (alpha != 1.f) attr.set_output_scales(0, {alpha});
                     if (beta != 0.f) {
