@@ -913,7 +913,9 @@ TEST(CpuBf16, MatmulLowPrecisionMatchesFloat64OrDeclines) {
         },
         [&] { EXPECT_EQ(out32, c32); });
   }
-  if (onednn_can_run_bf16()) EXPECT_GT(unrounded, 1000) << "Float32 results with bits below bf16's";
+  if (onednn_can_run_bf16()) {
+    EXPECT_GT(unrounded, 1000) << "Float32 results with bits below bf16's";
+  }
   // Not bf16: never this kernel.
   Bf16Bypass scope(true);
   std::vector<float> x(4, 1.f), y(4, 1.f), z(4, 0.f);
