@@ -271,9 +271,9 @@ TEST_P(AutocastOps, ConvWeightGradientsReachTheMasterInFloat32) {
   }
 }
 
-// Dense (with relu) in training under autocast: the weight's gradient reaches the Float32 master, and
-// on the CPU with bf16 kernels it is the Float32 accumulation itself (matmul_low_precision_float32),
-// never rounded to the low dtype: against a float64 reference of the values autocast sees, within
+// Dense (with relu) in training under autocast: the weight's and bias's gradients reach the Float32
+// masters, and on the CPU with bf16 kernels they are Float32 sums themselves (the weight's by
+// matmul_low_precision_float32), never rounded to the low dtype: against a float64 reference of the values autocast sees, within
 // 1e-5 of the terms' magnitudes (one rounding to bf16 errs by up to 2^-9 of the value, which these
 // sums of 70 terms exceed). Elsewhere (no such kernel: the product rounded once) within that rounding.
 // relu's mask is read from the layer's own output.
@@ -311,6 +311,19 @@ TEST_P(AutocastOps, DenseWeightGradientsReachTheMasterInFloat32) {
       const double bound = unrounded ? 1e-5 * mag : 2 * roundoff(low) * std::fabs(want) + 1e-5 * mag;
       EXPECT_NEAR(dw[size_t(o * in + i)], want, bound + 1e-30) << "dw " << o << " " << i;
     }
+  // The bias's: the row sum of the masked gradient, kept in Float32 where the fused path runs.
+  ASSERT_EQ(grads.bias.dtype(), DType::f32);
+  const std::vector<float> db = to(grads.bias, Device()).to_vector<float>();
+  for (int64_t o = 0; o < out; ++o) {
+    double want = 0, mag = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      const size_t ro = size_t(r * out + o);
+      const double t = yv[ro] > 0 ? gv[ro] : 0.0;
+      want += t, mag += std::fabs(t);
+    }
+    const double bound = unrounded ? 1e-5 * mag : 2 * roundoff(low) * std::fabs(want) + 1e-5 * mag;
+    EXPECT_NEAR(db[size_t(o)], want, bound + 1e-30) << "db " << o;
+  }
 }
 
 // Dense with relu in training under autocast: on the CPU with bf16 kernels one GEMM writes y with the

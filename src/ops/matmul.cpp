@@ -98,16 +98,16 @@ Tensor low_product_float32(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return c;
 }
 
-/// through_float32's float32_grads of half_linear_training ({x, w, b}): w's gradient may be Float32.
-constexpr unsigned kFloat32WeightGrad = 0b010;
+/// through_float32's float32_grads of half_linear_training ({x, w, b}): w's and b's gradients may be Float32.
+constexpr unsigned kFloat32WeightGrads = 0b110;
 
 /// Low-precision Dense in training (autocast's): the backend's GEMM with the bias and relu in its epilogue
 /// writes y once, in place of three passes (GEMM, bias add, relu), accumulating in Float32 and rounding
 /// once. No prepared weights: they change between steps. The backward is the composed ops': relu's
 /// mask from y (y > 0 exactly where x wᵀ + b > 0; one pass with the backend's fused relu gradient),
-/// then the two products and the bias's row sum, in the low dtype, except the weight's gradient, which
-/// the backend may write in Float32 unrounded: autocast's cast hands it to the Float32 master as it is
-/// (as conv's). Undefined where the backend declines (the caller composes matmul, add and relu).
+/// then the two products in the low dtype, except the weight's gradient, which the backend may write
+/// in Float32 unrounded, and the bias's row sum, kept in Float32: autocast's cast hands them to the
+/// Float32 masters as they are (as conv's). Undefined where the backend declines (the caller composes matmul, add and relu).
 Tensor half_linear_training(const Tensor& x, const Tensor& w, const Tensor& b, Tensor y, bool relu, bool need_x,
                             bool need_w, bool need_b) {
   const DType t = x.dtype();
@@ -138,10 +138,10 @@ Tensor half_linear_training(const Tensor& x, const Tensor& w, const Tensor& b, T
           dw = low_product_float32(g, x, true, false);
           if (!dw.defined()) dw = matmul(g, x, true, false);
         }
-        if (need_b) db = sum(g, 0);  // (out,)
+        if (need_b) db = float32_sum(g, 0);  // (out,)
         return Grads{dx, dw, db};
       },
-      {{"relu", {int64_t(relu)}, {}}}, t, kFloat32WeightGrad);
+      {{"relu", {int64_t(relu)}, {}}}, t, kFloat32WeightGrads);
 }
 
 }  // namespace

@@ -24,6 +24,9 @@ void check_integer_cast(const char* api, const Tensor& x, DType t);
 int normalize_axis(const char* api, int axis, int ndim);
 
 Tensor step_raw(const Tensor& x);
+/// The sum of a Float32 or half x along `axis` (dropped) in Float32, unrecorded and not rounded to x's
+/// dtype (a half bias gradient on its way to a Float32 master).
+Tensor float32_sum(const Tensor& x, int axis);
 /// The backend's fused dx = g f'(x) (Backend::unary_backward) for f32/f64 (relu: bf16/f16 too), or
 /// undefined when it has none (the caller composes the formula from ops).
 Tensor fused_unary_grad(backend::UnaryOp op, const Tensor& x, const Tensor& g);

@@ -59,6 +59,11 @@ Tensor to_compute(const Tensor& x, bool for_sum) {
 }
 }  // namespace
 
+Tensor detail::float32_sum(const Tensor& x, int axis) {
+  return reduce_raw(ReduceOp::sum, is_half(x.dtype()) ? half_operand(x) : x, normalize_axis("sum", axis, x.ndim()),
+                    false, DType::f32);
+}
+
 Tensor sum(const Tensor& x0, int axis, bool keepdims) {
   check_defined("sum", x0);
   int a = normalize_axis("sum", axis, x0.ndim());
