@@ -240,10 +240,6 @@ Tensor conv_data_raw(const Tensor& dy, const Tensor& w, const ConvGeometry& g, c
   return dx;
 }
 
-/// through_float32's float32_grads of conv and conv_transpose ({x, w, bias}): w's and bias's gradients
-/// stay Float32 (conv_weight_raw computes a half weight's in Float32).
-constexpr unsigned kFloat32WeightGrads = 0b110;
-
 /// The gradients of conv(x, w) + bias with respect to w (O, C / G, k...) and, when want_bias, bias (O,).
 std::pair<Tensor, Tensor> conv_weight_raw(const Tensor& x, const Tensor& dy, const ConvGeometry& g, bool want_weight,
                                           bool want_bias) {
@@ -407,14 +403,14 @@ Tensor conv_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const Con
       },
       [g, need_x, need_w, need_b](const Grads& k, const Tensor& gy_in) {
         const Tensor &keep_x = k[0], &keep_w = k[1], &keep_y = k[2];
-        Tensor gy = keep_y.defined() ? gy_in * step_raw(keep_y) : gy_in;
+        Tensor gy = keep_y.defined() ? relu_grad(keep_y, gy_in) : gy_in;
         Tensor dx, dw, db;
         if (need_x) dx = conv_data_raw(gy, keep_w, g);
         if (need_w) std::tie(dw, db) = conv_weight_raw(keep_x, gy, g, true, need_b);
         else if (need_b) db = channel_sum(gy);
         return Grads{dx, dw, db};
       },
-      trace::active() ? conv_attrs(g, relu) : std::vector<trace::Attr>{}, x.dtype(), kFloat32WeightGrads);
+      trace::active() ? conv_attrs(g, relu) : std::vector<trace::Attr>{}, x.dtype(), kFloat32ParameterGrads);
 }
 }  // namespace
 
@@ -516,7 +512,7 @@ Tensor conv_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, cons
         if (need_b) db = channel_sum(gy);
         return Grads{dx, dw, db};
       },
-      std::move(attrs), x.dtype(), kFloat32WeightGrads);
+      std::move(attrs), x.dtype(), kFloat32ParameterGrads);
 }
 
 }  // namespace flux

@@ -505,6 +505,11 @@ namespace detail {
 Tensor sigmoid_op(const Tensor& x) {
   return unary(ops::sigmoid, UnaryOp::sigmoid, x, 0, [](auto&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); });
 }
+Tensor fused_unary_grad(UnaryOp op, const Tensor& x, const Tensor& g);  // below
+Tensor relu_grad(const Tensor& x, const Tensor& g) {
+  if (Tensor dx = fused_unary_grad(UnaryOp::relu, x, g); dx.defined()) return dx;
+  return g * unary_raw(UnaryOp::step, x);
+}
 Tensor relu_op(const Tensor& x) {
   if (x.defined() && is_half(x.dtype())) {
     // A low activation: the mask product is exact in the low dtype, so the backward runs there: one
@@ -512,16 +517,9 @@ Tensor relu_op(const Tensor& x) {
     // (no Float32 copies of x, y and g either way).
     return through_float32(
         &ops::relu, {&x}, {x}, [&](Grads&) { return unary_raw(UnaryOp::relu, x); },
-        [](const Grads& k, const Tensor& g) {
-          if (Tensor dx = fused_unary_grad(UnaryOp::relu, k[0], g); dx.defined()) return Grads{dx};
-          return Grads{g * unary_raw(UnaryOp::step, k[0])};
-        },
-        {{"alpha", {}, {0.0}}}, x.dtype());
+        [](const Grads& k, const Tensor& g) { return Grads{relu_grad(k[0], g)}; }, {{"alpha", {}, {0.0}}}, x.dtype());
   }
-  return unary(ops::relu, UnaryOp::relu, x, 0, [](const Tensor& x, auto&, const Tensor& g) {
-    if (Tensor dx = fused_unary_grad(UnaryOp::relu, x, g); dx.defined()) return dx;
-    return g * unary_raw(UnaryOp::step, x);
-  });
+  return unary(ops::relu, UnaryOp::relu, x, 0, [](const Tensor& x, auto&, const Tensor& g) { return relu_grad(x, g); });
 }
 Tensor leakyrelu_op(const Tensor& x, double a) {
   return unary(ops::leakyrelu, UnaryOp::leakyrelu, x, a, [a](const Tensor& x, auto&, const Tensor& g) {
@@ -539,7 +537,8 @@ Tensor elu_op(const Tensor& x, double a) {
     return where(x > 0.0, g, g * exp(x) * a);
   });
 }
-// (ops_internal.hpp) Undefined also under FLUX_LIBRARY_KERNELS=0.
+// The backend's fused dx = g f'(x) (Backend::unary_backward) for f32/f64 (relu: bf16/f16 too), or
+// undefined when it has none (or FLUX_LIBRARY_KERNELS=0): the callers then compose the same formula from ops.
 Tensor fused_unary_grad(UnaryOp op, const Tensor& x, const Tensor& g) {
   const DType t = x.dtype();
   const bool dtype_ok = t == DType::f32 || t == DType::f64 || (op == UnaryOp::relu && is_half(t));

@@ -98,16 +98,14 @@ Tensor low_product_float32(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return c;
 }
 
-/// through_float32's float32_grads of half_linear_training ({x, w, b}): w's and b's gradients may be Float32.
-constexpr unsigned kFloat32WeightGrads = 0b110;
-
 /// Low-precision Dense in training (autocast's): the backend's GEMM with the bias and relu in its epilogue
 /// writes y once, in place of three passes (GEMM, bias add, relu), accumulating in Float32 and rounding
 /// once. No prepared weights: they change between steps. The backward is the composed ops': relu's
 /// mask from y (y > 0 exactly where x wᵀ + b > 0; one pass with the backend's fused relu gradient),
 /// then the two products in the low dtype, except the weight's gradient, which the backend may write
 /// in Float32 unrounded, and the bias's row sum, kept in Float32: autocast's cast hands them to the
-/// Float32 masters as they are (as conv's). Undefined where the backend declines (the caller composes matmul, add and relu).
+/// Float32 masters as they are (as conv's). Undefined where the backend declines (the caller composes
+/// matmul, add and relu).
 Tensor half_linear_training(const Tensor& x, const Tensor& w, const Tensor& b, Tensor y, bool relu, bool need_x,
                             bool need_w, bool need_b) {
   const DType t = x.dtype();
@@ -119,19 +117,9 @@ Tensor half_linear_training(const Tensor& x, const Tensor& w, const Tensor& b, T
   // One node keeping the low tensors (y for relu's mask), its backward in the low dtype t.
   return through_float32(
       &ops::linear, {&x, &w, &b}, {x, w, relu ? y : Tensor()}, [&](Grads&) { return y; },
-      [t, need_x, need_w, need_b](const Grads& k, Tensor g) {
+      [need_x, need_w, need_b](const Grads& k, Tensor g) {
         const Tensor &x = k[0], &w = k[1], &kept_y = k[2];
-        if (kept_y.defined()) {
-          if (Tensor masked = fused_unary_grad(backend::UnaryOp::relu, kept_y, g); masked.defined()) {
-            g = masked;
-          } else {
-            Tensor mask = Tensor::empty(kept_y.shape(), t, kept_y.device());
-            if (!kept_y.backend().unary_half(kept_y.device().index(), backend::UnaryOp::step, t,
-                                             flux::detail::buffer_of(kept_y), flux::detail::buffer_of(mask), kept_y.numel(), 0))
-              mask = step_raw(kept_y);
-            g = g * mask;
-          }
-        }
+        if (kept_y.defined()) g = relu_grad(kept_y, g);
         Tensor dx, dw, db;
         if (need_x) dx = matmul(g, w);  // (n, out) (out, in)
         if (need_w) {                   // (out, n) (n, in)
@@ -141,7 +129,7 @@ Tensor half_linear_training(const Tensor& x, const Tensor& w, const Tensor& b, T
         if (need_b) db = float32_sum(g, 0);  // (out,)
         return Grads{dx, dw, db};
       },
-      {{"relu", {int64_t(relu)}, {}}}, t, kFloat32WeightGrads);
+      {{"relu", {int64_t(relu)}, {}}}, t, kFloat32ParameterGrads);
 }
 
 }  // namespace

@@ -27,9 +27,9 @@ Tensor step_raw(const Tensor& x);
 /// The sum of a Float32 or half x along `axis` (dropped) in Float32, unrecorded and not rounded to x's
 /// dtype (a half bias gradient on its way to a Float32 master).
 Tensor float32_sum(const Tensor& x, int axis);
-/// The backend's fused dx = g f'(x) (Backend::unary_backward) for f32/f64 (relu: bf16/f16 too), or
-/// undefined when it has none (the caller composes the formula from ops).
-Tensor fused_unary_grad(backend::UnaryOp op, const Tensor& x, const Tensor& g);
+/// relu's gradient g step(x) (x: relu's input or its output, whose signs agree), unrecorded, in x's
+/// dtype: the backend's fused pass where it has one (half storage too), else the step and the product.
+Tensor relu_grad(const Tensor& x, const Tensor& g);
 /// Dense's affine map x W^T + b for 2-D x (N, in), W (out, in), b (out,) of one float dtype: b is
 /// broadcast into the output and the GEMM accumulates onto it (beta = 1), so no separate add runs.
 /// relu: then relu(y) (fused there). Outside gradients (nothing tracked) the backend's linear_forward

@@ -119,7 +119,7 @@ void portable_backward(RecurrentCell cell, const Tensor& dy, Tensor dh_next, Ten
       assign(dh_next, zeros_like(dh));
       break;
     case RecurrentCell::rnn_relu:
-      assign(dxg, dh * detail::step_raw(h));
+      assign(dxg, detail::relu_grad(h, dh));
       assign(dh_next, zeros_like(dh));
       break;
   }

@@ -49,4 +49,8 @@ Tensor through_float32(const ops::Op* op, std::initializer_list<const Tensor*> i
                        std::vector<trace::Attr> attrs = {}, std::optional<DType> compute = DType::f32,
                        unsigned float32_grads = 0);
 
+/// float32_grads of an op on inputs {x, weight, bias} (conv, conv_transpose, the low Dense): the
+/// weight's and the bias's gradients may stay Float32 (computed in Float32 by the backend's kernels).
+inline constexpr unsigned kFloat32ParameterGrads = 0b110;
+
 }  // namespace flux::detail
