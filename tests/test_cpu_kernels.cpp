@@ -617,8 +617,7 @@ TEST(CpuGemm, VectorProductsMatchFloat64) {
 // Dense's forward (1, 1: C holds the bias), a weight gradient (1, 0) and general.
 struct ForceGuard {
   ~ForceGuard() {
-    for (cpu_backend::Site s : {cpu_backend::Site::gemm, cpu_backend::Site::linear, cpu_backend::Site::conv_forward})
-      cpu_backend::force_kernel(s, std::nullopt);
+    for (int s = 0; s < cpu_backend::kSites; ++s) cpu_backend::force_kernel(cpu_backend::Site(s), std::nullopt);
   }
 };
 
@@ -700,6 +699,11 @@ TEST(CpuKernelChoice, ForcedNamedAndRecorded) {
   // Every site registered its tuner's timer (static initialisers in other files run in any order).
   for (cpu_backend::Site s : {cpu_backend::Site::gemm, cpu_backend::Site::linear, cpu_backend::Site::conv_forward})
     EXPECT_TRUE(cpu_backend::timer_of(s) != nullptr) << cpu_backend::site_name(s);
+  for (cpu_backend::Site s : {cpu_backend::Site::linear_weights, cpu_backend::Site::bf16_transposed_a}) {
+    EXPECT_EQ(cpu_backend::timer_of(s) != nullptr, bool(FLUX_TEST_HAVE_ONEDNN)) << cpu_backend::site_name(s);
+  }
+  for (int s = 0; s < cpu_backend::kSites; ++s)
+    EXPECT_EQ(cpu_backend::site_from_name(cpu_backend::site_name(cpu_backend::Site(s))), cpu_backend::Site(s));
   // A timer answers +infinity for a kernel that cannot run the query (Winograd on a 1x1 conv).
   cpu_backend::Query conv1x1;
   conv1x1.site = cpu_backend::Site::conv_forward;

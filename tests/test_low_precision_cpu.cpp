@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -23,6 +24,8 @@
 #include "flux/backend.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
+#include "src/backends/cpu/kernel_choice.hpp"
+#include "src/backends/cpu/matmul_query.hpp"
 #include "src/backends/cpu/prepared.hpp"
 #include "src/half_bits.hpp"
 
@@ -796,6 +799,16 @@ struct Bf16Bypass {
 
 bool cpu_has_bf16_units() { return cpu_backend::instance().low_precision_support(0, DType::bf16).units; }
 
+// A site's kernel forced for a scope (nullopt: the seam chooses).
+struct KernelForced {
+  cpu_backend::Site site;
+  std::optional<cpu_backend::Kernel> old;
+  KernelForced(cpu_backend::Site s, std::optional<cpu_backend::Kernel> k) : site(s), old(cpu_backend::force_kernel(s, k)) {}
+  ~KernelForced() { cpu_backend::force_kernel(site, old); }
+  KernelForced(const KernelForced&) = delete;
+  KernelForced& operator=(const KernelForced&) = delete;
+};
+
 // Below AVX-512 oneDNN 2.6 has no bf16 kernel at all: asked anyway, every call must decline.
 bool onednn_can_run_bf16() { return cpu_backend::detected_isa() == Isa::avx512; }
 
@@ -889,6 +902,12 @@ TEST(CpuBf16, MatmulLowPrecisionMatchesFloat64OrDeclines) {
           want[o] = c.alpha * acc + c.beta * c0.value[o];
           magnitude[o] = std::fabs(c.alpha) * mag + std::fabs(c.beta * c0.value[o]);
         }
+    // A transposed A cut over the pool: the seam's cut (Site::bf16_transposed_a), then each forced.
+    std::vector<std::optional<cpu_backend::Kernel>> cuts{std::nullopt};
+    if (c.ta) cuts.insert(cuts.end(), {cpu_backend::Kernel::copied, cpu_backend::Kernel::strided});
+    for (std::optional<cpu_backend::Kernel> cut : cuts) {
+    SCOPED_TRACE(std::string("cut ") + (cut ? cpu_backend::kernel_name(*cut) : "chosen"));
+    KernelForced forced(cpu_backend::Site::bf16_transposed_a, cut);
     Bf16Array out = c0;
     run_both_ways(
         "matmul_low_precision",
@@ -912,6 +931,7 @@ TEST(CpuBf16, MatmulLowPrecisionMatchesFloat64OrDeclines) {
           }
         },
         [&] { EXPECT_EQ(out32, c32); });
+    }
   }
   if (onednn_can_run_bf16()) {
     EXPECT_GT(unrounded, 1000) << "Float32 results with bits below bf16's";
@@ -926,21 +946,26 @@ TEST(CpuBf16, MatmulLowPrecisionMatchesFloat64OrDeclines) {
   EXPECT_FALSE(b.matmul_low_precision_float32(0, DType::f16, {x.data(), 0}, {y.data(), 0}, {z.data(), 0}, g));
 }
 
-// With a cache (inference: weights prepared once and kept) and without (training: up to 256 rows the
-// kernel reads w as it is, from 257 each piece packs its weights into the call's scratch); small and
-// cut over the pool along the outputs.
+// With a cache (inference: weights prepared once and kept) and without (training: as the seam says,
+// Site::linear_weights, and with each way forced: the kernel reads w as it is, or each piece packs its
+// weights into the call's scratch); small and cut over the pool along the outputs.
 TEST(CpuBf16, LinearForwardMatchesFloat64OrDeclines) {
   backend::Backend& b = cpu_backend::instance();
   struct Size {
     int64_t n, in, out;
   };
+  using Weights = std::optional<cpu_backend::Kernel>;
+  const Weights chosen, in_place = cpu_backend::Kernel::in_place, packed = cpu_backend::Kernel::packed;
   for (Size s : {Size{1, 72, 40}, Size{16, 72, 40}, Size{33, 72, 40}, Size{64, 256, 100}, Size{300, 72, 40}})
-    for (bool keep : {true, false})
+    for (auto [keep, weights] : {std::pair{true, chosen}, std::pair{false, chosen}, std::pair{false, in_place},
+                                 std::pair{false, packed}})
       for (bool bias : {false, true})
         for (bool relu : {false, true}) {
           const int64_t n = s.n, in = s.in, out = s.out;
           SCOPED_TRACE("n " + std::to_string(n) + " in " + std::to_string(in) + " out " + std::to_string(out) +
-                       (keep ? " kept weights" : " no cache"));
+                       (keep ? " kept weights" : " no cache, weights ") +
+                       (keep ? "" : weights ? cpu_backend::kernel_name(*weights) : "chosen"));
+          KernelForced forced(cpu_backend::Site::linear_weights, weights);
           Bf16Array x(size_t(n * in), 11), w(size_t(out * in), 12), bv(size_t(out), 13);
           std::vector<double> want(size_t(n * out)), magnitude(size_t(n * out));
           for (int64_t i = 0; i < n; ++i)
@@ -973,6 +998,92 @@ TEST(CpuBf16, LinearForwardMatchesFloat64OrDeclines) {
               },
               [&] { expect_close(y, want, magnitude, "linear"); }, [&] { EXPECT_EQ(y.bits, y0.bits); });
         }
+}
+
+// How a training Dense reaches its weights and how a bf16 weight gradient's transposed operand is cut
+// are kernel-choice sites (Site::linear_weights, Site::bf16_transposed_a): the rules are the measured
+// limits (256 rows read in place; 256 KiB pieces copied), the calls ask the seam (so a tuned table made
+// by flux-tune replaces the limits on another CPU), and the tuner's timers time both ways.
+TEST(CpuBf16, TrainingDenseWeightsAndTransposedCutsAreSeamChoices) {
+  using cpu_backend::Kernel;
+  using cpu_backend::bit;
+  const cpu_backend::Candidates weights = bit(Kernel::in_place) | bit(Kernel::packed);
+  const cpu_backend::Candidates cuts = bit(Kernel::copied) | bit(Kernel::strided);
+  const int64_t bf16 = int64_t(DType::bf16);
+  auto dense = [&](int64_t n) { return cpu_backend::LinearWeightsQuery{n, 256, 64, true, false, bf16}.query(2); };
+  EXPECT_EQ(cpu_backend::rule(dense(256), weights), Kernel::in_place);
+  EXPECT_EQ(cpu_backend::rule(dense(257), weights), Kernel::packed);
+  EXPECT_EQ(cpu_backend::rule(dense(16), bit(Kernel::packed)), Kernel::packed) << "no in-place kernel: packed";
+  auto gradient = [](int64_t k) { return cpu_backend::TransposedAQuery{512, 256, k, 128, false, true}.query(2); };
+  EXPECT_EQ(cpu_backend::rule(gradient(1024), cuts), Kernel::copied) << "128 x 1024 bf16: 256 KiB";
+  EXPECT_EQ(cpu_backend::rule(gradient(1025), cuts), Kernel::strided);
+
+  backend::Backend& b = cpu_backend::instance();
+  const bool units = cpu_backend::bf16_kernels_enabled();
+  // A training Dense (no cache) and a weight gradient dY^T x large enough to cut over the pool.
+  const int64_t n = 64, in = 256, out = 100, m = 100, cols = 72, k = 160;
+  Bf16Array x(size_t(n * in), 31), w(size_t(out * in), 32), y(size_t(n * out), 33);
+  Bf16Array a(size_t(k * m), 34), bm(size_t(k * cols), 35);
+  std::vector<float> c(size_t(m * cols));
+  Gemm g;
+  g.m = m, g.n = cols, g.k = k, g.trans_a = true;
+  g.stride_a = m * k, g.stride_b = k * cols, g.stride_c = m * cols;
+  cpu_backend::record_queries(true);
+  const bool dense_ran = b.linear_forward(0, DType::bf16, x.buffer(), w.buffer(), nullptr, Buffer{}, y.buffer(), n, in,
+                                          out, false);
+  const bool gradient_ran = b.matmul_low_precision_float32(0, DType::bf16, a.buffer(), bm.buffer(), {c.data(), 0}, g);
+  cpu_backend::record_queries(false);
+  EXPECT_EQ(dense_ran, units);
+  EXPECT_EQ(gradient_ran, units);
+  int dense_queries = 0, gradient_queries = 0;
+  for (const auto& [q, candidates] : cpu_backend::recorded_queries()) {
+    if (q.site == cpu_backend::Site::linear_weights) {
+      const auto d = cpu_backend::LinearWeightsQuery::from(q);
+      EXPECT_EQ(d.n, n);
+      EXPECT_EQ(d.in, in);
+      EXPECT_EQ(d.dtype, bf16);
+      EXPECT_EQ(candidates & bit(Kernel::packed), bit(Kernel::packed));
+      ++dense_queries;
+    } else if (q.site == cpu_backend::Site::bf16_transposed_a) {
+      const auto t = cpu_backend::TransposedAQuery::from(q);
+      EXPECT_EQ(t.m, m);
+      EXPECT_EQ(t.n, cols);
+      EXPECT_EQ(t.k, k);
+      EXPECT_TRUE(t.float32_c);
+      EXPECT_EQ(candidates, cuts);
+      ++gradient_queries;
+    }
+  }
+  if (units && cpu_backend::num_threads() > 1) {
+    EXPECT_GE(dense_queries, 1) << "the training Dense asked the seam for each piece's weights";
+    EXPECT_EQ(gradient_queries, 1) << "the transposed A's cut was asked once";
+  }
+  if (!units) {
+    EXPECT_EQ(dense_queries + gradient_queries, 0) << "no bf16 kernel, no question";
+  }
+  // The timers run both ways where the CPU has bf16 kernels, and answer +infinity where it has not or
+  // for a dtype the site does not run.
+  const cpu_backend::Timer dense_timer = cpu_backend::timer_of(cpu_backend::Site::linear_weights);
+  const cpu_backend::Timer gradient_timer = cpu_backend::timer_of(cpu_backend::Site::bf16_transposed_a);
+  if (!dense_timer || !gradient_timer) GTEST_SKIP() << "built without oneDNN: no timers";
+  for (Kernel kernel : {Kernel::in_place, Kernel::packed}) {
+    const double seconds = dense_timer(dense(n), kernel, 2);
+    if (units) {
+      EXPECT_TRUE(std::isfinite(seconds) && seconds > 0) << cpu_backend::kernel_name(kernel) << ": " << seconds;
+    } else {
+      EXPECT_TRUE(std::isinf(seconds)) << cpu_backend::kernel_name(kernel);
+    }
+  }
+  EXPECT_TRUE(std::isinf(dense_timer(cpu_backend::LinearWeightsQuery{n, in, 64, true, false, int64_t(DType::f16)}.query(1),
+                                     Kernel::packed, 1)));
+  for (Kernel kernel : {Kernel::copied, Kernel::strided}) {
+    const double seconds = gradient_timer(cpu_backend::TransposedAQuery{m, cols, k, 48, false, true}.query(2), kernel, 2);
+    if (units) {
+      EXPECT_TRUE(std::isfinite(seconds) && seconds > 0) << cpu_backend::kernel_name(kernel) << ": " << seconds;
+    } else {
+      EXPECT_TRUE(std::isinf(seconds)) << cpu_backend::kernel_name(kernel);
+    }
+  }
 }
 
 // A 2-D conv geometry: groups `groups`, 3x3 kernel, padding 1.

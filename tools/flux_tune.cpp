@@ -10,10 +10,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "flux/autocast.hpp"
 #include "flux/flux.hpp"
 #include "flux/models/resnet.hpp"
 
@@ -39,18 +41,20 @@ struct Options {
   std::vector<int64_t> threads;  // empty: the pool's default (FLUX_NUM_THREADS or the cores)
   int64_t image = 224, seq = 64;
   bool train = false;
+  std::optional<DType> autocast;  // --autocast: inference and training under autocast to this dtype
   TuneOptions tune;
 };
 
 const char* const kUsage =
-    "usage: flux-tune MODEL... [--batch 1,32] [--threads N,...] [--train] [--image 224] [--seq 64]\n"
-    "                 [--reps 5] [--margin 0.05] [--output PATH] [--dry-run]\n"
+    "usage: flux-tune MODEL... [--batch 1,32] [--threads N,...] [--train] [--autocast bf16|f16] [--image 224]\n"
+    "                 [--seq 64] [--reps 5] [--margin 0.05] [--output PATH] [--dry-run]\n"
     "Runs each MODEL (mlp: Dense 784-512-512-10; resnet18: ResNet-18 on 3 x image x image; lstm:\n"
     "LSTM(62 => 256) + Dense over seq steps) at each batch size, inference (and with --train a gradient\n"
     "step), times every CPU kernel candidate for the shapes it uses, and saves the fastest (the built-in\n"
     "rule's kernel unless another is faster by the margin) in the kernel table, added to what the table\n"
     "already holds for this machine. Later runs of any flux program read it. --threads tunes for each\n"
-    "pool size (a child process each); --dry-run measures and prints without saving.\n"
+    "pool size (a child process each); --autocast runs the model under autocast (the mixed-precision\n"
+    "kernels' shapes: bf16 GEMMs, a training Dense's weights); --dry-run measures and prints without saving.\n"
     "The table: --output, else $FLUX_KERNEL_TABLE, else flux-kernels.tsv beside LocalPreferences.toml\n"
     "($FLUX_PREFERENCES or the current folder).\n";
 
@@ -109,6 +113,13 @@ Options parse(int argc, char** argv) {
       o.tune.path = value(i);
     } else if (a == "--train") {
       o.train = true;
+    } else if (a == "--autocast") {
+      const std::string d = value(i);
+      if (d != "bf16" && d != "f16") {
+        std::cerr << "flux-tune: --autocast takes bf16 or f16; got \"" << d << "\"\n";
+        std::exit(2);
+      }
+      o.autocast = d == "bf16" ? BFloat16 : Float16;
     } else if (a == "--dry-run") {
       o.tune.save = false;
     } else if (a == "mlp" || a == "resnet18" || a == "lstm") {
@@ -125,12 +136,17 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Inference at each batch size, and a gradient step with --train.
+// Inference at each batch size, and a gradient step with --train (under autocast with --autocast).
 template <class Model> void run(const Model& model, const Options& o, auto&& input) {
   for (int64_t batch : o.batches) {
     Tensor x = input(batch);
-    (void)model(x);
-    if (o.train) (void)gradient([&](const Model& m) { return sum(m(x)); }, model);
+    if (o.autocast) {
+      (void)autocast(*o.autocast, [&] { return model(x); });
+      if (o.train) (void)gradient([&](const Model& m) { return sum(m(x)); }, model, {.autocast = o.autocast});
+    } else {
+      (void)model(x);
+      if (o.train) (void)gradient([&](const Model& m) { return sum(m(x)); }, model);
+    }
   }
 }
 

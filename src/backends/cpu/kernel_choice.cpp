@@ -23,10 +23,11 @@
 namespace flux::cpu_backend {
 
 namespace {
-constexpr const char* kKernelNames[kKernels] = {"openblas", "onednn", "panels", "winograd", "few_pixel"};
-constexpr const char* kSiteNames[kSites] = {"gemm", "linear", "conv_forward"};
+constexpr const char* kKernelNames[kKernels] = {"openblas", "onednn", "panels", "winograd", "few_pixel",
+                                                "in_place", "packed",  "copied", "strided"};
+constexpr const char* kSiteNames[kSites] = {"gemm", "linear", "conv_forward", "linear_weights", "bf16_transposed_a"};
 
-std::atomic<int> g_forced[kSites] = {-1, -1, -1};
+std::atomic<int> g_forced[kSites] = {-1, -1, -1, -1, -1};
 
 // Recording (tuning only): off on the hot path, one relaxed load.
 std::atomic<bool> g_recording{false};
@@ -99,6 +100,28 @@ Kernel conv_rule(const Query& q, Candidates c) {
   if (has(c, Kernel::onednn)) return Kernel::onednn;
   return first_of(c);
 }
+
+// A Dense piece without prepared weights (training: w changes at every step) whose oneDNN kernel wants
+// w packed: up to kInPlaceRows rows of x the kernel reads w as it is (0.6-0.95x the time of packing
+// plus the kernel on the MNIST, encoder and decoder shapes); from 512 rows packing paid again. Measured
+// with oneDNN 2.6's AVX512-BF16 brgemm on a Zen 4 only (bench/results/2026-12-07-mnist-bf16-dense-pieces.md):
+// AMX's kernels want their own layout of w, where the crossover is unmeasured and a tuned table decides.
+constexpr int64_t kInPlaceRows = 256;
+Kernel linear_weights_rule(const Query& q, Candidates c) {
+  if (has(c, Kernel::in_place) && LinearWeightsQuery::from(q).n <= kInPlaceRows) return Kernel::in_place;
+  return has(c, Kernel::packed) ? Kernel::packed : first_of(c);
+}
+
+// A bf16 GEMM with A transposed (a weight gradient dY^T x) cut along m: oneDNN 2.6 runs brgemm only on
+// dense operands, so a piece's rows are copied row-major first while they take at most kCopyBytes (the
+// MNIST MLP's 64 KiB pieces); larger ones (the encoder's 1-2 MiB) copied slower than gemm:jit ran them
+// strided. Measured on the same Zen 4 and oneDNN only, as kInPlaceRows.
+constexpr int64_t kCopyBytes = int64_t(256) << 10;
+Kernel transposed_a_rule(const Query& q, Candidates c) {
+  const TransposedAQuery t = TransposedAQuery::from(q);
+  if (has(c, Kernel::copied) && t.piece_rows * t.k * 2 <= kCopyBytes) return Kernel::copied;
+  return has(c, Kernel::strided) ? Kernel::strided : first_of(c);
+}
 }  // namespace
 
 bool Query::operator<(const Query& o) const {
@@ -123,6 +146,8 @@ Kernel rule(const Query& q, Candidates c) {
     case Site::gemm: return gemm_rule(q, c);
     case Site::linear: return linear_rule(q, c);
     case Site::conv_forward: return conv_rule(q, c);
+    case Site::linear_weights: return linear_weights_rule(q, c);
+    case Site::bf16_transposed_a: return transposed_a_rule(q, c);
   }
   return first_of(c);
 }

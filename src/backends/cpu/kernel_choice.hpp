@@ -1,6 +1,7 @@
 // The one place where the CPU backend decides which kernel runs a shape (OpenBLAS or oneDNN for a
 // GEMM piece; oneDNN or flux's panels for a Dense inference; oneDNN, Winograd or the few-pixel kernel
-// for a conv forward). The decision is a pure function of the shape, the thread count and the CPU
+// for a conv forward; how a training Dense's weights and a bf16 weight gradient's transposed operand
+// reach oneDNN's kernels). The decision is a pure function of the shape, the thread count and the CPU
 // (its ISA, and the level each library runs at there: dependency_check.hpp):
 // a forced choice (tests, benchmarks), else a tuned table made by flux-tune for this CPU model
 // (tuned_table.hpp), else the rules in kernel_choice.cpp. Nothing is timed on a first call, so the
@@ -20,8 +21,10 @@ enum class Site : int8_t {
   gemm = 0,          // one f32 GEMM piece (GemmQuery)
   linear = 1,        // a Dense inference y = x w^T (+ b, relu) (LinearQuery)
   conv_forward = 2,  // a conv forward (ConvQuery)
+  linear_weights = 3,     // a Dense piece without prepared weights (training) (LinearWeightsQuery)
+  bf16_transposed_a = 4,  // a bf16 GEMM with A transposed, cut along m over the pool (TransposedAQuery)
 };
-constexpr int kSites = 3;
+constexpr int kSites = 5;
 
 enum class Kernel : int8_t {
   openblas = 0,   // gemm: OpenBLAS sgemm on the calling thread
@@ -29,8 +32,12 @@ enum class Kernel : int8_t {
   panels = 2,     // linear: flux's 16-output panels (matmul_own.cpp)
   winograd = 3,   // conv forward: flux's Winograd F(2x2, 3x3) (winograd.cpp)
   few_pixel = 4,  // conv forward: flux's few-output-pixel kernel (conv_own.cpp)
+  in_place = 5,   // linear_weights: oneDNN's kernel reads w as it is
+  packed = 6,     // linear_weights: w packed into the kernel's layout in the call's scratch, then the kernel
+  copied = 7,     // bf16_transposed_a: each piece's rows of op(A) copied row-major first (brgemm)
+  strided = 8,    // bf16_transposed_a: pieces read A strided (oneDNN's gemm:jit packs them)
 };
-constexpr int kKernels = 5;
+constexpr int kKernels = 9;
 /// "openblas", "onednn", ... (the tuned table's spelling); nullopt for an unknown name.
 const char* kernel_name(Kernel k);
 std::optional<Kernel> kernel_from_name(const std::string& name);

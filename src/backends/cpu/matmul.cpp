@@ -183,8 +183,9 @@ Kernel linear_kernel(int64_t n, int64_t in, int64_t out, bool bias, bool relu) {
 
 namespace flux::detail {
 // For bench/flux_bench.cpp and tools (which cannot include the backend's headers): forces the kernel
-// of a site by the names kernel_choice.hpp spells ("gemm", "linear", "conv_forward"; "openblas",
-// "onednn", "panels", "winograd", "few_pixel"; an empty kernel: choose as usual). False for an unknown name.
+// of a site by the names kernel_choice.hpp spells ("gemm", "linear", "conv_forward", "linear_weights",
+// "bf16_transposed_a"; "openblas", "onednn", "panels", "in_place", ...; an empty kernel: choose as
+// usual). False for an unknown name.
 bool cpu_force_kernel(const std::string& site, const std::string& kernel) {
   const auto s = cpu_backend::site_from_name(site);
   const auto k = cpu_backend::kernel_from_name(kernel);

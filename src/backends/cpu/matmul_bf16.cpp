@@ -10,27 +10,27 @@
 // gemm:jit kernel, whose packing buffers are malloc'd at every call; on the small products of a
 // training step the heap grew and was trimmed again at every step (page faults and brk calls;
 // bench/results/2026-12-07-mnist-bf16-dense-pieces.md). So a matrix with m of two blocks or more is cut
-// along m: rows of A and of C are dense and B is whole; a transposed A (a weight gradient dYᵀ x) has its
-// piece's rows copied row-major into the call's scratch first, while that copy stays within
-// kCopyBytes. A larger transposed piece is cut strided as before (along the longer of m and n): its
-// strided copy ran at a fraction of memory speed and cost more than gemm:jit's packing, which at that
-// size runs at brgemm's rate. Only a product with m under 32 is always cut along n.
+// along m: rows of A and of C are dense and B is whole. A transposed A (a weight gradient dYᵀ x) either
+// has its piece's rows copied row-major into the call's scratch first, or is cut strided (along the
+// longer of m and n), as the kernel-choice seam says (Site::bf16_transposed_a: small pieces copied; a
+// large piece's strided copy ran at a fraction of memory speed and cost more than gemm:jit's packing,
+// which at that size runs at brgemm's rate). Only a product with m under 32 is always cut along n.
 #include "src/backends/cpu/matmul_kernels.hpp"
 
 #if FLUX_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <limits>
 #include <type_traits>
 #include <vector>
 
+#include "src/backends/cpu/isa.hpp"
+#include "src/backends/cpu/matmul_query.hpp"
 #include "src/backends/cpu/onednn.hpp"
 
 namespace flux::cpu_backend {
 
 namespace {
-// The largest transposed-A piece copied row-major for brgemm (bytes): the MNIST MLP's weight gradients'
-// pieces are 64 KiB; the encoder's, 1-2 MiB, copied slower than gemm:jit ran them strided.
-constexpr size_t kCopyBytes = size_t(256) << 10;
 
 // rows [lo, hi) of op(A) = A^T, A stored (k, lda): out (hi - lo, k) row-major, by the backend's strided
 // copy (reads along A's rows, writes down out's columns).
@@ -42,8 +42,10 @@ void transposed_rows(const uint16_t* a, int64_t lda, int64_t k, int64_t lo, int6
   strided_copy(DType::bf16, a + lo, out, plan);
 }
 
-// C's elements: uint16_t (bf16) or float (the accumulation unrounded).
-template <class C> bool cut_and_run(const uint16_t* a, const uint16_t* b, C* c, const backend::Gemm& g) {
+// C's elements: uint16_t (bf16) or float (the accumulation unrounded). `forced`: the transposed A's
+// cut where the seam would choose it (the tuner's timer).
+template <class C>
+bool cut_and_run(const uint16_t* a, const uint16_t* b, C* c, const backend::Gemm& g, Kernel forced = Kernel(-1)) {
   constexpr bool float32_c = std::is_same_v<C, float>;
   const int64_t lda = g.trans_a ? g.m : g.k, ldb = g.trans_b ? g.k : g.n, ldc = g.n;
   const float alpha = float(g.alpha), beta = float(g.beta);
@@ -63,13 +65,16 @@ template <class C> bool cut_and_run(const uint16_t* a, const uint16_t* b, C* c, 
   };
   enum class Cut { along_m, along_m_copied, along_m_strided, along_n };
   Cut how = g.m < 32 ? Cut::along_n : Cut::along_m;
-  if (how == Cut::along_m && g.trans_a) {
+  const bool cuts = g.batch < num_threads() && flops >= kSplitFlops;
+  if (how == Cut::along_m && g.trans_a && cuts) {
     const Pieces rows(g.m, flops, kSplitFlops);
-    const double copy = double(rows.hi(0) - rows.lo(0)) * double(g.k) * double(sizeof(uint16_t));
-    how = copy <= double(kCopyBytes) ? Cut::along_m_copied : g.n >= g.m ? Cut::along_n : Cut::along_m_strided;
+    const Candidates both = bit(Kernel::copied) | bit(Kernel::strided);
+    const Query q = TransposedAQuery{g.m, g.n, g.k, rows.hi(0) - rows.lo(0), g.trans_b, float32_c}.query(num_threads());
+    const Kernel use = forced == Kernel::copied || forced == Kernel::strided ? forced : choose(q, both);
+    how = use == Kernel::copied ? Cut::along_m_copied : g.n >= g.m ? Cut::along_n : Cut::along_m_strided;
   }
   const Pieces cut(how == Cut::along_n ? g.n : g.m, flops, kSplitFlops);
-  const bool whole = g.batch >= num_threads() || flops < kSplitFlops || cut.parts <= 1;
+  const bool whole = !cuts || cut.parts <= 1;
   for (int64_t p = 0; p < g.batch; ++p) {
     const uint16_t* A = a + p * g.stride_a;
     const uint16_t* B = b + p * g.stride_b;
@@ -112,6 +117,35 @@ template <class C> bool cut_and_run(const uint16_t* a, const uint16_t* b, C* c, 
   });
   return true;
 }
+
+/// The tuner's timer for Site::bf16_transposed_a: the whole product C = A^T op(B) on operands of the
+/// query's shape, its transposed A copied or cut strided (wall time: its pieces run on the pool; best of
+/// reps); +infinity where the CPU has no bf16 kernels or oneDNN declines.
+double time_transposed_a(const Query& q, Kernel kernel, int reps) {
+  const TransposedAQuery t = TransposedAQuery::from(q);
+  constexpr double kCannot = std::numeric_limits<double>::infinity();
+  if (!bf16_kernels_enabled()) return kCannot;
+  backend::Gemm g;
+  g.m = t.m, g.n = t.n, g.k = t.k, g.trans_a = true, g.trans_b = t.trans_b;
+  g.stride_a = t.m * t.k, g.stride_b = t.k * t.n, g.stride_c = t.m * t.n;
+  const std::vector<uint16_t> a(size_t(t.m * t.k), 0x3f00), b(size_t(t.k * t.n), 0x3e80);  // 0.5, 0.25
+  auto timed = [&](auto* c) {
+    if (!cut_and_run(a.data(), b.data(), c, g, kernel)) return kCannot;
+    return best_wall_seconds(reps, [&] { cut_and_run(a.data(), b.data(), c, g, kernel); });
+  };
+  try {
+    if (t.float32_c) {
+      std::vector<float> c(size_t(t.m * t.n));
+      return timed(c.data());
+    }
+    std::vector<uint16_t> c(size_t(t.m * t.n));
+    return timed(c.data());
+  } catch (const dnnl::error&) {
+    return kCannot;
+  }
+}
+[[maybe_unused]] const bool transposed_a_timer_registered =
+    (register_timer(Site::bf16_transposed_a, time_transposed_a), true);
 }  // namespace
 
 bool gemm_bf16(const uint16_t* a, const uint16_t* b, uint16_t* c, const backend::Gemm& g) {

@@ -73,9 +73,11 @@ const OnednnMatmul* onednn_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_
 void onednn_matmul_run(const OnednnMatmul& e, const void* a, const void* b, void* c);
 /// Dense inference y (n, out) = relu?(x (n, in) w^T + bias) on oneDNN's matmul for dtype t (f32, or bf16:
 /// every array bf16, float32 accumulation), output columns cut as `cut`; the weights prepared in its
-/// kernels' layouts are kept in `cache`. false (nothing written) where oneDNN declines a piece.
+/// kernels' layouts are kept in `cache`; without one, each piece reads w as it is or packs it into its
+/// scratch as Site::linear_weights says (`forced`, where a candidate: the tuner's timer). false (nothing
+/// written) where oneDNN declines a piece.
 bool linear_onednn(DType t, const void* x, const void* w, backend::PreparedCache* cache, const void* bias, void* y,
-                   int64_t n, int64_t in, int64_t out, bool relu, const Pieces& cut);
+                   int64_t n, int64_t in, int64_t out, bool relu, const Pieces& cut, Kernel forced = Kernel(-1));
 
 // ---- matmul_bf16.cpp ----
 /// bf16 GEMM (matmul_low_precision; C bf16, or Float32 unrounded) and Dense inference (linear_forward's

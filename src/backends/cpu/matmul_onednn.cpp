@@ -8,13 +8,17 @@
 #if FLUX_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
 
+#include "src/backends/cpu/isa.hpp"
+#include "src/backends/cpu/matmul_query.hpp"
 #include "src/backends/cpu/onednn.hpp"
 #include "src/backends/cpu/prepared.hpp"
 #include "src/backends/cpu/read_mostly.hpp"
@@ -115,7 +119,8 @@ bool onednn_gemm_takes(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_
 // OpenBLAS packs both operands on every call. At inference the weights do not change between calls: they are reordered
 // once into the layout of oneDNN's kernel (weights format `any`) and kept in the weight tensor's
 // cache (prepared.hpp), which the core empties on any write. Each piece is its own rows of w. Called
-// without a cache (training), the kernel reads w as it is up to kInPlaceRows rows (Linear::in_place).
+// without a cache (training), the kernel-choice seam (Site::linear_weights) says whether a piece's kernel
+// reads w as it is (Linear::in_place) or packs it into the call's scratch first.
 namespace {
 using LinearKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int>;  // n in cols ldy bias relu dtype
 /// One piece shape's primitive: immutable once made (run by any number of threads at once).
@@ -127,15 +132,11 @@ struct Linear {
   size_t scratch = 0;
   int64_t ldy = 0;          // y's row stride: > the piece's columns when it is one piece of y's columns
   bool own_output = false;  // the kernel writes a dense output of the piece's own, copied into y's rows
-  // Where the kernel reads packed weights and n <= kInPlaceRows: a kernel reading w as it is, for calls
-  // without a cache (training: w changes at every step), where packing at every call cost more than it
-  // saved; else null (such a call packs w into its scratch).
+  // Where the kernel reads packed weights: the kernel reading w as it is, for calls without a cache
+  // (training: w changes at every step) where packing at every call costs more than it saves; null
+  // where oneDNN offers only its reference kernel for that.
   std::unique_ptr<const Linear> in_place;
 };
-// The most rows for which brgemm on w as it is beat a packed copy made at every call (measured with
-// oneDNN 2.6's AVX512-BF16 kernels on a Zen 4, MNIST/encoder/decoder Dense shapes; level at 512-1024
-// rows, behind beyond: bench/results/2026-12-07-mnist-bf16-dense-pieces.md).
-constexpr int64_t kInPlaceRows = 256;
 
 ReadMostly<LinearKey, Linear>& linears() {
   static auto* l = new ReadMostly<LinearKey, Linear>(256);  // never destroyed, as the backend
@@ -187,9 +188,8 @@ const Linear* linear_entry(int64_t n, int64_t in, int64_t cols, int64_t ldy, boo
       e->packs = e->packed != e->plain;
       if (e->packs) {
         e->pack = dnnl::reorder(dnnl::reorder::primitive_desc(engine, e->plain, engine, e->packed));
-        dnnl::matmul::primitive_desc direct = n <= kInPlaceRows ? make(e->own_output ? cols : ldy, e->plain)
-                                                                : dnnl::matmul::primitive_desc();
-        if (direct && !starts(direct, "ref")) {
+        dnnl::matmul::primitive_desc direct = make(e->own_output ? cols : ldy, e->plain);
+        if (!starts(direct, "ref")) {
           auto in_place = std::make_unique<Linear>();
           in_place->src = e->src, in_place->plain = in_place->packed = e->plain, in_place->bias = e->bias;
           in_place->dst = direct.dst_desc();
@@ -239,7 +239,7 @@ void linear_piece(const Linear& e, const void* x, const dnnl::memory& wm, const 
 }  // namespace
 
 bool linear_onednn(DType t, const void* x, const void* w, backend::PreparedCache* cache, const void* bias, void* y,
-                   int64_t n, int64_t in, int64_t out, bool relu, const Pieces& cut) {
+                   int64_t n, int64_t in, int64_t out, bool relu, const Pieces& cut, Kernel forced) {
   const int64_t parts = cut.parts;
   const size_t size = dtype_size(t);
   auto at = [size](const void* p, int64_t elements) {
@@ -254,13 +254,20 @@ bool linear_onednn(DType t, const void* x, const void* w, backend::PreparedCache
   // Prepared only where a piece's kernel reads w in its own layout (brgemm); else w in place.
   bool packs = false;
   for (const Linear* e : entries) packs = packs || (e && e->packs);
-  // Without a cache (training) a piece of few rows runs its in-place kernel (packing w at every call
-  // took longer than the kernel gained from it); one of many rows packs its weights on the thread that
-  // runs it, into the call's scratch (oneDNN-allocated memory came from malloc on the calling thread,
-  // whose heap grew and shrank again at every step: page faults).
+  // Without a cache (training) a piece either runs its in-place kernel or packs its weights on the
+  // thread that runs it, into the call's scratch (oneDNN-allocated memory came from malloc on the
+  // calling thread, whose heap grew and shrank again at every step: page faults), as the seam says
+  // (`forced` where it is a candidate: the tuner's timer).
   if (!cache)
-    for (const Linear*& e : entries)
-      if (e && e->in_place) e = e->in_place.get();
+    for (int64_t p = 0; p < parts; ++p) {
+      const Linear*& e = entries[size_t(p)];
+      if (!e || !e->packs) continue;
+      const Candidates candidates = bit(Kernel::packed) | (e->in_place ? bit(Kernel::in_place) : 0);
+      const Query q =
+          LinearWeightsQuery{n, in, cut.hi(p) - cut.lo(p), bias != nullptr, relu, int64_t(t)}.query(num_threads());
+      const Kernel use = int(forced) >= 0 && (candidates & bit(forced)) ? forced : choose(q, candidates);
+      if (use == Kernel::in_place) e = e->in_place.get();
+    }
   std::shared_ptr<const LinearWeights> weights;
   if (packs && cache) {
     const PreparedKind kind = t == DType::bf16 ? PreparedKind::onednn_linear_bf16 : PreparedKind::onednn_linear;
@@ -299,6 +306,44 @@ bool linear_onednn(DType t, const void* x, const void* w, backend::PreparedCache
   return true;
 }
 
+namespace {
+/// The tuner's timer for Site::linear_weights: one piece of the query's shape without a cache, its
+/// weights read in place or packed at every call (wall time, best of reps); +infinity where the kernel
+/// cannot run it (no packed layout, no in-place kernel, no bf16 kernels on this CPU).
+double time_linear_weights(const Query& q, Kernel kernel, int reps) {
+  const LinearWeightsQuery l = LinearWeightsQuery::from(q);
+  const DType t = DType(l.dtype);
+  constexpr double kCannot = std::numeric_limits<double>::infinity();
+  if ((t != DType::f32 && t != DType::bf16) || (t == DType::bf16 && !bf16_kernels_enabled())) return kCannot;
+  const Linear* e = linear_entry(l.n, l.in, l.cols, l.cols, l.bias, l.relu, t);
+  if (!e || !e->packs || (kernel == Kernel::in_place && !e->in_place)) return kCannot;
+  // 0.5, 0.25 and 0.125 in the dtype's bits (bf16: a float32's upper half).
+  auto filled = [t](int64_t count, float v) {
+    std::vector<uint32_t> words(static_cast<size_t>(count));
+    uint32_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    if (t == DType::bf16) {
+      auto* half = reinterpret_cast<uint16_t*>(words.data());
+      std::fill(half, half + count, uint16_t(bits >> 16));
+    } else {
+      std::fill(words.begin(), words.end(), bits);
+    }
+    return words;
+  };
+  std::vector<uint32_t> x = filled(l.n * l.in, 0.5f), w = filled(l.cols * l.in, 0.25f), b = filled(l.cols, 0.125f),
+                        y = filled(l.n * l.cols, 0.f);
+  const Pieces one(l.cols, 0.0, 1.0);
+  auto run = [&] {
+    return linear_onednn(t, x.data(), w.data(), nullptr, l.bias ? b.data() : nullptr, y.data(), l.n, l.in, l.cols,
+                         l.relu, one, kernel);
+  };
+  if (!run()) return kCannot;
+  return best_wall_seconds(reps, [&] { run(); });
+}
+[[maybe_unused]] const bool linear_weights_timer_registered =
+    (register_timer(Site::linear_weights, time_linear_weights), true);
+}  // namespace
+
 }  // namespace flux::cpu_backend
 
 #else  // built without oneDNN (FLUX_ONEDNN=OFF or libdnnl-dev missing): OpenBLAS and the panels alone
@@ -310,7 +355,7 @@ bool onednn_gemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int
 }
 bool onednn_gemm_takes(bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float) { return false; }
 bool linear_onednn(DType, const void*, const void*, backend::PreparedCache*, const void*, void*, int64_t, int64_t,
-                   int64_t, bool, const Pieces&) {
+                   int64_t, bool, const Pieces&, Kernel) {
   return false;
 }
 }  // namespace flux::cpu_backend

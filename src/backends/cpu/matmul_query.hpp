@@ -47,4 +47,45 @@ struct LinearQuery {
   }
 };
 
+/// Site::linear_weights: one piece of a Dense forward without prepared weights (training), y (n, cols) =
+/// relu?(x (n, in) w^T + bias) in dtype `dtype` (DType as int: f32 or bf16), whose oneDNN kernel wants w
+/// packed: the kernel on w as it is (Kernel::in_place), or w packed into the call's scratch (packed).
+struct LinearWeightsQuery {
+  int64_t n = 1, in = 1, cols = 1;
+  bool bias = false, relu = false;
+  int64_t dtype = 0;
+
+  static LinearWeightsQuery from(const Query& q) {
+    const auto& d = q.dims;
+    return {d[0], d[1], d[2], d[3] != 0, d[4] != 0, d[5]};
+  }
+  Query query(int threads) const {
+    Query q;
+    q.site = Site::linear_weights;
+    q.threads = threads;
+    q.dims = {n, in, cols, bias, relu, dtype};
+    return q;
+  }
+};
+
+/// Site::bf16_transposed_a: a bf16 GEMM C (m, n) = A^T op(B), A stored (k, m), cut along m over the pool
+/// into pieces of piece_rows rows (the largest): each piece's rows of A^T copied row-major first
+/// (Kernel::copied), or the product cut strided (strided: along n where n >= m, else along m).
+struct TransposedAQuery {
+  int64_t m = 1, n = 1, k = 1, piece_rows = 1;
+  bool trans_b = false, float32_c = false;
+
+  static TransposedAQuery from(const Query& q) {
+    const auto& d = q.dims;
+    return {d[0], d[1], d[2], d[3], d[4] != 0, d[5] != 0};
+  }
+  Query query(int threads) const {
+    Query q;
+    q.site = Site::bf16_transposed_a;
+    q.threads = threads;
+    q.dims = {m, n, k, piece_rows, trans_b, float32_c};
+    return q;
+  }
+};
+
 }  // namespace flux::cpu_backend

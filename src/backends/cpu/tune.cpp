@@ -44,6 +44,18 @@ std::string describe(const Query& q) {
       os << "n " << l.n << " in " << l.in << " out " << l.out << (l.bias ? " bias" : "") << (l.relu ? " relu" : "");
       break;
     }
+    case Site::linear_weights: {
+      const cpu_backend::LinearWeightsQuery l = cpu_backend::LinearWeightsQuery::from(q);
+      os << dtype_name(DType(l.dtype)) << " n " << l.n << " in " << l.in << " cols " << l.cols << (l.bias ? " bias" : "")
+         << (l.relu ? " relu" : "");
+      break;
+    }
+    case Site::bf16_transposed_a: {
+      const cpu_backend::TransposedAQuery t = cpu_backend::TransposedAQuery::from(q);
+      os << "m " << t.m << " n " << t.n << " k " << t.k << " a^T" << (t.trans_b ? " b^T" : "") << " pieces of "
+         << t.piece_rows << " rows" << (t.float32_c ? " C Float32" : "");
+      break;
+    }
     case Site::conv_forward: {
       const cpu_backend::ConvQuery c = cpu_backend::ConvQuery::from(q);
       const int64_t spatial = std::clamp<int64_t>(c.spatial, 1, 3);
@@ -181,12 +193,13 @@ std::ostream& operator<<(std::ostream& os, const TuneReport& r) {
   os << "Kernel choices on " << r.cpu << "\n";
   if (r.entries.empty()) os << "  (the workload made no CPU kernel choice)\n";
   if (r.entries.empty()) return print_saved(os, r);
-  size_t shape_width = 5;
-  for (const TuneEntry& e : r.entries) shape_width = std::max(shape_width, e.shape.size());
-  os << "  " << std::left << std::setw(13) << "site" << std::setw(8) << "threads" << std::setw(int(shape_width) + 2)
+  size_t shape_width = 5, site_width = 4;
+  for (const TuneEntry& e : r.entries)
+    shape_width = std::max(shape_width, e.shape.size()), site_width = std::max(site_width, e.site.size());
+  os << "  " << std::left << std::setw(int(site_width) + 2) << "site" << std::setw(8) << "threads" << std::setw(int(shape_width) + 2)
      << "shape" << std::setw(10) << "rule" << std::setw(10) << "chosen" << "times (ms)\n";
   for (const TuneEntry& e : r.entries) {
-    os << "  " << std::setw(13) << e.site << std::setw(8) << e.threads << std::setw(int(shape_width) + 2) << e.shape
+    os << "  " << std::setw(int(site_width) + 2) << e.site << std::setw(8) << e.threads << std::setw(int(shape_width) + 2) << e.shape
        << std::setw(10) << e.rule << std::setw(10) << (e.skipped.empty() ? e.chosen : "-");
     if (!e.skipped.empty()) os << "skipped: " << e.skipped;
     for (size_t i = 0; i < e.timings.size(); ++i) {
