@@ -18,6 +18,8 @@ Environments: flux_env / peer_env / torch_env of run_bench.py, ONE wait setting 
 A target applies only where the CPU has bf16 units (flux_bench info, /proc/cpuinfo); elsewhere the
 target column says "n/a (no bf16 units)".
 """
+import sys
+
 CASES = ["mnist", "infer", "resnet", "resnet_train", "encoder", "decoder"]
 # Cases the LibTorch C++ programs (torch_bench.cpp) do not have: flux and PyTorch 2.x only.
 PYTHON_ONLY_CASES = ("decoder",)
@@ -98,8 +100,14 @@ def run(rb, args, peers, info, flux, threads):
     """Runs the rows and prints their table (markdown) and notes."""
     line, has_units, amx = units(rb, flux)
     results = {}  # (column, threads) -> metric -> best value
+    cases = CASES
+    if getattr(args, "amp_cases", None):
+        cases = [c for c in args.amp_cases.split(",") if c]
+        unknown = [c for c in cases if c not in CASES]
+        if unknown:
+            sys.exit(f"--amp-cases: unknown case(s) {', '.join(unknown)}; the cases are {', '.join(CASES)}")
     for t in threads:
-        for case in CASES:
+        for case in cases:
             for rep in range(args.reps):
                 jobs = jobs_for(rb, peers, flux, case, t, has_units)
                 k = rep % len(jobs)
@@ -137,6 +145,8 @@ def run(rb, args, peers, info, flux, threads):
         return "—" if v is None else f"{v:.2f}×"
 
     for row, (label, case, metric, _) in ROWS.items():
+        if case not in cases:
+            continue
         for t in threads:
             f32, bf, p32, pbf = ms("flux", t, row), ms("flux_bf16", t, row), ms("py2", t, row), ms("py2_bf16", t, row)
             own, vs_py = x(bf, f32), x(bf, pbf)

@@ -380,6 +380,9 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--peers", default="lt113,lt2,py2,ort")
     ap.add_argument("--opencl-cases", default="seed,mnist,overhead,infer")
+    ap.add_argument("--amp-cases", default=None, metavar="CASES",
+                    help="with --cases amp: only these of its programs' cases (e.g. resnet_train,encoder; "
+                         "bench/amp_rows.py CASES), for more repetitions of the rows that matter")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--max-isa", choices=sorted(MAX_ISA_ENV), default=None,
                     help="run every program's AVX2 code paths on an AVX-512 CPU (see MAX_ISA_ENV)")
