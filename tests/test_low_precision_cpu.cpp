@@ -55,6 +55,19 @@ struct PathGuard {
   HalfCastPath old = cpu_backend::cap_half_cast_path(HalfCastPath::avx512_bf16);
   ~PathGuard() { cpu_backend::cap_half_cast_path(old); }
 };
+// The calling thread's subnormal mode (x86 MXCSR: DAZ 0x0040, FTZ 0x8000) set to `flush` for a
+// scope; the pool's workers take the caller's. A no-op elsewhere.
+struct MxcsrMode {
+#if defined(__x86_64__) && defined(__GNUC__)
+  unsigned old = _mm_getcsr();
+  explicit MxcsrMode(unsigned flush) { _mm_setcsr((old & ~0x8040u) | flush); }
+  ~MxcsrMode() { _mm_setcsr(old); }
+#else
+  explicit MxcsrMode(unsigned) {}
+#endif
+  MxcsrMode(const MxcsrMode&) = delete;
+  MxcsrMode& operator=(const MxcsrMode&) = delete;
+};
 // Every conversion path this CPU can run for t (the best and all below it), each taken in turn by
 // capping; the paths above the CPU are named on stdout as skipped.
 std::vector<HalfCastPath> runnable_paths(DType t) {
@@ -343,9 +356,10 @@ TEST_P(HalfCast, OnePassElementwiseIsBitwiseTheThreePasses) {
 }
 
 // relu's gradient on half storage in one pass against the step pass and the product pass it replaces,
-// at every conversion path this CPU runs: bitwise, except that where both g and step(x) are NaN either
-// payload may come out (as for the product alone). Special values in both operands: ±0, ±Inf, NaN,
-// subnormals; a length with a tail. Other ops and Float32 are declined.
+// at every conversion path this CPU runs and in each subnormal mode: bitwise, except that where both g
+// and step(x) are NaN either payload may come out (as for the product alone), and that where x > 0 g
+// passes as it is, as in the float32 kernel, where the product would flush a subnormal g. Special values in both operands: ±0, ±Inf, NaN, subnormals; a length with a tail.
+// Other ops and Float32 are declined.
 TEST_P(HalfCast, ReluBackwardIsBitwiseTheStepAndProductPasses) {
   const DType t = GetParam();
   const int64_t n = 70001;
@@ -364,17 +378,30 @@ TEST_P(HalfCast, ReluBackwardIsBitwiseTheStepAndProductPasses) {
   dense.stride[0][0] = dense.stride[1][0] = dense.stride[2][0] = 1;
   auto nan = [t](uint16_t v) { return t == DType::bf16 ? (v & 0x7fff) > 0x7f80 : (v & 0x7fff) > 0x7c00; };
   PathGuard guard;
-  for (HalfCastPath path : runnable_paths(t)) {
-    cpu_backend::cap_half_cast_path(path);
-    std::vector<uint16_t> step(x.size()), want(x.size()), got(x.size(), 0x1234);
-    ASSERT_TRUE(cpu_backend::unary_half(backend::UnaryOp::step, t, x.data(), step.data(), n, 0.0));
-    ASSERT_TRUE(cpu_backend::binary_half(backend::BinaryOp::mul, t, g.data(), step.data(), want.data(), dense));
-    ASSERT_TRUE(cpu_backend::unary_backward_half(backend::UnaryOp::relu, t, x.data(), g.data(), got.data(), n));
-    for (size_t i = 0; i < got.size(); ++i)
-      if (got[i] != want[i] && !(nan(g[i]) && nan(step[i]) && nan(got[i]) && nan(want[i])))
-        FAIL() << std::hex << "x 0x" << x[i] << ", g 0x" << g[i] << ": 0x" << got[i] << ", the two passes 0x" << want[i]
-               << std::dec << " (entry " << i << ", path " << cpu_backend::half_cast_path_name(path) << ")";
-  }
+  for (HalfCastPath path : runnable_paths(t))
+    for (const unsigned mode : {0u, 0x0040u, 0x8000u, 0x8040u}) {  // MXCSR's DAZ and FTZ bits
+      const MxcsrMode scope(mode);
+      cpu_backend::cap_half_cast_path(path);
+      std::vector<uint16_t> step(x.size()), want(x.size()), got(x.size(), 0x1234);
+      ASSERT_TRUE(cpu_backend::unary_half(backend::UnaryOp::step, t, x.data(), step.data(), n, 0.0));
+      ASSERT_TRUE(cpu_backend::binary_half(backend::BinaryOp::mul, t, g.data(), step.data(), want.data(), dense));
+      ASSERT_TRUE(cpu_backend::unary_backward_half(backend::UnaryOp::relu, t, x.data(), g.data(), got.data(), n));
+      const uint16_t one = t == DType::bf16 ? 0x3f80 : 0x3c00;
+      int passed = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        if (step[i] == one && !nan(g[i]) && want[i] != g[i]) {
+          want[i] = g[i];
+          ++passed;
+        }
+      if (mode == 0) {
+        EXPECT_EQ(passed, 0) << "without flushing, g * 1 is g";
+      }
+      for (size_t i = 0; i < got.size(); ++i)
+        if (got[i] != want[i] && !(nan(g[i]) && nan(step[i]) && nan(got[i]) && nan(want[i])))
+          FAIL() << std::hex << "x 0x" << x[i] << ", g 0x" << g[i] << ": 0x" << got[i] << ", the two passes 0x"
+                 << want[i] << ", MXCSR flush bits 0x" << mode << std::dec << " (entry " << i << ", path "
+                 << cpu_backend::half_cast_path_name(path) << ")";
+    }
   std::vector<uint16_t> out(4, 0x1234);
   EXPECT_FALSE(cpu_backend::unary_backward_half(backend::UnaryOp::gelu, t, x.data(), g.data(), out.data(), 4));
   EXPECT_FALSE(cpu_backend::unary_backward_half(backend::UnaryOp::relu, DType::f32, x.data(), g.data(), out.data(), 2));
@@ -659,12 +686,17 @@ TEST(CpuBf16Elementwise, Avx512PathsAreBitwiseTheFloat32Composition) {
     cpu_backend::force_isa(cpu_backend::detected_isa());
     return out;
   };
-  for (const auto op : {backend::UnaryOp::relu, backend::UnaryOp::step}) {
-    for (const int64_t len : {n, int64_t(45), int64_t(3)}) {
-      auto fn = [&](std::vector<uint16_t>& out) {
-        ASSERT_TRUE(cpu_backend::unary_half(op, DType::bf16, h.data() + 1, out.data(), len - 1, 0.0));
-      };
-      EXPECT_EQ(run(Isa::avx512, fn), run(Isa::baseline, fn)) << "unary op " << int(op) << " length " << len;
+  // relu and step in each subnormal mode (the backend runs its kernels flushing: FTZ | DAZ).
+  for (const unsigned mode : {0u, 0x0040u, 0x8000u, 0x8040u}) {
+    const MxcsrMode scope(mode);
+    for (const auto op : {backend::UnaryOp::relu, backend::UnaryOp::step}) {
+      for (const int64_t len : {n, int64_t(45), int64_t(3)}) {
+        auto fn = [&](std::vector<uint16_t>& out) {
+          ASSERT_TRUE(cpu_backend::unary_half(op, DType::bf16, h.data() + 1, out.data(), len - 1, 0.0));
+        };
+        EXPECT_EQ(run(Isa::avx512, fn), run(Isa::baseline, fn))
+            << "unary op " << int(op) << " length " << len << " MXCSR flush bits 0x" << std::hex << mode;
+      }
     }
   }
   for (const auto op : {backend::BinaryOp::add, backend::BinaryOp::sub, backend::BinaryOp::mul}) {

@@ -3,7 +3,8 @@
 // float32 kernel (unary.cpp, binary.cpp) and converted down, so the tensor is read and written once
 // instead of the three passes (cast up, compute, cast down) and two float32 temporaries the core makes
 // otherwise. The values are bitwise those of the three passes: the same conversions and kernels.
-// With AVX-512, bf16 relu / step work on the bits and bf16 add / sub / mul widen in registers (below).
+// With AVX-512, bf16 relu / step / relu's gradient work on the bits and bf16 add / sub / mul widen in
+// registers (below).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -41,20 +42,47 @@ uint16_t* at(void* p, int64_t i) { return static_cast<uint16_t*>(p) + i; }
 // AVX-512 paths on bf16 without the float32 blocks (taken where the bf16 casts run at AVX-512 or
 // above), bitwise the convert / float32 kernel / convert composition below:
 // relu and step on the bf16 bits, 32 at a time: relu(x) = x <= 0 ? +0 : x, step(x) = x > 0 ? 1 : 0,
-// NaN -> the NaN quieted as the cast down quiets it (| 0x40). Not under denormals-are-zero, where the
-// float32 comparison sees a positive subnormal as 0 (the caller checks).
-FLUX_TARGET_HALF_EW_AVX512 void relu_or_step_bf16(bool step, const uint16_t* s, uint16_t* d, int64_t b, int64_t e) {
+// NaN -> the NaN quieted as the cast down quiets it (| 0x40). Under denormals-are-zero (`daz`) the
+// float32 comparison sees a positive subnormal as 0, so "positive" starts at the smallest normal.
+FLUX_TARGET_HALF_EW_AVX512 void relu_or_step_bf16(bool step, bool daz, const uint16_t* s, uint16_t* d, int64_t b,
+                                                  int64_t e) {
   const __m512i magnitude = _mm512_set1_epi16(0x7fff), inf = _mm512_set1_epi16(0x7f80);
-  const __m512i quiet = _mm512_set1_epi16(0x40), one = _mm512_set1_epi16(0x3f80), zero = _mm512_setzero_si512();
+  const __m512i quiet = _mm512_set1_epi16(0x40), one = _mm512_set1_epi16(0x3f80);
+  const __m512i largest_not_positive = _mm512_set1_epi16(daz ? 0x007f : 0);  // +0, or the largest subnormal
   for (int64_t i = b; i < e; i += 32) {
     const int64_t left = e - i;
     const __mmask32 m = left >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << left) - 1);
     const __m512i h = _mm512_maskz_loadu_epi16(m, s + i);
     const __mmask32 nan = _mm512_cmpgt_epu16_mask(_mm512_and_si512(h, magnitude), inf);
-    const __mmask32 positive = _mm512_cmpgt_epi16_mask(h, zero);  // sign clear and not +0
+    const __mmask32 positive = _mm512_cmpgt_epi16_mask(h, largest_not_positive);  // sign clear, above it
     __m512i r = _mm512_maskz_mov_epi16(positive, step ? one : h);
     r = _mm512_mask_mov_epi16(r, nan, _mm512_or_si512(h, quiet));
     _mm512_mask_storeu_epi16(d + i, m, r);
+  }
+}
+// relu's gradient on the bf16 bits, 32 at a time, bitwise the float32 kernel's (unary.cpp) rounded
+// down: where x > 0 (as above) g as it is; where x <= 0, g * +0 = g's signed zero, NaN for ±Inf (x86's
+// default NaN, 0xffc0 in bf16); where x is NaN (step(x) = x quieted) that NaN, or g's where g is NaN
+// too; a NaN g quieted, as the cast down quiets it.
+FLUX_TARGET_HALF_EW_AVX512 void relu_backward_bf16(bool daz, const uint16_t* xs, const uint16_t* gs, uint16_t* dx,
+                                                   int64_t b, int64_t e) {
+  const __m512i magnitude = _mm512_set1_epi16(0x7fff), inf = _mm512_set1_epi16(0x7f80);
+  const __m512i sign = _mm512_set1_epi16(int16_t(0x8000)), quiet = _mm512_set1_epi16(0x40);
+  const __m512i default_nan = _mm512_set1_epi16(int16_t(0xffc0));
+  const __m512i largest_not_positive = _mm512_set1_epi16(daz ? 0x007f : 0);
+  for (int64_t i = b; i < e; i += 32) {
+    const int64_t left = e - i;
+    const __mmask32 m = left >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << left) - 1);
+    const __m512i x = _mm512_maskz_loadu_epi16(m, xs + i), g = _mm512_maskz_loadu_epi16(m, gs + i);
+    const __m512i gm = _mm512_and_si512(g, magnitude), signed_zero = _mm512_and_si512(g, sign);
+    const __mmask32 x_nan = _mm512_cmpgt_epu16_mask(_mm512_and_si512(x, magnitude), inf);
+    const __mmask32 x_positive = _mm512_cmpgt_epi16_mask(x, largest_not_positive);
+    const __mmask32 g_nan = _mm512_cmpgt_epu16_mask(gm, inf), g_inf = _mm512_cmpeq_epi16_mask(gm, inf);
+    __m512i r = _mm512_mask_mov_epi16(signed_zero, g_inf, default_nan);  // x <= 0
+    r = _mm512_mask_mov_epi16(r, x_positive, g);
+    r = _mm512_mask_mov_epi16(r, x_nan, _mm512_or_si512(x, quiet));
+    r = _mm512_mask_mov_epi16(r, g_nan, _mm512_or_si512(g, quiet));
+    _mm512_mask_storeu_epi16(dx + i, m, r);
   }
 }
 // out = a op b (add, sub, mul) on dense bf16 operands: widened in registers, the float32 result
@@ -88,10 +116,10 @@ bool bf16_avx512(DType t) { return t == DType::bf16 && half_cast_path(t) >= Half
 bool unary_half(backend::UnaryOp op, DType t, const void* src, void* dst, int64_t n, double alpha) {
   if (!half(t)) return false;
 #if FLUX_HALF_EW_X86
-  if ((op == backend::UnaryOp::relu || op == backend::UnaryOp::step) && bf16_avx512(t) && !(_mm_getcsr() & 0x0040)) {
-    const bool step = op == backend::UnaryOp::step;
+  if ((op == backend::UnaryOp::relu || op == backend::UnaryOp::step) && bf16_avx512(t)) {
+    const bool step = op == backend::UnaryOp::step, daz = (_mm_getcsr() & 0x0040) != 0;
     parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-      relu_or_step_bf16(step, static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), b, e);
+      relu_or_step_bf16(step, daz, static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), b, e);
     });
     return true;
   }
@@ -193,6 +221,16 @@ bool binary_mixed(backend::BinaryOp op, DType t, bool half_first, const void* a,
 // result cast down: bitwise the step pass, the product pass and their casts it replaces.
 bool unary_backward_half(backend::UnaryOp op, DType t, const void* x, const void* g, void* dx, int64_t n) {
   if (!half(t) || op != backend::UnaryOp::relu) return false;
+#if FLUX_HALF_EW_X86
+  if (bf16_avx512(t)) {
+    const bool daz = (_mm_getcsr() & 0x0040) != 0;
+    parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+      relu_backward_bf16(daz, static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(g),
+                         static_cast<uint16_t*>(dx), b, e);
+    });
+    return true;
+  }
+#endif
   parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
     alignas(64) float xs[kBlock], gs[kBlock], ds[kBlock];
     for (int64_t i = begin; i < end; i += kBlock) {

@@ -117,7 +117,8 @@ FLUX_CPU_INLINE void unary_backward_body(const T* __restrict x, const T* __restr
     const T v = x[i];
     T s, sn;
     if constexpr (Op == UnaryOp::relu) {
-      dx[i] = g[i] * apply<T>(UnaryOp::step, v, 0.0);  // bitwise g * step(x), NaN where x is
+      // g where x > 0 (as GCC folds g * 1: g passes unflushed), else g * step(x): ±0, NaN where x is
+      dx[i] = v > T(0) ? g[i] : g[i] * apply<T>(UnaryOp::step, v, 0.0);
     } else if constexpr (Op == UnaryOp::gelu) {
       const T c2 = T(1.5957691216057308), k = T(0.044715);
       const T x2 = v * v;
