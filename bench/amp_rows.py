@@ -153,12 +153,13 @@ def run(rb, args, peers, info, flux, threads):
             needs = []  # (text, ratio, required)
             if row in ("resnet_train", "enc_train"):
                 needs = [("≥ 1.5× flux f32", own, 1.5), ("≥ 1.2× PyTorch bf16", vs_py, 1.2)]
-            elif row in ("dec_train", "dec_infer"):
+            elif row in ("dec_train", "dec_infer", "enc_infer"):
                 needs = [("≥ 1.2× PyTorch bf16", vs_py, 1.2)]
             elif row == "mlp_train":
                 needs = [("≥ 1.2× flux f32 (never slower)", own, 1.2)]
             elif row == "resnet_infer":
                 needs = [("≥ 2× flux f32 (AMX)", own, 2.0)] if amx else [("≥ 1.3× flux f32 (AVX512-BF16)", own, 1.3)]
+                needs.append(("≥ 1.2× PyTorch bf16", vs_py, 1.2))
                 if not has_units:
                     needs = [("≥ 2× flux f32 with AMX, ≥ 1.3× with AVX512-BF16", own, 0)]
             if not needs:
