@@ -217,8 +217,8 @@ bool binary_mixed(backend::BinaryOp op, DType t, bool half_first, const void* a,
   return true;
 }
 
-// relu's gradient g step(x) in one pass: blocks of x and g cast up, the float32 fused kernel, the
-// result cast down: bitwise the step pass, the product pass and their casts it replaces.
+// relu's gradient in one pass: bf16 on the bits (AVX-512, above), else blocks of x and g cast up, the
+// float32 fused kernel (g where x > 0, g step(x) elsewhere), the result cast down.
 bool unary_backward_half(backend::UnaryOp op, DType t, const void* x, const void* g, void* dx, int64_t n) {
   if (!half(t) || op != backend::UnaryOp::relu) return false;
 #if FLUX_HALF_EW_X86
