@@ -4,6 +4,7 @@
 // linear_forward, conv_forward*, conv_backward_*) against a float64 reference within bf16 tolerance
 // wherever they run, and declining cleanly (false, nothing thrown) where oneDNN has no bf16 kernel.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -663,8 +664,8 @@ TEST(CpuBf16MaxPool, Avx512ForwardAndBackwardAreBitwiseTheScalarLoops) {
   }
 }
 
-// half_elementwise.cpp's bf16 AVX-512 paths (relu / step on the bits; add / sub / mul widened in
-// registers) against the convert / float32 kernel / convert composition (the ISA forced to baseline),
+// half_elementwise.cpp's bf16 AVX-512 paths (relu / step on the bits; add / sub / mul and Float32 ±
+// bf16 widened in registers) against the convert / float32 kernel / convert composition (the ISA forced to baseline),
 // bitwise: every bf16 pattern for relu and step, random and special pairs (NaNs, infinities,
 // subnormals, signed zeros) for the arithmetic, lengths with tails; and relu under denormals-are-zero,
 // where the float32 comparison sees a positive subnormal as zero.
@@ -717,6 +718,42 @@ TEST(CpuBf16Elementwise, Avx512PathsAreBitwiseTheFloat32Composition) {
                  << fast[i] << ", the float32 composition 0x" << slow[i] << std::dec << " (length " << len << ")";
     }
   }
+  // Float32 ± bf16 (binary_mixed: the residual add under autocast), the bf16 operand on either side,
+  // in each subnormal mode: every bf16 pattern against Float32 values with NaNs, infinities,
+  // subnormals and signed zeros; bitwise but for the payload of two NaNs.
+  std::vector<float> wide(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = uint32_t(gen());
+    float v;
+    std::memcpy(&v, &bits, sizeof v);
+    wide[size_t(i)] = i % 7 == 0 ? v : std::ldexp(float(int(gen() % 2001) - 1000), -int(gen() % 140));
+  }
+  for (const unsigned mode : {0u, 0x0040u, 0x8000u, 0x8040u})
+    for (const auto op : {backend::BinaryOp::add, backend::BinaryOp::sub})
+      for (const bool low_first : {false, true})
+        for (const int64_t len : {n, int64_t(2049), int64_t(13)}) {
+          const MxcsrMode scope(mode);
+          auto mixed = [&](Isa isa) {
+            cpu_backend::force_isa(isa);
+            std::vector<float> out(static_cast<size_t>(n), 7.f);
+            const void* a = low_first ? static_cast<const void*>(h.data()) : wide.data();
+            const void* b = low_first ? static_cast<const void*>(wide.data()) : h.data();
+            EXPECT_TRUE(cpu_backend::binary_mixed(op, DType::bf16, low_first, a, b, out.data(), len));
+            cpu_backend::force_isa(cpu_backend::detected_isa());
+            return out;
+          };
+          const std::vector<float> fast = mixed(Isa::avx512), slow = mixed(Isa::baseline);
+          for (size_t i = 0; i < fast.size(); ++i) {
+            uint32_t fb, sb;
+            std::memcpy(&fb, &fast[i], 4), std::memcpy(&sb, &slow[i], 4);
+            const bool low_nan = (h[i] & 0x7fff) > 0x7f80;
+            if (fb != sb && !(low_nan && std::isnan(wide[i]) && std::isnan(fast[i]) && std::isnan(slow[i])))
+              FAIL() << std::hex << "mixed op " << int(op) << (low_first ? " bf16 first" : " Float32 first") << ": bf16 0x"
+                     << h[i] << ", Float32 bits 0x" << std::bit_cast<uint32_t>(wide[i]) << " gave 0x" << fb
+                     << ", the composition 0x" << sb << ", MXCSR flush bits 0x" << mode << std::dec << " (length "
+                     << len << ")";
+          }
+        }
 #if defined(__x86_64__) && defined(__GNUC__)
   // Denormals-are-zero (MXCSR bit 6): relu of the positive subnormal 0x0001 is +0, as in float32.
   const unsigned csr = _mm_getcsr();

@@ -3,8 +3,8 @@
 // float32 kernel (unary.cpp, binary.cpp) and converted down, so the tensor is read and written once
 // instead of the three passes (cast up, compute, cast down) and two float32 temporaries the core makes
 // otherwise. The values are bitwise those of the three passes: the same conversions and kernels.
-// With AVX-512, bf16 relu / step / relu's gradient work on the bits and bf16 add / sub / mul widen in
-// registers (below).
+// With AVX-512, bf16 relu / step / relu's gradient work on the bits, and bf16 add / sub / mul and
+// Float32 ± bf16 widen in registers (below).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -100,6 +100,19 @@ FLUX_TARGET_HALF_EW_AVX512 void arith_bf16(backend::BinaryOp op, const uint16_t*
     _mm512_mask_storeu_ps(z + k, m, r);
   }
   float_to_half_storage(DType::bf16, z, out, len);
+}
+// out = wide op low, or low op wide (`low_first`), op add or sub (`sub`): the bf16 operand widened in
+// registers, one pass; bitwise the Float32 kernel on the operand cast up.
+FLUX_TARGET_HALF_EW_AVX512 void mixed_bf16(bool sub, bool low_first, const uint16_t* low, const float* wide, float* out,
+                                           int64_t b, int64_t e) {
+  for (int64_t i = b; i < e; i += 16) {
+    const int64_t left = e - i;
+    const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    const __m512 h = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, low + i)), 16));
+    const __m512 w = _mm512_maskz_loadu_ps(m, wide + i);
+    const __m512 x = low_first ? h : w, y = low_first ? w : h;
+    _mm512_mask_storeu_ps(out + i, m, sub ? _mm512_sub_ps(x, y) : _mm512_add_ps(x, y));
+  }
 }
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -202,6 +215,15 @@ bool binary_mixed(backend::BinaryOp op, DType t, bool half_first, const void* a,
   if (!half(t) || (op != backend::BinaryOp::add && op != backend::BinaryOp::sub)) return false;
   const void* low = half_first ? a : b;
   const float* wide = static_cast<const float*>(half_first ? b : a);
+#if FLUX_HALF_EW_X86
+  if (bf16_avx512(t)) {
+    const bool sub = op == backend::BinaryOp::sub;
+    parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+      mixed_bf16(sub, half_first, static_cast<const uint16_t*>(low), wide, out, begin, end);
+    });
+    return true;
+  }
+#endif
   parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
     alignas(64) float x[kBlock];  // the half operand's block, cast up in L1
     backend::Broadcast block;
