@@ -23,6 +23,7 @@
 #include "flux/backend.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/dependency_check.hpp"
+#include "src/backends/cpu/float_mode.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/kernel_choice.hpp"
 #include "src/backends/cpu/matmul_kernels.hpp"
@@ -1097,6 +1098,14 @@ uint32_t float_bits(float f) {
 // The same value, or both NaN (a kernel may quiet a NaN's payload).
 bool same_value(float a, float b) { return (std::isnan(a) && std::isnan(b)) || float_bits(a) == float_bits(b); }
 
+// The backend's float mode (flushing subnormals, as its kernels run by default) for a scope, or nothing.
+struct FlushScope {
+  std::optional<cpu_backend::FloatModeScope> mode;
+  explicit FlushScope(bool flush) {
+    if (flush) mode.emplace(DType::f32);
+  }
+};
+
 TEST(CpuReluAfterKernel, RowsMatchTheScalarReluBitwiseAtEveryIsa) {
   IsaGuard guard;
   const float specials[] = {NAN, -NAN, 0.f, -0.f, INFINITY, -INFINITY, 1e-40f, -1e-40f, 1.f, -1.f,
@@ -1121,12 +1130,17 @@ TEST(CpuReluAfterKernel, RowsMatchTheScalarReluBitwiseAtEveryIsa) {
         }
       }
     }
-    std::vector<uint16_t> h = bf16;
-    cpu_backend::relu_rows(DType::bf16, h.data(), 256, 250, 256);
-    for (uint32_t i = 0; i < 65536; ++i) {
-      const float x = bits_float(i << 16);
-      const uint16_t want = i % 256 >= 250 ? uint16_t(i) : (x <= 0.f ? uint16_t(0) : uint16_t(i));
-      ASSERT_EQ(h[i], want) << "bf16 pattern " << i;
+    // bf16 on the bits: every pattern, also under denormals-are-zero (the backend's flushing mode),
+    // where the comparison sees a positive subnormal as 0.
+    for (bool flush : {false, true}) {
+      const FlushScope scope(flush);
+      std::vector<uint16_t> h = bf16;
+      cpu_backend::relu_rows(DType::bf16, h.data(), 256, 250, 256);
+      for (uint32_t i = 0; i < 65536; ++i) {
+        volatile float x = bits_float(i << 16);  // compared in the scope's mode
+        const uint16_t want = i % 256 >= 250 ? uint16_t(i) : (x <= 0.f ? uint16_t(0) : uint16_t(i));
+        ASSERT_EQ(h[i], want) << "bf16 pattern " << i << (flush ? " flushing" : "");
+      }
     }
   }
   try {

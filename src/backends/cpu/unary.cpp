@@ -68,8 +68,10 @@ FLUX_CPU_INLINE void unary_range_body(const T* __restrict s, T* __restrict d, in
 }
 FLUX_CPU_VARIANTS(unary_range, unary_range_body)
 
-// relu in place over rows `ld` apart (relu_rows below): float32 as apply's relu; bf16 widened to
-// float32 for the same comparison, the bits kept where it is false (NaN too).
+// relu in place over rows `ld` apart (relu_rows below): float32 as apply's relu; bf16 as the same
+// comparison on the bits (32 lanes of 16 bits): kept where the value is above `zero_up_to` (0, or the
+// largest positive subnormal 0x007f where denormals-are-zero makes the comparison see it as 0) or a
+// NaN, else +0.
 FLUX_CPU_INLINE void relu_rows_f32_body(float* y, int64_t rows, int64_t cols, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
     float* p = y + r * ld;
@@ -77,14 +79,13 @@ FLUX_CPU_INLINE void relu_rows_f32_body(float* y, int64_t rows, int64_t cols, in
   }
 }
 FLUX_CPU_VARIANTS(relu_rows_f32, relu_rows_f32_body)
-FLUX_CPU_INLINE void relu_rows_bf16_body(uint16_t* y, int64_t rows, int64_t cols, int64_t ld) {
+FLUX_CPU_INLINE void relu_rows_bf16_body(uint16_t* y, int64_t rows, int64_t cols, int64_t ld, int16_t zero_up_to) {
   for (int64_t r = 0; r < rows; ++r) {
     uint16_t* p = y + r * ld;
     for (int64_t j = 0; j < cols; ++j) {
-      const uint32_t bits = uint32_t(p[j]) << 16;
-      float f;
-      std::memcpy(&f, &bits, sizeof f);
-      p[j] = f <= 0.f ? uint16_t(0) : p[j];
+      const uint16_t h = p[j];
+      const bool keep = int16_t(h) > zero_up_to || (h & 0x7fff) > 0x7f80;
+      p[j] = keep ? h : uint16_t(0);
     }
   }
 }
@@ -181,8 +182,15 @@ bool unary_backward(UnaryOp op, DType t, const void* x, const void* g, void* dx,
 }
 
 void relu_rows(DType t, void* y, int64_t rows, int64_t cols, int64_t ld) {
-  if (t == DType::bf16)
-    relu_rows_bf16(static_cast<uint16_t*>(y), rows, cols, ld);
+  if (t == DType::bf16) {
+    // Whether this thread's float mode compares a subnormal as 0 (x86's DAZ, aarch64's FZ): asked of
+    // the smallest positive bf16 subnormal itself (volatile: compared now, not folded).
+    const uint32_t smallest = 0x00010000u;
+    volatile float tiny;
+    std::memcpy(const_cast<float*>(&tiny), &smallest, sizeof smallest);
+    const bool flushed = !(tiny > 0.0f);
+    relu_rows_bf16(static_cast<uint16_t*>(y), rows, cols, ld, int16_t(flushed ? 0x007f : 0));
+  }
   else if (t == DType::f32)
     relu_rows_f32(static_cast<float*>(y), rows, cols, ld);
   else
