@@ -38,12 +38,9 @@ struct ConvQuery {
     return c;
   }
   Query query(int threads) const {
-    Query q;
-    q.site = Site::conv_forward;
-    q.threads = threads;
-    q.dims = {spatial,   batch,     in_channels, out_channels, groups,      in[0],       in[1],       in[2],  kernel[0],
-              kernel[1], kernel[2], stride[0],   stride[1],    stride[2],   dilation[0], dilation[1], dilation[2], affine};
-    return q;
+    return {Site::conv_forward, threads,
+            {spatial, batch, in_channels, out_channels, groups, in[0], in[1], in[2], kernel[0], kernel[1], kernel[2],
+             stride[0], stride[1], stride[2], dilation[0], dilation[1], dilation[2], affine}};
   }
   /// A geometry that asks this question: "same" padding for odd kernels (the tuner's timer).
   backend::ConvGeometry geometry() const {

@@ -20,13 +20,7 @@ struct GemmQuery {
     const auto& d = q.dims;
     return {d[0], d[1], d[2], d[3] != 0, d[4] != 0, d[5], d[6], d[7], d[8] != 0};
   }
-  Query query(int threads) const {
-    Query q;
-    q.site = Site::gemm;
-    q.threads = threads;
-    q.dims = {m, n, k, trans_a, trans_b, lda, ldb, ldc, accumulate};
-    return q;
-  }
+  Query query(int threads) const { return {Site::gemm, threads, {m, n, k, trans_a, trans_b, lda, ldb, ldc, accumulate}}; }
 };
 
 /// Site::linear: a Dense inference y (n, out) = relu?(x (n, in) w^T + bias).
@@ -38,13 +32,7 @@ struct LinearQuery {
     const auto& d = q.dims;
     return {d[0], d[1], d[2], d[3] != 0, d[4] != 0};
   }
-  Query query(int threads) const {
-    Query q;
-    q.site = Site::linear;
-    q.threads = threads;
-    q.dims = {n, in, out, bias, relu};
-    return q;
-  }
+  Query query(int threads) const { return {Site::linear, threads, {n, in, out, bias, relu}}; }
 };
 
 /// Site::linear_weights: one piece of a Dense forward without prepared weights (training), y (n, cols) =
@@ -59,13 +47,7 @@ struct LinearWeightsQuery {
     const auto& d = q.dims;
     return {d[0], d[1], d[2], d[3] != 0, d[4] != 0, d[5]};
   }
-  Query query(int threads) const {
-    Query q;
-    q.site = Site::linear_weights;
-    q.threads = threads;
-    q.dims = {n, in, cols, bias, relu, dtype};
-    return q;
-  }
+  Query query(int threads) const { return {Site::linear_weights, threads, {n, in, cols, bias, relu, dtype}}; }
 };
 
 /// Site::bf16_transposed_a: a bf16 GEMM C (m, n) = A^T op(B), A stored (k, m), cut along m over the pool
@@ -80,11 +62,7 @@ struct TransposedAQuery {
     return {d[0], d[1], d[2], d[3], d[4] != 0, d[5] != 0};
   }
   Query query(int threads) const {
-    Query q;
-    q.site = Site::bf16_transposed_a;
-    q.threads = threads;
-    q.dims = {m, n, k, piece_rows, trans_b, float32_c};
-    return q;
+    return {Site::bf16_transposed_a, threads, {m, n, k, piece_rows, trans_b, float32_c}};
   }
 };
 
