@@ -31,7 +31,6 @@
 namespace flux::cpu_backend {
 
 namespace {
-
 // rows [lo, hi) of op(A) = A^T, A stored (k, lda): out (hi - lo, k) row-major, by the backend's strided
 // copy (reads along A's rows, writes down out's columns).
 void transposed_rows(const uint16_t* a, int64_t lda, int64_t k, int64_t lo, int64_t hi, uint16_t* out) {
