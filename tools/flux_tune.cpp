@@ -140,13 +140,9 @@ Options parse(int argc, char** argv) {
 template <class Model> void run(const Model& model, const Options& o, auto&& input) {
   for (int64_t batch : o.batches) {
     Tensor x = input(batch);
-    if (o.autocast) {
-      (void)autocast(*o.autocast, [&] { return model(x); });
-      if (o.train) (void)gradient([&](const Model& m) { return sum(m(x)); }, model, {.autocast = o.autocast});
-    } else {
-      (void)model(x);
-      if (o.train) (void)gradient([&](const Model& m) { return sum(m(x)); }, model);
-    }
+    auto forward = [&] { return model(x); };
+    (void)(o.autocast ? autocast(*o.autocast, forward) : forward());
+    if (o.train) (void)gradient([&](const Model& m) { return sum(m(x)); }, model, {.autocast = o.autocast});
   }
 }
 

@@ -90,9 +90,9 @@ Tensor low_product_float32(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   g.m = ta ? a.shape()[1] : a.shape()[0], g.k = ta ? a.shape()[0] : a.shape()[1], g.n = tb ? b.shape()[0] : b.shape()[1];
   g.trans_a = ta, g.trans_b = tb;
   g.stride_a = a.numel(), g.stride_b = b.numel(), g.stride_c = g.m * g.n;
+  if (!library_kernels() || g.m * g.n * g.k == 0) return Tensor();
   Tensor c = Tensor::empty(Shape{g.m, g.n}, DType::f32, a.device());
-  if (!library_kernels() || g.m * g.n * g.k == 0 ||
-      !a.backend().matmul_low_precision_float32(a.device().index(), a.dtype(), flux::detail::buffer_of(a),
+  if (!a.backend().matmul_low_precision_float32(a.device().index(), a.dtype(), flux::detail::buffer_of(a),
                                                 flux::detail::buffer_of(b), flux::detail::buffer_of(c), g))
     return Tensor();
   return c;

@@ -70,6 +70,14 @@ void adopt_float_control(uint64_t control) {
   if (control_bits(now) != control) write_control(status_bits(now) | control);
 }
 
+bool subnormals_compare_as_zero() {
+  // Asked of the mode itself: the smallest positive subnormal compared with 0 now (volatile: not folded).
+  const uint32_t smallest = 1;
+  volatile float tiny;
+  std::memcpy(const_cast<float*>(&tiny), &smallest, sizeof smallest);
+  return !(tiny > 0.0f);
+}
+
 FloatModeScope::FloatModeScope(DType dtype) {
   if (!flushes_denormals(dtype)) return;
   saved_ = read_control();

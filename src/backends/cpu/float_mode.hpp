@@ -17,6 +17,10 @@ uint64_t float_control();
 /// status flags. Cheap when they already are.
 void adopt_float_control(uint64_t control);
 
+/// Whether this thread's float mode now compares a float32 subnormal as 0 (x86's DAZ, aarch64's FZ):
+/// what a kernel working on bf16 bits must know to give the float32 comparison's answer.
+bool subnormals_compare_as_zero();
+
 /// For its scope, this thread flushes subnormals when flushes_denormals(dtype); else nothing changes.
 /// The destructor restores the thread's previous control bits.
 class FloatModeScope {

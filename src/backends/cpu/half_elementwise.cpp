@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/float_mode.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -130,7 +131,7 @@ bool unary_half(backend::UnaryOp op, DType t, const void* src, void* dst, int64_
   if (!half(t)) return false;
 #if FLUX_HALF_EW_X86
   if ((op == backend::UnaryOp::relu || op == backend::UnaryOp::step) && bf16_avx512(t)) {
-    const bool step = op == backend::UnaryOp::step, daz = (_mm_getcsr() & 0x0040) != 0;
+    const bool step = op == backend::UnaryOp::step, daz = subnormals_compare_as_zero();
     parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
       relu_or_step_bf16(step, daz, static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), b, e);
     });
@@ -245,7 +246,7 @@ bool unary_backward_half(backend::UnaryOp op, DType t, const void* x, const void
   if (!half(t) || op != backend::UnaryOp::relu) return false;
 #if FLUX_HALF_EW_X86
   if (bf16_avx512(t)) {
-    const bool daz = (_mm_getcsr() & 0x0040) != 0;
+    const bool daz = subnormals_compare_as_zero();
     parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
       relu_backward_bf16(daz, static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(g),
                          static_cast<uint16_t*>(dx), b, e);

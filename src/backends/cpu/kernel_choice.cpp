@@ -102,8 +102,8 @@ Kernel conv_rule(const Query& q, Candidates c) {
 }
 
 // A Dense piece without prepared weights (training: w changes at every step) whose oneDNN kernel wants
-// w packed: up to kInPlaceRows rows of x the kernel reads w as it is (0.6-0.95x the time of packing
-// plus the kernel on the MNIST, encoder and decoder shapes); from 512 rows packing paid again. Measured
+// w packed: up to kInPlaceRows rows of x the kernel reads w as it is (faster than packing plus the
+// kernel on the MNIST, encoder and decoder shapes); from 512 rows packing paid again. Measured
 // with oneDNN 2.6's AVX512-BF16 brgemm on a Zen 4 only (bench/results/2026-12-07-mnist-bf16-dense-pieces.md):
 // AMX's kernels want their own layout of w, where the crossover is unmeasured and a tuned table decides.
 constexpr int64_t kInPlaceRows = 256;

@@ -196,10 +196,11 @@ std::ostream& operator<<(std::ostream& os, const TuneReport& r) {
   size_t shape_width = 5, site_width = 4;
   for (const TuneEntry& e : r.entries)
     shape_width = std::max(shape_width, e.shape.size()), site_width = std::max(site_width, e.site.size());
-  os << "  " << std::left << std::setw(int(site_width) + 2) << "site" << std::setw(8) << "threads" << std::setw(int(shape_width) + 2)
-     << "shape" << std::setw(10) << "rule" << std::setw(10) << "chosen" << "times (ms)\n";
+  const int site_w = int(site_width) + 2, shape_w = int(shape_width) + 2;
+  os << "  " << std::left << std::setw(site_w) << "site" << std::setw(8) << "threads" << std::setw(shape_w) << "shape"
+     << std::setw(10) << "rule" << std::setw(10) << "chosen" << "times (ms)\n";
   for (const TuneEntry& e : r.entries) {
-    os << "  " << std::setw(int(site_width) + 2) << e.site << std::setw(8) << e.threads << std::setw(int(shape_width) + 2) << e.shape
+    os << "  " << std::setw(site_w) << e.site << std::setw(8) << e.threads << std::setw(shape_w) << e.shape
        << std::setw(10) << e.rule << std::setw(10) << (e.skipped.empty() ? e.chosen : "-");
     if (!e.skipped.empty()) os << "skipped: " << e.skipped;
     for (size_t i = 0; i < e.timings.size(); ++i) {

@@ -1,11 +1,11 @@
 // Elementwise functions of one tensor on the CPU.
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "flux/error.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
+#include "src/backends/cpu/float_mode.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/vector_math.hpp"
 
@@ -118,7 +118,7 @@ FLUX_CPU_INLINE void unary_backward_body(const T* __restrict x, const T* __restr
     const T v = x[i];
     T s, sn;
     if constexpr (Op == UnaryOp::relu) {
-      // g where x > 0 (as GCC folds g * 1: g passes unflushed), else g * step(x): ±0, NaN where x is
+      // g where x > 0 (as it is: never flushed), else g * step(x): ±0, NaN where x is
       dx[i] = v > T(0) ? g[i] : g[i] * apply<T>(UnaryOp::step, v, 0.0);
     } else if constexpr (Op == UnaryOp::gelu) {
       const T c2 = T(1.5957691216057308), k = T(0.044715);
@@ -183,13 +183,7 @@ bool unary_backward(UnaryOp op, DType t, const void* x, const void* g, void* dx,
 
 void relu_rows(DType t, void* y, int64_t rows, int64_t cols, int64_t ld) {
   if (t == DType::bf16) {
-    // Whether this thread's float mode compares a subnormal as 0 (x86's DAZ, aarch64's FZ): asked of
-    // the smallest positive bf16 subnormal itself (volatile: compared now, not folded).
-    const uint32_t smallest = 0x00010000u;
-    volatile float tiny;
-    std::memcpy(const_cast<float*>(&tiny), &smallest, sizeof smallest);
-    const bool flushed = !(tiny > 0.0f);
-    relu_rows_bf16(static_cast<uint16_t*>(y), rows, cols, ld, int16_t(flushed ? 0x007f : 0));
+    relu_rows_bf16(static_cast<uint16_t*>(y), rows, cols, ld, int16_t(subnormals_compare_as_zero() ? 0x007f : 0));
   }
   else if (t == DType::f32)
     relu_rows_f32(static_cast<float*>(y), rows, cols, ld);
