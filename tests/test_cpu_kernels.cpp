@@ -984,7 +984,10 @@ std::vector<double> conv3x3_ref(const backend::ConvGeometry& g, const std::vecto
   return y;
 }
 
-// Winograd (forced where it fits; inference only: it needs the weight cache) against float64.
+// Winograd (forced where it fits; inference only: it needs the weight cache) against float64. Its
+// work split depends on the batch and the pool: whole images per thread, rows of tiles per thread
+// (a batch of 1 on 2 threads; rows of two images in one piece on the pool of 4 that
+// cpu.winograd_pool_of_4 runs), or each step split (one row of tiles: the 1x1 output).
 TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
   IsaGuard isa_guard;
   ForceGuard force_guard;
@@ -992,7 +995,8 @@ TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
   for (WinogradCase s : {WinogradCase{2, 16, 24, 7, 7, 1, 1, 1, 1}, WinogradCase{3, 8 * 2, 16, 5, 6, 0, 0, 0, 0},
                          WinogradCase{1, 32, 16, 4, 4, 1, 1, 1, 1}, WinogradCase{5, 16, 32, 9, 4, 2, 0, 1, 2},
                          WinogradCase{40, 16, 16, 3, 3, 1, 1, 1, 1}, WinogradCase{2, 16, 16, 14, 17, 1, 1, 1, 1},
-                         WinogradCase{1, 24, 16, 10, 12, 0, 0, 1, 1}})
+                         WinogradCase{1, 24, 16, 10, 12, 0, 0, 1, 1}, WinogradCase{1, 16, 16, 3, 3, 0, 0, 0, 0},
+                         WinogradCase{2, 16, 16, 10, 10, 1, 1, 1, 1}})
     for (Isa level : usable_isas()) {
       cpu_backend::force_isa(level);
       backend::ConvGeometry g0 = winograd_geometry(s);
@@ -1042,7 +1046,8 @@ TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
 }
 
 // The seam's choice for a conv forward is the rule, made without timing anything: every call gives
-// the same bits; Winograd only at inference (with a weight cache); the few-pixel kernel where it fits.
+// the same bits; Winograd only at inference (with a weight cache), from 48 output pixels over the
+// batch (128 with AVX-512); the few-pixel kernel where it fits.
 TEST(CpuConv, ForwardChoiceIsTheRuleAndKeepsItsBits) {
   const WinogradCase s{4, 32, 32, 14, 14, 1, 1, 1, 1};
   backend::ConvGeometry g = winograd_geometry(s);
@@ -1057,8 +1062,23 @@ TEST(CpuConv, ForwardChoiceIsTheRuleAndKeepsItsBits) {
   if (!FLUX_TEST_HAVE_ONEDNN) {
     EXPECT_EQ(chosen, cpu_backend::Kernel::winograd) << "the only candidate";
   }
-  if (cpu_backend::detected_isa() == Isa::avx2) {
-    EXPECT_EQ(chosen, cpu_backend::Kernel::winograd);
+  {
+    // At every ISA level: 4 x 14 x 14 output pixels take Winograd; ResNet-18's 7x7 stage at batch 1
+    // (49 pixels, 256 channels) takes it below AVX-512 only, where oneDNN's direct kernel is weaker.
+    IsaGuard isa_guard;
+    backend::ConvGeometry seven = winograd_geometry(WinogradCase{1, 256, 256, 7, 7, 1, 1, 1, 1});
+    seven.weight_cache = &cache, seven.inference = true;
+    for (Isa level : usable_isas()) {
+      cpu_backend::force_isa(level);
+      SCOPED_TRACE(cpu_backend::isa_name(level));
+      EXPECT_EQ(cpu_backend::conv_forward_kernel(inference, false), cpu_backend::Kernel::winograd);
+      const cpu_backend::Kernel at_seven = cpu_backend::conv_forward_kernel(seven, false);
+      if (level != Isa::avx512 || !FLUX_TEST_HAVE_ONEDNN) {
+        EXPECT_EQ(at_seven, cpu_backend::Kernel::winograd);
+      } else {
+        EXPECT_EQ(at_seven, cpu_backend::Kernel::onednn);
+      }
+    }
   }
   if (FLUX_TEST_HAVE_ONEDNN) {
     EXPECT_NE(cpu_backend::conv_forward_kernel(g, false), cpu_backend::Kernel::winograd) << "training: no Winograd";

@@ -85,17 +85,18 @@ Kernel linear_rule(const Query& q, Candidates c) {
   return first_of(c);
 }
 
-// A conv forward: below AVX-512 (oneDNN 2.6 runs 3x3 convs there as direct convolutions), Winograd
-// where it fits and the output has at least 48 pixels over the batch (ResNet-18 at batch 1: its
-// 28x28, 14x14 and 7x7 stages): measured alone it beat oneDNN on every ResNet-18 3x3 stride-1 conv,
-// but the 4x4 stage at batch 1 (16 pixels, the largest weights, read from memory in the network)
-// runs faster on the few-pixel kernel. Then the few-pixel kernel wherever it fits (at most 32
-// output pixels over the batch: weight-bound, see conv_own.cpp); oneDNN otherwise. With AVX-512, where
-// oneDNN's direct kernels are stronger, no Winograd (not yet measured there).
+// A conv forward: Winograd where it fits and the output has at least 48 pixels over the batch (128
+// with AVX-512), then the few-pixel kernel wherever it fits (at most 32 output pixels over the batch:
+// weight-bound, see conv_own.cpp); oneDNN otherwise. Measured in ResNet-18 on AVX2 and on AVX-512
+// (Zen 4), Winograd beat oneDNN's direct kernels on every 3x3 stride-1 stage from 128 pixels; the 7x7
+// stage at batch 1 (49 pixels) streams 16/9 larger transformed weights from memory, which AVX2's
+// weaker direct kernel still repays and AVX-512's does not; the 4x4 stage at batch 1 runs faster on
+// the few-pixel kernel.
 Kernel conv_rule(const Query& q, Candidates c) {
   const ConvQuery conv = ConvQuery::from(q);
   const int64_t pixels = conv.batch * conv.in[0] * conv.in[1] * conv.in[2];  // = out pixels for 3x3 s1 "same"
-  if (has(c, Kernel::winograd) && active_isa() != Isa::avx512 && pixels >= 48) return Kernel::winograd;
+  const int64_t winograd_from = active_isa() == Isa::avx512 ? 128 : 48;
+  if (has(c, Kernel::winograd) && pixels >= winograd_from) return Kernel::winograd;
   if (has(c, Kernel::few_pixel)) return Kernel::few_pixel;
   if (has(c, Kernel::onednn)) return Kernel::onednn;
   return first_of(c);

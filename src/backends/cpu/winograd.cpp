@@ -11,8 +11,8 @@
 // output transform writes y (N, O, OH, OW) with the forward's ConvEpilogue (cpu_backend.hpp: scale, shift or
 // bias, relu, residual, relu). Images go in chunks of about 128 tiles (so that U is read once per
 // chunk, not per image, when an image has few tiles), one chunk per pool thread; with fewer chunks
-// than threads (batch 1) each step of a chunk is split over the pool instead (input channels, the 16
-// positions, output channels). Both layout changes (NCHW -> channels-last in, back out) go 8 x 8
+// than threads (batch 1) the batch's rows of tiles are split over the pool instead, each piece from
+// input to output on one thread. Both layout changes (NCHW -> channels-last in, back out) go 8 x 8
 // through registers (transpose8): written as scalar copies they were ~40% of the transforms' time.
 // oneDNN 2.6 on AVX2 runs these convs as direct convolutions (its Winograd kernel needs AVX-512), and
 // ONNX Runtime's MLAS as NCHWc direct convolutions (we found no Winograd kernel in it). The
@@ -108,15 +108,18 @@ FLUX_CPU_INLINE void transpose8(WVec r[8]) {
   }
 }
 
-/// V[xi] rows [t0, t0 + tiles) of the chunk (T rows each) from image `x` (C, H, W).
-/// Channels [c_lo, c_hi) only (multiples of 8); `image`'s padding is zero (prepare()).
+/// V[xi] rows [t0, t0 + tiles) of the chunk (T rows each) from image `x` (C, H, W): the tiles of tile
+/// rows [th_lo, th_hi), channels [c_lo, c_hi) only (multiples of 8). Only the image rows those tiles
+/// read are copied into `image`, whose padding is zero (prepare()).
 FLUX_CPU_INLINE void input_transform(const float* x, const Plan& p, float* image, float* v, int64_t T, int64_t t0,
-                                     int64_t c_lo, int64_t c_hi) {
+                                     int64_t c_lo, int64_t c_hi, int64_t th_lo, int64_t th_hi) {
   const int64_t C = p.C;
   // Channels-last: 8 channels x 8 columns at a time through registers, the last W % 8 columns one by one.
   const int64_t plane = p.H * p.W, W8 = p.W / 8 * 8;
+  // Tile row th reads padded rows 2 th .. 2 th + 3.
+  const int64_t r_lo = std::max<int64_t>(0, 2 * th_lo - p.pad_top), r_hi = std::min(p.H, 2 * th_hi + 2 - p.pad_top);
   for (int64_t c0 = c_lo; c0 < c_hi; c0 += kLanes)
-    for (int64_t r = 0; r < p.H; ++r) {
+    for (int64_t r = r_lo; r < r_hi; ++r) {
       const float* from = x + c0 * plane + r * p.W;
       float* to = image + ((r + p.pad_top) * p.Wp + p.pad_left) * C + c0;
       for (int64_t col = 0; col < W8; col += 8) {
@@ -128,9 +131,9 @@ FLUX_CPU_INLINE void input_transform(const float* x, const Plan& p, float* image
       for (int64_t col = W8; col < p.W; ++col)
         for (int64_t k = 0; k < kLanes; ++k) to[col * C + k] = from[k * plane + col];
     }
-  for (int64_t th = 0; th < p.TH; ++th)
+  for (int64_t th = th_lo; th < th_hi; ++th)
     for (int64_t tw = 0; tw < p.TW; ++tw) {
-      const int64_t t = t0 + th * p.TW + tw;
+      const int64_t t = t0 + (th - th_lo) * p.TW + tw;
       const float* base = image + (2 * th * p.Wp + 2 * tw) * C;
       for (int64_t c0 = c_lo; c0 < c_hi; c0 += kLanes) {
         WVec a[4][4];
@@ -153,15 +156,17 @@ FLUX_CPU_INLINE void input_transform(const float* x, const Plan& p, float* image
     }
 }
 
-/// y of image n (O, OH, OW) from M[xi] rows [t0, t0 + tiles) and the epilogue: the tiles' pixels
-/// with scale, shift and relu into `out` (2 TH x 2 TW pixels, O channels-last), then to y through 8 x 8
-/// transposes, adding the residual and the relu after it on the way.
+/// y of image n (O, OH, OW) from M[xi] rows [t0, t0 + tiles) (tile rows [th_lo, th_hi)) and the
+/// epilogue: the tiles' pixels with scale, shift and relu into `out` (2 TH x 2 TW pixels, O
+/// channels-last), then their rows of y through 8 x 8 transposes, adding the residual and the relu
+/// after it on the way.
 FLUX_CPU_INLINE void output_transform(const float* m, const Plan& p, int64_t T, int64_t t0, int64_t n,
-                                      const ConvEpilogue& ep, float* out, float* y, int64_t o_lo, int64_t o_hi) {
+                                      const ConvEpilogue& ep, float* out, float* y, int64_t o_lo, int64_t o_hi,
+                                      int64_t th_lo, int64_t th_hi) {
   const int64_t O = p.O, plane = p.OH * p.OW, OWp = 2 * p.TW;
-  for (int64_t th = 0; th < p.TH; ++th)
+  for (int64_t th = th_lo; th < th_hi; ++th)
     for (int64_t tw = 0; tw < p.TW; ++tw) {
-      const int64_t t = t0 + th * p.TW + tw;
+      const int64_t t = t0 + (th - th_lo) * p.TW + tw;
       float* pixels = out + (2 * th * OWp + 2 * tw) * O;
       for (int64_t o0 = o_lo; o0 < o_hi; o0 += kLanes) {
         WVec s[2][4];
@@ -186,7 +191,7 @@ FLUX_CPU_INLINE void output_transform(const float* m, const Plan& p, int64_t T, 
     }
   const int64_t OW8 = p.OW / 8 * 8;
   for (int64_t o0 = o_lo; o0 < o_hi; o0 += kLanes)
-    for (int64_t r = 0; r < p.OH; ++r) {
+    for (int64_t r = 2 * th_lo; r < std::min(p.OH, 2 * th_hi); ++r) {
       const float* from = out + r * OWp * O + o0;
       const int64_t at = (n * O + o0) * plane + r * p.OW;
       for (int64_t col = 0; col < OW8; col += 8) {
@@ -224,28 +229,36 @@ void prepare(Scratch& s, const Plan& p, int64_t T) {
   if (s.out.size() < size_t(4 * p.tiles * p.O)) s.out.resize(size_t(4 * p.tiles * p.O));
 }
 
-/// Images [n0, n1): their input transforms for channels [c_lo, c_hi) (V rows (n - n0) x tiles on).
-FLUX_CPU_INLINE void inputs(const float* x, const Plan* p, int64_t n0, int64_t n1, int64_t c_lo, int64_t c_hi,
+/// Tile rows [r0, r1) of the batch (row r: image r / TH, its tile row r % TH): their input transforms
+/// for channels [c_lo, c_hi), V row (r - r0) x TW on. Images [n0, n1) are rows n0 TH .. n1 TH.
+FLUX_CPU_INLINE void inputs(const float* x, const Plan* p, int64_t r0, int64_t r1, int64_t c_lo, int64_t c_hi,
                             Scratch* s) {
-  const int64_t T = (n1 - n0) * p->tiles;
-  for (int64_t n = n0; n < n1; ++n)
-    input_transform(x + n * p->C * p->H * p->W, *p, s->image.data(), s->v.data(), T, (n - n0) * p->tiles, c_lo, c_hi);
+  const int64_t T = (r1 - r0) * p->TW;
+  for (int64_t r = r0; r < r1;) {
+    const int64_t n = r / p->TH, th = r % p->TH, th_hi = std::min(p->TH, th + r1 - r);
+    input_transform(x + n * p->C * p->H * p->W, *p, s->image.data(), s->v.data(), T, (r - r0) * p->TW, c_lo, c_hi,
+                    th, th_hi);
+    r += th_hi - th;
+  }
 }
-/// Images [n0, n1): their outputs for channels [o_lo, o_hi).
-FLUX_CPU_INLINE void outputs(const Plan* p, int64_t n0, int64_t n1, int64_t o_lo, int64_t o_hi,
+/// Tile rows [r0, r1) of the batch: their outputs for channels [o_lo, o_hi).
+FLUX_CPU_INLINE void outputs(const Plan* p, int64_t r0, int64_t r1, int64_t o_lo, int64_t o_hi,
                              const ConvEpilogue* ep, float* y, Scratch* s) {
-  const int64_t T = (n1 - n0) * p->tiles;
-  for (int64_t n = n0; n < n1; ++n)
-    output_transform(s->m.data(), *p, T, (n - n0) * p->tiles, n, *ep, s->out.data(), y, o_lo, o_hi);
+  const int64_t T = (r1 - r0) * p->TW;
+  for (int64_t r = r0; r < r1;) {
+    const int64_t n = r / p->TH, th = r % p->TH, th_hi = std::min(p->TH, th + r1 - r);
+    output_transform(s->m.data(), *p, T, (r - r0) * p->TW, n, *ep, s->out.data(), y, o_lo, o_hi, th, th_hi);
+    r += th_hi - th;
+  }
 }
 // run_inputs / run_outputs: compiled per ISA level, called for the active one (isa.hpp; pointer
 // arguments, as FLUX_CPU_VARIANTS passes its arguments by value).
 FLUX_CPU_VARIANTS(run_inputs, inputs)
 FLUX_CPU_VARIANTS(run_outputs, outputs)
 
-/// The 16 products of images [n0, n1), positions [xi0, xi1).
-void products(const Plan& p, const float* u, int64_t n0, int64_t n1, int64_t xi0, int64_t xi1, Scratch& s) {
-  const int64_t T = (n1 - n0) * p.tiles;
+/// The 16 products of tile rows [r0, r1) of the batch, positions [xi0, xi1).
+void products(const Plan& p, const float* u, int64_t r0, int64_t r1, int64_t xi0, int64_t xi1, Scratch& s) {
+  const int64_t T = (r1 - r0) * p.TW;
   const size_t per = panel_floats(p.C, p.O);
   for (int64_t xi = xi0; xi < xi1; ++xi)
     panel_product(s.v.data() + xi * T * p.C, T, p.C, u + xi * per, p.O, s.m.data() + xi * T * p.O);
@@ -274,30 +287,35 @@ void winograd_forward(const float* x, const float* w, const backend::ConvGeometr
   const int64_t per_chunk =
       std::clamp<int64_t>((kTilesPerChunk + p.tiles - 1) / p.tiles, 1, (p.N + threads - 1) / threads);
   const int64_t chunks = (p.N + per_chunk - 1) / per_chunk;
-  if (chunks >= threads) {  // a chunk per task, each on one thread
+  // Tile rows [r0, r1) of the batch on this thread, start to end (its own scratch: nothing shared).
+  auto rows = [&](int64_t r0, int64_t r1) {
+    Scratch& scratch = thread_scratch();
+    prepare(scratch, p, (r1 - r0) * p.TW);
+    run_inputs(x, &p, r0, r1, int64_t(0), p.C, &scratch);
+    products(p, u, r0, r1, 0, 16, scratch);
+    run_outputs(&p, r0, r1, int64_t(0), p.O, &ep, y, &scratch);
+  };
+  if (chunks >= threads) {  // a chunk of whole images per task, each on one thread
     parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
-      Scratch& scratch = thread_scratch();
-      for (int64_t c = c0; c < c1; ++c) {
-        const int64_t n0 = c * per_chunk, n1 = std::min(p.N, n0 + per_chunk);
-        prepare(scratch, p, (n1 - n0) * p.tiles);
-        run_inputs(x, &p, n0, n1, int64_t(0), p.C, &scratch);
-        products(p, u, n0, n1, 0, 16, scratch);
-        run_outputs(&p, n0, n1, int64_t(0), p.O, &ep, y, &scratch);
-      }
+      for (int64_t c = c0; c < c1; ++c) rows(c * per_chunk * p.TH, std::min(p.N, (c + 1) * per_chunk) * p.TH);
     });
     return;
   }
-  // Fewer chunks than threads (a small batch): each chunk's three steps split over the pool, by
-  // channel blocks, positions xi and output channel blocks, on one shared scratch.
-  Scratch& scratch = thread_scratch();  // the caller's, shared by the pool's tasks below
-  for (int64_t n0 = 0; n0 < p.N; n0 += per_chunk) {
-    const int64_t n1 = std::min(p.N, n0 + per_chunk);
-    prepare(scratch, p, (n1 - n0) * p.tiles);
-    const int64_t c_blocks = p.C / kLanes, o_blocks = p.O / kLanes;
-    parallel_for(c_blocks, 1, [&](int64_t b0, int64_t b1) { run_inputs(x, &p, n0, n1, b0 * kLanes, b1 * kLanes, &scratch); });
-    parallel_for(16, 1, [&](int64_t xi0, int64_t xi1) { products(p, u, n0, n1, xi0, xi1, scratch); });
-    parallel_for(o_blocks, 1, [&](int64_t b0, int64_t b1) { run_outputs(&p, n0, n1, b0 * kLanes, b1 * kLanes, &ep, y, &scratch); });
+  // Fewer chunks than threads (a small batch): the batch's tile rows split over the pool, each piece
+  // start to end on one thread (U read by each thread). Sharing one scratch across the three steps
+  // instead (split by channels, positions, output channels) ran slower at 2 threads than at 1.
+  if (p.N * p.TH >= threads) {
+    parallel_for(p.N * p.TH, 1, rows);
+    return;
   }
+  // Fewer tile rows than threads: each step split over the pool, on one shared scratch.
+  Scratch& scratch = thread_scratch();  // the caller's, shared by the pool's tasks below
+  const int64_t r1 = p.N * p.TH;
+  prepare(scratch, p, r1 * p.TW);
+  const int64_t c_blocks = p.C / kLanes, o_blocks = p.O / kLanes;
+  parallel_for(c_blocks, 1, [&](int64_t b0, int64_t b1) { run_inputs(x, &p, 0, r1, b0 * kLanes, b1 * kLanes, &scratch); });
+  parallel_for(16, 1, [&](int64_t xi0, int64_t xi1) { products(p, u, 0, r1, xi0, xi1, scratch); });
+  parallel_for(o_blocks, 1, [&](int64_t b0, int64_t b1) { run_outputs(&p, 0, r1, b0 * kLanes, b1 * kLanes, &ep, y, &scratch); });
 }
 
 }  // namespace flux::cpu_backend
