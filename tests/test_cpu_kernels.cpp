@@ -1046,8 +1046,8 @@ TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
 }
 
 // The seam's choice for a conv forward is the rule, made without timing anything: every call gives
-// the same bits; Winograd only at inference (with a weight cache), from 48 output pixels over the
-// batch (128 with AVX-512); the few-pixel kernel where it fits.
+// the same bits; Winograd from 48 output pixels over the batch (128 with AVX-512), in training only
+// with small transformed weights; the few-pixel kernel where it fits.
 TEST(CpuConv, ForwardChoiceIsTheRuleAndKeepsItsBits) {
   const WinogradCase s{4, 32, 32, 14, 14, 1, 1, 1, 1};
   backend::ConvGeometry g = winograd_geometry(s);
@@ -1080,8 +1080,20 @@ TEST(CpuConv, ForwardChoiceIsTheRuleAndKeepsItsBits) {
       }
     }
   }
-  if (FLUX_TEST_HAVE_ONEDNN) {
-    EXPECT_NE(cpu_backend::conv_forward_kernel(g, false), cpu_backend::Kernel::winograd) << "training: no Winograd";
+  {
+    // Training (no weight cache: the transformed weights are made for the call): Winograd only where
+    // they are small (16 C O floats, at most 1 MiB): here 64 KiB; 256 -> 256 channels take 4 MiB.
+    EXPECT_EQ(cpu_backend::conv_forward_kernel(g, false), cpu_backend::Kernel::winograd) << "training, small weights";
+    std::vector<float> trained(ny, -7.f);
+    ASSERT_TRUE(cpu_backend::conv_forward(DType::f32, x.data(), w.data(), b.data(), trained.data(), g, true));
+    EXPECT_LT(max_abs_diff(trained, want), 2e-5);
+    backend::ConvGeometry wide = winograd_geometry(WinogradCase{4, 256, 256, 14, 14, 1, 1, 1, 1});
+    backend::ConvGeometry wide_inference = wide;
+    wide_inference.weight_cache = &cache, wide_inference.inference = true;
+    EXPECT_EQ(cpu_backend::conv_forward_kernel(wide_inference, false), cpu_backend::Kernel::winograd);
+    if (FLUX_TEST_HAVE_ONEDNN) {
+      EXPECT_NE(cpu_backend::conv_forward_kernel(wide, false), cpu_backend::Kernel::winograd) << "training, 4 MiB";
+    }
   }
   std::vector<float> first(ny, -7.f);
   ASSERT_TRUE(cpu_backend::conv_forward(DType::f32, x.data(), w.data(), b.data(), first.data(), inference, true));

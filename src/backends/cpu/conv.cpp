@@ -1,7 +1,7 @@
-// Convolution on the CPU: which kernel runs a call. Forwards ask the kernel-choice seam
-// (kernel_choice.hpp, Site::conv_forward) among the kernels that take the geometry: oneDNN
-// (conv_onednn.cpp), flux's few-pixel kernel (conv_own.cpp) and, at inference, Winograd F(2x2, 3x3)
-// (winograd.cpp); gradients run on oneDNN. false: none takes the case, and the core runs its portable
+// Convolution on the CPU: which kernel runs a call. Forwards ask the kernel-choice seam (kernel_choice.hpp,
+// Site::conv_forward) among the kernels that take the geometry: oneDNN (conv_onednn.cpp), flux's few-pixel
+// kernel (conv_own.cpp) and Winograd F(2x2, 3x3) (winograd.cpp: at inference, and in training where its
+// weights are small); gradients run on oneDNN. false: none takes the case, and the core runs its portable
 // im2col + GEMM path (conv_reference.cpp).
 #include <algorithm>
 #include <limits>
@@ -32,14 +32,22 @@ bool fits_32_bits(const backend::ConvGeometry& g) {
 /// The seam's question for a forward (Site::conv_forward, conv_query.hpp).
 Query conv_query(const backend::ConvGeometry& g, bool affine) { return ConvQuery::of(g, affine).query(num_threads()); }
 
+/// Transformed Winograd weights a training forward makes anew at every call: at most this many bytes
+/// (16 C O floats: ResNet-18's 64- and 128-channel stages), where transforming them costs a few
+/// percent of the conv it speeds up and adds no more than that to the step's memory.
+constexpr int64_t kTrainingWinogradBytes = int64_t(1) << 20;
+
 /// The kernels that take a forward: oneDNN wherever built in, the few-pixel kernel where it fits,
-/// Winograd where it fits at inference (its transformed weights are kept with the weight tensor).
+/// Winograd where it fits at inference (its transformed weights are kept with the weight tensor) and
+/// in training where its transformed weights are small (made for the call: the step writes w).
 /// bf16: oneDNN alone (flux's own kernels are float32).
 Candidates forward_candidates(const backend::ConvGeometry& g, DType dt = DType::f32) {
   Candidates c = FLUX_HAVE_ONEDNN ? bit(Kernel::onednn) : 0;
   if (dt != DType::f32) return c;
   if (few_pixel_fits(g)) c |= bit(Kernel::few_pixel);
-  if (g.inference && winograd_fits(g)) c |= bit(Kernel::winograd);
+  const bool small_transform =
+      16.0 * double(g.in_channels) * double(g.out_channels) * sizeof(float) <= double(kTrainingWinogradBytes);
+  if ((g.inference || small_transform) && winograd_fits(g)) c |= bit(Kernel::winograd);
   return c;
 }
 

@@ -1,10 +1,11 @@
-// Winograd F(2x2, 3x3) forward convolution for inference (chosen per geometry by the kernel-choice
-// seam, kernel_choice.hpp). Each 2x2 block of output pixels (a tile) comes from a 4x4 block of
-// input pixels: with d that input block of one channel and g a 3x3 kernel, the tile is
-// A^T [(G g G^T) .* (B^T d B)] A, so a 3x3 conv becomes 16 independent products, one per position
-// xi of the 4x4 transformed tile: M[xi] (tiles, O) = V[xi] (tiles, C) U[xi]^T, 16 x C x O
-// multiply-adds a tile instead of 36 x C x O (2.25x fewer). Those products run on matmul_own.cpp's panel
-// kernel (U[xi] packed into 16-output panels, kept prepared with the weights as the Dense weights are).
+// Winograd F(2x2, 3x3) forward convolution (chosen per geometry by the kernel-choice seam, kernel_choice.hpp;
+// in training only where its transformed weights are small: conv.cpp). Each 2x2 block of output pixels (a
+// tile) comes from a 4x4 block of input pixels: with d that input block of one channel and g a 3x3 kernel,
+// the tile is A^T [(G g G^T) .* (B^T d B)] A, so a 3x3 conv becomes 16 independent products, one per position
+// xi of the 4x4 transformed tile: M[xi] (tiles, O) = V[xi] (tiles, C) U[xi]^T, 16 x C x O multiply-adds a
+// tile instead of 36 x C x O (2.25x fewer). Those products run on matmul_own.cpp's panel kernel (U[xi] packed
+// into 16-output panels, kept prepared with the weights as the Dense weights are at inference, made for the
+// call in training).
 //   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]   G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1]
 //   A^T = [1 1 1 0; 0 1 -1 -1]
 // The input transform reads a zero-padded channels-last copy of one image (8 channels a vector), the
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "src/backends/cpu/broadcast_rows.hpp"
+#include "src/backends/cpu/call_scratch.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
 #include "src/backends/cpu/prepared.hpp"
@@ -47,9 +49,9 @@ struct Plan {
 };
 
 /// U[xi] (O, C) = (G g G^T)[xi] for every (o, c), each packed into panels: to + xi * panel_floats(C, O).
-void transform_weights(const float* w, int64_t C, int64_t O, float* to) {
+/// u: 16 O C floats of room for the unpacked transforms.
+void transform_weights(const float* w, int64_t C, int64_t O, float* u, float* to) {
   const size_t per = panel_floats(C, O);
-  std::vector<float> u(size_t(16 * O * C));
   for (int64_t o = 0; o < O; ++o)
     for (int64_t c = 0; c < C; ++c) {
       const float* k = w + (o * C + c) * 9;
@@ -65,28 +67,48 @@ void transform_weights(const float* w, int64_t C, int64_t O, float* to) {
         for (int j = 0; j < 4; ++j) u[size_t(((i * 4 + j) * O + o) * C + c)] = r[j];
       }
     }
-  for (int xi = 0; xi < 16; ++xi) panel_pack(u.data() + xi * O * C, C, O, to + xi * per);
+  for (int xi = 0; xi < 16; ++xi) panel_pack(u + xi * O * C, C, O, to + xi * per);
 }
 
 /// The transformed weights, kept in the weight tensor's cache (prepared.hpp) while its content holds.
 std::shared_ptr<const PreparedFloats> transforms(const float* w, backend::PreparedCache* cache, int64_t C, int64_t O) {
   return prepared<PreparedFloats>(cache, prepared_key(PreparedKind::winograd, reinterpret_cast<intptr_t>(w), C, O), [&] {
     auto f = std::make_shared<PreparedFloats>(16 * panel_floats(C, O));
-    transform_weights(w, C, O, f->data);
+    std::vector<float> u(size_t(16 * O * C));
+    transform_weights(w, C, O, u.data(), f->data);
     return f;
   });
 }
 
+/// One piece's scratch (see take()): the padded channels-last image, V and M of its tiles, its images'
+/// y channels-last.
 struct Scratch {
-  std::vector<float> image, v, m, out;  // padded channels-last image; V and M of one chunk; one image's y channels-last
-  std::array<int64_t, 7> image_key{};   // the geometry `image` is zeroed for
+  float *image, *v, *m, *out;
 };
-/// The calling thread's scratch (grown to the largest chunk and kept: no page faults per call).
-Scratch& thread_scratch() {
-  thread_local Scratch s;
+enum class Block { image, v, m, out, weights, unpacked };  // unpacked: a training call's U before packing
+using Blocks = CallScratch<Block, 6>;
+
+/// Scratch for T tiles from the CPU pool (call_scratch.hpp: it shares the pool's free blocks with the
+/// tensors, so a training step's peak memory does not grow by it), the padded image's border zeroed
+/// (its interior is written before it is read).
+Scratch take(Blocks& blocks, const Plan& p, int64_t T) {
+  Scratch s;
+  const auto floats = [&](Block b, int64_t n) { return static_cast<float*>(blocks.get(b, size_t(n) * sizeof(float))); };
+  s.image = floats(Block::image, p.Hp * p.Wp * p.C);
+  s.v = floats(Block::v, 16 * T * p.C);
+  s.m = floats(Block::m, 16 * T * p.O);
+  s.out = floats(Block::out, 4 * p.tiles * p.O);
+  const int64_t row = p.Wp * p.C, top = p.pad_top, bottom = std::min(p.Hp, p.pad_top + p.H);
+  std::fill(s.image, s.image + top * row, 0.0f);
+  std::fill(s.image + bottom * row, s.image + p.Hp * row, 0.0f);
+  const int64_t right = std::min(p.Wp, p.pad_left + p.W);
+  for (int64_t r = top; r < bottom; ++r) {
+    float* line = s.image + r * row;
+    std::fill(line, line + p.pad_left * p.C, 0.0f);
+    std::fill(line + right * p.C, line + row, 0.0f);
+  }
   return s;
 }
-
 
 /// r[i][j] <- r[j][i] for an 8 x 8 block held in 8 vectors (unpack, 64-bit shuffle, 128-bit swap).
 FLUX_CPU_INLINE void transpose8(WVec r[8]) {
@@ -110,7 +132,7 @@ FLUX_CPU_INLINE void transpose8(WVec r[8]) {
 
 /// V[xi] rows [t0, t0 + tiles) of the chunk (T rows each) from image `x` (C, H, W): the tiles of tile
 /// rows [th_lo, th_hi), channels [c_lo, c_hi) only (multiples of 8). Only the image rows those tiles
-/// read are copied into `image`, whose padding is zero (prepare()).
+/// read are copied into `image`, whose padding is zero (take()).
 FLUX_CPU_INLINE void input_transform(const float* x, const Plan& p, float* image, float* v, int64_t T, int64_t t0,
                                      int64_t c_lo, int64_t c_hi, int64_t th_lo, int64_t th_hi) {
   const int64_t C = p.C;
@@ -216,38 +238,25 @@ FLUX_CPU_INLINE void output_transform(const float* m, const Plan& p, int64_t T, 
     }
 }
 
-/// Sizes the scratch for T tiles; zeroes the padded image when its geometry changed (afterwards only
-/// its interior is written, so its padding stays zero).
-void prepare(Scratch& s, const Plan& p, int64_t T) {
-  const std::array<int64_t, 7> key{p.C, p.H, p.W, p.Hp, p.Wp, p.pad_top, p.pad_left};
-  if (key != s.image_key) {
-    s.image.assign(size_t(p.Hp * p.Wp * p.C), 0.0f);
-    s.image_key = key;
-  }
-  if (s.v.size() < size_t(16 * T * p.C)) s.v.resize(size_t(16 * T * p.C));
-  if (s.m.size() < size_t(16 * T * p.O)) s.m.resize(size_t(16 * T * p.O));
-  if (s.out.size() < size_t(4 * p.tiles * p.O)) s.out.resize(size_t(4 * p.tiles * p.O));
-}
-
 /// Tile rows [r0, r1) of the batch (row r: image r / TH, its tile row r % TH): their input transforms
 /// for channels [c_lo, c_hi), V row (r - r0) x TW on. Images [n0, n1) are rows n0 TH .. n1 TH.
 FLUX_CPU_INLINE void inputs(const float* x, const Plan* p, int64_t r0, int64_t r1, int64_t c_lo, int64_t c_hi,
-                            Scratch* s) {
+                            const Scratch* s) {
   const int64_t T = (r1 - r0) * p->TW;
   for (int64_t r = r0; r < r1;) {
     const int64_t n = r / p->TH, th = r % p->TH, th_hi = std::min(p->TH, th + r1 - r);
-    input_transform(x + n * p->C * p->H * p->W, *p, s->image.data(), s->v.data(), T, (r - r0) * p->TW, c_lo, c_hi,
+    input_transform(x + n * p->C * p->H * p->W, *p, s->image, s->v, T, (r - r0) * p->TW, c_lo, c_hi,
                     th, th_hi);
     r += th_hi - th;
   }
 }
 /// Tile rows [r0, r1) of the batch: their outputs for channels [o_lo, o_hi).
 FLUX_CPU_INLINE void outputs(const Plan* p, int64_t r0, int64_t r1, int64_t o_lo, int64_t o_hi,
-                             const ConvEpilogue* ep, float* y, Scratch* s) {
+                             const ConvEpilogue* ep, float* y, const Scratch* s) {
   const int64_t T = (r1 - r0) * p->TW;
   for (int64_t r = r0; r < r1;) {
     const int64_t n = r / p->TH, th = r % p->TH, th_hi = std::min(p->TH, th + r1 - r);
-    output_transform(s->m.data(), *p, T, (r - r0) * p->TW, n, *ep, s->out.data(), y, o_lo, o_hi, th, th_hi);
+    output_transform(s->m, *p, T, (r - r0) * p->TW, n, *ep, s->out, y, o_lo, o_hi, th, th_hi);
     r += th_hi - th;
   }
 }
@@ -257,11 +266,11 @@ FLUX_CPU_VARIANTS(run_inputs, inputs)
 FLUX_CPU_VARIANTS(run_outputs, outputs)
 
 /// The 16 products of tile rows [r0, r1) of the batch, positions [xi0, xi1).
-void products(const Plan& p, const float* u, int64_t r0, int64_t r1, int64_t xi0, int64_t xi1, Scratch& s) {
+void products(const Plan& p, const float* u, int64_t r0, int64_t r1, int64_t xi0, int64_t xi1, const Scratch& s) {
   const int64_t T = (r1 - r0) * p.TW;
   const size_t per = panel_floats(p.C, p.O);
   for (int64_t xi = xi0; xi < xi1; ++xi)
-    panel_product(s.v.data() + xi * T * p.C, T, p.C, u + xi * per, p.O, s.m.data() + xi * T * p.O);
+    panel_product(s.v + xi * T * p.C, T, p.C, u + xi * per, p.O, s.m + xi * T * p.O);
 }
 
 }  // namespace
@@ -281,23 +290,33 @@ bool winograd_fits(const backend::ConvGeometry& g) {
 void winograd_forward(const float* x, const float* w, const backend::ConvGeometry& g, const ConvEpilogue& ep,
                       float* y) {
   const Plan p(g);
-  const std::shared_ptr<const PreparedFloats> kept = transforms(w, g.weight_cache, p.C, p.O);
-  const float* u = kept->data;
+  Blocks call;  // the caller's blocks: a training forward's transformed weights, the shared scratch
+  std::shared_ptr<const PreparedFloats> kept;
+  const float* u;
+  if (g.weight_cache) {
+    kept = transforms(w, g.weight_cache, p.C, p.O);
+    u = kept->data;
+  } else {  // training: made for this call, in pool memory
+    float* made = static_cast<float*>(call.get(Block::weights, 16 * panel_floats(p.C, p.O) * sizeof(float)));
+    float* unpacked = static_cast<float*>(call.get(Block::unpacked, size_t(16 * p.O * p.C) * sizeof(float)));
+    transform_weights(w, p.C, p.O, unpacked, made);
+    u = made;
+  }
   const int64_t threads = num_threads();
   const int64_t per_chunk =
       std::clamp<int64_t>((kTilesPerChunk + p.tiles - 1) / p.tiles, 1, (p.N + threads - 1) / threads);
   const int64_t chunks = (p.N + per_chunk - 1) / per_chunk;
-  // Tile rows [r0, r1) of the batch on this thread, start to end (its own scratch: nothing shared).
-  auto rows = [&](int64_t r0, int64_t r1) {
-    Scratch& scratch = thread_scratch();
-    prepare(scratch, p, (r1 - r0) * p.TW);
+  // Tile rows [r0, r1) of the batch on this thread, start to end, on `scratch` (sized for them).
+  auto rows = [&](int64_t r0, int64_t r1, const Scratch& scratch) {
     run_inputs(x, &p, r0, r1, int64_t(0), p.C, &scratch);
     products(p, u, r0, r1, 0, 16, scratch);
     run_outputs(&p, r0, r1, int64_t(0), p.O, &ep, y, &scratch);
   };
   if (chunks >= threads) {  // a chunk of whole images per task, each on one thread
     parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) rows(c * per_chunk * p.TH, std::min(p.N, (c + 1) * per_chunk) * p.TH);
+      Blocks blocks;
+      const Scratch scratch = take(blocks, p, per_chunk * p.tiles);
+      for (int64_t c = c0; c < c1; ++c) rows(c * per_chunk * p.TH, std::min(p.N, (c + 1) * per_chunk) * p.TH, scratch);
     });
     return;
   }
@@ -305,17 +324,21 @@ void winograd_forward(const float* x, const float* w, const backend::ConvGeometr
   // start to end on one thread (U read by each thread). Sharing one scratch across the three steps
   // instead (split by channels, positions, output channels) ran slower at 2 threads than at 1.
   if (p.N * p.TH >= threads) {
-    parallel_for(p.N * p.TH, 1, rows);
+    parallel_for(p.N * p.TH, 1, [&](int64_t r0, int64_t r1) {
+      Blocks blocks;
+      rows(r0, r1, take(blocks, p, (r1 - r0) * p.TW));
+    });
     return;
   }
-  // Fewer tile rows than threads: each step split over the pool, on one shared scratch.
-  Scratch& scratch = thread_scratch();  // the caller's, shared by the pool's tasks below
+  // Fewer tile rows than threads: each step split over the pool, on the caller's scratch.
   const int64_t r1 = p.N * p.TH;
-  prepare(scratch, p, r1 * p.TW);
+  const Scratch scratch = take(call, p, r1 * p.TW);
   const int64_t c_blocks = p.C / kLanes, o_blocks = p.O / kLanes;
-  parallel_for(c_blocks, 1, [&](int64_t b0, int64_t b1) { run_inputs(x, &p, 0, r1, b0 * kLanes, b1 * kLanes, &scratch); });
+  parallel_for(c_blocks, 1,
+               [&](int64_t b0, int64_t b1) { run_inputs(x, &p, 0, r1, b0 * kLanes, b1 * kLanes, &scratch); });
   parallel_for(16, 1, [&](int64_t xi0, int64_t xi1) { products(p, u, 0, r1, xi0, xi1, scratch); });
-  parallel_for(o_blocks, 1, [&](int64_t b0, int64_t b1) { run_outputs(&p, 0, r1, b0 * kLanes, b1 * kLanes, &ep, y, &scratch); });
+  parallel_for(o_blocks, 1,
+               [&](int64_t b0, int64_t b1) { run_outputs(&p, 0, r1, b0 * kLanes, b1 * kLanes, &ep, y, &scratch); });
 }
 
 }  // namespace flux::cpu_backend
