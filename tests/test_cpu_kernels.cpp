@@ -1045,6 +1045,42 @@ TEST(CpuConv, WinogradMatchesFloat64ForEveryEpilogue) {
     }
 }
 
+// A 3x3 stride-1 conv's data gradient is a forward of dy with the flipped kernel: it runs on Winograd
+// where the seam takes Winograd for that forward (forced here), else on oneDNN; both against float64,
+// for paddings 0-2 a side (the data gradient's own padding is 2 minus each).
+TEST(CpuConv, DataGradientOnWinogradMatchesFloat64) {
+  ForceGuard force_guard;
+  for (WinogradCase s : {WinogradCase{2, 16, 24, 7, 7, 1, 1, 1, 1}, WinogradCase{1, 24, 16, 9, 6, 0, 0, 0, 0},
+                         WinogradCase{3, 16, 16, 5, 8, 2, 0, 1, 2}, WinogradCase{1, 32, 16, 4, 4, 1, 1, 1, 1}})
+    for (cpu_backend::Kernel k : {cpu_backend::Kernel::winograd, cpu_backend::Kernel::onednn}) {
+      if (k == cpu_backend::Kernel::onednn && !FLUX_TEST_HAVE_ONEDNN) continue;
+      cpu_backend::force_kernel(cpu_backend::Site::conv_forward, k);
+      const backend::ConvGeometry g = winograd_geometry(s);
+      SCOPED_TRACE(::testing::Message() << "n " << s.n << " c " << s.c << " o " << s.o << " " << s.h << "x" << s.w
+                                        << " pads " << s.pad_lo_h << s.pad_hi_h << s.pad_lo_w << s.pad_hi_w << " kernel "
+                                        << cpu_backend::kernel_name(k));
+      const int64_t oh = g.out[0], ow = g.out[1];
+      std::vector<float> dy = random_floats(size_t(s.n * s.o * oh * ow), -1, 1, 86);
+      std::vector<float> w = random_floats(size_t(s.o * s.c * 9), -1, 1, 87);
+      std::vector<float> dx(size_t(s.n * s.c * s.h * s.w), -7.f);
+      ASSERT_TRUE(cpu_backend::conv_backward_data(DType::f32, dy.data(), w.data(), dx.data(), g));
+      std::vector<double> want(dx.size(), 0.0);
+      for (int64_t n = 0; n < s.n; ++n)
+        for (int64_t o = 0; o < s.o; ++o)
+          for (int64_t c = 0; c < s.c; ++c)
+            for (int64_t i = 0; i < oh; ++i)
+              for (int64_t j = 0; j < ow; ++j)
+                for (int64_t a = 0; a < 3; ++a)
+                  for (int64_t b = 0; b < 3; ++b) {
+                    const int64_t r = i + a - s.pad_lo_h, q = j + b - s.pad_lo_w;  // y[i][j] read x[r][q]
+                    if (r < 0 || r >= s.h || q < 0 || q >= s.w) continue;
+                    want[size_t(((n * s.c + c) * s.h + r) * s.w + q)] +=
+                        double(w[size_t((o * s.c + c) * 9 + a * 3 + b)]) * dy[size_t(((n * s.o + o) * oh + i) * ow + j)];
+                  }
+      EXPECT_LT(max_abs_diff(dx, want), 2e-5);
+    }
+}
+
 // The seam's choice for a conv forward is the rule, made without timing anything: every call gives
 // the same bits; Winograd from 48 output pixels over the batch (128 with AVX-512), in training only
 // with small transformed weights; the few-pixel kernel where it fits.

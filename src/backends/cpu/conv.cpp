@@ -1,12 +1,14 @@
 // Convolution on the CPU: which kernel runs a call. Forwards ask the kernel-choice seam (kernel_choice.hpp,
 // Site::conv_forward) among the kernels that take the geometry: oneDNN (conv_onednn.cpp), flux's few-pixel
 // kernel (conv_own.cpp) and Winograd F(2x2, 3x3) (winograd.cpp: at inference, and in training where its
-// weights are small); gradients run on oneDNN. false: none takes the case, and the core runs its portable
-// im2col + GEMM path (conv_reference.cpp).
+// weights are small). A 3x3 stride-1 conv's data gradient is such a forward and asks the same question;
+// other gradients run on oneDNN. false: none takes the case, and the core runs its portable im2col + GEMM
+// path (conv_reference.cpp).
 #include <algorithm>
 #include <limits>
 #include <vector>
 
+#include "src/backends/cpu/call_scratch.hpp"
 #include "src/backends/cpu/conv_query.hpp"
 #include "src/backends/cpu/cpu_backend.hpp"
 #include "src/backends/cpu/isa.hpp"
@@ -128,8 +130,43 @@ Kernel conv_forward_kernel(const backend::ConvGeometry& g, bool affine) {
   return candidates ? choose(conv_query(g, affine), candidates) : Kernel(-1);
 }
 
+namespace {
+/// The data gradient of a stride-1, undilated, ungrouped conv g as a forward conv: dy (N, O, out...)
+/// convolved with the kernel flipped and its channel axes swapped gives dx (N, C, in...), padded by
+/// k - 1 - pad on each side. False where that padding would be negative.
+bool data_gradient_as_forward(const backend::ConvGeometry& g, backend::ConvGeometry& f) {
+  if (g.groups != 1) return false;
+  f = backend::ConvGeometry{};
+  f.spatial = g.spatial, f.batch = g.batch, f.in_channels = g.out_channels, f.out_channels = g.in_channels;
+  for (int i = 0; i < g.spatial; ++i) {
+    if (g.stride[i] != 1 || g.dilation[i] != 1) return false;
+    f.in[i] = g.out[i], f.out[i] = g.in[i], f.kernel[i] = g.kernel[i];
+    f.pad_lo[i] = g.kernel[i] - 1 - g.pad_lo[i], f.pad_hi[i] = g.kernel[i] - 1 - g.pad_hi[i];
+    if (f.pad_lo[i] < 0 || f.pad_hi[i] < 0) return false;
+  }
+  return true;
+}
+}  // namespace
+
 bool conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g) {
   if (!takes(t) || g.spatial < 1 || g.spatial > 3 || !fits_32_bits(g)) return false;
+  // A 3x3 stride-1 conv's data gradient is itself such a forward: it runs on Winograd where the seam
+  // takes Winograd for that forward (in training: small weights), on the flipped kernel made for the
+  // call (C x O x 9 floats, from the pool).
+  backend::ConvGeometry f;
+  if (t == DType::f32 && data_gradient_as_forward(g, f) && winograd_fits(f) &&
+      choose(conv_query(f, false), forward_candidates(f)) == Kernel::winograd) {
+    const int64_t C = g.in_channels, O = g.out_channels;
+    enum class Block { flipped };
+    CallScratch<Block, 1> scratch;
+    auto* flipped = static_cast<float*>(scratch.get(Block::flipped, size_t(C * O * 9) * sizeof(float)));
+    const auto* k = static_cast<const float*>(w);
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t c = 0; c < C; ++c)
+        for (int j = 0; j < 9; ++j) flipped[(c * O + o) * 9 + j] = k[(o * C + c) * 9 + (8 - j)];
+    winograd_forward(static_cast<const float*>(dy), flipped, f, ConvEpilogue{}, static_cast<float*>(dx));
+    return true;
+  }
   ConvArrays a;
   a.dy = dy, a.w = w, a.dx = dx;
   return onednn_conv(ConvKind::backward_data, g, a, {}, t);
