@@ -76,7 +76,7 @@ set_tests_properties(device_env.two_pocl_devices PROPERTIES
 # Out of memory on the CPU pool limited by FLUX_CPU_MEMORY_LIMIT (tests/test_out_of_memory.cpp): the
 # cache is emptied and the allocation retried, then flux::OutOfMemory (for kernels' scratch too); a malformed
 # limit is an error.
-foreach(oom cpu:CpuLimitedPool:64M cpu_scratch:CpuScratchOverLimit:64M cpu_malformed:CpuLimitMalformed:lots)
+foreach(oom cpu:CpuLimitedPool:64M cpu_scratch:Cpu*ScratchOverLimit:64M cpu_malformed:CpuLimitMalformed:lots)
   string(REPLACE ":" ";" oom ${oom})
   list(GET oom 0 case)
   list(GET oom 1 test)

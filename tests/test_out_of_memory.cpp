@@ -4,11 +4,13 @@
 // own process (ctest entries in tests/device.cmake and tests/opencl.cmake set the environment):
 //   OutOfMemoryEnv.OpenCLLimitedDevice  PoCL with POCL_MEMORY_LIMIT=1 (its global memory is 1 GB)
 //   OutOfMemoryEnv.CpuLimitedPool       the CPU pool under FLUX_CPU_MEMORY_LIMIT=64M
-//   OutOfMemoryEnv.CpuScratchOverLimit  a kernel call's scratch (call_scratch.hpp) under FLUX_CPU_MEMORY_LIMIT=64M
+//   OutOfMemoryEnv.CpuScratchOverLimit  a kernel call's scratch (call_scratch.hpp) under FLUX_CPU_MEMORY_LIMIT=64M,
+//   OutOfMemoryEnv.CpuWinogradScratchOverLimit  and Winograd's
 //   OutOfMemoryEnv.CpuLimitMalformed    FLUX_CPU_MEMORY_LIMIT=lots: a clear error at the first allocation
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,7 @@
 #include "flux/flux.hpp"
 #include "flux/out_of_memory.hpp"
 #include "src/backends/cpu/call_scratch.hpp"
+#include "src/backends/cpu/kernel_choice.hpp"
 
 using namespace flux;
 
@@ -163,6 +166,33 @@ TEST(OutOfMemoryEnv, CpuScratchOverLimit) {
   ASSERT_EQ(y.size(), size_t(2 * 16 * 32 * 32));
   EXPECT_FLOAT_EQ(y[5 * 32 + 5], 9.0f * 16) << "inside";
   EXPECT_FLOAT_EQ(y[(1 * 16 + 15) * 32 * 32], 4.0f * 16) << "a corner";
+}
+
+// Winograd's scratch (winograd.cpp: ~8 MB a pool thread for 64 channels on 56x56) counts under the
+// limit too: beside a 48 MiB tensor its conv (forced onto Winograd) throws OutOfMemory from the pool's
+// tasks, and runs right once the tensor is gone.
+TEST(OutOfMemoryEnv, CpuWinogradScratchOverLimit) {
+  if (!in_env("cpu_scratch")) GTEST_SKIP() << "runs under FLUX_CPU_MEMORY_LIMIT=64M (ctest device_env.cpu_scratch_memory_limit)";
+  struct Forced {
+    Forced() { cpu_backend::force_kernel(cpu_backend::Site::conv_forward, cpu_backend::Kernel::winograd); }
+    ~Forced() { cpu_backend::force_kernel(cpu_backend::Site::conv_forward, std::nullopt); }
+  } forced;
+  Device cpu;
+  Tensor x = ones({8, 64, 56, 56}), w = ones({64, 64, 3, 3});
+  ConvParams params;
+  params.pad = 1;
+  std::vector<Tensor> held{Tensor::empty({int64_t(48 * MiB / 4)}, DType::f32, cpu)};
+  try {
+    (void)conv(x, w, Tensor(), params);
+    ADD_FAILURE() << "Winograd's scratch beside a 48 MiB tensor and 12 MiB of operands under a 64 MiB limit";
+  } catch (const OutOfMemory& e) {
+    EXPECT_TRUE(contains(e.what(), "FLUX_CPU_MEMORY_LIMIT=64M would be exceeded")) << e.what();
+  }
+  held.clear();
+  const std::vector<float> y = conv(x, w, Tensor(), params).to_vector<float>();
+  ASSERT_EQ(y.size(), size_t(8 * 64 * 56 * 56));
+  EXPECT_FLOAT_EQ(y[(7 * 64 + 63) * 56 * 56 + 20 * 56 + 30], 9.0f * 64) << "inside";
+  EXPECT_FLOAT_EQ(y[56 * 56 - 1], 4.0f * 64) << "a corner";
 }
 
 TEST(OutOfMemoryEnv, CpuLimitMalformed) {
