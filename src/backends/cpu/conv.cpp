@@ -35,8 +35,8 @@ bool fits_32_bits(const backend::ConvGeometry& g) {
 Query conv_query(const backend::ConvGeometry& g, bool affine) { return ConvQuery::of(g, affine).query(num_threads()); }
 
 /// Transformed Winograd weights a training forward makes anew at every call: at most this many bytes
-/// (16 C O floats: ResNet-18's 64- and 128-channel stages), where transforming them costs a few
-/// percent of the conv it speeds up and adds no more than that to the step's memory.
+/// (16 C O floats: ResNet-18's 64- and 128-channel stages). Measured on a Zen 4 only: with 4 MiB (the
+/// 256-channel stage too) the training step was slower (bench/results/2026-12-07-winograd-avx512.md).
 constexpr int64_t kTrainingWinogradBytes = int64_t(1) << 20;
 
 /// The kernels that take a forward: oneDNN wherever built in, the few-pixel kernel where it fits,
@@ -151,11 +151,10 @@ bool data_gradient_as_forward(const backend::ConvGeometry& g, backend::ConvGeome
 bool conv_backward_data(DType t, void* dy, void* w, void* dx, const backend::ConvGeometry& g) {
   if (!takes(t) || g.spatial < 1 || g.spatial > 3 || !fits_32_bits(g)) return false;
   // A 3x3 stride-1 conv's data gradient is itself such a forward: it runs on Winograd where the seam
-  // takes Winograd for that forward (in training: small weights), on the flipped kernel made for the
-  // call (C x O x 9 floats, from the pool).
+  // takes Winograd for that forward (Winograd takes 3x3 only; in training: small weights), on the
+  // flipped kernel made for the call (C x O x 9 floats, from the pool).
   backend::ConvGeometry f;
-  if (t == DType::f32 && data_gradient_as_forward(g, f) && winograd_fits(f) &&
-      choose(conv_query(f, false), forward_candidates(f)) == Kernel::winograd) {
+  if (t == DType::f32 && data_gradient_as_forward(g, f) && conv_forward_kernel(f, false) == Kernel::winograd) {
     const int64_t C = g.in_channels, O = g.out_channels;
     enum class Block { flipped };
     CallScratch<Block, 1> scratch;

@@ -78,6 +78,8 @@ bool subnormals_compare_as_zero() {
   return !(tiny > 0.0f);
 }
 
+int16_t bf16_largest_not_positive() { return subnormals_compare_as_zero() ? int16_t(0x007f) : int16_t(0); }
+
 FloatModeScope::FloatModeScope(DType dtype) {
   if (!flushes_denormals(dtype)) return;
   saved_ = read_control();

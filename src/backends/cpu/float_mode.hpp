@@ -17,9 +17,12 @@ uint64_t float_control();
 /// status flags. Cheap when they already are.
 void adopt_float_control(uint64_t control);
 
-/// Whether this thread's float mode now compares a float32 subnormal as 0 (x86's DAZ, aarch64's FZ):
-/// what a kernel working on bf16 bits must know to give the float32 comparison's answer.
+/// Whether this thread's float mode now compares a float32 subnormal as 0 (x86's DAZ, aarch64's FZ).
 bool subnormals_compare_as_zero();
+/// What a kernel comparing bf16 bits must know to give the float32 comparison x > 0's answer in this
+/// thread's float mode: the largest bit pattern (read as int16) it sees as not positive, +0, or the
+/// largest positive subnormal 0x007f where subnormals compare as 0.
+int16_t bf16_largest_not_positive();
 
 /// For its scope, this thread flushes subnormals when flushes_denormals(dtype); else nothing changes.
 /// The destructor restores the thread's previous control bits.

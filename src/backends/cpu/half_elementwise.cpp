@@ -43,13 +43,13 @@ uint16_t* at(void* p, int64_t i) { return static_cast<uint16_t*>(p) + i; }
 // AVX-512 paths on bf16 without the float32 blocks (taken where the bf16 casts run at AVX-512 or
 // above), bitwise the convert / float32 kernel / convert composition below:
 // relu and step on the bf16 bits, 32 at a time: relu(x) = x <= 0 ? +0 : x, step(x) = x > 0 ? 1 : 0,
-// NaN -> the NaN quieted as the cast down quiets it (| 0x40). Under denormals-are-zero (`daz`) the
-// float32 comparison sees a positive subnormal as 0, so "positive" starts at the smallest normal.
-FLUX_TARGET_HALF_EW_AVX512 void relu_or_step_bf16(bool step, bool daz, const uint16_t* s, uint16_t* d, int64_t b,
-                                                  int64_t e) {
+// NaN -> the NaN quieted as the cast down quiets it (| 0x40). "Positive": above `not_positive`
+// (bf16_largest_not_positive: under denormals-are-zero the float32 comparison sees a subnormal as 0).
+FLUX_TARGET_HALF_EW_AVX512 void relu_or_step_bf16(bool step, int16_t not_positive, const uint16_t* s, uint16_t* d,
+                                                  int64_t b, int64_t e) {
   const __m512i magnitude = _mm512_set1_epi16(0x7fff), inf = _mm512_set1_epi16(0x7f80);
   const __m512i quiet = _mm512_set1_epi16(0x40), one = _mm512_set1_epi16(0x3f80);
-  const __m512i largest_not_positive = _mm512_set1_epi16(daz ? 0x007f : 0);  // +0, or the largest subnormal
+  const __m512i largest_not_positive = _mm512_set1_epi16(not_positive);
   for (int64_t i = b; i < e; i += 32) {
     const int64_t left = e - i;
     const __mmask32 m = left >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << left) - 1);
@@ -65,12 +65,12 @@ FLUX_TARGET_HALF_EW_AVX512 void relu_or_step_bf16(bool step, bool daz, const uin
 // down: where x > 0 (as above) g as it is; where x <= 0, g * +0 = g's signed zero, NaN for ±Inf (x86's
 // default NaN, 0xffc0 in bf16); where x is NaN (step(x) = x quieted) that NaN, or g's where g is NaN
 // too; a NaN g quieted, as the cast down quiets it.
-FLUX_TARGET_HALF_EW_AVX512 void relu_backward_bf16(bool daz, const uint16_t* xs, const uint16_t* gs, uint16_t* dx,
-                                                   int64_t b, int64_t e) {
+FLUX_TARGET_HALF_EW_AVX512 void relu_backward_bf16(int16_t not_positive, const uint16_t* xs, const uint16_t* gs,
+                                                   uint16_t* dx, int64_t b, int64_t e) {
   const __m512i magnitude = _mm512_set1_epi16(0x7fff), inf = _mm512_set1_epi16(0x7f80);
   const __m512i sign = _mm512_set1_epi16(int16_t(0x8000)), quiet = _mm512_set1_epi16(0x40);
   const __m512i default_nan = _mm512_set1_epi16(int16_t(0xffc0));
-  const __m512i largest_not_positive = _mm512_set1_epi16(daz ? 0x007f : 0);
+  const __m512i largest_not_positive = _mm512_set1_epi16(not_positive);
   for (int64_t i = b; i < e; i += 32) {
     const int64_t left = e - i;
     const __mmask32 m = left >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << left) - 1);
@@ -131,9 +131,10 @@ bool unary_half(backend::UnaryOp op, DType t, const void* src, void* dst, int64_
   if (!half(t)) return false;
 #if FLUX_HALF_EW_X86
   if ((op == backend::UnaryOp::relu || op == backend::UnaryOp::step) && bf16_avx512(t)) {
-    const bool step = op == backend::UnaryOp::step, daz = subnormals_compare_as_zero();
+    const bool step = op == backend::UnaryOp::step;
+    const int16_t not_positive = bf16_largest_not_positive();
     parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-      relu_or_step_bf16(step, daz, static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), b, e);
+      relu_or_step_bf16(step, not_positive, static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), b, e);
     });
     return true;
   }
@@ -246,9 +247,9 @@ bool unary_backward_half(backend::UnaryOp op, DType t, const void* x, const void
   if (!half(t) || op != backend::UnaryOp::relu) return false;
 #if FLUX_HALF_EW_X86
   if (bf16_avx512(t)) {
-    const bool daz = subnormals_compare_as_zero();
+    const int16_t not_positive = bf16_largest_not_positive();
     parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-      relu_backward_bf16(daz, static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(g),
+      relu_backward_bf16(not_positive, static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(g),
                          static_cast<uint16_t*>(dx), b, e);
     });
     return true;

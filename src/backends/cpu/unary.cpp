@@ -69,9 +69,8 @@ FLUX_CPU_INLINE void unary_range_body(const T* __restrict s, T* __restrict d, in
 FLUX_CPU_VARIANTS(unary_range, unary_range_body)
 
 // relu in place over rows `ld` apart (relu_rows below): float32 as apply's relu; bf16 as the same
-// comparison on the bits (32 lanes of 16 bits): kept where the value is above `zero_up_to` (0, or the
-// largest positive subnormal 0x007f where denormals-are-zero makes the comparison see it as 0) or a
-// NaN, else +0.
+// comparison on the bits (32 lanes of 16 bits): kept where the value is above `zero_up_to`
+// (bf16_largest_not_positive) or a NaN, else +0.
 FLUX_CPU_INLINE void relu_rows_f32_body(float* y, int64_t rows, int64_t cols, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
     float* p = y + r * ld;
@@ -182,9 +181,8 @@ bool unary_backward(UnaryOp op, DType t, const void* x, const void* g, void* dx,
 }
 
 void relu_rows(DType t, void* y, int64_t rows, int64_t cols, int64_t ld) {
-  if (t == DType::bf16) {
-    relu_rows_bf16(static_cast<uint16_t*>(y), rows, cols, ld, int16_t(subnormals_compare_as_zero() ? 0x007f : 0));
-  }
+  if (t == DType::bf16)
+    relu_rows_bf16(static_cast<uint16_t*>(y), rows, cols, ld, bf16_largest_not_positive());
   else if (t == DType::f32)
     relu_rows_f32(static_cast<float*>(y), rows, cols, ld);
   else

@@ -20,7 +20,6 @@
 // transforms' rounding is a few float ulps (F(2x2, 3x3) has coefficients 1 and 1/2 only): tests
 // compare with a float64 conv at 2e-5.
 #include <algorithm>
-#include <array>
 #include <memory>
 #include <vector>
 
